@@ -1,0 +1,146 @@
+"""Views that read any supported env as batched tensors, so the recorder has one code path.
+
+`ManiSkillView` reads a ManiSkill env (``num_envs >= 1``: GPU-parallel or a single CPU env, the latter
+possibly under ``CPUGymWrapper``); `VectorEnvView` reads a gymnasium vector env of ManiSkill CPU envs
+(Sync or Async), turning its tuples of per-env results into batched tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from mani_skill.envs.sapien_env import BaseEnv
+from mani_skill.utils import gym_utils
+from mani_skill.utils.wrappers import CPUGymWrapper
+from mani_skill.utils.wrappers.record import parse_env_info
+
+IMAGE_RENDER_MODES = ("rgb_array", "sensors", "all")
+
+
+def to_batched(x: Any, device: torch.device, add_batch_dim: bool) -> Any:
+    """Tree of arrays/tensors/scalars -> tree of tensors with a leading env dim, on ``device``."""
+    if isinstance(x, Mapping):
+        return {k: to_batched(v, device, add_batch_dim) for k, v in x.items()}
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    if add_batch_dim or t.ndim == 0:
+        t = t[None]
+    return t.to(device, non_blocking=True)
+
+
+def cat_trees(trees: list[Any]) -> Any:
+    """Concatenate per-env trees of [1, ...] tensors along dim 0."""
+    first = trees[0]
+    if isinstance(first, Mapping):
+        return {k: cat_trees([t[k] for t in trees]) for k in first}
+    return torch.cat([torch.as_tensor(t) for t in trees], dim=0)
+
+
+class ManiSkillView:
+    """Reads a ManiSkill env through its wrapper chain (``env``) and its ``BaseEnv`` (``base``)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        self.env = env
+        self.base: BaseEnv = env.unwrapped
+        # ManiSkill's batched-env contract, checked by duck typing so test doubles can stand in
+        missing = [a for a in ("num_envs", "device", "get_state_dict", "render", "single_action_space") if not hasattr(self.base, a)]
+        if missing:
+            raise TypeError(
+                f"fastrecord.RecordEpisode records ManiSkill envs or gymnasium vector envs of them; got "
+                f"{type(self.base).__name__} (no {', '.join(missing)}). Create the env with gym.make('<ManiSkill env id>', ...)"
+            )
+        self.num_envs = self.base.num_envs
+        self.device = torch.device(self.base.device)
+        # CPUGymWrapper (below this wrapper) returns unbatched numpy: add the env dim back
+        self.unbatched = False
+        cur: Any = env
+        while isinstance(cur, gym.Wrapper):
+            if isinstance(cur, CPUGymWrapper):
+                self.unbatched = True
+                break
+            cur = cur.env
+        self.render_mode = self.base.render_mode
+        self.single_action_shape = getattr(self.base.single_action_space, "shape", None)
+
+    def batch(self, x: Any, device: torch.device) -> Any:
+        return to_batched(x, device, self.unbatched)
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def state_dict(self) -> dict:
+        return self.base.get_state_dict()
+
+    def episode_seeds(self) -> np.ndarray:
+        return np.asarray(self.base._episode_seed, dtype=np.int64).reshape(-1).copy()
+
+    @property
+    def control_mode(self) -> str | None:
+        return self.base.control_mode
+
+    def env_info(self) -> dict | None:
+        info = parse_env_info(self.env)
+        if info is not None:
+            info["max_episode_steps"] = self.max_episode_steps()
+        return info
+
+    def max_episode_steps(self) -> int | None:
+        return gym_utils.find_max_episode_steps_value(self.env)
+
+
+class VectorEnvView:
+    """Reads a gymnasium ``VectorEnv`` whose sub-envs are ManiSkill CPU envs."""
+
+    def __init__(self, envs: gym.vector.VectorEnv) -> None:
+        self.env = envs
+        self.num_envs = envs.num_envs
+        self.device = torch.device("cpu")
+        self.unbatched = False
+        self.single_action_shape = getattr(envs.single_action_space, "shape", None)
+        self.render_mode = envs.render_mode or envs.metadata.get("render_mode")
+        if self.render_mode is None:
+            try:
+                self.render_mode = envs.get_attr("render_mode")[0]
+            except Exception:  # noqa: BLE001 - reported as "no render mode" by the recorder
+                self.render_mode = None
+
+    def batch(self, x: Any, device: torch.device) -> Any:
+        return to_batched(x, device, False)
+
+    def render(self) -> Any:
+        # one call renders every sub-env (in parallel for AsyncVectorEnv)
+        frames = self.env.call("render")
+        return torch.cat([to_batched(f, self.device, np.ndim(f) == 3) for f in frames], dim=0)
+
+    def state_dict(self) -> dict:
+        return cat_trees(list(self.env.call("get_state_dict")))
+
+    def episode_seeds(self) -> np.ndarray:
+        return np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1)[:1] for s in self.env.get_attr("_episode_seed")])
+
+    @property
+    def control_mode(self) -> str | None:
+        return self.env.get_attr("control_mode")[0]
+
+    def env_info(self) -> dict | None:
+        spec = self.env.get_attr("spec")[0]
+        if spec is None:
+            return None
+        kwargs = dict(spec.kwargs)
+        kwargs.pop("num_envs", None)
+        return dict(env_id=spec.id, env_kwargs=kwargs, max_episode_steps=self.max_episode_steps())
+
+    def max_episode_steps(self) -> int | None:
+        for name in ("max_episode_steps", "_max_episode_steps"):
+            try:
+                v = self.env.get_attr(name)[0]
+            except Exception:  # noqa: BLE001 - attribute missing on this env
+                continue
+            if v is not None:
+                return int(v)
+        spec = self.env.get_attr("spec")[0]
+        return None if spec is None else spec.max_episode_steps

@@ -1,0 +1,180 @@
+"""`fastrecord record`: run a policy in N envs, record the episodes, print a summary.
+
+Examples:
+    fastrecord record PickCube-v1                                # 4 episodes, CPU sim + render
+    fastrecord record PushCube-v1 --num-envs 4 --episodes 16 --keep success
+    fastrecord record PickCube-v1 --config configs/pickcube_cpu.yaml
+    fastrecord record PickCube-v1 --policy fastrecord.policies:pick_cube_policy --keep success
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from fastrecord.config import RecordConfig, load_config
+
+
+@dataclass
+class RecordSummary:
+    episodes: int  # finished episodes
+    kept: int  # episodes written
+    successes: int  # kept episodes whose final success flag is set
+    env_steps: int  # env-steps taken (parallel steps x num_envs)
+    seconds: float
+    files: list[Path]
+
+    @property
+    def env_steps_per_s(self) -> float:
+        return self.env_steps / self.seconds if self.seconds > 0 else 0.0
+
+
+def _render_backend(name: str) -> str:
+    if name != "auto":
+        return name
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def make_recorded_env(cfg: RecordConfig):
+    """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs."""
+    import gymnasium as gym
+
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+    from mani_skill.utils.wrappers import CPUGymWrapper
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    from fastrecord.record import RecordEpisode
+
+    kwargs: dict[str, Any] = dict(
+        obs_mode=cfg.obs_mode,
+        render_mode="rgb_array",
+        sim_backend=cfg.sim_backend,
+        render_backend=_render_backend(cfg.render_backend),
+        human_render_camera_configs=dict(width=cfg.width, height=cfg.height),
+        **cfg.env_kwargs,
+    )
+    if cfg.control_mode:
+        kwargs["control_mode"] = cfg.control_mode
+    if cfg.max_episode_steps:
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    if cfg.env_id not in gym.registry:
+        raise ValueError(f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1")
+    rec = dict(
+        output_dir=cfg.output_dir, trajectory_name=cfg.trajectory_name, save_video=cfg.save_video,
+        save_trajectory=cfg.save_trajectory, video_fps=cfg.video_fps, keep=cfg.keep, video_layout=cfg.video_layout,
+        video_codec=cfg.video_codec, video_workers=cfg.video_workers, source_type="fastrecord",
+        source_desc=f"fastrecord record, policy {cfg.policy}",
+    )
+    gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
+    if gpu_sim or cfg.num_envs == 1:
+        env = gym.make(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
+        env = RecordEpisode(env, **rec)
+        return ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
+    def thunk():
+        return CPUGymWrapper(gym.make(cfg.env_id, **kwargs))
+    envs = gym.vector.SyncVectorEnv([thunk for _ in range(cfg.num_envs)])
+    return RecordEpisode(envs, **rec)
+
+
+def load_policy(spec: str, env: Any) -> Callable[[Any], Any]:
+    """'random', or 'module:factory' where factory(env) returns act(obs) -> batched action."""
+    if spec == "random":
+        return lambda obs: env.action_space.sample()
+    module, sep, name = spec.partition(":")
+    if not sep:
+        raise ValueError(f"policy={spec!r} must be 'random' or 'module:factory' (e.g. fastrecord.policies:pick_cube_policy)")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"policy={spec!r} cannot be loaded ({e}); check the module path and the factory name") from e
+    return factory(env)
+
+
+def _recorder(env: Any):
+    cur = env
+    while cur is not None:
+        if hasattr(cur, "recorder"):
+            return cur.recorder
+        cur = getattr(cur, "_env", None) or getattr(cur, "env", None)
+    raise RuntimeError("no fastrecord recorder in this env stack")
+
+
+def run_record(cfg: RecordConfig, progress: bool = True) -> RecordSummary:
+    from tqdm import tqdm
+
+    env = make_recorded_env(cfg)
+    rec = _recorder(env)
+    act = load_policy(cfg.policy, env)
+    n = cfg.num_envs
+    obs, _ = env.reset(seed=[cfg.seed + i for i in range(n)] if n > 1 else cfg.seed)
+    bar = tqdm(total=cfg.episodes, unit="episode", disable=not progress, dynamic_ncols=True)
+    steps = 0
+    t0 = time.perf_counter()
+    try:
+        while rec.num_finished < cfg.episodes:
+            obs, *_ = env.step(act(obs))
+            steps += n
+            bar.update(min(rec.num_finished, cfg.episodes) - bar.n)
+            bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{steps / (time.perf_counter() - t0):.0f}")
+        rec.wait_until_done()
+        seconds = time.perf_counter() - t0
+    finally:
+        bar.close()
+        env.close()
+    successes = 0
+    json_path = Path(cfg.output_dir) / f"{cfg.trajectory_name}.json"
+    files = sorted(rec.video_paths)
+    if cfg.save_trajectory:
+        import json
+
+        episodes = json.loads(json_path.read_text())["episodes"]
+        successes = sum(bool(e.get("success")) for e in episodes)
+        files = [json_path.with_suffix(".h5"), json_path] + files
+    return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files)
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("env_id", nargs="?", help="ManiSkill task id (default PickCube-v1)")
+    p.add_argument("--config", help="YAML preset filling RecordConfig (see configs/)")
+    p.add_argument("--num-envs", type=int)
+    p.add_argument("--episodes", type=int)
+    p.add_argument("--policy", help="'random' or 'module:factory'")
+    p.add_argument("--output-dir")
+    p.add_argument("--trajectory-name")
+    p.add_argument("--keep", choices=["all", "success", "success_once", "failure"])
+    p.add_argument("--video-layout", choices=["per_env", "tiled"])
+    p.add_argument("--no-video", dest="save_video", action="store_const", const=False)
+    p.add_argument("--no-trajectory", dest="save_trajectory", action="store_const", const=False)
+    p.add_argument("--sim-backend")
+    p.add_argument("--render-backend")
+    p.add_argument("--obs-mode")
+    p.add_argument("--control-mode")
+    p.add_argument("--width", type=int)
+    p.add_argument("--height", type=int)
+    p.add_argument("--max-episode-steps", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--video-fps", type=int)
+    p.add_argument("--video-codec")
+    p.add_argument("--video-workers", type=int)
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
+    cfg = load_config(RecordConfig, args.config, **opts)
+    s = run_record(cfg)
+    print(f"episodes: {s.episodes} finished, {s.kept} kept, {s.successes} successful")
+    print(f"speed: {s.env_steps} env-steps in {s.seconds:.1f} s = {s.env_steps_per_s:.1f} env-steps/s")
+    print(f"files ({len(s.files)}) in {cfg.output_dir}:")
+    for f in s.files[:10]:
+        print(f"  {f}")
+    if len(s.files) > 10:
+        print(f"  ... and {len(s.files) - 10} more")
+    return 0

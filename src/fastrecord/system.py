@@ -1,0 +1,26 @@
+"""Machine set-up helpers: pick a Vulkan driver SAPIEN can render with."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+_LAVAPIPE = ("/usr/share/vulkan/icd.d/lvp_icd.json", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+
+
+def use_lavapipe_if_no_gpu() -> str | None:
+    """On a machine without an NVIDIA Vulkan driver, point the Vulkan loader at Mesa's lavapipe (CPU).
+
+    Must run before SAPIEN creates its renderer. Leaves an explicit ``VK_ICD_FILENAMES`` alone.
+    Returns the ICD file chosen, or None.
+    """
+    if os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES"):
+        return None
+    nvidia = glob.glob("/usr/share/vulkan/icd.d/nvidia*.json") + glob.glob("/etc/vulkan/icd.d/nvidia*.json")
+    if nvidia:
+        return None
+    for path in _LAVAPIPE:
+        if os.path.exists(path):
+            os.environ["VK_ICD_FILENAMES"] = path
+            return path
+    return None

@@ -1,0 +1,101 @@
+"""Background work with bounded memory and errors that surface in the caller.
+
+`WorkerPool` owns a bounded job queue and its worker threads. Producers block in `submit` when the
+queue is full (backpressure: nothing is ever dropped). A worker that raises keeps the exception; the
+next `submit`, `wait_until_done` or `close` re-raises it in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+_SENTINEL = object()
+
+
+class WorkerError(RuntimeError):
+    """A background job failed; the original exception is chained as ``__cause__``."""
+
+
+class WorkerPool:
+    """Owns: a bounded queue of jobs, ``num_workers`` daemon threads, and the first worker error.
+
+    ``handler(job)`` runs on a worker thread for every submitted job. With ``num_workers=1`` jobs run
+    in submission order, which the HDF5 writer relies on.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[Any], None],
+        num_workers: int = 1,
+        max_pending: int = 4,
+        name: str = "fastrecord",
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers={num_workers} must be >= 1")
+        if max_pending < 1:
+            raise ValueError(f"max_pending={max_pending} must be >= 1")
+        self._handler = handler
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._error: BaseException | None = None
+        self._error_lock = threading.Lock()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(num_workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is _SENTINEL:
+                    return
+                if self._error is None:  # after a failure, drain without working
+                    self._handler(job)
+            except BaseException as e:  # noqa: BLE001 - kept and re-raised in the caller
+                with self._error_lock:
+                    if self._error is None:
+                        self._error = e
+            finally:
+                self._queue.task_done()
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            err = self._error
+            raise WorkerError(f"a background writer failed: {type(err).__name__}: {err}") from err
+
+    def submit(self, job: Any) -> None:
+        """Queue a job; blocks while the queue is full (the writers set the pace, nothing is dropped)."""
+        if self._closed:
+            raise RuntimeError("submit() on a closed WorkerPool")
+        self.raise_if_failed()
+        self._queue.put(job)
+
+    def wait_until_done(self) -> None:
+        """Block until every submitted job has run, then re-raise the first worker error, if any."""
+        self._queue.join()
+        self.raise_if_failed()
+
+    def close(self) -> None:
+        """Finish queued jobs, stop the workers, re-raise the first worker error. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(_SENTINEL)
+        for t in self._threads:
+            t.join()
+        self.raise_if_failed()
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

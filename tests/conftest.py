@@ -1,0 +1,51 @@
+"""Shared fixtures: real ManiSkill envs on the CPU (lavapipe rendering), small cameras for speed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastrecord.system import use_lavapipe_if_no_gpu
+
+use_lavapipe_if_no_gpu()  # before SAPIEN creates a renderer
+sys.path.insert(0, str(Path(__file__).parent))  # tests/doubles.py
+
+CAMERA = dict(width=64, height=64)
+
+
+@pytest.fixture
+def make_env():
+    """gym.make a ManiSkill CPU env with a small human camera; closed after the test."""
+    import gymnasium as gym
+
+    import mani_skill.envs  # noqa: F401
+
+    made = []
+
+    def _make(env_id: str = "PickCube-v1", **kwargs):
+        kw = dict(obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                  human_render_camera_configs=CAMERA, max_episode_steps=10)
+        kw.update(kwargs)
+        env = gym.make(env_id, **kw)
+        made.append(env)
+        return env
+
+    yield _make
+    for env in made:
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 - already closed by the wrapper
+            pass
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
