@@ -36,6 +36,8 @@ class BatchedDoubleEnv(gym.Env):
         self.size = size
         self.render_mode = render_mode
         self.control_mode = "pd_joint_delta_pos"
+        self.reconfiguration_freq = 0
+        self.gpu_sim_enabled = self.device.type == "cuda"
         # env e succeeds (and terminates) once it has taken success_step[e] steps; 0 = never
         self.success_step = torch.tensor(success_step or [0] * num_envs, device=self.device)
         self.single_action_space = gym.spaces.Box(-1, 1, (3,), np.float32)
