@@ -89,7 +89,7 @@ class BatchedDoubleEnv(gym.Env):
         self.pos[:] = torch.as_tensor(state["actors"]["box"][:, :3], device=self.device)
 
 
-def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int) -> torch.Tensor:
+def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: torch.Tensor | int | None = None) -> torch.Tensor:
     """[N, size, size, 3] uint8: a smooth gradient whose offset encodes the env's state and step.
 
     Smooth content keeps H.264 at high PSNR; consecutive steps differ by far more than coding noise.
@@ -98,7 +98,11 @@ def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int) -> torch.Ten
     y = torch.arange(size, device=pos.device).view(1, size, 1)
     x = torch.arange(size, device=pos.device).view(1, 1, size)
     base = (pos[:, 0].view(n, 1, 1) * 60 + elapsed.view(n, 1, 1).float() * 23)
-    r = (base + 2 * x) % 256
-    g = (base * 0.5 + 2 * y + 80) % 256
-    b = (torch.arange(n, device=pos.device).view(n, 1, 1) * 50 + x + y) % 256
+    def tri(v):  # a triangle wave: no wrap-around edges for the encoder to smear
+        return 255 - ((v % 510) - 255).abs()
+
+    r = tri(base + 2 * x)
+    g = tri(base * 0.5 + 2 * y + 80)
+    envs = torch.arange(n, device=pos.device) if env_idx is None else torch.as_tensor(env_idx, device=pos.device).expand(n)
+    b = tri(envs.view(n, 1, 1) * 50 + x + y)
     return torch.stack([r.expand(n, size, size), g.expand(n, size, size), b.expand(n, size, size).float()], dim=-1).to(torch.uint8)

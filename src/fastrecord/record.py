@@ -172,7 +172,7 @@ class EpisodeRecorder:
             codec = resolve_codec(video_codec)
             workers = video_workers or max(1, min(os.cpu_count() or 1, 16))
             self.video_settings = VideoSettings(codec=codec, crf=video_crf, preset=video_preset, fps=video_fps)
-            self.videos = WorkerPool(self._encode_job, num_workers=workers, max_pending=2 * workers, name="fastrecord-mp4")
+            self.videos = WorkerPool(self._encode_job, num_workers=workers, max_pending=max(2 * workers, 2 * self.num_envs), name="fastrecord-mp4")
         self.video_paths: list[Path] = []
 
     # ------------------------------------------------------------------ capture
@@ -188,7 +188,7 @@ class EpisodeRecorder:
             cam = self.video_source.split(":", 1)[1]
             try:
                 img = obs["sensor_data"][cam]["rgb"]
-            except (KeyError, TypeError):
+            except (KeyError, TypeError, IndexError):
                 cams = list(obs["sensor_data"]) if isinstance(obs, Mapping) and "sensor_data" in obs else []
                 raise ValueError(
                     f"video_source={self.video_source!r}: the observation has no sensor_data/{cam}/rgb (cameras: {cams}); "
@@ -321,25 +321,22 @@ class EpisodeRecorder:
                         final[k] = a
                 out.append(bool(self.keep(final)))
             return np.asarray(out, dtype=bool)
-        key = "fail" if self.keep == "failure" else "success"
-        if key not in buf.fields:
+        fields = buf.fields
+        if "success" not in fields and not (self.keep == "failure" and "fail" in fields):
             raise ValueError(
-                f"keep={self.keep!r} needs info[{key!r}] from the env, which this env does not report; use keep='all' or a callable"
+                f"keep={self.keep!r} needs info['success'] from the env, which this env does not report; use keep='all' or a callable"
             )
         if self.keep == "success_once":
             flags = buf.gather(rows, names=["success"])["success"].reshape(len(rows), -1)
             steps = np.arange(flags.shape[1])
             valid = (steps[None] >= 1) & (steps[None] <= buf.cursor[rows][:, None])
             return (flags & valid).any(axis=1)
-        last = buf.read_last([key], rows)[key].reshape(len(rows)).astype(bool)
-        return last if self.keep == "success" else self._failure_mask(rows, last)
-
-    def _failure_mask(self, rows: np.ndarray, fail_last: np.ndarray) -> np.ndarray:
-        """'failure': the env reports fail at the end, or (no fail flag) did not succeed."""
-        if "success" in self.buffer.fields:
-            succ = self.buffer.read_last(["success"], rows)["success"].reshape(len(rows)).astype(bool)
-            return fail_last | ~succ
-        return fail_last
+        last = {k: v.reshape(len(rows)).astype(bool) for k, v in buf.read_last(["success", "fail"], rows).items()}
+        if self.keep == "success":
+            return last["success"]
+        # failure: the env reports fail at the end, or it did not succeed
+        failed = last.get("fail", np.zeros(len(rows), dtype=bool))
+        return failed | ~last["success"] if "success" in last else failed
 
     def finalize(self, env_idx: np.ndarray, split: bool = False) -> None:
         """End the episodes in progress of ``env_idx``: keep, copy and queue them, or drop them.
@@ -363,7 +360,10 @@ class EpisodeRecorder:
             buf.cursor[env_idx] = -1  # ended: only a reset (or auto-reset) starts them again
 
     def _write(self, kept: np.ndarray) -> None:
-        host = self.buffer.gather(kept)  # the one device-to-host copy of these episodes
+        # the one device-to-host copy of these episodes; per-env videos without overlays take their frames
+        # as yuv420p converted on the GPU (half the bytes; encode_mp4 waits for the asynchronous copy)
+        yuv = self.videos is not None and self.video_layout == "per_env" and not self.info_on_video
+        host = self.buffer.gather(kept, yuv420p=("frames",) if yuv else ())
         lengths = self.buffer.cursor[kept]
         episodes: list[EpisodeData] = []
         for i, e in enumerate(kept):
@@ -439,8 +439,10 @@ class EpisodeRecorder:
 
     # ------------------------------------------------------------------ lifecycle
     def check(self) -> None:
-        """Raise a background writer's error, or use after close, in the caller's thread."""
+        """Before a step: raise a background writer's error, use after close, or a step before reset."""
         self._raise_if_failed()
+        if self.buffer is None:
+            raise RuntimeError(f"step() for envs {list(range(self.num_envs))} before any reset(): call env.reset() first")
 
     def _raise_if_failed(self) -> None:
         if self._closed:

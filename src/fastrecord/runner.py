@@ -115,15 +115,16 @@ def run_record(cfg: RecordConfig, progress: bool = True) -> RecordSummary:
     act = load_policy(cfg.policy, env)
     n = cfg.num_envs
     obs, _ = env.reset(seed=[cfg.seed + i for i in range(n)] if n > 1 else cfg.seed)
-    bar = tqdm(total=cfg.episodes, unit="episode", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=cfg.episodes, unit="episode", disable=not progress, dynamic_ncols=True, mininterval=1.0)
     steps = 0
     t0 = time.perf_counter()
     try:
         while rec.num_finished < cfg.episodes:
             obs, *_ = env.step(act(obs))
             steps += n
-            bar.update(min(rec.num_finished, cfg.episodes) - bar.n)
-            bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{steps / (time.perf_counter() - t0):.0f}")
+            if rec.num_finished > bar.n:
+                bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{steps / (time.perf_counter() - t0):.0f}", refresh=False)
+                bar.update(min(rec.num_finished, cfg.episodes) - bar.n)
         rec.wait_until_done()
         seconds = time.perf_counter() - t0
     finally:

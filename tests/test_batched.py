@@ -1,0 +1,177 @@
+"""num_envs > 1 batched-tensor semantics, through `BatchedDoubleEnv` (test double of ManiSkill's GPU env)."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from doubles import BatchedDoubleEnv, frames_for
+from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+from fastrecord import RecordEpisode
+from fastrecord.video import decode_mp4
+
+
+def psnr(a, b):
+    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).reshape(len(a), -1).mean(axis=1)
+    return 10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))
+
+
+def run(tmp_path, steps=12, num_envs=4, max_steps=6, success_step=(2, 0, 4, 0), **kwargs):
+    base = BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=max_steps, success_step=list(success_step))
+    env = ManiSkillVectorEnv(RecordEpisode(base, tmp_path, trajectory_name="t", **kwargs), auto_reset=True,
+                             ignore_terminations=False)
+    env.reset(seed=list(range(num_envs)))
+    for _ in range(steps):
+        env.step(torch.ones(num_envs, 3))
+    env.close()
+    meta = json.loads((tmp_path / "t.json").read_text())
+    return base, meta
+
+
+def videos(tmp_path) -> dict[int, tuple[int, str]]:
+    """episode id -> (env index, outcome) parsed from '{episode}_env{i}_{outcome}.mp4'."""
+    out = {}
+    for p in tmp_path.glob("*_env*.mp4"):
+        ep, env, outcome = p.stem.split("_")
+        out[int(ep)] = (int(env[3:]), outcome)
+    return out
+
+
+def test_partial_resets_round_trip(tmp_path):
+    """Envs terminate at different steps and auto-reset; every episode's data and frames are its own."""
+    base, meta = run(tmp_path)
+    eps = meta["episodes"]
+    vids = videos(tmp_path)
+    assert len(vids) == len(eps)
+    # env0 succeeds every 2 steps, env2 every 4, env1/env3 truncate at 6 (12 steps: 2 full episodes each)
+    lengths = {}
+    for e in eps:
+        lengths.setdefault(vids[e["episode_id"]][0], []).append(e["elapsed_steps"])
+    assert lengths == {0: [2] * 6, 1: [6, 6], 2: [4] * 3, 3: [6, 6]}
+    with h5py.File(tmp_path / "t.h5") as f:
+        for e in eps:
+            g = f[f"traj_{e['episode_id']}"]
+            env_idx, outcome = vids[e["episode_id"]]
+            obs = g["obs"][:]
+            T = e["elapsed_steps"]
+            assert obs.shape == (T + 1, 4) and g["actions"].shape == (T, 3)
+            np.testing.assert_array_equal(obs[:, 3], np.arange(T + 1))  # elapsed steps 0..T: no foreign rows
+            np.testing.assert_allclose(np.diff(obs[:, 0]), 0.1, rtol=1e-5)  # each row follows the last
+            assert g["success"][-1] == (outcome == "success") == e["success"]
+            assert g["env_states/actors/box"].shape == (T + 1, 13)
+            # the video is this env's frames: recompute them from the recorded state
+            expected = frames_for(torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), base.size, env_idx).numpy()
+            decoded = decode_mp4(tmp_path / f"{e['episode_id']}_env{env_idx}_{outcome}.mp4")
+            assert decoded.shape == expected.shape
+            assert psnr(decoded, expected).min() > 30
+            assert psnr(decoded[1:], expected[:-1]).max() < 25  # a shifted frame fails
+
+
+def test_one_render_per_parallel_step(tmp_path):
+    """Exactly one batched render per step; a reset adds one (the new episodes' first frames)."""
+    base = BatchedDoubleEnv(num_envs=4, max_episode_steps=100)
+    env = RecordEpisode(base, tmp_path, trajectory_name="t")
+    env.reset(seed=0)
+    for _ in range(10):
+        env.step(torch.zeros(4, 3))
+    assert base.render_calls == 1 + 10
+    env.reset(options={"env_idx": torch.tensor([1, 2])})
+    env.step(torch.zeros(4, 3))
+    assert base.render_calls == 1 + 10 + 1 + 1
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "keep, expect_success",
+    [("success", {True}), ("failure", {False}), ("all", {True, False}), (lambda info: bool(info["success"]), {True})],
+)
+def test_keep_filters(tmp_path, keep, expect_success):
+    _, meta = run(tmp_path, keep=keep)
+    assert {e["success"] for e in meta["episodes"]} == expect_success
+    # 12 steps: env0 succeeds 6 times, env2 3 times; env1 and env3 time out twice each
+    counts = {True: 6 + 3, False: 2 + 2}
+    assert len(meta["episodes"]) == sum(counts[s] for s in expect_success)
+    assert len(list(tmp_path.glob("*.mp4"))) == len(meta["episodes"])
+    assert [e["episode_id"] for e in meta["episodes"]] == list(range(len(meta["episodes"])))
+
+
+def test_success_once_keeps_episodes_that_succeeded_before_the_end(tmp_path):
+    """ignore_terminations (make_eval_envs): success at step 2 then the episode runs on to the time limit."""
+    base = BatchedDoubleEnv(num_envs=2, max_episode_steps=5, success_step=[2, 0])
+    env = RecordEpisode(base, tmp_path, trajectory_name="t", keep="success_once")
+    env.reset(seed=0)
+    base.success_step[0] = 2
+    for t in range(5):
+        env.step(torch.zeros(2, 3))
+        if t == 2:
+            base.success_step[0] = 99  # success goes away again after step 3
+    env.close()
+    eps = json.loads((tmp_path / "t.json").read_text())["episodes"]
+    assert len(eps) == 1 and eps[0]["elapsed_steps"] == 5 and eps[0]["success"] is False
+    with h5py.File(tmp_path / "t.h5") as f:
+        assert f["traj_0/success"][:].tolist() == [False, True, True, False, False]
+
+
+def test_long_episodes_grow_the_buffer(tmp_path):
+    """Episodes longer than buffer_capacity are kept whole (the buffer grows), never truncated."""
+    base, meta = run(tmp_path, steps=14, max_steps=7, success_step=(0, 0, 0, 0), buffer_capacity=3)
+    assert [e["elapsed_steps"] for e in meta["episodes"]] == [7] * 8
+    with h5py.File(tmp_path / "t.h5") as f:
+        for k in f:
+            np.testing.assert_array_equal(f[k]["obs"][:, 3], np.arange(8))
+
+
+def test_tiled_layout_matches_maniskill(tmp_path):
+    """video_layout='tiled': one video per batch of episodes ending together, ManiSkill's tile layout."""
+    from mani_skill.utils.visualization.misc import tile_images
+
+    base = BatchedDoubleEnv(num_envs=4, max_episode_steps=3)
+    env = RecordEpisode(base, tmp_path, trajectory_name="t", video_layout="tiled")
+    obs, _ = env.reset(seed=0)
+    frames = [base.render()]
+    for _ in range(3):
+        env.step(torch.zeros(4, 3))
+        frames.append(base.render())
+    env.reset()
+    env.close()
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == ["0.mp4"]
+    ref = tile_images([f.numpy() for f in torch.stack(frames, dim=1)], nrows=2)
+    decoded = decode_mp4(tmp_path / "0.mp4")
+    assert decoded.shape == ref.shape == (4, 64, 64, 3)
+    assert psnr(decoded, ref).min() > 30
+
+
+def test_info_on_video_draws_text(tmp_path):
+    base = BatchedDoubleEnv(num_envs=2, max_episode_steps=3)
+    env = RecordEpisode(base, tmp_path / "plain", trajectory_name="t", save_trajectory=False)
+    env2 = RecordEpisode(BatchedDoubleEnv(num_envs=2, max_episode_steps=3), tmp_path / "text", save_trajectory=False,
+                         info_on_video=True)
+    for e in (env, env2):
+        e.reset(seed=0)
+        for _ in range(3):
+            e.step(torch.zeros(2, 3))
+        e.close()
+    plain = decode_mp4(tmp_path / "plain" / "0_env0_failure.mp4")
+    text = decode_mp4(tmp_path / "text" / "0_env0_failure.mp4")
+    assert psnr(plain[:1], text[:1]).min() > 40  # the reset frame carries no text (as ManiSkill)
+    assert psnr(plain[1:], text[1:]).max() < 30  # later frames do
+
+
+def test_save_video_trigger_skips_rendering(tmp_path):
+    """Steps the trigger rejects are not rendered; episodes with missing frames get no video."""
+    base = BatchedDoubleEnv(num_envs=2, max_episode_steps=3)
+    env = RecordEpisode(base, tmp_path, trajectory_name="t", save_video_trigger=lambda step: step >= 3)
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(torch.zeros(2, 3))  # steps 0-2: no frames
+    env.reset()
+    for _ in range(3):
+        env.step(torch.zeros(2, 3))
+    env.close()
+    assert base.render_calls == 1 + 3  # the second reset and its 3 steps
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == ["2_env0_failure.mp4", "3_env1_failure.mp4"]
+    assert len(json.loads((tmp_path / "t.json").read_text())["episodes"]) == 4  # trajectories regardless
