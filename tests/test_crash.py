@@ -76,3 +76,20 @@ def test_kill_real_env_then_replay(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"Replayed {len(episodes)} episodes" in out.stdout + out.stderr
+
+
+def test_consolidate_after_a_crash(tmp_path):
+    """consolidate() turns the crash-left index + parts into one self-contained file with the same data."""
+    from fastrecord.trajectory import consolidate
+
+    durable = record_then_kill(tmp_path, "double", min_finished=16, extra_s=0.3)
+    before = check_readable(tmp_path, at_least=durable)
+    with h5py.File(tmp_path / "crash.h5") as f:
+        obs = {k: f[k]["obs"][:] for k in f}
+    consolidate(tmp_path / "crash.h5")
+    assert not (tmp_path / "crash.h5.parts").exists()
+    assert check_readable(tmp_path, at_least=durable) == before
+    with h5py.File(tmp_path / "crash.h5") as f:
+        assert all(f.get(k, getlink=True).__class__ is h5py.HardLink for k in f)
+        for k, v in obs.items():
+            np.testing.assert_array_equal(f[k]["obs"][:], v)

@@ -201,8 +201,12 @@ class EpisodeRecorder:
             raise TypeError(f"video frames must be [num_envs, H, W, 3] uint8, got {tuple(img.shape)} {img.dtype}")
         return img
 
-    def _collect(self, obs: Any, *, with_frames: bool) -> dict[str, Any]:
-        """The state-kind data of this instant: observation, env state, frame."""
+    def _collect(self, obs: Any, *, with_frames: bool, check_state: bool = False) -> dict[str, Any]:
+        """The state-kind data of this instant: observation, env state, frame.
+
+        ``check_state`` (at resets: the scene may have been reconfigured) verifies that every env has the
+        same state layout, as ManiSkill does; otherwise env states are not recorded.
+        """
         data: dict[str, Any] = {}
         if self.save_trajectory:
             data["obs"] = obs
@@ -210,7 +214,7 @@ class EpisodeRecorder:
                 state = self.view.state_dict()
                 from mani_skill.utils import sapien_utils
 
-                if sapien_utils.is_state_dict_consistent(state):
+                if not check_state or sapien_utils.is_state_dict_consistent(state):
                     data["env_states"] = state
                 else:
                     self.record_env_state = False
@@ -246,7 +250,7 @@ class EpisodeRecorder:
         self._raise_if_failed()
         capture = self._capturing()
         self._frames_ok[env_idx] = capture
-        data = self._collect(obs, with_frames=capture)
+        data = self._collect(obs, with_frames=capture, check_state=True)
         leaves = self._leaves(data)
         buf = self._ensure_buffer(leaves)
         if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields

@@ -166,10 +166,18 @@ class TrajectoryWriter:
         self._last_publish = now
 
     def _consolidate(self) -> None:
-        """Copy every episode into one self-contained NAME.h5 (atomic), then drop the parts."""
-        tmp = self.h5_path.with_name(self.h5_path.name + ".tmp")
-        with h5py.File(self.h5_path, "r") as src, h5py.File(tmp, "w", track_order=True) as dst:
-            for traj in src:
-                src.copy(src[traj], dst, name=traj)
-        os.replace(tmp, self.h5_path)
-        shutil.rmtree(self.parts_dir, ignore_errors=True)
+        consolidate(self.h5_path)
+
+
+def consolidate(h5_path: str | Path) -> Path:
+    """Copy every episode of ``NAME.h5`` (an index of links into ``NAME.h5.parts/``, as left by a crash
+    or during recording) into one self-contained ``NAME.h5`` (atomic rename), then drop the parts."""
+    h5_path = Path(h5_path)
+    parts = h5_path.with_name(h5_path.name + ".parts")
+    tmp = h5_path.with_name(h5_path.name + ".tmp")
+    with h5py.File(h5_path, "r") as src, h5py.File(tmp, "w", track_order=True) as dst:
+        for traj in src:
+            src.copy(src[traj], dst, name=traj)
+    os.replace(tmp, h5_path)
+    shutil.rmtree(parts, ignore_errors=True)
+    return h5_path
