@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent))  # doubles.py
+sys.path.insert(0, str(Path(__file__).parents[1] / "src"))  # this checkout's fastrecord
 
 from fastrecord.system import use_lavapipe_if_no_gpu  # noqa: E402
 
