@@ -175,3 +175,26 @@ def test_save_video_trigger_skips_rendering(tmp_path):
     assert base.render_calls == 1 + 3  # the second reset and its 3 steps
     assert sorted(p.name for p in tmp_path.glob("*.mp4")) == ["2_env0_failure.mp4", "3_env1_failure.mp4"]
     assert len(json.loads((tmp_path / "t.json").read_text())["episodes"]) == 4  # trajectories regardless
+
+
+@pytest.mark.gpu
+def test_cuda_buffers_round_trip(tmp_path):
+    """Frames and step data stay on the GPU until the episode ends; the files match what was rendered."""
+    base = BatchedDoubleEnv(num_envs=8, max_episode_steps=5, size=64, device="cuda", success_step=[3, 0] * 4)
+    env = RecordEpisode(base, tmp_path, trajectory_name="t", keep="success")
+    env.reset(seed=list(range(8)))
+    assert env.recorder.buffer.fields["frames"].device.type == "cuda"
+    for _ in range(3):
+        env.step(torch.ones(8, 3, device="cuda"))
+    env.reset(options={"env_idx": torch.arange(0, 8, 2, device="cuda")})
+    env.close()
+    eps = json.loads((tmp_path / "t.json").read_text())["episodes"]
+    assert len(eps) == 4 and all(e["success"] and e["elapsed_steps"] == 3 for e in eps)
+    with h5py.File(tmp_path / "t.h5") as f:
+        vids = videos(tmp_path)
+        for e in eps:
+            env_idx, outcome = vids[e["episode_id"]]
+            obs = f[f"traj_{e['episode_id']}"]["obs"][:]
+            expected = frames_for(torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), 64, env_idx).numpy()
+            decoded = decode_mp4(tmp_path / f"{e['episode_id']}_env{env_idx}_{outcome}.mp4")
+            assert psnr(decoded, expected).min() > 30
