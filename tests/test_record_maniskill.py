@@ -215,3 +215,34 @@ def test_sensor_camera_video_needs_no_render(make_env, tmp_path):
     decoded = decode_mp4(tmp_path / "0_env0_failure.mp4")
     assert decoded.shape == (5, 32, 32, 3)
     assert psnr(decoded, np.stack(frames)).min() > 25
+
+
+def test_async_vector_env(tmp_path):
+    """AsyncVectorEnv sub-envs in other processes: flat states per step, split back into ManiSkill's dict."""
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers import CPUGymWrapper
+
+    from conftest import CAMERA
+
+    def thunk():
+        return CPUGymWrapper(gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                                      human_render_camera_configs=CAMERA, max_episode_steps=3))
+
+    vec = gym.vector.AsyncVectorEnv([thunk, thunk], context="forkserver")
+    env = RecordEpisode(vec, tmp_path, trajectory_name="a")
+    env.reset(seed=[5, 6])
+    states = [env.call("get_state_dict")]
+    for _ in range(3):
+        env.step(env.action_space.sample())
+        states.append(env.call("get_state_dict"))
+    env.close()
+    eps = json.loads((tmp_path / "a.json").read_text())["episodes"]
+    assert [(e["elapsed_steps"], e["episode_seed"], e["reset_kwargs"]["seed"]) for e in eps] == [(3, 5, 5), (3, 6, 6)]
+    with h5py.File(tmp_path / "a.h5") as f:
+        for i in range(2):
+            g = f[f"traj_{i}/env_states"]
+            for group in ("actors", "articulations"):
+                assert list(g[group]) == list(states[0][i][group])
+                for name in g[group]:
+                    expected = np.concatenate([np.asarray(s[i][group][name]) for s in states])
+                    np.testing.assert_allclose(g[group][name][:], expected, rtol=1e-6)

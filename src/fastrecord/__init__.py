@@ -5,8 +5,9 @@
 """
 
 from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
+from fastrecord.make_env import make_eval_envs
 from fastrecord.record import RecordEpisode, RecordVectorEpisode
 from fastrecord.workers import WorkerError
 
-__all__ = ["RecordEpisode", "RecordVectorEpisode", "EpisodeBuffer", "BufferTooLargeError", "WorkerError"]
+__all__ = ["RecordEpisode", "RecordVectorEpisode", "make_eval_envs", "EpisodeBuffer", "BufferTooLargeError", "WorkerError"]
 __version__ = "0.1.0"

@@ -10,10 +10,13 @@ indexed assignment per leaf for all envs (no Python loop over envs); the only de
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 import numpy as np
 import torch
+
+from fastrecord.staging import Yuv420Frames, default_staging_pool, rgb_to_yuv420p, shared_memory_supported
 
 GiB = 1024**3
 
@@ -66,6 +69,7 @@ class EpisodeBuffer:
         self._cursor_dev = torch.full((num_envs,), -1, dtype=torch.long, device=self.device)
         self._rows = torch.arange(num_envs, device=self.device)
         self._bufs: dict[str, torch.Tensor] = {}
+        self._copy_stream: Any = None  # CUDA side stream of asynchronous gathers, made at first use
 
     # ------------------------------------------------------------------ layout
     @property
@@ -174,26 +178,105 @@ class EpisodeBuffer:
         cur = self._cursor_dev[rows]
         return {n: self._bufs[n][rows, cur].cpu().numpy() for n in names if n in self._bufs}
 
-    def gather(self, env_idx: np.ndarray, names: list[str] | None = None) -> dict[str, np.ndarray]:
+    def gather(self, env_idx: np.ndarray, names: list[str] | None = None, *,
+               yuv420p: Collection[str] = ()) -> dict[str, np.ndarray]:
         """Copy the episodes in progress of ``env_idx`` to host memory in one batch.
 
         Returns ``{name: array [len(env_idx), max_len, ...]}`` with ``max_len = cursor.max() + 1``
         over ``env_idx``; rows of shorter episodes are padded with stale data past their cursor.
+
+        The arrays live in reusable staging memory (`fastrecord.staging`: pinned once, shared with
+        encoder processes), which returns to its pool when the last array viewing it is collected.
+
+        ``yuv420p`` names uint8 ``[..., H, W, 3]`` RGB fields (even H and W, CUDA buffer) to return as
+        `Yuv420Frames` ``[len(env_idx), max_len, H * 3 // 2, W]``: converted on the GPU and copied
+        asynchronously on a side stream (half the bytes of RGB); their ``wait_ready()`` blocks until the
+        copy has landed, and `encode_mp4` does that itself. Other fields are ready on return.
         """
+        env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         length = int(self.cursor[env_idx].max()) + 1
-        rows = torch.as_tensor(env_idx, device=self.device)
-        pinned = self.device.type == "cuda"
-        out: dict[str, torch.Tensor] = {}
-        for name, buf in self._bufs.items():
-            if names is not None and name not in names:
+        whole = len(env_idx) == self.num_envs and bool((env_idx == np.arange(self.num_envs)).all())
+        rows = None if whole else torch.as_tensor(env_idx, device=self.device)
+        cuda = self.device.type == "cuda"
+        selected = {n: b for n, b in self._bufs.items() if names is None or n in names}
+
+        def part(buf: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+            hi = len(env_idx) if hi is None else hi
+            return buf[lo:hi, :length] if rows is None else buf[rows[lo:hi], :length]
+
+        yuv = {n for n in yuv420p if n in selected and cuda and _yuv_eligible(selected[n])}
+        layout: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        for name, buf in selected.items():
+            if name in yuv:
+                h, w = buf.shape[-3:-1]
+                layout[name] = ((len(env_idx), length, *buf.shape[2:-3], h * 3 // 2, w), np.dtype(np.uint8))
+            elif (dt := _numpy_dtype(buf.dtype)) is not None:
+                layout[name] = ((len(env_idx), length, *buf.shape[2:]), dt)
+        total = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize + 4096 for s, dt in layout.values())
+        if total < _STAGING_MIN_BYTES or not shared_memory_supported():
+            yuv, layout = set(), {}
+        lease = default_staging_pool().lease(total, pin=cuda) if layout else None
+
+        out: dict[str, np.ndarray] = {}
+        pending: list[torch.Tensor] = []
+        for name, buf in selected.items():  # plain fields first: one sync covers them, not the conversion
+            if name in yuv:
                 continue
-            part = buf[rows, :length] if len(env_idx) < self.num_envs else buf[:, :length]
-            if pinned:
-                host = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
-                host.copy_(part, non_blocking=True)
+            src = part(buf)
+            if name in layout:
+                dst = lease.array(*layout[name])
+                torch.from_numpy(dst).copy_(src, non_blocking=cuda)
+                out[name] = dst
+            elif cuda:
+                host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+                host.copy_(src, non_blocking=True)
+                pending.append(host)
                 out[name] = host
             else:
-                out[name] = part.clone()
-        if pinned:
+                t = src.clone()
+                pending.append(t)
+                out[name] = t
+        if cuda:
             torch.cuda.current_stream(self.device).synchronize()
-        return {k: v.numpy() for k, v in out.items()}
+        for name, v in out.items():
+            if isinstance(v, torch.Tensor):
+                out[name] = v.numpy()
+        del pending
+        for name in yuv:
+            out[name] = self._gather_yuv(selected[name], lease.array(*layout[name]), part)
+            lease.arena.pending = out[name].ready  # a reuse of the arena waits for this copy
+        return {n: out[n] for n in selected if n in out}
+
+    def _gather_yuv(self, buf: torch.Tensor, dst: np.ndarray, part: Any) -> Yuv420Frames:
+        """Convert on the current stream, copy to ``dst`` on a side stream, in chunks of envs."""
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        current = torch.cuda.current_stream(self.device)
+        per_env = max(1, buf[0].numel()) * dst.shape[1] // max(1, buf.shape[1])
+        chunk = max(1, _YUV_CHUNK_BYTES // max(1, per_env))
+        for lo in range(0, dst.shape[0], chunk):
+            hi = min(lo + chunk, dst.shape[0])
+            yuv = rgb_to_yuv420p(part(buf, lo, hi))
+            self._copy_stream.wait_stream(current)
+            with torch.cuda.stream(self._copy_stream):
+                torch.from_numpy(dst[lo:hi]).copy_(yuv, non_blocking=True)
+            yuv.record_stream(self._copy_stream)  # the allocator must not reuse it before the copy ends
+            del yuv
+        ready = torch.cuda.Event(blocking=True)  # waiters sleep rather than spin (encoders need the cores)
+        ready.record(self._copy_stream)
+        return Yuv420Frames(dst, ready=ready)
+
+
+_STAGING_MIN_BYTES = 1024 * 1024  # smaller gathers (flags for the keep filter) skip the staging pool
+_YUV_CHUNK_BYTES = 256 * 1024 * 1024  # RGB bytes converted per chunk (bounds the float temporaries)
+
+
+def _yuv_eligible(buf: torch.Tensor) -> bool:
+    return buf.dtype == torch.uint8 and buf.ndim >= 5 and buf.shape[-1] == 3 and buf.shape[-3] % 2 == 0 and buf.shape[-2] % 2 == 0
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        return None

@@ -19,6 +19,8 @@ from mani_skill.utils import gym_utils
 from mani_skill.utils.wrappers import CPUGymWrapper
 from mani_skill.utils.wrappers.record import parse_env_info
 
+from fastrecord.buffer import flatten_tree
+
 IMAGE_RENDER_MODES = ("rgb_array", "sensors", "all")
 
 
@@ -72,7 +74,7 @@ class ManiSkillView:
     def render(self) -> Any:
         return self.env.render()
 
-    def state_dict(self) -> dict:
+    def state_dict(self, refresh: bool = False) -> dict:
         return self.base.get_state_dict()
 
     def episode_seeds(self) -> np.ndarray:
@@ -100,6 +102,7 @@ class VectorEnvView:
         self.num_envs = envs.num_envs
         self.device = torch.device("cpu")
         self.unbatched = False
+        self._state_layout: list[tuple[list[str], int]] | None = None
         self.single_action_shape = getattr(envs.single_action_space, "shape", None)
         self.render_mode = envs.render_mode or envs.metadata.get("render_mode")
         if self.render_mode is None:
@@ -116,8 +119,28 @@ class VectorEnvView:
         frames = self.env.call("render")
         return torch.cat([to_batched(f, self.device, np.ndim(f) == 3) for f in frames], dim=0)
 
-    def state_dict(self) -> dict:
-        return cat_trees(list(self.env.call("get_state_dict")))
+    def state_dict(self, refresh: bool = False) -> dict:
+        """Env states of all sub-envs as one batched dict.
+
+        Per step each sub-env sends one flat ``get_state()`` tensor (an AsyncVectorEnv pays an IPC round
+        trip per tensor, so not one per dict leaf), split back into ``get_state_dict()``'s layout, which
+        is learnt from one sub-env at the first call and whenever ``refresh`` (a reconfiguring reset).
+        """
+        if refresh or self._state_layout is None:
+            template = flatten_tree(self.env.call("get_state_dict")[0], "")
+            self._state_layout = [(k.lstrip("/").split("/"), v.shape[-1]) for k, v in template.items()]
+        flat = torch.cat([torch.as_tensor(s).reshape(1, -1) for s in self.env.call("get_state")], dim=0)
+        if flat.shape[1] != sum(w for _, w in self._state_layout):
+            return self.state_dict(refresh=True)
+        out: dict = {}
+        start = 0
+        for path, width in self._state_layout:
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = flat[:, start : start + width]
+            start += width
+        return out
 
     def episode_seeds(self) -> np.ndarray:
         return np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1)[:1] for s in self.env.get_attr("_episode_seed")])
@@ -135,12 +158,14 @@ class VectorEnvView:
         return dict(env_id=spec.id, env_kwargs=kwargs, max_episode_steps=self.max_episode_steps())
 
     def max_episode_steps(self) -> int | None:
-        for name in ("max_episode_steps", "_max_episode_steps"):
-            try:
-                v = self.env.get_attr(name)[0]
-            except Exception:  # noqa: BLE001 - attribute missing on this env
-                continue
-            if v is not None:
-                return int(v)
         spec = self.env.get_attr("spec")[0]
-        return None if spec is None else spec.max_episode_steps
+        if spec is not None and spec.max_episode_steps is not None:
+            return int(spec.max_episode_steps)
+        # ManiSkill's TimeLimitWrapper holds it. Only probe on a SyncVectorEnv: an AsyncVectorEnv worker
+        # asked for an attribute its env lacks shuts down.
+        if isinstance(self.env, gym.vector.AsyncVectorEnv):
+            return int(self.env.get_attr("_max_episode_steps")[0])
+        try:
+            return int(self.env.get_attr("_max_episode_steps")[0])
+        except AttributeError:
+            return None

@@ -172,7 +172,7 @@ class EpisodeRecorder:
             codec = resolve_codec(video_codec)
             workers = video_workers or max(1, min(os.cpu_count() or 1, 16))
             self.video_settings = VideoSettings(codec=codec, crf=video_crf, preset=video_preset, fps=video_fps)
-            self.videos = WorkerPool(self._encode_job, num_workers=workers, max_pending=max(2 * workers, 2 * self.num_envs), name="fastrecord-mp4")
+            self.videos = WorkerPool(self._encode_job, num_workers=workers, max_pending=max(2 * workers, self.num_envs + workers), name="fastrecord-mp4")
         self.video_paths: list[Path] = []
 
     # ------------------------------------------------------------------ capture
@@ -201,7 +201,7 @@ class EpisodeRecorder:
             raise TypeError(f"video frames must be [num_envs, H, W, 3] uint8, got {tuple(img.shape)} {img.dtype}")
         return img
 
-    def _collect(self, obs: Any, *, with_frames: bool, check_state: bool = False) -> dict[str, Any]:
+    def _collect(self, obs: Any, *, with_frames: bool, check_state: bool = False, refresh: bool = False) -> dict[str, Any]:
         """The state-kind data of this instant: observation, env state, frame.
 
         ``check_state`` (at resets: the scene may have been reconfigured) verifies that every env has the
@@ -211,7 +211,7 @@ class EpisodeRecorder:
         if self.save_trajectory:
             data["obs"] = obs
             if self.record_env_state:
-                state = self.view.state_dict()
+                state = self.view.state_dict(refresh=refresh)
                 from mani_skill.utils import sapien_utils
 
                 if not check_state or sapien_utils.is_state_dict_consistent(state):
@@ -250,7 +250,7 @@ class EpisodeRecorder:
         self._raise_if_failed()
         capture = self._capturing()
         self._frames_ok[env_idx] = capture
-        data = self._collect(obs, with_frames=capture, check_state=True)
+        data = self._collect(obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs)
         leaves = self._leaves(data)
         buf = self._ensure_buffer(leaves)
         if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields
@@ -260,7 +260,7 @@ class EpisodeRecorder:
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
         for e in env_idx:
             kw = copy.deepcopy(reset_kwargs)
-            if self.num_envs > 1:
+            if self.num_envs > 1 or isinstance(self.view, VectorEnvView):  # per-env episodes: the env's own seed
                 kw = {k: v for k, v in kw.items() if k != "options"} | {"seed": int(self._seeds[e])}
             self._reset_kwargs[e] = kw
 
@@ -715,6 +715,16 @@ class RecordVectorEpisode(_RecorderMixin, gym.vector.VectorWrapper):
             if done.any():
                 self._rec.finalize(np.flatnonzero(done))
         return obs, rew, terminated, truncated, info
+
+    # gymnasium's VectorWrapper does not forward these; code that drives the vector env needs them
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return self.env.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return self.env.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self.env.set_attr(name, values)
 
     def close(self, **kwargs: Any) -> None:
         if self._closed:

@@ -59,8 +59,10 @@ def make_recorded_env(cfg: RecordConfig):
         sim_backend=cfg.sim_backend,
         render_backend=_render_backend(cfg.render_backend),
         human_render_camera_configs=dict(width=cfg.width, height=cfg.height),
-        **cfg.env_kwargs,
+        # a fresh episode seed at every (auto-)reset, so each recorded episode replays from its seed
+        enhanced_determinism=True,
     )
+    kwargs.update(cfg.env_kwargs)
     if cfg.control_mode:
         kwargs["control_mode"] = cfg.control_mode
     if cfg.max_episode_steps:

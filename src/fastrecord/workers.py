@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Callable
 
 _SENTINEL = object()
@@ -41,6 +42,7 @@ class WorkerPool:
         self._error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._closed = False
+        self.blocked_seconds = 0.0  # time producers spent waiting in submit() for a free slot
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(num_workers)
         ]
@@ -60,6 +62,7 @@ class WorkerPool:
                     if self._error is None:
                         self._error = e
             finally:
+                job = None  # drop the job (and e.g. its frames' staging memory) before waiting again
                 self._queue.task_done()
 
     def raise_if_failed(self) -> None:
@@ -72,7 +75,12 @@ class WorkerPool:
         if self._closed:
             raise RuntimeError("submit() on a closed WorkerPool")
         self.raise_if_failed()
-        self._queue.put(job)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            t0 = time.perf_counter()
+            self._queue.put(job)
+            self.blocked_seconds += time.perf_counter() - t0
 
     def wait_until_done(self) -> None:
         """Block until every submitted job has run, then re-raise the first worker error, if any."""

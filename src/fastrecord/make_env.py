@@ -1,0 +1,252 @@
+"""`make_eval_envs`: a drop-in for the diffusion-policy baseline's env factory, recording with fastrecord.
+
+ManiSkill's baselines (``examples/baselines/diffusion_policy/diffusion_policy/make_env.py``) build
+their evaluation envs with ``make_eval_envs``; this one has the same parameters, builds the same envs
+(``reconfiguration_freq=1``, the caller's wrappers, a ``FrameStack`` of ``other_kwargs["obs_horizon"]``,
+``ignore_terminations=True`` and ``record_metrics=True``) and returns the same kind of vector env, so
+switching is one import:
+
+    # from diffusion_policy.make_env import make_eval_envs
+    from fastrecord import make_eval_envs
+
+What changes is the recording. GPU simulation: fastrecord's `RecordEpisode` (one MP4 per env episode).
+CPU simulation: the baseline records env 0 only (a ManiSkill ``RecordEpisode`` inside sub-env 0);
+here one fastrecord recorder wraps the whole vector env from outside and keeps every env's videos.
+``keep="success"`` keeps the videos of successful rollouts only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+import gymnasium as gym
+import numpy as np
+from mani_skill.utils import common, gym_utils
+from mani_skill.utils.wrappers import CPUGymWrapper
+
+from fastrecord.record import KeepFilter, RecordEpisode
+
+SOURCE_TYPE = "diffusion_policy"  # the baseline's labels, kept for tools that read them
+SOURCE_DESC = "diffusion_policy evaluation rollout"
+
+
+def make_eval_envs(
+    env_id,
+    num_envs: int,
+    sim_backend: str,
+    env_kwargs: dict,
+    other_kwargs: dict,
+    video_dir: Optional[str] = None,
+    wrappers: list[gym.Wrapper] = [],  # noqa: B006 - the baseline's signature; never mutated
+    *,
+    keep: KeepFilter = "all",
+    record_kwargs: dict[str, Any] | None = None,
+):
+    """Create vectorized environments for evaluation, recording every env's videos to ``video_dir``.
+
+    Args (the baseline's):
+        env_id: the environment id.
+        num_envs: the number of parallel environments.
+        sim_backend: "physx_cpu" builds a gymnasium vector env of CPU envs (Sync for one env, Async
+            with the forkserver context otherwise); anything else one GPU-parallel ManiSkill env under
+            ``ManiSkillVectorEnv``.
+        env_kwargs: ``gym.make`` kwargs (``max_episode_steps`` included); pass
+            ``render_mode="rgb_array"`` to record videos.
+        other_kwargs: needs ``obs_horizon``, the number of stacked observations.
+        video_dir: where the MP4s go; None records nothing.
+        wrappers: wrappers applied to each env right after ``gym.make``.
+
+    fastrecord's additions (keyword-only):
+        keep: which episodes' videos are written: "all", "success" (successful at the end),
+            "success_once", "failure", or a callable on the episode's final info.
+        record_kwargs: further `fastrecord.RecordEpisode` arguments (e.g. ``video_layout="tiled"``,
+            ``save_trajectory=True``, ``info_on_video=False``).
+
+    Returns:
+        CPU: a ``gym.vector.VectorEnv`` with the baseline's observations (``[num_envs, obs_horizon,
+        ...]`` numpy arrays) and gymnasium 0.29's same-step auto-reset, so ``info["final_info"]`` is
+        an array of per-env final infos (each with ``"episode"`` metrics), as the baseline's
+        ``evaluate`` reads it. GPU: a ``ManiSkillVectorEnv``, as the baseline.
+    """
+    if "obs_horizon" not in other_kwargs:
+        raise ValueError(f"other_kwargs={other_kwargs!r} lacks 'obs_horizon', the number of observations stacked; "
+                         f"pass e.g. other_kwargs=dict(obs_horizon=2)")
+    num_stack = int(other_kwargs["obs_horizon"])
+    if num_stack < 1:
+        raise ValueError(f"other_kwargs['obs_horizon']={num_stack} must be >= 1")
+    rec = dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE, source_desc=SOURCE_DESC, keep=keep)
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+
+    if sim_backend == "physx_cpu":
+        envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers))
+        if video_dir:
+            envs = RecordEpisode(envs, **{**rec, "info_on_video": True, **(record_kwargs or {})})
+        return EvalVectorEnv(envs, num_stack)
+
+    from mani_skill.utils.wrappers import FrameStack
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    env = gym.make(env_id, num_envs=num_envs, sim_backend=sim_backend, reconfiguration_freq=1, **env_kwargs)
+    max_episode_steps = gym_utils.find_max_episode_steps_value(env)
+    for wrapper in wrappers:
+        env = wrapper(env)
+    if video_dir:  # below FrameStack: the recorder sees the env's own (unstacked) observations
+        env = RecordEpisode(env, **{**rec, "save_video": True, "max_steps_per_video": max_episode_steps, **(record_kwargs or {})})
+    env = FrameStack(env, num_stack=num_stack)
+    return ManiSkillVectorEnv(env, ignore_terminations=True, record_metrics=True)
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list) -> gym.vector.VectorEnv:
+    thunks = [_CpuThunk(env_id, seed, env_kwargs, wrappers) for seed in range(num_envs)]
+    mode = gym.vector.AutoresetMode.DISABLED  # EvalVectorEnv resets finished envs itself, after the recorder saw them
+    if num_envs == 1:
+        return gym.vector.SyncVectorEnv(thunks, autoreset_mode=mode)
+    return gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode)
+
+
+class _CpuThunk:
+    """Builds one CPU sub-env (picklable for the forkserver workers)."""
+
+    def __init__(self, env_id: str, seed: int, env_kwargs: dict, wrappers: list) -> None:
+        self.env_id, self.seed, self.env_kwargs, self.wrappers = env_id, seed, dict(env_kwargs), wrappers
+
+    def __call__(self) -> gym.Env:
+        import mani_skill.envs  # noqa: F401 - registers the tasks (worker processes too)
+
+        from fastrecord.system import use_lavapipe_if_no_gpu
+
+        use_lavapipe_if_no_gpu()
+        env = gym.make(self.env_id, reconfiguration_freq=1, **self.env_kwargs)
+        for wrapper in self.wrappers:
+            env = wrapper(env)
+        env = _CPUGymWrapper(env, ignore_terminations=True, record_metrics=True)
+        env.action_space.seed(self.seed)
+        env.observation_space.seed(self.seed)
+        return env
+
+
+class _CPUGymWrapper(CPUGymWrapper):
+    """ManiSkill's ``CPUGymWrapper`` that also answers ``max_episode_steps`` and ``get_state_dict``.
+
+    fastrecord's vector-env recorder asks the sub-envs for it through ``get_attr``, and an
+    ``AsyncVectorEnv`` worker asked for an attribute it lacks shuts down.
+    """
+
+    @property
+    def max_episode_steps(self) -> int | None:
+        return gym_utils.find_max_episode_steps_value(self.env)
+
+    def get_state_dict(self) -> dict[str, Any]:
+        """The env state as numpy arrays (for ``save_trajectory=True``): torch tensors leave an
+        AsyncVectorEnv worker through torch's shared-memory hand-off, a socket round trip per tensor."""
+        return common.to_numpy(self.base_env.get_state_dict())
+
+
+def _tree_map(fn: Callable, *trees: Any) -> Any:
+    if isinstance(trees[0], Mapping):
+        return {k: _tree_map(fn, *(t[k] for t in trees)) for k in trees[0]}
+    return fn(*trees)
+
+
+def _env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Env ``i``'s own info out of a gymnasium vector info (arrays with ``_key`` masks)."""
+    out: dict[str, Any] = {}
+    for k, v in info.items():
+        if k.startswith("_"):
+            continue
+        mask = info.get("_" + k)
+        if mask is not None and not mask[i]:
+            continue
+        out[k] = _env_info(v, i) if isinstance(v, Mapping) else v[i]
+    return out
+
+
+def _stack_space(space: gym.Space, num_stack: int) -> gym.Space:
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({k: _stack_space(s, num_stack) for k, s in space.spaces.items()})
+    if isinstance(space, gym.spaces.Box):
+        low = np.repeat(space.low[None], num_stack, axis=0)
+        high = np.repeat(space.high[None], num_stack, axis=0)
+        return gym.spaces.Box(low, high, dtype=space.dtype)
+    raise TypeError(f"cannot stack observations of space {space}; ManiSkill observations are Box or Dict spaces")
+
+
+class EvalVectorEnv(gym.vector.VectorWrapper):
+    """Frame stacking and same-step auto-reset over a vector env of CPU envs (autoreset disabled).
+
+    Owns: the stacked observations ``[num_envs, num_stack, ...]`` of every env.
+
+    Stacks as ManiSkill's ``FrameStack`` does in each sub-env (after a reset every slot holds the
+    reset observation), but above the recorder, which therefore records the envs' own observations.
+    When envs finish (terminated or truncated), it resets them in the same step, after the recorder has
+    captured their last frame, and returns what gymnasium 0.29's vector envs returned: the reset
+    observations, with ``info["final_observation"]`` and ``info["final_info"]`` (object arrays, None for
+    envs that go on; masks ``_final_observation``/``_final_info``). ``info`` itself is the step's.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv, num_stack: int) -> None:
+        super().__init__(env)
+        self.num_stack = num_stack
+        self.single_observation_space = _stack_space(env.single_observation_space, num_stack)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, env.num_envs)
+        self._frames: Any = None
+
+    def _fill(self, obs: Any, mask: np.ndarray | None) -> None:
+        def fill(frames: np.ndarray | None, o: Any) -> np.ndarray:
+            o = np.asarray(o)
+            if frames is None or mask is None:
+                return np.repeat(o[:, None], self.num_stack, axis=1)
+            frames[mask] = o[mask][:, None]
+            return frames
+
+        if self._frames is None or mask is None:
+            self._frames = _tree_map(lambda o: fill(None, o), obs)
+        else:
+            self._frames = _tree_map(fill, self._frames, obs)
+
+    def _push(self, obs: Any) -> None:
+        def push(frames: np.ndarray, o: Any) -> np.ndarray:
+            frames[:, :-1] = frames[:, 1:]
+            frames[:, -1] = np.asarray(o)
+            return frames
+
+        self._frames = _tree_map(push, self._frames, obs)
+
+    def _stacked(self) -> Any:
+        return _tree_map(np.copy, self._frames)
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        mask = None if not options or options.get("reset_mask") is None else np.asarray(options["reset_mask"], dtype=bool)
+        obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
+        self._fill(obs, None if mask is None or mask.all() else mask)
+        return self._stacked(), info
+
+    def step(self, actions: Any):
+        obs, rew, terminated, truncated, info = self.env.step(actions)
+        self._push(obs)
+        done = np.logical_or(np.asarray(terminated), np.asarray(truncated))
+        if done.any():
+            final_obs = self._stacked()
+            info = dict(info)
+            finals_obs = np.full(self.num_envs, None, dtype=object)
+            finals_info = np.full(self.num_envs, None, dtype=object)
+            for i in np.flatnonzero(done):
+                finals_obs[i] = _tree_map(lambda x: x[i], final_obs)
+                finals_info[i] = _env_info(info, i)
+            reset_obs, _ = self.env.reset(options={"reset_mask": done.copy()})
+            self._fill(reset_obs, done)
+            info.update(final_observation=finals_obs, _final_observation=done.copy(),
+                        final_info=finals_info, _final_info=done.copy())
+        return self._stacked(), rew, terminated, truncated, info
+
+    # the vector env's sub-env access, which gymnasium's VectorWrapper (the recorder too) does not forward
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
+        return self.env.unwrapped.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple:
+        return self.env.unwrapped.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self.env.unwrapped.set_attr(name, values)

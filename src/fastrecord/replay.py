@@ -1,0 +1,840 @@
+"""`fastrecord replay`: replay saved ManiSkill trajectories side by side and record them again.
+
+Reads a ``NAME.h5`` + ``NAME.json`` pair written by fastrecord or by ManiSkill's ``RecordEpisode`` and
+replays N episodes at once, in a gymnasium vector env of CPU envs (``physx_cpu``) or in one
+GPU-parallel ManiSkill env (``physx_cuda``). The output goes through fastrecord's recorder: new
+MP4s (any camera, resolution, shader) and a new trajectory (any observation mode).
+
+Examples:
+    fastrecord replay demos/trajectory.h5                            # re-render videos + trajectory
+    fastrecord replay demos/trajectory.h5 --obs-mode rgb --no-video  # state -> rgb observations
+    fastrecord replay demos/trajectory.h5 --width 512 --height 512 --shader default --keep success
+    fastrecord replay demos/trajectory.h5 --video-source sensor:base_camera --obs-mode rgb
+    fastrecord replay demos/trajectory.h5 --by actions               # reports diverging episodes
+    fastrecord replay demos/trajectory.h5 --count 10 --num-envs 2 --output-dir replayed --overwrite
+    fastrecord replay demos/trajectory.h5 --config configs/replay_rgb.yaml
+
+Replay by env states (``--by states``, the default) sets every recorded state exactly: each step
+runs the physics from the recorded state (so contact-based checks such as grasping see real
+contacts), then sets the next recorded state and computes observation, reward and success on it.
+Replay by actions (``--by actions``) resets with the episode seed and applies the recorded actions;
+episodes whose final success differs from the recorded one are reported.
+
+Episodes are renumbered in the order they finish; each output JSON episode names the episode it
+replays in ``source_episode_id``. Existing output files are never replaced without ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import shutil
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fastrecord.config import load_config
+from fastrecord.record import KEEP_CHOICES
+
+BY_CHOICES = ("states", "actions")
+VECTOR_CHOICES = ("auto", "sync", "async", "batched")
+CPU_BACKENDS = ("physx_cpu", "cpu")
+GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless --num-envs says otherwise
+# the MP4 names fastrecord's recorder gives per-env videos: "{episode}_env{env}[_success|_failure].mp4"
+_VIDEO_NAME = re.compile(r"^\d+_env\d+(_success|_failure)?(_\d+)?\.mp4$")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    traj_path: str = ""  # the NAME.h5 to replay (NAME.json must sit next to it)
+    output_dir: str | None = None  # None: a "replay" folder next to the input file
+    trajectory_name: str | None = None  # None: NAME.<obs_mode>.<control_mode>.<sim_backend> (ManiSkill's naming)
+    by: str = "states"  # states (set every recorded env state) | actions (re-simulate the actions)
+    use_first_env_state: bool = False  # by actions: start from the recorded first state, not the seeded reset
+    count: int | None = None  # replay the first COUNT episodes (None: all)
+    num_envs: int | None = None  # episodes side by side (None: CPU one per core; GPU 64; batched CPU 1)
+    vector: str = "auto"  # auto | sync | async (gymnasium vector env of CPU envs) | batched (one ManiSkill env)
+    sim_backend: str = "auto"  # auto (the file's, CPU where CUDA is absent) | physx_cpu | physx_cuda
+    render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
+    obs_mode: str | None = None  # observation mode of the new trajectory (None: the file's)
+    save_video: bool = True  # write one MP4 per replayed episode
+    save_trajectory: bool = True  # write the new NAME.h5/.json pair
+    video_source: str = "render"  # render (human render camera) | sensor:<camera> (needs an rgb obs mode)
+    width: int | None = None  # video camera width (None: the file's / the task's)
+    height: int | None = None  # video camera height
+    shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
+    keep: str = "all"  # all | success | success_once | failure: which replayed episodes are written
+    video_fps: int | None = None  # None: the task's control frequency
+    video_codec: str = "libx264"  # libx264 | auto | any PyAV encoder
+    overwrite: bool = False  # replace existing output files (never the input)
+    progress: bool = True  # show a progress bar
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs (override the file's)
+
+
+@dataclass
+class Divergence:
+    episode_id: int  # the episode id in the input file
+    recorded: bool  # its recorded final success
+    replayed: bool  # the final success of its replay
+
+
+@dataclass
+class ReplaySummary:
+    episodes: int  # episodes replayed
+    kept: int  # episodes written (keep filter)
+    successes: int  # replayed episodes that end in success
+    diverged: list[Divergence]  # replays whose final success differs from the recording
+    env_steps: int  # env steps replayed (summed over episodes)
+    seconds: float  # wall time of the replay loop, env creation and writing included
+    output_dir: Path
+    files: list[Path]
+    source_episode_ids: list[int] = field(default_factory=list)  # output episode k replays input episode [k]
+
+    @property
+    def env_steps_per_s(self) -> float:
+        return self.env_steps / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- input
+@dataclass
+class TrajectoryFile:
+    """A validated ManiSkill trajectory pair: the open HDF5 file and its JSON metadata."""
+
+    h5_path: Path
+    json_path: Path
+    h5: Any  # h5py.File, open read-only
+    meta: dict[str, Any]
+
+    @property
+    def env_info(self) -> dict[str, Any]:
+        return self.meta["env_info"]
+
+    @property
+    def episodes(self) -> list[dict[str, Any]]:
+        return self.meta["episodes"]
+
+    def group(self, episode: Mapping[str, Any]):
+        return self.h5[f"traj_{episode['episode_id']}"]
+
+    def actions(self, episode: Mapping[str, Any]) -> np.ndarray:
+        return np.asarray(self.group(episode)["actions"][:], dtype=np.float32)
+
+    def env_states(self, episode: Mapping[str, Any]) -> dict[str, Any]:
+        return _read_tree(self.group(episode)["env_states"])
+
+    def recorded_success(self, episode: Mapping[str, Any]) -> bool | None:
+        g = self.group(episode)
+        if "success" in g and len(g["success"]):
+            return bool(g["success"][-1])
+        return None if "success" not in episode else bool(episode["success"])
+
+    def close(self) -> None:
+        self.h5.close()
+
+
+def _read_tree(group) -> dict[str, Any]:
+    import h5py
+
+    return {k: (_read_tree(v) if isinstance(v, h5py.Group) else v[:]) for k, v in group.items()}
+
+
+def open_trajectory(path: str | Path) -> TrajectoryFile:
+    """Open and check a trajectory pair; every problem is a ValueError naming the file and the fix."""
+    import h5py
+
+    h5_path = Path(path)
+    if not h5_path.exists():
+        raise ValueError(f"trajectory file {str(h5_path)!r} does not exist; pass the NAME.h5 of a recorded NAME.h5 + NAME.json pair")
+    if h5_path.is_dir() or h5_path.suffix != ".h5":
+        raise ValueError(f"{str(h5_path)!r} is not a .h5 trajectory file; pass the NAME.h5 of a recorded NAME.h5 + NAME.json pair")
+    json_path = h5_path.with_suffix(".json")
+    if not json_path.exists():
+        raise ValueError(
+            f"{str(json_path)!r} is missing: a ManiSkill trajectory is a NAME.h5 + NAME.json pair, and the JSON holds "
+            f"the env id, env kwargs and episode seeds that {h5_path.name} needs to be replayed"
+        )
+    try:
+        meta = json.loads(json_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{str(json_path)!r} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt or truncated") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{str(json_path)!r} is not a text (JSON) file; the file is corrupt") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("env_info"), dict) or not isinstance(meta.get("episodes"), list):
+        found = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(
+            f"{str(json_path)!r} is not ManiSkill trajectory metadata: it needs 'env_info' (a mapping) and 'episodes' "
+            f"(a list), found {found}. Pass a file written by fastrecord or mani_skill's RecordEpisode"
+        )
+    if not meta["env_info"].get("env_id"):
+        raise ValueError(f"{str(json_path)!r} has no env_info.env_id: the task to replay in is unknown; the file is not a ManiSkill trajectory")
+    for i, ep in enumerate(meta["episodes"]):
+        missing = [k for k in ("episode_id", "episode_seed", "elapsed_steps") if k not in ep]
+        if missing:
+            raise ValueError(f"{str(json_path)!r}: episodes[{i}] lacks {missing}; the file is not a ManiSkill trajectory (or is corrupt)")
+    try:
+        h5 = h5py.File(h5_path, "r")
+    except OSError as e:
+        raise ValueError(f"{str(h5_path)!r} is not a readable HDF5 file ({e}); the file is corrupt, truncated or of another format") from None
+    traj = TrajectoryFile(h5_path, json_path, h5, meta)
+    for ep in meta["episodes"]:
+        name = f"traj_{ep['episode_id']}"
+        if name not in h5 or "actions" not in h5[name]:
+            h5.close()
+            problem = "no group" if name not in h5 else "no actions in group"
+            raise ValueError(
+                f"{str(h5_path)!r} has {problem} {name!r} for episode {ep['episode_id']} listed in {json_path.name}: the .h5 "
+                f"and .json do not belong together, or the file is not a ManiSkill trajectory"
+            )
+    return traj
+
+
+# ---------------------------------------------------------------------------------------------- env side
+def _tree_index(tree: Mapping[str, Any], t: int) -> dict[str, Any]:
+    return {k: (_tree_index(v, t) if isinstance(v, Mapping) else v[t]) for k, v in tree.items()}
+
+
+def _tree_stack(trees: list[Mapping[str, Any]], device: torch.device) -> dict[str, Any]:
+    first = trees[0]
+    return {
+        k: (_tree_stack([t[k] for t in trees], device) if isinstance(first[k], Mapping)
+            else torch.as_tensor(np.stack([t[k] for t in trees]), device=device))
+        for k in first
+    }
+
+
+def _tree_set_rows(dst: Mapping[str, Any], src: Mapping[str, Any], rows: torch.Tensor) -> None:
+    for k, v in src.items():
+        if k in dst:
+            if isinstance(v, Mapping):
+                _tree_set_rows(dst[k], v, rows)
+            else:
+                dst[k][rows] = v.to(dst[k].device, dst[k].dtype)
+
+
+def _tree_keys(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in tree.items():
+        out |= _tree_keys(v, f"{prefix}{k}/") if isinstance(v, Mapping) else {prefix + k}
+    return out
+
+
+class ReplayStates(gym.Wrapper):
+    """Plays recorded episodes in a ManiSkill env (batched, ``num_envs >= 1``), below the recorder.
+
+    Owns: per env, the episode plan for its next reset, the recorded states being played, the step
+    cursor, and (``num_envs == 1``) the last outputs and frame, returned while the env is idle.
+
+    ``load(env_idx, plans)`` (or, through a vector env, ``set_attr("replay_plan", [...])``) queues a
+    plan per env: ``seed``, reset ``options``, ``states`` (a tree of ``[T+1, ...]`` arrays or None),
+    ``per_step`` (set every state, else only the first) and ``length`` (T). The next reset of that
+    env applies it: a reset with the episode's seed and options, to the first recorded state when the
+    plan has states (ManiSkill's ``reset_to_env_states``, which also resets the controllers; a partial
+    reset of a GPU-parallel env cannot take per-env seeds, so there the states are required). Each
+    step then runs the physics from the current state with
+    the given action; with ``per_step`` it sets the next recorded state and computes observation,
+    info, reward and termination on it, as ``BaseEnv.step`` would. After T steps the env is idle:
+    a single env then stops simulating and rendering (its frame is held) until its next plan.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        base = env.unwrapped
+        self.n = base.num_envs
+        self.device = torch.device(base.device)
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._plans: list[dict[str, Any] | None] = [None] * self.n
+        self._t = np.zeros(self.n, dtype=np.int64)
+        self._active = np.zeros(self.n, dtype=bool)
+        self._state_keys: set[str] | None = None
+        self._last_step: tuple | None = None
+        self._last_frame: Any = None
+
+    @property
+    def max_episode_steps(self) -> int | None:
+        # answered here so that vector envs' get_attr("max_episode_steps") finds it: an AsyncVectorEnv
+        # worker asked for a missing attribute shuts down (fastrecord.envs.VectorEnvView probes for it)
+        from mani_skill.utils import gym_utils
+
+        return gym_utils.find_max_episode_steps_value(self.env)
+
+    # -- plans
+    @property
+    def replay_plan(self) -> dict[str, Any] | None:
+        return self._plans[0]
+
+    @replay_plan.setter
+    def replay_plan(self, plan: dict[str, Any] | None) -> None:
+        """Vector envs' ``set_attr`` entry point (one env per process): None leaves the env as it is."""
+        if plan is not None:
+            self.load([0], [plan])
+
+    def load(self, env_idx: list[int] | np.ndarray, plans: list[dict[str, Any]]) -> None:
+        for e, plan in zip(np.asarray(env_idx).reshape(-1).tolist(), plans):
+            if plan.get("states") is not None:
+                self._check_state_keys(plan["states"])
+            self._pending[e] = plan
+
+    def _check_state_keys(self, states: Mapping[str, Any]) -> None:
+        if self._state_keys is None:
+            self._state_keys = _tree_keys(self.env.unwrapped.get_state_dict())
+        theirs = {k for k in _tree_keys(states) if not k.startswith("controller/")}
+        ours = {k for k in self._state_keys if not k.startswith("controller/")}
+        if theirs != ours:
+            raise ValueError(
+                f"the recorded env states do not fit this env: missing here {sorted(theirs - ours)[:5]}, not recorded "
+                f"{sorted(ours - theirs)[:5]}. The file was recorded with another task version or env kwargs; replay it "
+                f"by actions (--by actions) or with the env kwargs it was recorded with"
+            )
+
+    # -- gym API
+    def reset(self, *, seed: Any = None, options: dict | None = None):
+        options = dict(options or {})
+        idx = options.get("env_idx")
+        idx = np.arange(self.n) if idx is None else np.asarray(torch.as_tensor(idx).cpu()).reshape(-1)
+        plans = [self._pending.pop(int(e), None) for e in idx]
+        if any(p is not None for p in plans):
+            if any(p is None for p in plans):
+                raise RuntimeError(f"reset of envs {idx.tolist()} where only some have a replay plan; load a plan for each")
+            seeds = [int(p["seed"]) for p in plans]
+            partial = len(idx) < self.n
+            # ManiSkill 3.0.1 seeds a reset with one seed per env of the whole batch only
+            seed = seeds[0] if self.n == 1 else (None if partial else seeds)
+            options |= {k: v for k, v in (plans[0].get("options") or {}).items() if k not in ("env_idx", "reset_to_env_states")}
+            if all(p.get("states") is not None for p in plans):
+                first = _tree_stack([_tree_index(p["states"], 0) for p in plans], self.device)
+                options["reset_to_env_states"] = {"env_states": first}
+            elif partial:
+                raise ValueError("a partial reset of a GPU-parallel env cannot reproduce seeded episodes; replay with the "
+                                 "recorded first states (--by states, or --by actions --use-first-env-state)")
+        obs, info = self.env.reset(seed=seed, options=options)
+        if seed is None and any(p is not None for p in plans):  # bookkeeping: the recorder reads the seeds from here
+            base = self.env.unwrapped
+            base._episode_seed[idx] = [int(p["seed"]) for p in plans]
+        for e, p in zip(idx.tolist(), plans):
+            self._plans[e] = p
+            self._t[e] = 0
+            self._active[e] = p is not None and p["length"] > 0
+        self._last_step = None
+        return obs, info
+
+    def step(self, action: Any):
+        if self.n == 1 and not self._active.any() and self._last_step is not None:
+            return self._last_step  # idle: the episode is over, hold still until the next plan
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        self._t[self._active] += 1
+        rows = [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
+        if rows:
+            self._set_states(rows)
+            obs, rew, terminated, info = self._observe(action, info)
+        self._active &= self._t < np.array([p["length"] if p else 0 for p in self._plans])
+        self._last_step = (obs, rew, terminated, truncated, info)
+        return self._last_step
+
+    def render(self):
+        if self.n == 1 and not self._active.any() and self._last_frame is not None:
+            return self._last_frame
+        self._last_frame = self.env.render()
+        return self._last_frame
+
+    # -- internals
+    def _set_states(self, rows: list[int]) -> None:
+        base = self.env.unwrapped
+        recorded = _tree_stack([_tree_index(self._plans[e]["states"], int(self._t[e])) for e in rows], self.device)
+        if len(rows) == self.n:
+            base.set_state_dict(recorded)
+        else:  # the other envs keep their simulated state
+            state = base.get_state_dict()
+            _tree_set_rows(state, recorded, torch.as_tensor(rows, device=self.device))
+            base.set_state_dict(state)
+
+    def _observe(self, action: Any, step_info: dict) -> tuple:
+        """Observation, reward, termination and info of the state just set (as ``BaseEnv.step``)."""
+        base = self.env.unwrapped
+        info = base.get_info()
+        obs = base.get_obs(info, unflattened=True)
+        act = torch.as_tensor(np.asarray(action) if not isinstance(action, torch.Tensor) else action, device=self.device)
+        reward = base.get_reward(obs=obs, action=act, info=info)
+        obs = base._flatten_raw_obs(obs)  # ManiSkill 3.0.1's own step computes the reward before flattening too
+        success, fail = info.get("success"), info.get("fail")
+        if success is not None and fail is not None:
+            terminated = torch.logical_or(success, fail)
+        elif success is not None or fail is not None:
+            terminated = (success if success is not None else fail).clone()
+        else:
+            terminated = torch.zeros(self.n, dtype=torch.bool, device=self.device)
+        base._last_obs = obs
+        return obs, reward, terminated, {**step_info, **info}
+
+
+_TERMINATED, _TRUNCATED = "fastrecord_replay_terminated", "fastrecord_replay_truncated"
+
+
+class _DoneInInfo(gym.Wrapper):
+    """A replay vector env's sub-env: reports terminated/truncated in ``info``, and False to the vector env.
+
+    Recorded episodes often go on after termination (ManiSkill's envs do not stop by themselves), which
+    a gymnasium vector env does not allow without a reset. `_DoneFromInfo` gives the flags back above it.
+    """
+
+    def step(self, action: Any):
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        return obs, rew, False, False, {**info, _TERMINATED: bool(terminated), _TRUNCATED: bool(truncated)}
+
+    def get_state_dict(self) -> dict[str, Any]:
+        """The env state as numpy arrays: torch tensors leave an AsyncVectorEnv worker through torch's
+        shared-memory hand-off (a socket round trip per tensor), which made replays ~2x slower."""
+        from mani_skill.utils import common
+
+        return common.to_numpy(self.env.unwrapped.get_state_dict())
+
+
+class _DoneFromInfo(gym.vector.VectorWrapper):
+    """Puts the sub-envs' true terminated/truncated flags (see `_DoneInInfo`) back for the recorder."""
+
+    def step(self, actions: Any):
+        obs, rew, _, _, info = self.env.step(actions)
+        info = dict(info)
+        terminated, truncated = info.pop(_TERMINATED), info.pop(_TRUNCATED)
+        info.pop("_" + _TERMINATED, None)
+        info.pop("_" + _TRUNCATED, None)
+        return obs, rew, terminated, truncated, info
+
+    # gymnasium's VectorWrapper does not forward these; the recorder reads the sub-envs through them
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
+        return self.env.unwrapped.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple:
+        return self.env.unwrapped.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self.env.unwrapped.set_attr(name, values)
+
+
+def make_replay_env(env_id: str, env_kwargs: dict[str, Any], max_episode_steps: int | None, num_envs: int = 1,
+                    cpu_wrapper: bool = True) -> gym.Env:
+    """One replay env: ``gym.make`` -> `ReplayStates` (-> ``CPUGymWrapper`` -> `_DoneInInfo` for a vector env)."""
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+    from mani_skill.utils.wrappers import CPUGymWrapper
+    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
+
+    from fastrecord.system import use_lavapipe_if_no_gpu
+
+    use_lavapipe_if_no_gpu()  # worker processes too
+    env = gym.make(env_id, num_envs=num_envs, max_episode_steps=max_episode_steps, **env_kwargs)
+    if isinstance(env.action_space, gym.spaces.Dict):  # multi-agent: recorded as flat vectors (as ManiSkill's replay)
+        env = FlattenActionSpaceWrapper(env)
+    env = ReplayStates(env)
+    return _DoneInInfo(CPUGymWrapper(env)) if cpu_wrapper else env
+
+
+# ---------------------------------------------------------------------------------------------- batches
+class _VectorBatch:
+    """N CPU envs in a gymnasium vector env (autoreset disabled), recorded by fastrecord from outside."""
+
+    def __init__(self, thunk, num_envs: int, asynchronous: bool, rec_kwargs: dict[str, Any]) -> None:
+        from fastrecord.record import RecordEpisode
+
+        mode = gym.vector.AutoresetMode.DISABLED
+        if asynchronous:
+            envs = gym.vector.AsyncVectorEnv([thunk] * num_envs, context="forkserver", autoreset_mode=mode)
+        else:
+            envs = gym.vector.SyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
+        self.envs = envs
+        self.num_envs = num_envs
+        self.control_freq = envs.get_attr("control_freq")[0]
+        self.action_shape = envs.single_action_space.shape
+        self.env = RecordEpisode(_DoneFromInfo(envs), **rec_kwargs(self.control_freq))
+        self.recorder = self.env.recorder
+        self._started = False
+
+    def start(self, env_idx: np.ndarray, plans: list[dict[str, Any]]) -> None:
+        values: list[Any] = [None] * self.num_envs
+        seeds: list[int | None] = [None] * self.num_envs
+        for e, p in zip(env_idx, plans):
+            values[e], seeds[e] = p, int(p["seed"])
+        self.envs.set_attr("replay_plan", values)
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[env_idx] = True
+        options = None if (not self._started and mask.all()) else {"reset_mask": mask}
+        self.env.reset(seed=seeds, options=options)
+        self._started = True
+
+    def step(self, actions: np.ndarray) -> np.ndarray | None:
+        _, _, _, _, info = self.env.step(actions)
+        if "success" not in info:
+            return None
+        return np.asarray(info["success"], dtype=bool).reshape(self.num_envs)
+
+    def flush(self, e: int) -> None:
+        self.env.flush_trajectory(env_idxs_to_flush=[e])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _BatchedEnv:
+    """N envs in one ManiSkill env (GPU simulation; on the CPU N = 1), recorded by fastrecord."""
+
+    def __init__(self, env: gym.Env, rec_kwargs) -> None:
+        from fastrecord.record import RecordEpisode
+
+        base = env.unwrapped
+        self.num_envs = base.num_envs
+        self.device = torch.device(base.device)
+        self.control_freq = base.control_freq
+        self.action_shape = base.single_action_space.shape
+        self.replay: ReplayStates = env
+        self.env = RecordEpisode(env, **rec_kwargs(self.control_freq))
+        self.recorder = self.env.recorder
+        self._started = False
+
+    def start(self, env_idx: np.ndarray, plans: list[dict[str, Any]]) -> None:
+        self.replay.load(env_idx, plans)
+        seeds = [int(p["seed"]) for p in plans]
+        if not self._started and len(env_idx) == self.num_envs:
+            self.env.reset(seed=seeds if self.num_envs > 1 else seeds[0])
+        else:
+            self.env.reset(seed=seeds, options={"env_idx": torch.as_tensor(env_idx, device=self.device)})
+        self._started = True
+
+    def step(self, actions: np.ndarray) -> np.ndarray | None:
+        _, _, _, _, info = self.env.step(torch.as_tensor(actions, device=self.device))
+        if "success" not in info:
+            return None
+        s = info["success"]
+        return (s.cpu().numpy() if isinstance(s, torch.Tensor) else np.asarray(s)).astype(bool).reshape(self.num_envs)
+
+    def flush(self, e: int) -> None:
+        self.env.flush_trajectory(env_idxs_to_flush=[e])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# ---------------------------------------------------------------------------------------------- run
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _resolve_backend(cfg: ReplayConfig, recorded: str | None) -> str:
+    if cfg.sim_backend != "auto":
+        return cfg.sim_backend
+    if recorded is None or recorded in CPU_BACKENDS or recorded == "auto":
+        return "physx_cpu"
+    return recorded if _cuda() else "physx_cpu"
+
+
+def _camera_configs(cfg: ReplayConfig, kwargs: dict[str, Any]) -> None:
+    """Apply --width/--height/--shader to the camera the videos come from."""
+    settings = {k: v for k, v in (("width", cfg.width), ("height", cfg.height), ("shader_pack", cfg.shader)) if v is not None}
+    if not settings:
+        return
+    if cfg.video_source == "render":
+        kwargs["human_render_camera_configs"] = {**(kwargs.get("human_render_camera_configs") or {}), **settings}
+    else:
+        cam = cfg.video_source.split(":", 1)[1]
+        sensors = dict(kwargs.get("sensor_configs") or {})
+        sensors[cam] = {**(sensors.get(cam) or {}), **settings}
+        kwargs["sensor_configs"] = sensors
+
+
+def _check_config(cfg: ReplayConfig) -> None:
+    if cfg.by not in BY_CHOICES:
+        raise ValueError(f"by={cfg.by!r} is unknown; use one of {BY_CHOICES}")
+    if cfg.vector not in VECTOR_CHOICES:
+        raise ValueError(f"vector={cfg.vector!r} is unknown; use one of {VECTOR_CHOICES}")
+    if cfg.keep not in KEEP_CHOICES:
+        raise ValueError(f"keep={cfg.keep!r} is unknown; use one of {KEEP_CHOICES}")
+    if cfg.count is not None and cfg.count < 1:
+        raise ValueError(f"count={cfg.count} must be >= 1 (or None for every episode)")
+    if cfg.num_envs is not None and cfg.num_envs < 1:
+        raise ValueError(f"num_envs={cfg.num_envs} must be >= 1")
+    if cfg.use_first_env_state and cfg.by != "actions":
+        raise ValueError("use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)")
+    if not (cfg.video_source == "render" or cfg.video_source.startswith("sensor:")):
+        raise ValueError(f"video_source={cfg.video_source!r} is unknown; use 'render' or 'sensor:<camera name>'")
+    if not (cfg.save_video or cfg.save_trajectory):
+        raise ValueError("nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory")
+    for name in ("width", "height"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise ValueError(f"{name}={v} must be a positive number of pixels")
+
+
+def _output_conflicts(out: Path, traj_name: str, save_trajectory: bool, save_video: bool) -> list[Path]:
+    if not out.exists():
+        return []
+    found: list[Path] = []
+    if save_trajectory:
+        found += [p for p in (out / f"{traj_name}.h5", out / f"{traj_name}.json", out / f"{traj_name}.h5.parts") if p.exists()]
+    if save_video:
+        found += sorted(p for p in out.iterdir() if _VIDEO_NAME.match(p.name))
+    return found
+
+
+def _remove(paths: list[Path]) -> None:
+    for p in paths:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def run_replay(cfg: ReplayConfig) -> ReplaySummary:
+    """Replay ``cfg.traj_path`` and record the replays; see the module docstring."""
+    _check_config(cfg)
+    t0 = time.perf_counter()
+    traj = open_trajectory(cfg.traj_path)
+    try:
+        return _run(cfg, traj, t0)
+    finally:
+        traj.close()
+
+
+def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float) -> ReplaySummary:
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+
+    info = traj.env_info
+    env_id = info["env_id"]
+    if env_id not in gym.registry:
+        raise ValueError(f"{traj.json_path.name} was recorded in {env_id!r}, which is not a registered ManiSkill task here; "
+                         f"import the module that registers it, or check the ManiSkill version")
+    episodes = traj.episodes[: cfg.count]
+    if not episodes:
+        raise ValueError(f"{str(traj.json_path)!r} lists no episodes: nothing to replay")
+    modes = sorted({ep.get("control_mode") for ep in episodes if ep.get("control_mode")})
+    if len(modes) > 1:
+        raise ValueError(f"{traj.json_path.name} mixes control modes {modes}; replay them separately (--count, or split the file)")
+    if cfg.by == "states" or cfg.use_first_env_state:
+        lacking = [ep["episode_id"] for ep in episodes if "env_states" not in traj.group(ep)]
+        if lacking:
+            raise ValueError(f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; replay it by actions (--by actions)")
+
+    # the env: the recorded kwargs, then the replay's choices
+    kwargs = {k: v for k, v in (info.get("env_kwargs") or {}).items() if k not in ("num_envs", "max_episode_steps")}
+    recorded_backend = kwargs.pop("sim_backend", None)
+    sim_backend = _resolve_backend(cfg, recorded_backend)
+    gpu_sim = sim_backend not in CPU_BACKENDS
+    if gpu_sim and not _cuda():
+        raise ValueError(f"sim_backend={sim_backend!r} needs a CUDA GPU, and there is none; use --sim-backend physx_cpu")
+    kwargs["sim_backend"] = sim_backend
+    kwargs["render_backend"] = cfg.render_backend if cfg.render_backend != "auto" else ("gpu" if _cuda() else "cpu")
+    if modes and "control_mode" not in kwargs:
+        kwargs["control_mode"] = modes[0]
+    if cfg.obs_mode is not None:
+        kwargs["obs_mode"] = cfg.obs_mode
+    kwargs["render_mode"] = "rgb_array"
+    _camera_configs(cfg, kwargs)
+    kwargs.update(cfg.env_kwargs)
+    if cfg.video_source.startswith("sensor:") and cfg.save_video and kwargs.get("obs_mode", "state") in ("state", "state_dict", "none"):
+        raise ValueError(f"video_source={cfg.video_source!r} takes frames from the observation's camera images; "
+                         f"add --obs-mode rgb (or rgbd), or use --video-source render")
+    longest = max(int(ep["elapsed_steps"]) for ep in episodes)
+    max_steps = max(int(info.get("max_episode_steps") or 0), longest) or None
+
+    # where it goes
+    obs_mode = kwargs.get("obs_mode", "state")
+    stem = traj.h5_path.stem.split(".")[0]
+    name = cfg.trajectory_name or f"{stem}.{obs_mode}.{kwargs.get('control_mode', 'default')}.{sim_backend}"
+    out = Path(cfg.output_dir) if cfg.output_dir is not None else traj.h5_path.parent / "replay"
+    new_h5 = out / f"{name}.h5"
+    if cfg.save_trajectory and new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
+        raise ValueError(f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name")
+    conflicts = _output_conflicts(out, name, cfg.save_trajectory, cfg.save_video)
+    if conflicts:
+        if not cfg.overwrite:
+            shown = ", ".join(p.name for p in conflicts[:4]) + (f" and {len(conflicts) - 4} more" if len(conflicts) > 4 else "")
+            raise ValueError(f"{str(out)!r} already holds output of a replay or recording ({shown}); "
+                             f"pass --overwrite to replace it, or choose another --output-dir")
+        _remove(conflicts)
+
+    def rec_kwargs(control_freq: int) -> dict[str, Any]:
+        return dict(
+            output_dir=str(out), save_trajectory=cfg.save_trajectory, trajectory_name=name, save_video=cfg.save_video,
+            save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=cfg.keep, video_source=cfg.video_source,
+            video_codec=cfg.video_codec, source_type="fastrecord-replay",
+            source_desc=f"fastrecord replay of {traj.h5_path.name} by {'env states' if cfg.by == 'states' else 'actions'}",
+        )
+
+    vector = cfg.vector
+    if cfg.num_envs is not None:
+        n = cfg.num_envs
+    elif gpu_sim:
+        n = GPU_DEFAULT_ENVS
+    else:  # CPU: one env per core, or the one env a CPU ManiSkill env holds
+        n = 1 if vector == "batched" else (os.cpu_count() or 1)
+    n = min(n, len(episodes))
+    if vector == "auto":
+        vector = "batched" if gpu_sim else ("async" if n > 1 else "sync")
+    if vector == "batched" and n > 1 and cfg.by == "actions" and not cfg.use_first_env_state:
+        raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
+                         "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
+    if vector == "batched":
+        if not gpu_sim and n > 1:
+            raise ValueError(f"vector='batched' runs {n} envs in one ManiSkill env, which needs GPU simulation; on the CPU "
+                             f"use vector='async' or 'sync' (or num_envs=1)")
+        batch: _VectorBatch | _BatchedEnv = _BatchedEnv(make_replay_env(env_id, kwargs, max_steps, n, cpu_wrapper=False), rec_kwargs)
+    else:
+        if gpu_sim:
+            raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
+        thunk = functools.partial(make_replay_env, env_id, kwargs, max_steps)
+        batch = _VectorBatch(thunk, n, vector == "async", rec_kwargs)
+
+    summary = _drive(cfg, traj, episodes, batch)
+    summary.seconds = time.perf_counter() - t0
+    summary.output_dir = out
+    if cfg.save_trajectory:
+        _name_sources(out / f"{name}.json", summary.source_episode_ids)
+        summary.files = [new_h5, new_h5.with_suffix(".json")] + summary.files
+    return summary
+
+
+def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: _VectorBatch | _BatchedEnv) -> ReplaySummary:
+    """Keep every env busy: when an env's episode ends, flush it and start the next pending one there."""
+    from tqdm import tqdm
+
+    n = batch.num_envs
+    per_step = cfg.by == "states"
+    pending = deque(range(len(episodes)))
+    slot: list[int | None] = [None] * n  # index into episodes
+    actions: list[np.ndarray | None] = [None] * n
+    t = np.zeros(n, dtype=np.int64)
+    length = np.zeros(n, dtype=np.int64)
+    act = np.zeros((n, *batch.action_shape), dtype=np.float32)
+    diverged: list[Divergence] = []
+    sources: list[int] = []  # output episode k replays input episode sources[k]
+    successes = env_steps = 0
+    rec = batch.recorder
+
+    def plan(i: int) -> dict[str, Any]:
+        ep = episodes[i]
+        a = traj.actions(ep)
+        if a.ndim != 2 or a.shape[1:] != tuple(batch.action_shape):
+            raise ValueError(f"{traj.h5_path.name} traj_{ep['episode_id']}/actions has shape {a.shape}, but the env takes "
+                             f"actions of shape {tuple(batch.action_shape)}; was it recorded with another control mode or robot?")
+        states = traj.env_states(ep) if (per_step or cfg.use_first_env_state) else None
+        opts = (ep.get("reset_kwargs") or {}).get("options") or {}
+        return dict(seed=int(ep["episode_seed"]), options=opts, states=states, per_step=per_step, length=len(a), actions=a)
+
+    def start(envs: list[int]) -> None:
+        plans = []
+        for e in envs:
+            i = pending.popleft()
+            p = plan(i)
+            slot[e], actions[e], t[e], length[e] = i, p.pop("actions"), 0, p["length"]
+            plans.append(p)
+        batch.start(np.asarray(envs), plans)
+
+    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress, dynamic_ncols=True, desc="replay")
+    try:
+        start(list(range(n)))
+        while any(s is not None for s in slot):
+            act[:] = 0
+            for e in range(n):
+                if slot[e] is not None:
+                    act[e] = actions[e][t[e]]
+            success = batch.step(act)
+            active = np.array([s is not None for s in slot])
+            t[active] += 1
+            env_steps += int(active.sum())
+            done = [e for e in range(n) if slot[e] is not None and t[e] >= length[e]]
+            for e in done:
+                ep = episodes[slot[e]]
+                replayed = None if success is None else bool(success[e])
+                recorded = traj.recorded_success(ep)
+                successes += bool(replayed)
+                if replayed is not None and recorded is not None and replayed != recorded:
+                    diverged.append(Divergence(int(ep["episode_id"]), recorded, replayed))
+                before = rec.num_episodes
+                batch.flush(e)
+                if rec.num_episodes > before:
+                    sources.append(int(ep["episode_id"]))
+                slot[e] = None
+            if done:
+                bar.update(len(done))
+                bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
+                refill = done[: len(pending)]
+                if refill:
+                    start(refill)
+        rec.wait_until_done()
+    finally:
+        bar.close()
+        batch.close()
+    return ReplaySummary(len(episodes), rec.num_episodes, successes, diverged, env_steps, 0.0, Path("."),
+                         sorted(rec.video_paths), sources)
+
+
+def _name_sources(json_path: Path, sources: list[int]) -> None:
+    """Record in the new JSON which input episode each output episode replays."""
+    from fastrecord.trajectory import atomic_write_json
+
+    meta = json.loads(json_path.read_text())
+    for ep, src in zip(meta["episodes"], sources):
+        ep["source_episode_id"] = src
+    atomic_write_json(json_path, meta)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traj_path", nargs="?", help="the NAME.h5 to replay (NAME.json next to it)")
+    p.add_argument("--config", help="YAML preset filling ReplayConfig (see configs/)")
+    p.add_argument("--output-dir", help="where the new files go (default: a 'replay' folder next to the input)")
+    p.add_argument("--trajectory-name", help="base name of the new .h5/.json (default NAME.<obs>.<control>.<backend>)")
+    p.add_argument("--by", choices=BY_CHOICES, help="replay by recorded env states (default) or by actions")
+    p.add_argument("--use-first-env-state", action="store_const", const=True, help="--by actions: start from the recorded first state")
+    p.add_argument("--count", type=int, help="replay only the first COUNT episodes")
+    p.add_argument("--num-envs", type=int, help="episodes replayed side by side (default: one per CPU core)")
+    p.add_argument("--vector", choices=VECTOR_CHOICES, help="auto | sync | async (CPU vector env) | batched (GPU sim)")
+    p.add_argument("--sim-backend", help="physx_cpu | physx_cuda (default: the file's, CPU where CUDA is absent)")
+    p.add_argument("--render-backend", help="auto | cpu | gpu")
+    p.add_argument("--obs-mode", help="observation mode of the new trajectory, e.g. rgb, rgbd, pointcloud")
+    p.add_argument("--no-video", dest="save_video", action="store_const", const=False, help="write no MP4s")
+    p.add_argument("--no-trajectory", dest="save_trajectory", action="store_const", const=False, help="write no .h5/.json")
+    p.add_argument("--video-source", help="render (human camera, default) or sensor:<camera>")
+    p.add_argument("--width", type=int, help="video camera width")
+    p.add_argument("--height", type=int, help="video camera height")
+    p.add_argument("--shader", help="shader pack of the video camera: minimal, default, rt, rt-fast")
+    p.add_argument("--keep", choices=KEEP_CHOICES, help="which replayed episodes are written (default all)")
+    p.add_argument("--video-fps", type=int)
+    p.add_argument("--video-codec")
+    p.add_argument("--overwrite", action="store_const", const=True, help="replace existing output files")
+    p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
+
+
+def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
+    print(f"replayed {s.episodes} episodes by {'env states' if cfg.by == 'states' else 'actions'}: "
+          f"{s.successes} successful, {s.kept} written (keep={cfg.keep})")
+    if s.diverged:
+        hint = ""
+        if cfg.by == "actions" and not cfg.use_first_env_state:
+            hint = (" (an episode whose seed does not reproduce its recorded start, e.g. after an unseeded auto-reset, "
+                    "diverges from the first step: --use-first-env-state starts each from its recorded first state)")
+        shown = ", ".join(f"{d.episode_id} ({'success' if d.recorded else 'failure'} -> {'success' if d.replayed else 'failure'})"
+                          for d in s.diverged[:10])
+        more = f" and {len(s.diverged) - 10} more" if len(s.diverged) > 10 else ""
+        print(f"success diverged from the recording in {len(s.diverged)} episodes: {shown}{more}{hint}")
+    else:
+        print("success matches the recording in every episode")
+    print(f"speed: {s.env_steps} env-steps in {s.seconds:.1f} s = {s.env_steps_per_s:.1f} env-steps/s")
+    print(f"files ({len(s.files)}) in {s.output_dir}:")
+    for f in s.files[:10]:
+        print(f"  {f}")
+    if len(s.files) > 10:
+        print(f"  ... and {len(s.files) - 10} more")
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
+    cfg = load_config(ReplayConfig, args.config, **opts)
+    if not cfg.traj_path:
+        raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
+    s = run_replay(cfg)
+    print_summary(s, cfg)
+    return 0

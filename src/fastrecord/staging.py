@@ -1,0 +1,522 @@
+"""Host staging memory that encoder processes can read in place, and GPU colour conversion.
+
+`StagingPool` owns reusable host arenas: anonymous shared memory (``memfd``) mapped in this process and,
+on CUDA machines, page-locked with ``cudaHostRegister`` so device-to-host copies are DMA. An arena is
+leased to one `EpisodeBuffer.gather` call and returns to the pool when the last array viewing it is
+garbage collected, so the costly pinning (about 2 s for 2.5 GB) happens once per arena, not once per
+batch. Encoder processes map the same arena (its file descriptor is passed over a socket) and read the
+frames without a copy.
+
+`Yuv420Frames` marks frames already converted to yuv420p (on the GPU by `rgb_to_yuv420p`): half the
+bytes of RGB to copy, and no colour conversion left for the encoder. Its ``ready`` event says when an
+asynchronous device-to-host copy has landed; `wait_ready` blocks on it.
+
+This module imports only the standard library and numpy at import time (torch lazily): encoder
+processes import it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import mmap
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+MiB = 1024**2
+_ARENA_ALIGN = 64 * MiB  # arenas are sized in these steps, so similar batches reuse one arena
+_FIELD_ALIGN = 4096  # each field of a lease starts on a page
+
+
+def shared_memory_supported() -> bool:
+    """memfd arenas need Linux (os.memfd_create) and fd passing over Unix sockets."""
+    import socket
+
+    return hasattr(os, "memfd_create") and hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX")
+
+
+class Arena:
+    """Owns: one shared mapping (memfd + mmap) and its CUDA host registration, if any."""
+
+    _ids = itertools.count()
+
+    def __init__(self, size: int, pin: bool) -> None:
+        self.id = next(Arena._ids)
+        self.size = size
+        self.fd = os.memfd_create(f"fastrecord-{os.getpid()}-{self.id}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.buffer = np.frombuffer(self.mm, dtype=np.uint8)  # exports the mapping; dropped in close()
+        self.address = self.buffer.ctypes.data
+        self.pinned = pin and _cuda_host_register(self.address, size)
+        self.pending: Any = None  # event of an asynchronous copy into this arena, awaited before reuse
+
+    def close(self) -> None:
+        for hook in list(_close_hooks):
+            fn = hook()
+            if fn is None:
+                _close_hooks.discard(hook)
+            else:
+                fn(self.id)
+        if self.pinned:
+            _cuda_host_unregister(self.address)
+            self.pinned = False
+        self.buffer = None
+        try:
+            self.mm.close()
+        except BufferError:  # a view still exists (a leaked lease): the OS frees it at exit
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_close_hooks: set[weakref.WeakMethod] = set()
+
+
+def on_arena_close(method: Any) -> None:
+    """Call ``method(arena_id)`` (a bound method, held weakly) before any arena is unmapped."""
+    _close_hooks.add(weakref.WeakMethod(method))
+
+
+def _cuda_host_register(address: int, size: int) -> bool:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        err = torch.cuda.cudart().cudaHostRegister(address, size, 0)
+        return int(getattr(err, "value", err)) == 0
+    except Exception:  # noqa: BLE001 - unpinned memory still works, only slower
+        return False
+
+
+def _cuda_host_unregister(address: int) -> None:
+    try:
+        import torch
+
+        torch.cuda.cudart().cudaHostUnregister(address)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# live arenas by start address, so an array can be traced back to the arena (and offset) it views
+_registry_lock = threading.Lock()
+_registry_starts: list[int] = []
+_registry: dict[int, Arena] = {}
+
+
+def _register(arena: Arena) -> None:
+    with _registry_lock:
+        bisect.insort(_registry_starts, arena.address)
+        _registry[arena.address] = arena
+
+
+def _unregister(arena: Arena) -> None:
+    with _registry_lock:
+        i = bisect.bisect_left(_registry_starts, arena.address)
+        if i < len(_registry_starts) and _registry_starts[i] == arena.address:
+            del _registry_starts[i]
+        _registry.pop(arena.address, None)
+
+
+def locate(array: np.ndarray) -> tuple[Arena, int] | None:
+    """(arena, byte offset) when ``array`` is a C-contiguous view of a live staging arena, else None."""
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+        return None
+    addr = array.ctypes.data
+    with _registry_lock:
+        i = bisect.bisect_right(_registry_starts, addr) - 1
+        if i < 0:
+            return None
+        arena = _registry[_registry_starts[i]]
+    offset = addr - arena.address
+    if offset + array.nbytes > arena.size:
+        return None
+    return arena, offset
+
+
+class Lease:
+    """A leased arena. Arrays made by `array` view it; the arena goes back to its pool once the lease
+    and every array viewing it are gone."""
+
+    def __init__(self, pool: StagingPool, arena: Arena) -> None:
+        self.arena = arena
+        # the one array every array of this lease views (numpy collapses view chains onto it, since its
+        # own base is not an ndarray): when it is collected, no view of the lease is left
+        self._root = np.frombuffer(arena.mm, dtype=np.uint8)
+        self._cursor = 0
+        weakref.finalize(self._root, pool._release, arena)
+
+    @property
+    def pinned(self) -> bool:
+        return self.arena.pinned
+
+    def array(self, shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = self._cursor
+        if start + nbytes > self.arena.size:
+            raise MemoryError(f"staging lease of {self.arena.size} bytes cannot hold {nbytes} more at offset {start}")
+        self._cursor = _round_up(start + nbytes, _FIELD_ALIGN)
+        return self._root[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+class StagingPool:
+    """Owns: the staging arenas, leased or free. Free arenas are reused (smallest that fits first);
+    at most ``max_cached_bytes`` of free arenas are kept, larger excess is unmapped.
+
+    Leasing never blocks: how much is leased at once is bounded by the consumers (the writers' bounded
+    queues make the producer wait), not here.
+    """
+
+    def __init__(self, max_cached_bytes: int = 16 * 1024 * MiB, prefetch: bool = True, max_arenas: int = 3,
+                 wait_timeout: float = 60.0) -> None:
+        self.max_cached_bytes = max_cached_bytes
+        self.prefetch = prefetch  # make the next arena ahead of need, on a background thread
+        self.max_arenas = max_arenas  # leases wait for a release beyond this many arenas (flat memory)
+        self.wait_timeout = wait_timeout  # ... for at most this long, then make one more
+        self.wait_seconds = 0.0  # time lease() waited for a release (backpressure)
+        self.over_limit = 0  # arenas made past max_arenas after a timed-out wait
+        self._making_here = 0
+        self._lock = threading.Lock()
+        self._made = threading.Condition(self._lock)
+        self._making = False
+        self._free: list[Arena] = []
+        self._leased: dict[int, Arena] = {}
+        self.arenas_created = 0
+        self.bytes_pinned_total = 0
+        self._closed = False
+
+    def lease(self, nbytes: int, pin: bool = False) -> Lease:
+        """An arena of at least ``nbytes``; ``pin`` asks for CUDA page-locked memory (when CUDA works).
+
+        At most ``max_arenas`` arenas exist: when all are leased, this waits for one to come back (the
+        encoders set the pace; memory stays flat), up to ``wait_timeout`` seconds, after which it makes
+        one more rather than deadlock on a caller that keeps its arrays. When no free arena would be
+        left for another lease of this size, one more is made (and pinned) on a background thread, so
+        a steady stream of leases finds it ready instead of paying the pinning (about 0.7 s per GB) on
+        the caller's thread.
+        """
+        want = nbytes + _FIELD_ALIGN * 64
+        t0 = time.perf_counter()
+        make = False
+        evicted: list[Arena] = []
+        with self._lock:
+            while True:
+                arena = self._take_free(want, pin)
+                if arena is not None:
+                    break
+                full = self._count_locked() >= self.max_arenas
+                if full and self._free:  # a free arena too small (or unpinned): unmap it to make room
+                    evicted.append(self._free.pop(self._free.index(min(self._free, key=lambda a: a.size))))
+                    continue
+                if not full and not self._making:
+                    make = True
+                    self._making_here += 1
+                    break
+                if time.perf_counter() - t0 > self.wait_timeout:
+                    make = True
+                    self._making_here += 1
+                    self.over_limit += 1
+                    break
+                self._made.wait(timeout=0.5)  # a release or a background arena is on its way
+            waited = time.perf_counter() - t0
+        for a in evicted:
+            _unregister(a)
+            a.close()
+        if arena is not None and arena.pending is not None:  # its last lease was dropped mid-copy
+            arena.pending.synchronize()
+            arena.pending = None
+        if make:
+            try:
+                arena = self._make(want, pin)
+            finally:
+                with self._lock:
+                    self._making_here -= 1
+        with self._lock:
+            self.wait_seconds += waited if not make else 0.0
+            self._leased[arena.id] = arena
+            if self.prefetch and self._take_free(want, pin, peek=True) is None and not self._making \
+                    and self._count_locked() < self.max_arenas \
+                    and self._reserved_locked() + arena.size <= self.max_cached_bytes:
+                self._making = True
+                threading.Thread(target=self._make_ahead, args=(arena.size, pin), daemon=True,
+                                 name="fastrecord-staging").start()
+        return Lease(self, arena)
+
+    def _count_locked(self) -> int:
+        return len(self._free) + len(self._leased) + int(self._making) + self._making_here
+
+    def _take_free(self, want: int, pin: bool, peek: bool = False) -> Arena | None:
+        fits = [a for a in self._free if a.size >= want and (a.pinned or not pin)]
+        if not fits:
+            return None
+        arena = min(fits, key=lambda a: a.size)
+        if not peek:
+            self._free.remove(arena)
+        return arena
+
+    def _make(self, want: int, pin: bool) -> Arena:
+        arena = Arena(max(_round_up(want, _ARENA_ALIGN), _ARENA_ALIGN), pin)
+        _register(arena)
+        with self._lock:
+            self.arenas_created += 1
+            if arena.pinned:
+                self.bytes_pinned_total += arena.size
+        return arena
+
+    def _make_ahead(self, size: int, pin: bool) -> None:
+        try:
+            arena = self._make(size, pin)
+            with self._lock:
+                self._free.append(arena)
+        except Exception:  # noqa: BLE001 - only an optimisation; lease() makes its own
+            pass
+        finally:
+            with self._lock:
+                self._making = False
+                self._made.notify_all()
+
+    def _reserved_locked(self) -> int:
+        return sum(a.size for a in self._free) + sum(a.size for a in self._leased.values())
+
+    def _release(self, arena: Arena) -> None:
+        with self._lock:
+            self._leased.pop(arena.id, None)
+            if self._closed:
+                drop = [arena]
+            else:
+                self._free.append(arena)
+                drop = []
+            self._made.notify_all()
+        for a in drop:
+            _unregister(a)
+            a.close()
+        self._trim()
+
+    def _trim(self) -> None:
+        with self._lock:
+            drop = []
+            while self._free and sum(a.size for a in self._free) > self.max_cached_bytes:
+                drop.append(self._free.pop(self._free.index(min(self._free, key=lambda a: a.size))))
+        for a in drop:
+            _unregister(a)
+            a.close()
+
+    @property
+    def bytes_reserved(self) -> int:
+        """Bytes of all arenas, leased or free."""
+        with self._lock:
+            return self._reserved_locked()
+
+    @property
+    def num_leased(self) -> int:
+        with self._lock:
+            return len(self._leased)
+
+    def close(self) -> None:
+        """Unmap free arenas now; leased ones are unmapped when released. Idempotent."""
+        with self._lock:
+            self._closed = True
+            drop, self._free = self._free, []
+        for a in drop:
+            _unregister(a)
+            a.close()
+
+
+_default_pool: StagingPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_staging_pool() -> StagingPool:
+    """The process-wide pool that `EpisodeBuffer.gather` and the encoders share."""
+    global _default_pool
+    with _default_lock:
+        if _default_pool is None:
+            _default_pool = StagingPool()
+        return _default_pool
+
+
+# ---------------------------------------------------------------------------------------------- yuv420p
+class Yuv420Frames(np.ndarray):
+    """Frames in yuv420p planar layout, ``[..., H * 3 // 2, W]`` uint8 per frame (the layout of
+    ``av.VideoFrame.from_ndarray(..., format="yuv420p")``): the Y plane (H rows), then U and V
+    (H/4 rows of W each). BT.601 limited range, the colours libswscale gives RGB frames by default.
+
+    ``ready`` (a CUDA event or None) is set while an asynchronous copy into this memory is in flight;
+    call `wait_ready` before reading. Slices keep both.
+    """
+
+    ready: Any
+
+    def __new__(cls, array: np.ndarray, ready: Any = None) -> Yuv420Frames:
+        obj = np.asarray(array).view(cls)
+        obj.ready = ready
+        return obj
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.ready = getattr(obj, "ready", None)
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(height, width) of the pictures."""
+        return self.shape[-2] * 2 // 3, self.shape[-1]
+
+    def wait_ready(self) -> None:
+        ev = self.ready
+        if ev is not None:
+            ev.synchronize()
+
+    def plain(self) -> np.ndarray:
+        """The same memory as a plain ndarray (waits for the copy first)."""
+        self.wait_ready()
+        return self.view(np.ndarray)
+
+
+# BT.601, limited ("tv") range, as libswscale's default for RGB -> yuv420p
+_Y = (65.481 / 255, 128.553 / 255, 24.966 / 255)
+_U = (-37.797 / 255, -74.203 / 255, 112.0 / 255)
+_V = (112.0 / 255, -93.786 / 255, -18.214 / 255)
+_coef_cache: dict[Any, Any] = {}
+
+
+def _coef(device: Any) -> Any:
+    """The [3, 3] matrix on ``device``, made once: a fresh host->device copy would sync the stream."""
+    import torch
+
+    c = _coef_cache.get(device)
+    if c is None:
+        c = _coef_cache[device] = torch.tensor([_Y, _U, _V], dtype=torch.float32).to(device)
+    return c
+
+
+def rgb_to_yuv420p(rgb: Any, out: Any = None, kernel: str = "auto") -> Any:
+    """Torch ``[..., H, W, 3]`` uint8 RGB (H, W even) -> ``[..., H * 3 // 2, W]`` uint8 yuv420p.
+
+    Chroma is the mean over each 2x2 block (computed as the chroma of the block's mean RGB, which is the
+    same by linearity). ``kernel``: "triton" (one pass, CUDA only), "torch" (a few memory-bound torch
+    kernels, any device), or "auto" (triton where it runs).
+    """
+    import torch
+
+    *lead, h, w, c = rgb.shape
+    if c != 3 or h % 2 or w % 2:
+        raise ValueError(f"rgb_to_yuv420p needs [..., H, W, 3] with even H and W, got {list(rgb.shape)}")
+    if out is None:
+        out = torch.empty((*lead, h * 3 // 2, w), dtype=torch.uint8, device=rgb.device)
+    if kernel != "torch" and rgb.device.type == "cuda" and _triton_kernel() is not None:
+        _rgb_to_yuv420p_triton(rgb, out)
+        return out
+    if kernel == "triton":
+        raise ValueError("kernel='triton' needs a CUDA tensor and the triton package")
+    coef = _coef(rgb.device)  # [3 out, 3 in]
+    x = rgb.to(torch.float32)
+    flat = out.view(*lead, h * w * 3 // 2)
+    y = torch.matmul(x, coef[0]).add_(16.5).clamp_(0, 255)
+    flat[..., : h * w].copy_(y.view(*lead, h * w))  # float -> uint8 truncates: +0.5 above rounds
+    del y
+    mean = x.view(*lead, h // 2, 2, w // 2, 2, 3).mean(dim=(-4, -2))  # [..., H/2, W/2, 3]
+    del x
+    uv = torch.matmul(mean, coef[1:].T).add_(128.5).clamp_(0, 255)  # [..., H/2, W/2, 2]
+    q = h * w // 4
+    flat[..., h * w : h * w + q].copy_(uv[..., 0].reshape(*lead, q))
+    flat[..., h * w + q :].copy_(uv[..., 1].reshape(*lead, q))
+    return out
+
+
+_TRITON: Any = False  # False: not tried yet; None: unavailable
+
+
+def _triton_kernel() -> Any:
+    """The Triton kernel (compiled at first launch), or None where triton is missing."""
+    global _TRITON
+    if _TRITON is not False:
+        return _TRITON
+    try:
+        import triton
+        import triton.language as tl
+    except Exception:  # noqa: BLE001 - any import problem: use the torch path
+        _TRITON = None
+        return None
+
+    @triton.jit
+    def _kernel(src, dst, frames_per_env, env_stride, frame_stride, H, W,
+                cy0, cy1, cy2, cu0, cu1, cu2, cv0, cv1, cv2, BLOCK: tl.constexpr):
+        f = tl.program_id(0)  # one frame per row of the grid
+        q = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # 2x2 pixel quads of that frame
+        hw2 = (H // 2) * (W // 2)
+        mask = q < hw2
+        qy = q // (W // 2)
+        qx = q % (W // 2)
+        base = src + (f // frames_per_env).to(tl.int64) * env_stride + (f % frames_per_env).to(tl.int64) * frame_stride
+        obase = dst + f.to(tl.int64) * (H * W * 3 // 2)
+        rs = tl.zeros([BLOCK], dtype=tl.float32)
+        gs = tl.zeros([BLOCK], dtype=tl.float32)
+        bs = tl.zeros([BLOCK], dtype=tl.float32)
+        for d in tl.static_range(4):
+            py = 2 * qy + d // 2
+            px = 2 * qx + d % 2
+            off = (py * W + px) * 3
+            r = tl.load(base + off, mask=mask, other=0).to(tl.float32)
+            g = tl.load(base + off + 1, mask=mask, other=0).to(tl.float32)
+            b = tl.load(base + off + 2, mask=mask, other=0).to(tl.float32)
+            y = tl.minimum(tl.maximum(r * cy0 + g * cy1 + b * cy2 + 16.5, 0.0), 255.0)
+            tl.store(obase + py * W + px, y.to(tl.uint8), mask=mask)
+            rs += r
+            gs += g
+            bs += b
+        rs = rs * 0.25
+        gs = gs * 0.25
+        bs = bs * 0.25
+        u = tl.minimum(tl.maximum(rs * cu0 + gs * cu1 + bs * cu2 + 128.5, 0.0), 255.0)
+        v = tl.minimum(tl.maximum(rs * cv0 + gs * cv1 + bs * cv2 + 128.5, 0.0), 255.0)
+        tl.store(obase + H * W + q, u.to(tl.uint8), mask=mask)
+        tl.store(obase + H * W + hw2 + q, v.to(tl.uint8), mask=mask)
+
+    _TRITON = (_kernel, triton)
+    return _TRITON
+
+
+def _rgb_to_yuv420p_triton(rgb: Any, out: Any) -> None:
+    kernel, triton = _TRITON
+    h, w = rgb.shape[-3:-1]
+    # frames may sit in a strided [envs, steps] view of the ring buffer: address them by (env, step)
+    x = rgb.reshape(-1, *rgb.shape[-4:]) if rgb.ndim > 5 else rgb[(None,) * (5 - rgb.ndim)]
+    if tuple(x.stride()[-3:]) != (w * 3, 3, 1):
+        x = x.contiguous()
+    envs, steps = x.shape[0], x.shape[1]
+    if envs * steps == 0:
+        return
+    block = 1024
+    grid = (envs * steps, triton.cdiv((h // 2) * (w // 2), block))
+    kernel[grid](x, out, steps, x.stride(0), x.stride(1), h, w, *_Y, *_U, *_V, BLOCK=block)
+
+
+def yuv420p_to_rgb_numpy(yuv: np.ndarray) -> np.ndarray:
+    """Reference inverse for tests and PSNR checks: ``[..., H*3/2, W]`` -> ``[..., H, W, 3]`` uint8."""
+    h = yuv.shape[-2] * 2 // 3
+    w = yuv.shape[-1]
+    flat = yuv.reshape(*yuv.shape[:-2], -1).astype(np.float32)
+    y = flat[..., : h * w].reshape(*yuv.shape[:-2], h, w) - 16
+    u = flat[..., h * w : h * w * 5 // 4].reshape(*yuv.shape[:-2], h // 2, w // 2) - 128
+    v = flat[..., h * w * 5 // 4 :].reshape(*yuv.shape[:-2], h // 2, w // 2) - 128
+    u = u.repeat(2, axis=-2).repeat(2, axis=-1)
+    v = v.repeat(2, axis=-2).repeat(2, axis=-1)
+    r = 1.164383 * y + 1.596027 * v
+    g = 1.164383 * y - 0.391762 * u - 0.812968 * v
+    b = 1.164383 * y + 2.017232 * u
+    return np.clip(np.stack([r, g, b], axis=-1) + 0.5, 0, 255).astype(np.uint8)

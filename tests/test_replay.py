@@ -1,0 +1,284 @@
+"""fastrecord replay: round trips against the recording, files from ManiSkill's recorder, errors.
+
+Real ManiSkill CPU envs (lavapipe rendering), 64x64 cameras, episodes of 6-14 steps. The recordings
+mix a scripted PushCube success and a failure, of different lengths (so replay slots refill).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+
+from conftest import CAMERA
+from fastrecord.replay import ReplayConfig, run_replay
+from fastrecord.video import decode_mp4
+
+ENV_ID = "PushCube-v1"
+MAX_STEPS = 16
+# (seed, policy, steps): scripted episodes stop once successful; the still one fails
+EPISODES = [(1, "scripted", MAX_STEPS), (2, "still", 6), (4, "scripted", MAX_STEPS)]
+KW = dict(obs_mode="state", control_mode="pd_ee_delta_pos", render_mode="rgb_array", sim_backend="physx_cpu",
+          human_render_camera_configs=CAMERA, max_episode_steps=MAX_STEPS)
+
+
+def push_cube_policy():
+    path = Path(__file__).parents[1] / "scripts" / "evaluate.py"
+    spec = importlib.util.spec_from_file_location("fastrecord_example_evaluate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.push_cube_policy
+
+
+def record(wrapper_cls, out: Path, name: str) -> Path:
+    import mani_skill.envs  # noqa: F401
+
+    policy = push_cube_policy()
+    env = wrapper_cls(gym.make(ENV_ID, **KW), str(out), trajectory_name=name, save_video=False)
+    for seed, kind, steps in EPISODES:
+        obs, _ = env.reset(seed=seed)
+        for _ in range(steps):
+            action = policy(np.asarray(obs)) if kind == "scripted" else np.zeros((1, 4), np.float32)
+            obs, _, _, _, info = env.step(action)
+            if bool(info["success"]):
+                break
+    env.close()
+    return out / f"{name}.h5"
+
+
+@pytest.fixture(scope="module")
+def fastrecord_file(tmp_path_factory) -> Path:
+    from fastrecord import RecordEpisode
+
+    return record(RecordEpisode, tmp_path_factory.mktemp("fastrecord"), "demo")
+
+
+@pytest.fixture(scope="module")
+def maniskill_file(tmp_path_factory) -> Path:
+    from mani_skill.utils.wrappers import RecordEpisode
+
+    return record(RecordEpisode, tmp_path_factory.mktemp("maniskill"), "ms_demo")
+
+
+def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for k, v in group.items():
+        if isinstance(v, h5py.Group):
+            out |= leaves(v, f"{prefix}{k}/")
+        else:
+            out[prefix + k] = v[:]
+    return out
+
+
+def replay(path: Path, out: Path, **kw) -> tuple:
+    """Replay in a SyncVectorEnv (one process: quicker to start for these small files)."""
+    cfg = ReplayConfig(traj_path=str(path), output_dir=str(out), progress=False, **{"vector": "sync", **kw})
+    s = run_replay(cfg)
+    new = sorted(out.glob("*.h5"))
+    assert len(new) == 1
+    return s, new[0], json.loads(new[0].with_suffix(".json").read_text())
+
+
+def assert_same_episodes(original: Path, new_h5: Path, new_meta: dict, state_atol: float) -> None:
+    """Every output episode equals the input episode it names in source_episode_id."""
+    old_meta = json.loads(original.with_suffix(".json").read_text())
+    old_eps = {e["episode_id"]: e for e in old_meta["episodes"]}
+    with h5py.File(original) as f, h5py.File(new_h5) as g:
+        for ep in new_meta["episodes"]:
+            src = old_eps[ep["source_episode_id"]]
+            assert (ep["episode_seed"], ep["elapsed_steps"], ep["success"]) == (src["episode_seed"], src["elapsed_steps"], src["success"])
+            a, b = leaves(f[f"traj_{src['episode_id']}"]), leaves(g[f"traj_{ep['episode_id']}"])
+            assert a.keys() == b.keys()
+            for k in a:
+                if k.startswith("env_states/"):
+                    # PhysX stores articulations in reduced coordinates: a set/get round trip moves
+                    # their float32 poses by ~1e-8; actors come back bit-exact
+                    np.testing.assert_allclose(b[k], a[k], rtol=0, atol=state_atol, err_msg=k)
+                elif a[k].dtype == np.bool_ or k == "actions":
+                    np.testing.assert_array_equal(b[k], a[k], err_msg=k)
+                else:
+                    np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+def test_replay_by_states_reproduces_recorded_states_and_success(fastrecord_file, tmp_path):
+    """Two CPU envs side by side (AsyncVectorEnv, the default), refilled as episodes end; videos re-rendered."""
+    cfg = ReplayConfig(traj_path=str(fastrecord_file), output_dir=str(tmp_path), progress=False, num_envs=2)
+    s = run_replay(cfg)
+    assert (s.episodes, s.kept, s.successes, s.diverged) == (3, 3, 2, [])
+    new_h5 = tmp_path / "demo.state.pd_ee_delta_pos.physx_cpu.h5"
+    meta = json.loads(new_h5.with_suffix(".json").read_text())
+    assert sorted(e["source_episode_id"] for e in meta["episodes"]) == [0, 1, 2]
+    assert_same_episodes(fastrecord_file, new_h5, meta, state_atol=1e-6)
+    with h5py.File(fastrecord_file) as f:
+        actors = [k for k in leaves(f["traj_0"]) if k.startswith("env_states/actors/")]
+    with h5py.File(fastrecord_file) as f, h5py.File(new_h5) as g:  # actors' states: bit-exact
+        for ep in meta["episodes"]:
+            for k in actors:
+                np.testing.assert_array_equal(g[f"traj_{ep['episode_id']}/{k}"][:], f[f"traj_{ep['source_episode_id']}/{k}"][:])
+    videos = sorted(s.files[2:])
+    assert len(videos) == 3 and sorted(p.name.endswith("_success.mp4") for p in videos) == [False, True, True]
+    for ep in meta["episodes"]:
+        (video,) = tmp_path.glob(f"{ep['episode_id']}_env*.mp4")
+        assert decode_mp4(video).shape == (ep["elapsed_steps"] + 1, CAMERA["height"], CAMERA["width"], 3)
+
+
+def test_replay_by_actions_agrees_on_success(fastrecord_file, tmp_path):
+    """CPU PhysX is deterministic: seeded resets and the recorded actions give the recorded successes.
+
+    In one env, episodes replay in the recorded order and come out bit-exact. Side by side, an episode
+    may follow another predecessor in its env's scene than it did when recorded, and PhysX's contact
+    caches outlive resets: it starts exactly as recorded and ends with the recorded success.
+    """
+    s, new_h5, meta = replay(fastrecord_file, tmp_path / "one", by="actions", num_envs=1, save_video=False)
+    assert (s.episodes, s.successes, s.diverged) == (3, 2, [])
+    assert [e["source_episode_id"] for e in meta["episodes"]] == [0, 1, 2]
+    assert_same_episodes(fastrecord_file, new_h5, meta, state_atol=0)
+
+    s, new_h5, meta = replay(fastrecord_file, tmp_path / "two", by="actions", num_envs=2, save_video=False)
+    assert (s.episodes, s.successes, s.diverged) == (3, 2, [])
+    with h5py.File(fastrecord_file) as f, h5py.File(new_h5) as g:
+        for ep in meta["episodes"]:
+            a, b = leaves(f[f"traj_{ep['source_episode_id']}"]), leaves(g[f"traj_{ep['episode_id']}"])
+            np.testing.assert_array_equal(b["actions"], a["actions"])
+            assert b["success"][-1] == a["success"][-1]
+            for k in a:
+                if k.startswith("env_states/"):
+                    np.testing.assert_array_equal(b[k][0], a[k][0], err_msg=k)
+
+
+def test_replay_by_actions_reports_diverging_episodes(fastrecord_file, tmp_path):
+    """A recording whose success flags disagree with its actions: the replay names those episodes."""
+    tampered = tmp_path / "in" / "demo.h5"
+    tampered.parent.mkdir()
+    shutil.copy(fastrecord_file, tampered)
+    shutil.copy(fastrecord_file.with_suffix(".json"), tampered.with_suffix(".json"))
+    with h5py.File(tampered, "r+") as f:
+        f["traj_0/success"][-1] = False
+    s, _, _ = replay(tampered, tmp_path / "out", by="actions", num_envs=1, save_video=False)
+    assert [(d.episode_id, d.recorded, d.replayed) for d in s.diverged] == [(0, False, True)]
+
+
+def test_file_written_by_maniskill_record_episode_replays(maniskill_file, tmp_path):
+    s, new_h5, meta = replay(maniskill_file, tmp_path, num_envs=2, save_video=False)
+    assert (s.episodes, s.kept, s.successes, s.diverged) == (3, 3, 2, [])
+    assert sorted(e["source_episode_id"] for e in meta["episodes"]) == [0, 1, 2]
+    assert_same_episodes(maniskill_file, new_h5, meta, state_atol=1e-6)
+
+
+def test_rgb_rerecording_holds_the_images_the_env_renders(fastrecord_file, tmp_path):
+    """state -> rgb: each recorded image is what the env renders in the recorded state."""
+    import mani_skill.envs  # noqa: F401
+
+    sensors = dict(width=48, height=48)
+    s, new_h5, meta = replay(fastrecord_file, tmp_path, obs_mode="rgb", num_envs=1, count=2,
+                             video_source="sensor:base_camera", env_kwargs=dict(sensor_configs=sensors))
+    assert s.episodes == 2 and len(s.files) == 4  # h5, json, two videos from the sensor camera
+    env = gym.make(ENV_ID, **{**KW, "obs_mode": "rgb", "sensor_configs": sensors})
+    try:
+        env.reset(seed=0)
+        with h5py.File(new_h5) as g:
+            for ep in meta["episodes"]:
+                traj = g[f"traj_{ep['episode_id']}"]
+                images = traj["obs/sensor_data/base_camera/rgb"][:]
+                assert images.shape == (ep["elapsed_steps"] + 1, 48, 48, 3)
+                states = leaves(traj["env_states"])
+                (video,) = tmp_path.glob(f"{ep['episode_id']}_env*.mp4")
+                frames = decode_mp4(video)
+                for t in (0, ep["elapsed_steps"] // 2, ep["elapsed_steps"]):
+                    tree: dict = {}
+                    for k, v in states.items():
+                        group, name = k.split("/")
+                        tree.setdefault(group, {})[name] = v[t : t + 1]
+                    env.unwrapped.set_state_dict(tree)
+                    rendered = env.unwrapped.get_obs()["sensor_data"]["base_camera"]["rgb"][0].numpy()
+                    np.testing.assert_array_equal(images[t], rendered)
+                    assert np.abs(frames[t].astype(int) - rendered.astype(int)).mean() < 12  # H.264 at crf 23
+    finally:
+        env.close()
+
+
+def test_keep_success_and_batched_env_path(fastrecord_file, tmp_path):
+    """keep='success' writes the successful replays only; vector='batched' is the GPU-sim code path
+    (one ManiSkill env holding N envs), which runs on the CPU with N = 1."""
+    s, new_h5, meta = replay(fastrecord_file, tmp_path, vector="batched", keep="success")
+    assert (s.episodes, s.kept, s.successes) == (3, 2, 2)
+    assert [e["source_episode_id"] for e in meta["episodes"]] == [0, 2] and all(e["success"] for e in meta["episodes"])
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == ["0_env0_success.mp4", "1_env0_success.mp4"]
+    assert_same_episodes(fastrecord_file, new_h5, meta, state_atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_output_is_never_overwritten_without_asking(fastrecord_file, tmp_path):
+    replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False)
+    with pytest.raises(ValueError, match=r"already holds .*demo\.state\.pd_ee_delta_pos\.physx_cpu\.h5.*--overwrite"):
+        replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False)
+    s, _, meta = replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False, overwrite=True)
+    assert s.episodes == 1 and len(meta["episodes"]) == 1
+
+
+def test_refuses_to_write_over_its_input(fastrecord_file, tmp_path):
+    with pytest.raises(ValueError, match="write over its input"):
+        replay(fastrecord_file, fastrecord_file.parent, trajectory_name="demo", overwrite=True)
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+    return path
+
+
+def test_missing_corrupt_and_foreign_files_are_named(fastrecord_file, tmp_path):
+    def error(path: Path, **kw) -> str:
+        with pytest.raises(ValueError) as e:
+            run_replay(ReplayConfig(traj_path=str(path), output_dir=str(tmp_path / "out"), progress=False, **kw))
+        return str(e.value)
+
+    assert "does not exist" in error(tmp_path / "nope.h5")
+    lonely = write(tmp_path / "lonely" / "a.h5", b"")
+    assert "a.json" in error(lonely) and "is missing" in error(lonely)
+    corrupt = write(tmp_path / "corrupt" / "b.h5", b"not an hdf5 file" * 10)
+    write(corrupt.with_suffix(".json"), fastrecord_file.with_suffix(".json").read_text())
+    msg = error(corrupt)
+    assert str(corrupt) in msg and "not a readable HDF5 file" in msg
+    bad_json = write(tmp_path / "badjson" / "c.h5", fastrecord_file.read_bytes())
+    write(bad_json.with_suffix(".json"), '{"env_info": {')
+    assert "c.json" in error(bad_json) and "not valid JSON" in error(bad_json)
+    foreign = tmp_path / "foreign" / "d.h5"
+    foreign.parent.mkdir()
+    with h5py.File(foreign, "w") as f:
+        f["images"] = np.zeros((2, 4))
+    write(foreign.with_suffix(".json"), json.dumps({"name": "something else"}))
+    assert "not ManiSkill trajectory metadata" in error(foreign)
+    write(foreign.with_suffix(".json"), fastrecord_file.with_suffix(".json").read_text())
+    msg = error(foreign)
+    assert "has no group 'traj_0'" in msg and "do not belong together" in msg
+    assert "no env_states" in error(write_without_states(fastrecord_file, tmp_path / "nostates" / "e.h5"))
+    assert "--obs-mode rgb" in error(fastrecord_file, video_source="sensor:base_camera")
+
+
+def write_without_states(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True)
+    shutil.copy(src.with_suffix(".json"), dst.with_suffix(".json"))
+    with h5py.File(src) as f, h5py.File(dst, "w") as g:
+        for traj in f:
+            g[f"{traj}/actions"] = f[f"{traj}/actions"][:]
+    return dst
+
+
+def test_cli_prints_summary_and_errors(fastrecord_file, tmp_path, capsys):
+    from fastrecord.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["replay", str(fastrecord_file), "--output-dir", str(out), "--count", "2", "--num-envs", "1",
+                 "--no-video", "--by", "actions", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "replayed 2 episodes by actions: 1 successful, 2 written" in printed
+    assert "success matches the recording in every episode" in printed
+    assert main(["replay", str(tmp_path / "missing.h5")]) == 2
+    assert "missing.h5" in capsys.readouterr().err
