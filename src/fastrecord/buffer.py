@@ -158,9 +158,13 @@ class EpisodeBuffer:
         top = int(self.cursor.max())
         if top >= self.capacity:
             self._grow(top + 1)
+        # one index_copy_ per leaf into the [num_envs * capacity, ...] view: half the GPU time of an
+        # advanced-indexing put, and far cheaper on the CPU
+        slots = self._rows * self.capacity + self._cursor_dev
         for name, value in data.items():
             buf = self._ensure_field(name, value)
-            buf[self._rows, self._cursor_dev] = value
+            value = value.to(buf.dtype).expand(self.num_envs, *buf.shape[2:])
+            buf.view(-1, *buf.shape[2:]).index_copy_(0, slots, value)
 
     def restart_from_last(self, env_idx: np.ndarray) -> None:
         """Start new episodes for ``env_idx`` at their current state (slot cursor -> slot 0)."""

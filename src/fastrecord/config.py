@@ -33,7 +33,7 @@ class RecordConfig:
     max_episode_steps: int | None = None  # None: the task's default
     seed: int = 0  # first episode seed (env i starts at seed + i)
     video_fps: int = 30  # frames per second of the MP4s
-    video_codec: str = "libx264"  # libx264 | auto | any PyAV encoder
+    video_codec: str = "auto"  # auto (h264_nvenc where usable, else libx264) | libx264 | any PyAV encoder
     video_workers: int | None = None  # encoder threads (None: one per core, at most 16)
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs
 

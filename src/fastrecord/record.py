@@ -512,8 +512,8 @@ _RECORDER_DOC_ARGS = """
         video_layout: "per_env" (one MP4 per env episode, default) or "tiled" (ManiSkill's layout).
         video_source: "render" (the human render camera, default) or "sensor:<camera>" (an RGB camera
             already in the observation: no extra render).
-        video_codec / video_crf / video_preset: encoder settings ("libx264", 23, "veryfast"; "auto" picks
-            h264_nvenc where the GPU has an encoder).
+        video_codec / video_crf / video_preset: encoder settings ("auto": h264_nvenc where the GPU has an
+            encoder, else libx264; crf 23; preset "ultrafast", the one that keeps up with GPU envs).
         video_workers: encoder threads (default: one per CPU core, at most 16).
         buffer_capacity: steps per env held on the device (default max_episode_steps + 1; longer
             episodes grow the buffer).
@@ -605,9 +605,9 @@ class RecordEpisode(_RecorderMixin, gym.Wrapper):
         keep: KeepFilter = "all",
         video_layout: str = "per_env",
         video_source: str = "render",
-        video_codec: str = "libx264",
+        video_codec: str = "auto",
         video_crf: int = 23,
-        video_preset: str = "veryfast",
+        video_preset: str = "ultrafast",
         video_workers: int | None = None,
         buffer_capacity: int | None = None,
     ) -> None:
@@ -676,8 +676,8 @@ class RecordVectorEpisode(_RecorderMixin, gym.vector.VectorWrapper):
                  record_env_state: bool = True, video_fps: int = 30, render_substeps: bool = False,
                  avoid_overwriting_video: bool = False, source_type: str | None = None,
                  source_desc: str | None = None, *, keep: KeepFilter = "all", video_layout: str = "per_env",
-                 video_source: str = "render", video_codec: str = "libx264", video_crf: int = 23,
-                 video_preset: str = "veryfast", video_workers: int | None = None,
+                 video_source: str = "render", video_codec: str = "auto", video_crf: int = 23,
+                 video_preset: str = "ultrafast", video_workers: int | None = None,
                  buffer_capacity: int | None = None) -> None:
         gym.vector.VectorWrapper.__init__(self, env)
         mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)

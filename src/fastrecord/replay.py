@@ -75,7 +75,7 @@ class ReplayConfig:
     shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
     keep: str = "all"  # all | success | success_once | failure: which replayed episodes are written
     video_fps: int | None = None  # None: the task's control frequency
-    video_codec: str = "libx264"  # libx264 | auto | any PyAV encoder
+    video_codec: str = "auto"  # auto (h264_nvenc where usable, else libx264) | libx264 | any PyAV encoder
     overwrite: bool = False  # replace existing output files (never the input)
     progress: bool = True  # show a progress bar
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs (override the file's)
