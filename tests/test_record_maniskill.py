@@ -9,7 +9,6 @@ import sys
 import gymnasium as gym
 import h5py
 import numpy as np
-import pytest
 import torch
 
 from fastrecord import RecordEpisode

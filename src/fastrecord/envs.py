@@ -42,6 +42,22 @@ def cat_trees(trees: list[Any]) -> Any:
     return torch.cat([torch.as_tensor(t) for t in trees], dim=0)
 
 
+class SubEnvAccess:
+    """Mixin for ``gym.vector.VectorWrapper`` subclasses: forwards ``call``/``get_attr``/``set_attr`` to
+    the vector env at the bottom, which gymnasium's ``VectorWrapper`` does not do."""
+
+    env: Any
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return self.env.unwrapped.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return self.env.unwrapped.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self.env.unwrapped.set_attr(name, values)
+
+
 class ManiSkillView:
     """Reads a ManiSkill env through its wrapper chain (``env``) and its ``BaseEnv`` (``base``)."""
 

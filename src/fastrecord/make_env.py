@@ -25,6 +25,7 @@ import numpy as np
 from mani_skill.utils import common, gym_utils
 from mani_skill.utils.wrappers import CPUGymWrapper
 
+from fastrecord.envs import SubEnvAccess
 from fastrecord.record import KeepFilter, RecordEpisode
 
 SOURCE_TYPE = "diffusion_policy"  # the baseline's labels, kept for tools that read them
@@ -173,7 +174,7 @@ def _stack_space(space: gym.Space, num_stack: int) -> gym.Space:
     raise TypeError(f"cannot stack observations of space {space}; ManiSkill observations are Box or Dict spaces")
 
 
-class EvalVectorEnv(gym.vector.VectorWrapper):
+class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
     """Frame stacking and same-step auto-reset over a vector env of CPU envs (autoreset disabled).
 
     Owns: the stacked observations ``[num_envs, num_stack, ...]`` of every env.
@@ -241,12 +242,3 @@ class EvalVectorEnv(gym.vector.VectorWrapper):
                         final_info=finals_info, _final_info=done.copy())
         return self._stacked(), rew, terminated, truncated, info
 
-    # the vector env's sub-env access, which gymnasium's VectorWrapper (the recorder too) does not forward
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
-        return self.env.unwrapped.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple:
-        return self.env.unwrapped.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self.env.unwrapped.set_attr(name, values)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
-from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, VectorEnvView
+from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, SubEnvAccess, VectorEnvView
 from fastrecord.trajectory import EpisodeData, TrajectoryWriter
 from fastrecord.video import VideoSettings, encode_mp4, resolve_codec
 from fastrecord.workers import WorkerPool
@@ -661,7 +661,7 @@ def _plain(options: Mapping | None) -> dict | None:
     return {k: (_np(v) if isinstance(v, torch.Tensor) else v) for k, v in options.items()}
 
 
-class RecordVectorEpisode(_RecorderMixin, gym.vector.VectorWrapper):
+class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper):
     """`RecordEpisode` for a gymnasium vector env (Sync/Async) of ManiSkill CPU envs.
 
     Each sub-env's episodes are recorded separately (its own trajectory group and MP4). Supports the
@@ -715,16 +715,6 @@ class RecordVectorEpisode(_RecorderMixin, gym.vector.VectorWrapper):
             if done.any():
                 self._rec.finalize(np.flatnonzero(done))
         return obs, rew, terminated, truncated, info
-
-    # gymnasium's VectorWrapper does not forward these; code that drives the vector env needs them
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        return self.env.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.env.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self.env.set_attr(name, values)
 
     def close(self, **kwargs: Any) -> None:
         if self._closed:

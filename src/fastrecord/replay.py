@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from fastrecord.config import load_config
+from fastrecord.envs import SubEnvAccess
 from fastrecord.record import KEEP_CHOICES
 
 BY_CHOICES = ("states", "actions")
@@ -398,7 +399,7 @@ class _DoneInInfo(gym.Wrapper):
         return common.to_numpy(self.env.unwrapped.get_state_dict())
 
 
-class _DoneFromInfo(gym.vector.VectorWrapper):
+class _DoneFromInfo(SubEnvAccess, gym.vector.VectorWrapper):
     """Puts the sub-envs' true terminated/truncated flags (see `_DoneInInfo`) back for the recorder."""
 
     def step(self, actions: Any):
@@ -409,15 +410,6 @@ class _DoneFromInfo(gym.vector.VectorWrapper):
         info.pop("_" + _TRUNCATED, None)
         return obs, rew, terminated, truncated, info
 
-    # gymnasium's VectorWrapper does not forward these; the recorder reads the sub-envs through them
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
-        return self.env.unwrapped.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple:
-        return self.env.unwrapped.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self.env.unwrapped.set_attr(name, values)
 
 
 def make_replay_env(env_id: str, env_kwargs: dict[str, Any], max_episode_steps: int | None, num_envs: int = 1,
