@@ -32,4 +32,6 @@ PY=${PYTHON:-python3}
 # torch would pull several GB of CUDA build.
 $PY -m pip install -q "torch==2.13.0"
 $PY -m pip install -q -e ".[test]"
+# pyenv installs console scripts behind shims: make `fastrecord` callable right away
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
 echo "setup done: $($PY -c 'import torch, mani_skill, sapien, av, h5py; print("torch", torch.__version__, "mani_skill", mani_skill.__version__, "sapien", sapien.__version__, "av", av.__version__, "h5py", h5py.__version__)')"

@@ -163,7 +163,8 @@ class EpisodeBuffer:
         slots = self._rows * self.capacity + self._cursor_dev
         for name, value in data.items():
             buf = self._ensure_field(name, value)
-            value = value.to(buf.dtype).expand(self.num_envs, *buf.shape[2:])
+            if value.dtype != buf.dtype or value.shape[0] != self.num_envs:
+                value = value.to(buf.dtype).expand(self.num_envs, *buf.shape[2:])
             buf.view(-1, *buf.shape[2:]).index_copy_(0, slots, value)
 
     def restart_from_last(self, env_idx: np.ndarray) -> None:
