@@ -369,6 +369,7 @@ class EpisodeRecorder:
         yuv = self.videos is not None and self.video_layout == "per_env" and not self.info_on_video
         host = self.buffer.gather(kept, yuv420p=("frames",) if yuv else ())
         lengths = self.buffer.cursor[kept]
+        control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
         episodes: list[EpisodeData] = []
         for i, e in enumerate(kept):
             t = int(lengths[i])
@@ -387,7 +388,7 @@ class EpisodeRecorder:
             meta: dict[str, Any] = dict(
                 episode_id=self.num_episodes,
                 episode_seed=int(self._seeds[e]),
-                control_mode=self.view.control_mode,
+                control_mode=control_mode,
                 elapsed_steps=t,
                 reset_kwargs=self._reset_kwargs[e],
             )
