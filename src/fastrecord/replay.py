@@ -101,10 +101,6 @@ class ReplaySummary:
     files: list[Path]
     source_episode_ids: list[int] = field(default_factory=list)  # output episode k replays input episode [k]
 
-    @property
-    def env_steps_per_s(self) -> float:
-        return self.env_steps / self.seconds if self.seconds > 0 else 0.0
-
 
 # ---------------------------------------------------------------------------------------------- input
 @dataclass
@@ -409,7 +405,6 @@ class _DoneFromInfo(SubEnvAccess, gym.vector.VectorWrapper):
         info.pop("_" + _TERMINATED, None)
         info.pop("_" + _TRUNCATED, None)
         return obs, rew, terminated, truncated, info
-
 
 
 def make_replay_env(env_id: str, env_kwargs: dict[str, Any], max_episode_steps: int | None, num_envs: int = 1,
@@ -814,12 +809,9 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         print(f"success diverged from the recording in {len(s.diverged)} episodes: {shown}{more}{hint}")
     else:
         print("success matches the recording in every episode")
-    print(f"speed: {s.env_steps} env-steps in {s.seconds:.1f} s = {s.env_steps_per_s:.1f} env-steps/s")
-    print(f"files ({len(s.files)}) in {s.output_dir}:")
-    for f in s.files[:10]:
-        print(f"  {f}")
-    if len(s.files) > 10:
-        print(f"  ... and {len(s.files) - 10} more")
+    from fastrecord.runner import print_speed_and_files
+
+    print_speed_and_files(s.env_steps, s.seconds, s.files, s.output_dir)
 
 
 def main_from_args(args: argparse.Namespace) -> int:

@@ -29,10 +29,6 @@ class RecordSummary:
     seconds: float
     files: list[Path]
 
-    @property
-    def env_steps_per_s(self) -> float:
-        return self.env_steps / self.seconds if self.seconds > 0 else 0.0
-
 
 def _render_backend(name: str) -> str:
     if name != "auto":
@@ -173,10 +169,16 @@ def main_from_args(args: argparse.Namespace) -> int:
     cfg = load_config(RecordConfig, args.config, **opts)
     s = run_record(cfg)
     print(f"episodes: {s.episodes} finished, {s.kept} kept, {s.successes} successful")
-    print(f"speed: {s.env_steps} env-steps in {s.seconds:.1f} s = {s.env_steps_per_s:.1f} env-steps/s")
-    print(f"files ({len(s.files)}) in {cfg.output_dir}:")
-    for f in s.files[:10]:
-        print(f"  {f}")
-    if len(s.files) > 10:
-        print(f"  ... and {len(s.files) - 10} more")
+    print_speed_and_files(s.env_steps, s.seconds, s.files, cfg.output_dir)
     return 0
+
+
+def print_speed_and_files(env_steps: int, seconds: float, files: list[Path], where: str | Path) -> None:
+    """The end of a run's summary (record, replay): throughput, then the first files written."""
+    rate = env_steps / seconds if seconds > 0 else 0.0
+    print(f"speed: {env_steps} env-steps in {seconds:.1f} s = {rate:.1f} env-steps/s")
+    print(f"files ({len(files)}) in {where}:")
+    for f in files[:10]:
+        print(f"  {f}")
+    if len(files) > 10:
+        print(f"  ... and {len(files) - 10} more")
