@@ -979,7 +979,7 @@ def format_table(r: dict[str, Any]) -> str:
             f"own + {kp['backpressure_wait_ms_per_step']:.2f} waiting; bare loop {kp['bare_ms_per_step']:.1f} ms/step -> "
             f"recorded {kp['recorded_ms_per_step']:.1f} ms/step ({kp['slowdown']:+.1%})")
     if mi:
-        row("device time", f"ring write {mi['ring_write_device_ms']:.3f} ms/step (host {mi["ring_write_host_ms"]:.3f}; the bare index_copy_ alone: {mi['ring_write_index_copy_device_ms']:.3f}); "
+        row("device time", f"ring write {mi['ring_write_device_ms']:.3f} ms/step (host {mi['ring_write_host_ms']:.3f}; the bare index_copy_ alone: {mi['ring_write_index_copy_device_ms']:.3f}); "
             f"yuv420p conversion {mi['yuv420p_device_ms_per_step']:.3f} ms/step equivalent"
             + (f"; gather issue {mi['gather_issue_ms']:.1f} ms, lands in {mi['gather_total_ms']:.0f} ms ({mi['gather_gb_per_s']:.0f} GB/s)"
                if "gather_total_ms" in mi else ""))
