@@ -125,23 +125,26 @@ def test_long_episodes_grow_the_buffer(tmp_path):
             np.testing.assert_array_equal(f[k]["obs"][:, 3], np.arange(8))
 
 
-def test_tiled_layout_matches_maniskill(tmp_path):
-    """video_layout='tiled': one video per batch of episodes ending together, ManiSkill's tile layout."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_tiled_layout_matches_maniskill(tmp_path, device, monkeypatch):
+    """video_layout='tiled': one video per batch of episodes ending together, ManiSkill's tile layout
+    (RGB frames gathered through the staging memory in chunks, not converted to yuv420p on the device)."""
     from mani_skill.utils.visualization.misc import tile_images
 
-    base = BatchedDoubleEnv(num_envs=4, max_episode_steps=3)
+    monkeypatch.setattr("fastrecord.buffer._CHUNK_BYTES", 1)  # one env per chunk of the gather
+    base = BatchedDoubleEnv(num_envs=4, max_episode_steps=3, size=256, device=device)
     env = RecordEpisode(base, tmp_path, trajectory_name="t", video_layout="tiled")
     obs, _ = env.reset(seed=0)
     frames = [base.render()]
     for _ in range(3):
-        env.step(torch.zeros(4, 3))
+        env.step(torch.zeros(4, 3, device=device))
         frames.append(base.render())
     env.reset()
     env.close()
     assert sorted(p.name for p in tmp_path.glob("*.mp4")) == ["0.mp4"]
-    ref = tile_images([f.numpy() for f in torch.stack(frames, dim=1)], nrows=2)
+    ref = tile_images([f.cpu().numpy() for f in torch.stack(frames, dim=1)], nrows=2)
     decoded = decode_mp4(tmp_path / "0.mp4")
-    assert decoded.shape == ref.shape == (4, 64, 64, 3)
+    assert decoded.shape == ref.shape == (4, 512, 512, 3)
     assert psnr(decoded, ref).min() > 30
 
 
@@ -195,6 +198,38 @@ def test_cuda_buffers_round_trip(tmp_path):
         for e in eps:
             env_idx, outcome = vids[e["episode_id"]]
             obs = f[f"traj_{e['episode_id']}"]["obs"][:]
+            expected = frames_for(torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), 64, env_idx).numpy()
+            decoded = decode_mp4(tmp_path / f"{e['episode_id']}_env{env_idx}_{outcome}.mp4")
+            assert psnr(decoded, expected).min() > 30
+
+
+@pytest.mark.parametrize("render_device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_envs_at_different_steps_and_fields_on_their_devices(tmp_path, render_device):
+    """Partial resets put envs at different steps (the indexed write path, then back to one step each);
+    with CPU simulation and GPU rendering, frames stay on the GPU and flags and states on the CPU (no
+    per-step copies between devices)."""
+    base = BatchedDoubleEnv(num_envs=4, max_episode_steps=6, size=64, device="cpu", success_step=[2, 0, 2, 0])
+    render = base.render
+    base.render = lambda: render().to(render_device)
+    env = RecordEpisode(base, tmp_path, trajectory_name="t")
+    env.reset(seed=[0, 1, 2, 3])
+    env.step(np.ones((4, 3), dtype=np.float32))
+    env.reset(options={"env_idx": [1, 3]})  # envs 1, 3 restart: cursors differ from now on
+    fields = env.recorder.buffer.fields
+    assert fields["frames"].device.type == render_device and fields["actions"].device.type == "cpu"
+    for _ in range(3):
+        env.step(np.ones((4, 3), dtype=np.float32))
+    env.reset()  # all envs at one step again (the strided-copy path)
+    env.step(np.ones((4, 3), dtype=np.float32))
+    env.close()
+    eps = json.loads((tmp_path / "t.json").read_text())["episodes"]
+    assert sorted(e["elapsed_steps"] for e in eps) == [1, 1, 1, 1, 1, 1, 3, 3, 4, 4]
+    with h5py.File(tmp_path / "t.h5") as f:
+        vids = videos(tmp_path)
+        for e in eps:
+            env_idx, outcome = vids[e["episode_id"]]
+            obs = f[f"traj_{e['episode_id']}"]["obs"][:]
+            assert len(obs) == e["elapsed_steps"] + 1
             expected = frames_for(torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), 64, env_idx).numpy()
             decoded = decode_mp4(tmp_path / f"{e['episode_id']}_env{env_idx}_{outcome}.mp4")
             assert psnr(decoded, expected).min() > 30

@@ -1,10 +1,12 @@
 """Per-env episode storage on the env's device.
 
-`EpisodeBuffer` owns one preallocated tensor ``[num_envs, capacity, *shape]`` per recorded leaf (frames,
+`EpisodeBuffer` owns one preallocated tensor ``[capacity, num_envs, *shape]`` per recorded leaf (frames,
 observation leaves, env-state leaves, actions, rewards, flags) and the per-env cursors. Slot 0 of an
-env holds its episode's reset data; slot t holds the data after its t-th step. Writes are one
-indexed assignment per leaf for all envs (no Python loop over envs); the only device-to-host copy is
-`gather`, once per batch of finished episodes.
+env holds its episode's reset data; slot t holds the data after its t-th step. Time-major, so that the
+common step (every env at the same slot t) writes each leaf as one contiguous block ``buf[t]``: one
+plain copy kernel, whatever the buffer's size. Envs at different slots take one ``index_copy_`` per
+leaf. No Python loop over envs; the only device-to-host copy is `gather`, once per batch of finished
+episodes.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def free_bytes(device: torch.device) -> int:
 
 
 class EpisodeBuffer:
-    """Owns: the per-leaf storage tensors, the per-env cursors (host truth, device mirror), capacity.
+    """Owns: the per-leaf storage tensors ``[capacity, num_envs, ...]``, the per-env cursors (host truth;
+    per-device slot indices only while envs are at different slots), capacity.
 
     ``cursor[e]`` is the slot last written for env ``e`` (-1 before its first reset), so the episode in
     progress of env ``e`` spans slots ``0..cursor[e]`` and has ``cursor[e]`` steps.
@@ -62,13 +65,15 @@ class EpisodeBuffer:
         if capacity < 2:
             raise ValueError(f"buffer capacity={capacity} must be >= 2 (a reset slot and one step)")
         self.num_envs = num_envs
-        self.device = torch.device(device)
+        self.device = torch.device(device)  # where frames live; other fields stay on the device they arrive on
         self.capacity = capacity
         self.headroom = headroom  # fraction of free memory the buffer may take
         self.cursor = np.full(num_envs, -1, dtype=np.int64)
-        self._cursor_dev = torch.full((num_envs,), -1, dtype=torch.long, device=self.device)
-        self._rows = torch.arange(num_envs, device=self.device)
         self._bufs: dict[str, torch.Tensor] = {}
+        self._flat: dict[str, torch.Tensor] = {}  # the same storage viewed as [capacity * num_envs, ...]
+        # per device: the flat slot of every env (cursor * num_envs + row), advanced by one add_ a step;
+        # dropped whenever cursors move otherwise (resets, restarts) and rebuilt from `cursor`
+        self._slots: dict[torch.device, torch.Tensor] = {}
         self._copy_stream: Any = None  # CUDA side stream of asynchronous gathers, made at first use
 
     # ------------------------------------------------------------------ layout
@@ -79,109 +84,144 @@ class EpisodeBuffer:
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._bufs.values())
 
-    def _alloc(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, capacity: int) -> torch.Tensor:
-        full = (self.num_envs, capacity, *shape)
+    def _alloc(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, capacity: int, device: torch.device) -> torch.Tensor:
+        full = (capacity, self.num_envs, *shape)
         need = int(np.prod(full)) * torch.empty((), dtype=dtype).element_size()
-        free = free_bytes(self.device)
+        free = free_bytes(device)
         if need > self.headroom * free:
             raise BufferTooLargeError(
-                f"fastrecord's episode buffer for {name!r} needs {need / GiB:.2f} GiB on {self.device} "
+                f"fastrecord's episode buffer for {name!r} needs {need / GiB:.2f} GiB on {device} "
                 f"({self.num_envs} envs x {capacity} steps x {list(shape)} {dtype}), but only "
                 f"{free / GiB:.2f} GiB is free. Lower the video resolution "
                 f"(human_render_camera_configs=dict(width=..., height=...)), record fewer envs, pass a smaller "
                 f"buffer_capacity (longer episodes grow the buffer), or set save_video=False."
             )
-        return torch.empty(full, dtype=dtype, device=self.device)
+        return torch.empty(full, dtype=dtype, device=device)
+
+    def _set(self, name: str, buf: torch.Tensor) -> None:
+        self._bufs[name] = buf
+        self._flat[name] = buf.view(-1, *buf.shape[2:])
 
     def _ensure_field(self, name: str, value: torch.Tensor) -> torch.Tensor:
         buf = self._bufs.get(name)
-        shape = tuple(value.shape[1:])
-        if buf is None or buf.shape[2:] != shape or buf.dtype != value.dtype:
-            if buf is not None and (self.cursor > 0).any():
-                raise ValueError(
-                    f"recorded field {name!r} changed from {list(buf.shape[2:])} {buf.dtype} to {list(shape)} "
-                    f"{value.dtype} while episodes were in progress; reconfigure only with a full reset"
-                )
-            self._bufs.pop(name, None)
-            buf = self._bufs[name] = self._alloc(name, shape, value.dtype, self.capacity)
-        return buf
+        if buf is not None and buf.shape[2:] == value.shape[1:] and buf.dtype == value.dtype:
+            return buf
+        if buf is not None and (self.cursor > 0).any():
+            raise ValueError(
+                f"recorded field {name!r} changed from {list(buf.shape[2:])} {buf.dtype} to {list(value.shape[1:])} "
+                f"{value.dtype} while episodes were in progress; reconfigure only with a full reset"
+            )
+        self._bufs.pop(name, None)
+        self._set(name, self._alloc(name, tuple(value.shape[1:]), value.dtype, self.capacity, value.device))
+        return self._bufs[name]
 
     def retain_only(self, names: set[str]) -> None:
         """Drop fields no longer produced (e.g. after a reconfiguring full reset)."""
         for name in list(self._bufs):
             if name not in names:
-                del self._bufs[name]
+                del self._bufs[name], self._flat[name]
 
     def _grow(self, min_capacity: int) -> None:
         new_cap = max(2 * self.capacity, min_capacity)
         for name, buf in list(self._bufs.items()):
-            new = self._alloc(name, tuple(buf.shape[2:]), buf.dtype, new_cap)
-            new[:, : self.capacity] = buf
-            self._bufs[name] = new
+            new = self._alloc(name, tuple(buf.shape[2:]), buf.dtype, new_cap, buf.device)
+            new[: self.capacity] = buf
+            self._set(name, new)
         self.capacity = new_cap
+        self._slots.clear()
+
+    def _rows_on(self, device: torch.device, env_idx: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(env_idx, device=device)
 
     # ------------------------------------------------------------------ writes
     def start(self, env_idx: np.ndarray, data: Mapping[str, torch.Tensor]) -> None:
         """Begin new episodes for ``env_idx``: slot 0 gets their rows of ``data`` (rows of all envs)."""
         self.cursor[env_idx] = 0
-        if len(env_idx) == self.num_envs:
-            self._cursor_dev.zero_()
-            rows = None
-        else:
-            rows = torch.as_tensor(env_idx, device=self.device)
-            self._cursor_dev[rows] = 0
+        self._slots.clear()
+        whole = len(env_idx) == self.num_envs
         for name, value in data.items():
             buf = self._ensure_field(name, value)
-            if rows is None:
-                buf[:, 0] = value
+            if value.device != buf.device:
+                value = value.to(buf.device, non_blocking=True)
+            if whole:
+                buf[0] = value
             else:
-                buf[rows, 0] = value[rows]
+                rows = self._rows_on(buf.device, env_idx)
+                buf[0, rows] = value[rows]
+
+    def end(self, env_idx: np.ndarray) -> None:
+        """The episodes of ``env_idx`` are over: only a reset (`start`) begins them again."""
+        self.cursor[env_idx] = -1
 
     def step(self, data: Mapping[str, torch.Tensor], restart: np.ndarray | None = None) -> None:
         """Every env advances one slot and gets its row of ``data``.
 
         ``restart`` (bool per env) marks envs whose data this step is a fresh reset (vector envs that
         auto-reset on the step after an episode ends): they write slot 0 instead.
+
+        The hot path of the recorder: when every env is at the same step (envs reset together, as in
+        evaluation) each leaf is one contiguous copy into ``buf[t]``; otherwise one ``index_copy_`` per
+        leaf through per-env slot indices kept on the device.
         """
-        fresh = np.zeros(self.num_envs, dtype=bool) if restart is None else restart
-        if ((self.cursor < 0) & ~fresh).any():
-            raise RuntimeError(
-                f"step() for envs {np.flatnonzero((self.cursor < 0) & ~fresh).tolist()} whose episode has ended "
-                f"or never started: call env.reset() first"
-            )
-        if fresh.any():
-            self.cursor = np.where(restart, 0, self.cursor + 1)
-            self._cursor_dev = torch.tensor(self.cursor, device=self.device)  # a copy, never a view
+        cursor = self.cursor
+        if restart is not None and restart.any():
+            if ((cursor < 0) & ~restart).any():
+                self._raise_ended(restart)
+            self.cursor = cursor = np.where(restart, 0, cursor + 1)
+            self._slots.clear()
         else:
-            self.cursor += 1
-            self._cursor_dev += 1
-        top = int(self.cursor.max())
-        if top >= self.capacity:
-            self._grow(top + 1)
-        # one index_copy_ per leaf into the [num_envs * capacity, ...] view: half the GPU time of an
-        # advanced-indexing put, and far cheaper on the CPU
-        slots = self._rows * self.capacity + self._cursor_dev
+            if cursor.min() < 0:
+                self._raise_ended(None)
+            cursor += 1
+            for slots in self._slots.values():
+                slots.add_(self.num_envs)
+        lo, hi = int(cursor.min()), int(cursor.max())
+        if hi >= self.capacity:
+            self._grow(hi + 1)
+        flat = self._flat
         for name, value in data.items():
             buf = self._ensure_field(name, value)
-            if value.dtype != buf.dtype or value.shape[0] != self.num_envs:
-                value = value.to(buf.dtype).expand(self.num_envs, *buf.shape[2:])
-            buf.view(-1, *buf.shape[2:]).index_copy_(0, slots, value)
+            if value.device != buf.device:
+                value = value.to(buf.device, non_blocking=True)
+            if value.shape[0] != self.num_envs:
+                value = value.expand(self.num_envs, *buf.shape[2:])
+            if lo == hi:
+                buf[lo].copy_(value)
+            else:
+                flat[name].index_copy_(0, self._slots_on(buf.device), value)
+
+    def _slots_on(self, device: torch.device) -> torch.Tensor:
+        slots = self._slots.get(device)
+        if slots is None:
+            host = self.cursor * self.num_envs + np.arange(self.num_envs, dtype=np.int64)
+            slots = self._slots[device] = torch.as_tensor(host, device=device)  # a copy, never a view of cursor
+        return slots
+
+    def _raise_ended(self, restart: np.ndarray | None) -> None:
+        fresh = np.zeros(self.num_envs, dtype=bool) if restart is None else restart
+        raise RuntimeError(
+            f"step() for envs {np.flatnonzero((self.cursor < 0) & ~fresh).tolist()} whose episode has ended "
+            f"or never started: call env.reset() first"
+        )
 
     def restart_from_last(self, env_idx: np.ndarray) -> None:
         """Start new episodes for ``env_idx`` at their current state (slot cursor -> slot 0)."""
-        rows = torch.as_tensor(env_idx, device=self.device)
-        last = self._cursor_dev[rows]
         for buf in self._bufs.values():
-            buf[rows, 0] = buf[rows, last]
+            rows = self._rows_on(buf.device, env_idx)
+            last = self._rows_on(buf.device, self.cursor[env_idx])
+            buf[0, rows] = buf[last, rows]
         self.cursor[env_idx] = 0
-        self._cursor_dev[rows] = 0
+        self._slots.clear()
 
     # ------------------------------------------------------------------ reads
     def read_last(self, names: list[str], env_idx: np.ndarray) -> dict[str, np.ndarray]:
         """Small read: each named field at the current slot of ``env_idx`` (one sync)."""
-        rows = torch.as_tensor(env_idx, device=self.device)
-        cur = self._cursor_dev[rows]
-        return {n: self._bufs[n][rows, cur].cpu().numpy() for n in names if n in self._bufs}
+        out = {}
+        for n in names:
+            if (buf := self._bufs.get(n)) is not None:
+                rows, cur = self._rows_on(buf.device, env_idx), self._rows_on(buf.device, self.cursor[env_idx])
+                out[n] = buf[cur, rows].cpu().numpy()
+        return out
 
     def gather(self, env_idx: np.ndarray, names: list[str] | None = None, *,
                yuv420p: Collection[str] = ()) -> dict[str, np.ndarray]:
@@ -201,15 +241,18 @@ class EpisodeBuffer:
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         length = int(self.cursor[env_idx].max()) + 1
         whole = len(env_idx) == self.num_envs and bool((env_idx == np.arange(self.num_envs)).all())
-        rows = None if whole else torch.as_tensor(env_idx, device=self.device)
-        cuda = self.device.type == "cuda"
         selected = {n: b for n, b in self._bufs.items() if names is None or n in names}
+        devices = {b.device for b in selected.values()}
+        rows = {} if whole else {d: torch.as_tensor(env_idx, device=d) for d in devices}
+        cuda = any(d.type == "cuda" for d in devices)
 
         def part(buf: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+            """Envs ``lo:hi`` of ``env_idx`` as ``[envs, length, ...]`` (a transposed view where possible)."""
             hi = len(env_idx) if hi is None else hi
-            return buf[lo:hi, :length] if rows is None else buf[rows[lo:hi], :length]
+            cols = slice(lo, hi) if whole else rows[buf.device][lo:hi]
+            return buf[:length, cols].transpose(0, 1)
 
-        yuv = {n for n in yuv420p if n in selected and cuda and _yuv_eligible(selected[n])}
+        yuv = {n for n in yuv420p if n in selected and selected[n].is_cuda and _yuv_eligible(selected[n])}
         layout: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         for name, buf in selected.items():
             if name in yuv:
@@ -227,22 +270,27 @@ class EpisodeBuffer:
         for name, buf in selected.items():  # plain fields first: one sync covers them, not the conversion
             if name in yuv:
                 continue
-            src = part(buf)
             if name in layout:
                 dst = lease.array(*layout[name])
-                torch.from_numpy(dst).copy_(src, non_blocking=cuda)
+                # in chunks of envs: a strided device-to-host copy goes through a device temporary
+                for lo, hi in _chunks(len(env_idx), buf[0, 0].numel() * buf.element_size() * length):
+                    src = part(buf, lo, hi)
+                    torch.from_numpy(dst[lo:hi]).copy_(src, non_blocking=src.is_cuda)
                 out[name] = dst
-            elif cuda:
+                continue
+            src = part(buf)
+            if src.is_cuda:
                 host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
                 host.copy_(src, non_blocking=True)
                 pending.append(host)
                 out[name] = host
             else:
-                t = src.clone()
+                t = src.clone(memory_format=torch.contiguous_format)
                 pending.append(t)
                 out[name] = t
-        if cuda:
-            torch.cuda.current_stream(self.device).synchronize()
+        for d in devices:
+            if d.type == "cuda":
+                torch.cuda.current_stream(d).synchronize()
         for name, v in out.items():
             if isinstance(v, torch.Tensor):
                 out[name] = v.numpy()
@@ -255,12 +303,9 @@ class EpisodeBuffer:
     def _gather_yuv(self, buf: torch.Tensor, dst: np.ndarray, part: Any) -> Yuv420Frames:
         """Convert on the current stream, copy to ``dst`` on a side stream, in chunks of envs."""
         if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(self.device)
-        current = torch.cuda.current_stream(self.device)
-        per_env = max(1, buf[0].numel()) * dst.shape[1] // max(1, buf.shape[1])
-        chunk = max(1, _YUV_CHUNK_BYTES // max(1, per_env))
-        for lo in range(0, dst.shape[0], chunk):
-            hi = min(lo + chunk, dst.shape[0])
+            self._copy_stream = torch.cuda.Stream(buf.device)
+        current = torch.cuda.current_stream(buf.device)
+        for lo, hi in _chunks(dst.shape[0], buf[0, 0].numel() * dst.shape[1]):
             yuv = rgb_to_yuv420p(part(buf, lo, hi))
             self._copy_stream.wait_stream(current)
             with torch.cuda.stream(self._copy_stream):
@@ -273,7 +318,13 @@ class EpisodeBuffer:
 
 
 _STAGING_MIN_BYTES = 1024 * 1024  # smaller gathers (flags for the keep filter) skip the staging pool
-_YUV_CHUNK_BYTES = 256 * 1024 * 1024  # RGB bytes converted per chunk (bounds the float temporaries)
+_CHUNK_BYTES = 256 * 1024 * 1024  # bytes of a field read per chunk of a gather (bounds device temporaries)
+
+
+def _chunks(n: int, bytes_per_env: int) -> list[tuple[int, int]]:
+    """``(lo, hi)`` ranges over ``n`` envs of at most `_CHUNK_BYTES` each (at least one env)."""
+    step = max(1, _CHUNK_BYTES // max(1, bytes_per_env))
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
 
 def _yuv_eligible(buf: torch.Tensor) -> bool:

@@ -24,14 +24,15 @@ from fastrecord.buffer import flatten_tree
 IMAGE_RENDER_MODES = ("rgb_array", "sensors", "all")
 
 
-def to_batched(x: Any, device: torch.device, add_batch_dim: bool) -> Any:
-    """Tree of arrays/tensors/scalars -> tree of tensors with a leading env dim, on ``device``."""
+def to_batched(x: Any, device: torch.device | None, add_batch_dim: bool) -> Any:
+    """Tree of arrays/tensors/scalars -> tree of tensors with a leading env dim, on ``device`` (None: where
+    they are; arrays and scalars on the CPU)."""
     if isinstance(x, Mapping):
         return {k: to_batched(v, device, add_batch_dim) for k, v in x.items()}
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
     if add_batch_dim or t.ndim == 0:
         t = t[None]
-    return t.to(device, non_blocking=True)
+    return t if device is None else t.to(device, non_blocking=True)
 
 
 def cat_trees(trees: list[Any]) -> Any:
@@ -84,7 +85,7 @@ class ManiSkillView:
         self.render_mode = self.base.render_mode
         self.single_action_shape = getattr(self.base.single_action_space, "shape", None)
 
-    def batch(self, x: Any, device: torch.device) -> Any:
+    def batch(self, x: Any, device: torch.device | None = None) -> Any:
         return to_batched(x, device, self.unbatched)
 
     def render(self) -> Any:
@@ -127,7 +128,7 @@ class VectorEnvView:
             except Exception:  # noqa: BLE001 - reported as "no render mode" by the recorder
                 self.render_mode = None
 
-    def batch(self, x: Any, device: torch.device) -> Any:
+    def batch(self, x: Any, device: torch.device | None = None) -> Any:
         return to_batched(x, device, False)
 
     def render(self) -> Any:

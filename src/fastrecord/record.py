@@ -6,7 +6,7 @@ episode ids, the keep filter) and hands finished episodes to the writers. `Recor
 ``VectorWrapper`` for vector envs of ManiSkill CPU envs) only translate step/reset calls into it.
 
 Per parallel step the recorder renders once (all envs in one call), writes every recorded leaf into
-`EpisodeBuffer` with one indexed assignment per leaf, and copies nothing to the host. When envs'
+`EpisodeBuffer` with one copy per leaf, and copies nothing to the host. When envs'
 episodes end (reset, auto-reset, close) it decides which to keep from two small flags, copies the kept
 ones to the host in one batch, and queues them for the background writers.
 """
@@ -228,13 +228,14 @@ class EpisodeRecorder:
         return data
 
     def _leaves(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
-        dev = self._buffer_device
+        # every leaf stays on the device it comes from (CPU simulation + GPU rendering: flags and states
+        # on the CPU, frames on the GPU): no per-step copies between devices
         out: dict[str, torch.Tensor] = {}
         for name, value in data.items():
             if name == "frames":
-                out[name] = value.to(dev, non_blocking=True)
+                out[name] = value
             else:
-                out.update(flatten_tree(self.view.batch(value, dev), name))
+                out.update(flatten_tree(self.view.batch(value), name))
         return out
 
     def _ensure_buffer(self, sample: dict[str, torch.Tensor]) -> EpisodeBuffer:
@@ -361,7 +362,7 @@ class EpisodeRecorder:
         if split:
             buf.restart_from_last(env_idx)
         else:
-            buf.cursor[env_idx] = -1  # ended: only a reset (or auto-reset) starts them again
+            buf.end(env_idx)  # ended: only a reset (or auto-reset) starts them again
 
     def _write(self, kept: np.ndarray) -> None:
         # the one device-to-host copy of these episodes; per-env videos without overlays take their frames
@@ -632,7 +633,7 @@ class RecordEpisode(_RecorderMixin, gym.Wrapper):
         if self.save_on_reset:
             self._rec.finalize(env_idx)
         elif self._rec.buffer is not None:
-            self._rec.buffer.cursor[env_idx] = -1  # not saved: ManiSkill's save_on_reset=False
+            self._rec.buffer.end(env_idx)  # not saved: ManiSkill's save_on_reset=False
         obs, info = self.env.reset(*args, seed=seed, options=options, **kwargs)
         reset_kwargs = copy.deepcopy(dict(options=_plain(options), **kwargs))
         if seed is not None:
