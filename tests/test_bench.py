@@ -115,7 +115,7 @@ def test_locate_ignores_ordinary_arrays():
 
 # ---------------------------------------------------------------------------------------------- gather
 def _filled_buffer(n: int = 3, steps: int = 4, size: int = 32) -> tuple[EpisodeBuffer, torch.Tensor]:
-    buf = EpisodeBuffer(n, "cpu", steps + 1)
+    buf = EpisodeBuffer(n, steps + 1)
     frames = torch.from_numpy(np.stack([smooth_frames(steps + 1, size, size, seed=e) for e in range(n)]))
     big = torch.arange(n * 40000, dtype=torch.float32).reshape(n, 40000)  # pushes the gather past 1 MiB
     buf.start(np.arange(n), {"frames": frames[:, 0], "obs/big": big})
@@ -136,7 +136,7 @@ def test_gather_returns_buffer_contents_in_staging_memory():
 
 
 def test_gather_small_fields_skip_staging():
-    buf = EpisodeBuffer(2, "cpu", 3)
+    buf = EpisodeBuffer(2, 3)
     buf.start(np.arange(2), {"success": torch.zeros(2, dtype=torch.bool)})
     buf.step({"success": torch.tensor([True, False])})
     out = buf.gather(np.arange(2), names=["success"])
@@ -147,7 +147,7 @@ def test_gather_small_fields_skip_staging():
 def test_gather_yuv420p_on_cuda_matches_cpu_conversion():
     buf, frames = _filled_buffer()
     big = torch.zeros(3, 200000, device="cuda")  # pushes the gather past the staging threshold
-    gpu = EpisodeBuffer(3, "cuda", 5)
+    gpu = EpisodeBuffer(3, 5)
     gpu.start(np.arange(3), {"frames": frames[:, 0].cuda(), "obs/big": big})
     for t in range(1, 5):
         gpu.step({"frames": frames[:, t].cuda(), "obs/big": big})

@@ -752,7 +752,7 @@ def phase_micro(cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
     from fastrecord.buffer import EpisodeBuffer
 
     steps = cfg.episode_steps
-    buf = EpisodeBuffer(cfg.num_envs, device, steps + 1)
+    buf = EpisodeBuffer(cfg.num_envs, steps + 1)
     frame = torch.randint(0, 256, (cfg.num_envs, cfg.height, cfg.width, 3), dtype=torch.uint8, device=device)
     buf.start(np.arange(cfg.num_envs), {"frames": frame})
     res: dict[str, Any] = {}

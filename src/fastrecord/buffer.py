@@ -1,4 +1,4 @@
-"""Per-env episode storage on the env's device.
+"""Per-env episode storage on the devices the recorded data comes from.
 
 `EpisodeBuffer` owns one preallocated tensor ``[capacity, num_envs, *shape]`` per recorded leaf (frames,
 observation leaves, env-state leaves, actions, rewards, flags) and the per-env cursors. Slot 0 of an
@@ -61,11 +61,10 @@ class EpisodeBuffer:
     progress of env ``e`` spans slots ``0..cursor[e]`` and has ``cursor[e]`` steps.
     """
 
-    def __init__(self, num_envs: int, device: torch.device | str, capacity: int, headroom: float = 0.9) -> None:
+    def __init__(self, num_envs: int, capacity: int, headroom: float = 0.9) -> None:
         if capacity < 2:
             raise ValueError(f"buffer capacity={capacity} must be >= 2 (a reset slot and one step)")
-        self.num_envs = num_envs
-        self.device = torch.device(device)  # where frames live; other fields stay on the device they arrive on
+        self.num_envs = num_envs  # each field lives on the device its data arrives on
         self.capacity = capacity
         self.headroom = headroom  # fraction of free memory the buffer may take
         self.cursor = np.full(num_envs, -1, dtype=np.int64)
@@ -128,10 +127,6 @@ class EpisodeBuffer:
             new[: self.capacity] = buf
             self._set(name, new)
         self.capacity = new_cap
-        self._slots.clear()
-
-    def _rows_on(self, device: torch.device, env_idx: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(env_idx, device=device)
 
     # ------------------------------------------------------------------ writes
     def start(self, env_idx: np.ndarray, data: Mapping[str, torch.Tensor]) -> None:
@@ -142,11 +137,11 @@ class EpisodeBuffer:
         for name, value in data.items():
             buf = self._ensure_field(name, value)
             if value.device != buf.device:
-                value = value.to(buf.device, non_blocking=True)
+                value = value.to(buf.device, non_blocking=buf.is_cuda)
             if whole:
                 buf[0] = value
             else:
-                rows = self._rows_on(buf.device, env_idx)
+                rows = torch.as_tensor(env_idx, device=buf.device)
                 buf[0, rows] = value[rows]
 
     def end(self, env_idx: np.ndarray) -> None:
@@ -182,7 +177,7 @@ class EpisodeBuffer:
         for name, value in data.items():
             buf = self._ensure_field(name, value)
             if value.device != buf.device:
-                value = value.to(buf.device, non_blocking=True)
+                value = value.to(buf.device, non_blocking=buf.is_cuda)
             if value.shape[0] != self.num_envs:
                 value = value.expand(self.num_envs, *buf.shape[2:])
             if lo == hi:
@@ -207,8 +202,8 @@ class EpisodeBuffer:
     def restart_from_last(self, env_idx: np.ndarray) -> None:
         """Start new episodes for ``env_idx`` at their current state (slot cursor -> slot 0)."""
         for buf in self._bufs.values():
-            rows = self._rows_on(buf.device, env_idx)
-            last = self._rows_on(buf.device, self.cursor[env_idx])
+            rows = torch.as_tensor(env_idx, device=buf.device)
+            last = torch.as_tensor(self.cursor[env_idx], device=buf.device)
             buf[0, rows] = buf[last, rows]
         self.cursor[env_idx] = 0
         self._slots.clear()
@@ -219,7 +214,8 @@ class EpisodeBuffer:
         out = {}
         for n in names:
             if (buf := self._bufs.get(n)) is not None:
-                rows, cur = self._rows_on(buf.device, env_idx), self._rows_on(buf.device, self.cursor[env_idx])
+                rows = torch.as_tensor(env_idx, device=buf.device)
+                cur = torch.as_tensor(self.cursor[env_idx], device=buf.device)
                 out[n] = buf[cur, rows].cpu().numpy()
         return out
 

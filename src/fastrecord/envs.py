@@ -85,8 +85,8 @@ class ManiSkillView:
         self.render_mode = self.base.render_mode
         self.single_action_shape = getattr(self.base.single_action_space, "shape", None)
 
-    def batch(self, x: Any, device: torch.device | None = None) -> Any:
-        return to_batched(x, device, self.unbatched)
+    def batch(self, x: Any) -> Any:
+        return to_batched(x, None, self.unbatched)
 
     def render(self) -> Any:
         return self.env.render()
@@ -128,8 +128,8 @@ class VectorEnvView:
             except Exception:  # noqa: BLE001 - reported as "no render mode" by the recorder
                 self.render_mode = None
 
-    def batch(self, x: Any, device: torch.device | None = None) -> Any:
-        return to_batched(x, device, False)
+    def batch(self, x: Any) -> Any:
+        return to_batched(x, None, False)
 
     def render(self) -> Any:
         # one call renders every sub-env (in parallel for AsyncVectorEnv)

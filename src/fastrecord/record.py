@@ -141,7 +141,6 @@ class EpisodeRecorder:
 
         self.max_episode_steps = view.max_episode_steps()
         capacity = buffer_capacity or (self.max_episode_steps + 1 if self.max_episode_steps else 64)
-        self._buffer_device = torch.device(view.device)
         self.buffer: EpisodeBuffer | None = None
         self._capacity = capacity
 
@@ -238,11 +237,9 @@ class EpisodeRecorder:
                 out.update(flatten_tree(self.view.batch(value), name))
         return out
 
-    def _ensure_buffer(self, sample: dict[str, torch.Tensor]) -> EpisodeBuffer:
+    def _ensure_buffer(self) -> EpisodeBuffer:
         if self.buffer is None:
-            if "frames" in sample:  # keep frames where they are rendered (GPU render with CPU sim)
-                self._buffer_device = sample["frames"].device
-            self.buffer = EpisodeBuffer(self.num_envs, self._buffer_device, self._capacity)
+            self.buffer = EpisodeBuffer(self.num_envs, self._capacity)
         return self.buffer
 
     # ------------------------------------------------------------------ events
@@ -253,7 +250,7 @@ class EpisodeRecorder:
         self._frames_ok[env_idx] = capture
         data = self._collect(obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs)
         leaves = self._leaves(data)
-        buf = self._ensure_buffer(leaves)
+        buf = self._ensure_buffer()
         if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields
             buf.retain_only(set(leaves) | {n for n in buf.fields if _field_of(n).kind == "transition"})
         buf.start(env_idx, leaves)
