@@ -12,7 +12,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total,encoder.stats.sessionCount --format=csv 2>&1 | tee "$OUT/gpu.txt"
-timeout 560 python3 -m fastrecord.cli bench --config "$cfg" --json "$OUT/bench.json" --output-dir /tmp/bench-videos "$@" \
+timeout 560 python3 -m fastrecord bench --config "$cfg" --json "$OUT/bench.json" --output-dir /tmp/bench-videos "$@" \
   2> >(tee "$OUT/bench.log" >&2) | tee "$OUT/bench.txt"
 [ -f /tmp/bench-videos/pyspy_raw.txt ] && cp /tmp/bench-videos/pyspy_raw.txt "$OUT/"
 exit 0

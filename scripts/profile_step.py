@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from doubles import BatchedDoubleEnv  # noqa: E402
+from fastrecord.testing import BatchedDoubleEnv  # noqa: E402
 
 from fastrecord import RecordEpisode  # noqa: E402
 
@@ -187,7 +184,7 @@ def main() -> None:
             run(50)
             if device == "cuda":
                 torch.cuda.synchronize()
-        print(f"ops inside on_step, self CPU us per step (calls per step), profiler on:")
+        print("ops inside on_step, self CPU us per step (calls per step), profiler on:")
         for name, us, calls in _inside(prof, LABEL):
             print(f"  {us:9.1f} us  x{calls:<3d} {name}")
         if device == "cuda":

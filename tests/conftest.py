@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
 from fastrecord.system import use_lavapipe_if_no_gpu
 
 use_lavapipe_if_no_gpu()  # before SAPIEN creates a renderer
-sys.path.insert(0, str(Path(__file__).parent))  # tests/doubles.py
 
 CAMERA = dict(width=64, height=64)
 

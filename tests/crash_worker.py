@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # doubles.py
 sys.path.insert(0, str(Path(__file__).parents[1] / "src"))  # this checkout's fastrecord
 
 from fastrecord.system import use_lavapipe_if_no_gpu  # noqa: E402
@@ -30,7 +29,7 @@ def main(out: str, kind: str) -> None:
                        human_render_camera_configs=dict(width=64, height=64), max_episode_steps=5)
         steps = 5
     else:
-        from doubles import BatchedDoubleEnv
+        from fastrecord.testing import BatchedDoubleEnv
 
         env = BatchedDoubleEnv(num_envs=8, max_episode_steps=4, size=64)
         steps = 4

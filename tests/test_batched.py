@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from doubles import BatchedDoubleEnv, frames_for
+from fastrecord.testing import BatchedDoubleEnv, frames_for
 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
 from fastrecord import RecordEpisode

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastrecord import staging
-from fastrecord import video as video_mod
+from fastrecord.video import encode as video_mod
 from fastrecord.buffer import EpisodeBuffer
 from fastrecord.staging import StagingPool, Yuv420Frames, locate, rgb_to_yuv420p, yuv420p_to_rgb_numpy
 from fastrecord.video import EncoderError, EncoderProcessPool, VideoSettings, decode_mp4, encode_mp4, resolve_codec
@@ -271,7 +271,7 @@ def test_worker_pool_counts_backpressure_wait():
 
 # ---------------------------------------------------------------------------------------------- benchmark
 def test_bench_smoke_tiny_cpu(tmp_path, capsys):
-    from fastrecord.bench import BenchConfig, format_table, run_bench
+    from fastrecord.commands.bench import BenchConfig, format_table, run_bench
 
     cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=4, batches=2, device="cpu", content="gradient",
                       workers=2, baseline_steps=2, sweep=("ultrafast:20",), sweep_episodes=2, ceiling_episodes=2,
@@ -291,7 +291,7 @@ def test_bench_smoke_tiny_cpu(tmp_path, capsys):
 
 
 def test_bench_cli_rejects_unknown_phase():
-    from fastrecord.bench import BenchConfig, run_bench
+    from fastrecord.commands.bench import BenchConfig, run_bench
 
     with pytest.raises(ValueError, match="unknown phase"):
         run_bench(BenchConfig(skip=("warp",)))

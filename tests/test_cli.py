@@ -7,7 +7,7 @@ import json
 import h5py
 import pytest
 
-from fastrecord.cli import main
+from fastrecord.commands.cli import main
 from fastrecord.video import decode_mp4
 
 

@@ -80,7 +80,7 @@ def test_kill_real_env_then_replay(tmp_path):
 
 def test_consolidate_after_a_crash(tmp_path):
     """consolidate() turns the crash-left index + parts into one self-contained file with the same data."""
-    from fastrecord.trajectory import consolidate
+    from fastrecord.sinks.maniskill_h5 import consolidate
 
     durable = record_then_kill(tmp_path, "double", min_finished=16, extra_s=0.3)
     before = check_readable(tmp_path, at_least=durable)

@@ -7,7 +7,7 @@ import json
 import h5py
 import pytest
 import torch
-from doubles import BatchedDoubleEnv
+from fastrecord.testing import BatchedDoubleEnv
 
 import fastrecord.record as record_mod
 from fastrecord import BufferTooLargeError, RecordEpisode, WorkerError

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import CAMERA
-from fastrecord.replay import ReplayConfig, run_replay
+from fastrecord.commands.replay import ReplayConfig, run_replay
 from fastrecord.video import decode_mp4
 
 ENV_ID = "PushCube-v1"
@@ -272,7 +272,7 @@ def write_without_states(src: Path, dst: Path) -> Path:
 
 
 def test_cli_prints_summary_and_errors(fastrecord_file, tmp_path, capsys):
-    from fastrecord.cli import main
+    from fastrecord.commands.cli import main
 
     out = tmp_path / "cli"
     assert main(["replay", str(fastrecord_file), "--output-dir", str(out), "--count", "2", "--num-envs", "1",

@@ -2,6 +2,6 @@
 
 import sys
 
-from fastrecord.cli import main
+from fastrecord.commands.cli import main
 
 sys.exit(main())

@@ -27,7 +27,7 @@ import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, SubEnvAccess, VectorEnvView
-from fastrecord.trajectory import EpisodeData, TrajectoryWriter
+from fastrecord.sinks.maniskill_h5 import EpisodeData, TrajectoryWriter
 from fastrecord.video import VideoSettings, encode_mp4, resolve_codec
 from fastrecord.workers import WorkerPool
 

@@ -43,7 +43,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrecord.config import load_config
+from fastrecord.commands.config import load_config
 from fastrecord.envs import SubEnvAccess
 from fastrecord.record import KEEP_CHOICES
 
@@ -760,7 +760,7 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
 
 def _name_sources(json_path: Path, sources: list[int]) -> None:
     """Record in the new JSON which input episode each output episode replays."""
-    from fastrecord.trajectory import atomic_write_json
+    from fastrecord.sinks.maniskill_h5 import atomic_write_json
 
     meta = json.loads(json_path.read_text())
     for ep, src in zip(meta["episodes"], sources):
@@ -809,7 +809,7 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         print(f"success diverged from the recording in {len(s.diverged)} episodes: {shown}{more}{hint}")
     else:
         print("success matches the recording in every episode")
-    from fastrecord.runner import print_speed_and_files
+    from fastrecord.commands.record import print_speed_and_files
 
     print_speed_and_files(s.env_steps, s.seconds, s.files, s.output_dir)
 

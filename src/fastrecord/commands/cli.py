@@ -13,9 +13,9 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "record": ("fastrecord.runner", "run a policy in N envs and record its episodes"),
-    "replay": ("fastrecord.replay", "replay saved trajectories: re-render videos, convert observation modes"),
-    "bench": ("fastrecord.bench", "measure recording throughput against ManiSkill's RecordEpisode"),
+    "record": ("fastrecord.commands.record", "run a policy in N envs and record its episodes"),
+    "replay": ("fastrecord.commands.replay", "replay saved trajectories: re-render videos, convert observation modes"),
+    "bench": ("fastrecord.commands.bench", "measure recording throughput against ManiSkill's RecordEpisode"),
 }
 
 

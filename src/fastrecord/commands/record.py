@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-from fastrecord.config import RecordConfig, load_config
+from fastrecord.commands.config import RecordConfig, load_config
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Test double: a small batched env following ManiSkill's GPU-parallel env contract.
+"""The test double: a small batched env following ManiSkill's GPU-parallel env contract.
 
 ManiSkill allows one env per process on the CPU, so ``num_envs > 1`` batched-tensor semantics cannot
 be exercised with a real ManiSkill env on the CI machine. `BatchedDoubleEnv` stands in for

@@ -43,7 +43,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrecord.config import load_config
+from fastrecord.commands.config import load_config
 
 PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro")
 
@@ -243,7 +243,7 @@ class MemoryMonitor:
     def sample(self, children: bool = False) -> dict[str, int]:
         """Cheap by default (this process's RSS, CUDA memory); ``children`` adds encoders' PSS (costly)."""
         from fastrecord.staging import default_staging_pool
-        from fastrecord.video import _default_pool
+        from fastrecord.video.pool import _default_pool
 
         out = dict(host_rss=_rss(), staging_reserved=default_staging_pool().bytes_reserved)
         if children:
@@ -905,7 +905,7 @@ def _machine(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = dict(cpus=os.cpu_count(), python=sys.version.split()[0], torch=torch.__version__, av=av.__version__)
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    from fastrecord import video
+    from fastrecord.video import encode as video
 
     info["nvenc_in_pyav_build"] = video.codec_available("h264_nvenc")
     info["nvenc_usable"] = info["nvenc_in_pyav_build"] and video._nvenc_usable()
