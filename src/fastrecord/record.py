@@ -27,7 +27,8 @@ import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, SubEnvAccess, VectorEnvView
-from fastrecord.sinks.maniskill_h5 import EpisodeData, TrajectoryWriter
+from fastrecord.episode import EpisodeData
+from fastrecord.sinks.maniskill_h5 import TrajectoryWriter
 from fastrecord.video import VideoSettings, encode_mp4, resolve_codec
 from fastrecord.workers import WorkerPool
 

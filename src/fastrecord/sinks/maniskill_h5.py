@@ -20,30 +20,17 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
+from fastrecord.episode import EpisodeData  # noqa: F401 - the hand-off type
 from fastrecord.workers import WorkerPool
 
 # leaves stored compressed, one frame a chunk (ManiSkill compresses these with gzip level 5 too)
 _IMAGE_KEYS = ("rgb", "depth", "seg", "segmentation", "position", "normal", "albedo")
-
-
-@dataclass
-class EpisodeData:
-    """One finished env episode on the host, ready to write. Arrays are already trimmed to the episode."""
-
-    episode_id: int
-    env_idx: int
-    elapsed_steps: int
-    datasets: dict[str, np.ndarray]  # "actions", "env_states/actors/cube", "obs/agent/qpos", ...
-    meta: dict[str, Any]  # the JSON episode entry (episode_id, episode_seed, reset_kwargs, ...)
-    frames: np.ndarray | None = None  # [T+1, H, W, 3] uint8, for the video writer
-    overlay: list[dict[str, Any]] | None = field(default=None)  # per-frame text for info_on_video
 
 
 def _to_jsonable(x: Any) -> Any:
