@@ -1,5 +1,6 @@
 """The benchmark at tiny shapes on CPU, and the performance internals it relies on: staging memory,
-GPU-side yuv420p conversion, encoder processes, codec auto-selection with its fallback."""
+GPU-side yuv420p conversion, the episode buffer's gather, writer backpressure. (Encoding, encoder processes
+and codec choice are tested in test_video.py.)"""
 
 from __future__ import annotations
 
@@ -13,10 +14,8 @@ import pytest
 import torch
 
 from fastrecord import staging
-from fastrecord.video import encode as video_mod
 from fastrecord.buffer import EpisodeBuffer
 from fastrecord.staging import StagingPool, Yuv420Frames, locate, rgb_to_yuv420p, yuv420p_to_rgb_numpy
-from fastrecord.video import EncoderError, EncoderProcessPool, VideoSettings, decode_mp4, encode_mp4, resolve_codec
 from fastrecord.workers import WorkerPool
 
 needs_shm = pytest.mark.skipif(not staging.shared_memory_supported(), reason="needs memfd + fd passing (Linux)")
@@ -156,105 +155,6 @@ def test_gather_yuv420p_on_cuda_matches_cpu_conversion():
     out.wait_ready()
     diff = np.abs(out.view(np.ndarray).astype(int) - rgb_to_yuv420p(frames[[1, 2]], kernel="torch").numpy())
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # float rounding between the kernels
-
-
-# ---------------------------------------------------------------------------------------------- encoders
-@needs_shm
-def test_encoder_process_matches_thread_encode_and_reads_staging_in_place(tmp_path):
-    frames = smooth_frames(8)
-    s = VideoSettings(crf=18, preset="ultrafast")
-    encode_mp4(tmp_path / "thread.mp4", frames, VideoSettings(crf=18, preset="ultrafast", executor="thread"))
-    pool = staging.StagingPool()
-    lease = pool.lease(frames.nbytes)
-    staged = lease.array(frames.shape)
-    staged[:] = frames
-    with EncoderProcessPool(max_processes=2, staging=pool) as enc:
-        encode_mp4(tmp_path / "plain.mp4", frames, s, pool=enc)
-        copied = enc.stats.copied_bytes
-        encode_mp4(tmp_path / "staged.mp4", staged, s, pool=enc)
-        assert enc.stats.copied_bytes == copied == frames.nbytes  # the staged one went without a copy
-        yuv = Yuv420Frames(rgb_to_yuv420p(torch.from_numpy(frames)).numpy())
-        encode_mp4(tmp_path / "yuv.mp4", yuv, s, pool=enc)
-        assert enc.stats.jobs == 3 and enc.stats.frames == 24
-    ref = decode_mp4(tmp_path / "thread.mp4")
-    np.testing.assert_array_equal(decode_mp4(tmp_path / "plain.mp4"), ref)
-    np.testing.assert_array_equal(decode_mp4(tmp_path / "staged.mp4"), ref)
-    from_yuv = decode_mp4(tmp_path / "yuv.mp4")
-    assert from_yuv.shape == frames.shape and psnr(from_yuv, frames) >= psnr(ref, frames) - 0.5
-    assert not list(tmp_path.glob("*.part"))
-
-
-@needs_shm
-def test_encoder_process_errors_surface_in_the_caller(tmp_path):
-    with EncoderProcessPool(max_processes=1) as enc:
-        with pytest.raises(FileNotFoundError, match="encoder process"):
-            enc.encode(tmp_path / "missing" / "x.mp4", smooth_frames(2), VideoSettings())
-        # the process survived its job's error and still works
-        enc.encode(tmp_path / "ok.mp4", smooth_frames(2), VideoSettings())
-        assert (tmp_path / "ok.mp4").exists()
-
-
-@needs_shm
-def test_dead_encoder_process_raises_encoder_error_and_is_replaced(tmp_path, monkeypatch):
-    with EncoderProcessPool(max_processes=1) as enc:
-        enc.start(1)
-        p = enc._idle[0]
-        p.proc.kill()
-        p.proc.wait()
-        # an idle process found dead is replaced before use
-        enc.encode(tmp_path / "a.mp4", smooth_frames(2), VideoSettings())
-        # one that dies during a job fails that job with EncoderError, and is replaced afterwards
-        q = enc._idle[0]
-        q.proc.kill()
-        q.proc.wait()
-        monkeypatch.setattr(type(q), "alive", lambda self: True)
-        with pytest.raises(EncoderError, match="died"):
-            enc.encode(tmp_path / "b.mp4", smooth_frames(2), VideoSettings())
-        monkeypatch.undo()
-        enc.encode(tmp_path / "c.mp4", smooth_frames(2), VideoSettings())
-        assert enc.num_processes == 1 and (tmp_path / "c.mp4").exists()
-    enc.close()  # idempotent
-    with pytest.raises(RuntimeError, match="closed"):
-        enc.encode(tmp_path / "d.mp4", smooth_frames(2), VideoSettings())
-
-
-def test_encode_mp4_rejects_bad_frames_and_executor(tmp_path):
-    with pytest.raises(ValueError, match=r"\[T, H, W, 3\] uint8"):
-        encode_mp4(tmp_path / "x.mp4", np.zeros((2, 8, 8), np.uint8), VideoSettings())
-    with pytest.raises(ValueError, match="executor"):
-        encode_mp4(tmp_path / "x.mp4", smooth_frames(2), VideoSettings(executor="gpu"))
-
-
-# ---------------------------------------------------------------------------------------------- codec choice
-@pytest.fixture
-def fresh_codec_cache(monkeypatch):
-    monkeypatch.setattr(video_mod, "_resolved", {})
-
-
-def test_auto_codec_falls_back_to_libx264_when_nvenc_cannot_encode(monkeypatch, fresh_codec_cache):
-    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)  # a build with NVENC compiled in
-    monkeypatch.setattr(video_mod, "_nvenc_usable", lambda: False)  # ... on a GPU without an encoder (H200)
-    assert resolve_codec("auto") == "libx264"
-
-
-def test_auto_codec_picks_nvenc_where_it_encodes(monkeypatch, fresh_codec_cache):
-    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)
-    monkeypatch.setattr(video_mod, "_nvenc_usable", lambda: True)
-    assert resolve_codec("auto") == "h264_nvenc"
-
-
-def test_auto_codec_on_this_machine_is_usable(fresh_codec_cache):
-    # the real probe: here (no NVIDIA encoder) it must fall back, and what it returns must open
-    codec = resolve_codec("auto")
-    assert codec in ("h264_nvenc", "libx264")
-    if not torch.cuda.is_available():
-        assert codec == "libx264"
-
-
-def test_nvenc_probe_is_false_without_nvenc():
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine may have NVENC")
-    assert video_mod._nvenc_usable() is False
 
 
 # ---------------------------------------------------------------------------------------------- workers

@@ -7,6 +7,7 @@ A new encoder backend is a module here. This package imports only numpy, PyAV an
 from fastrecord.video.encode import (
     EncoderError,
     VideoSettings,
+    check_video_settings,
     codec_available,
     decode_mp4,
     encode_mp4,
@@ -15,6 +16,6 @@ from fastrecord.video.encode import (
 from fastrecord.video.pool import EncoderProcessPool, EncoderStats, default_encoder_pool
 
 __all__ = [
-    "EncoderError", "EncoderProcessPool", "EncoderStats", "VideoSettings", "codec_available", "decode_mp4",
+    "EncoderError", "EncoderProcessPool", "EncoderStats", "VideoSettings", "check_video_settings", "codec_available", "decode_mp4",
     "default_encoder_pool", "encode_mp4", "resolve_codec",
 ]

@@ -10,13 +10,23 @@ encode 7,000. The frames are not pickled: they live in staging memory that the e
 (`fastrecord.staging`), so a job message is a file name, an offset and a shape. Frames given as
 `Yuv420Frames` (converted on the GPU) skip the encoder's colour conversion.
 
+`check_video_settings` validates every setting up front (names, ranges, then one trial encode in memory)
+so that a bad value fails where it is given, not later in a background encoder. A finished video is
+published without replacing anything: a name already taken gets ``_1``, ``_2``, ... (`encode_mp4`
+returns the path written).
+
 This module imports only numpy, PyAV and `fastrecord.staging` (encoder processes import it).
 """
 
 from __future__ import annotations
 
+import errno
+import io
+import math
+import numbers
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -30,6 +40,9 @@ from fastrecord.staging import Yuv420Frames
 # encoders tried, in order, when codec="auto": NVENC where the GPU has one, libx264 otherwise
 _AUTO_CODECS = ("h264_nvenc", "libx264")
 EXECUTORS = ("auto", "process", "thread")
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+# the crf (or NVENC cq) each encoder takes; other encoders get no rate option from us
+CRF_RANGES = {"libx264": (0, 51), "h264_nvenc": (0, 51)}
 
 
 @dataclass(frozen=True)
@@ -40,7 +53,8 @@ class VideoSettings:
     # video on PSNR (fastrecord bench) at ~3x its encode speed, with files ~3x larger
     pix_fmt: str = "yuv420p"  # plays in browsers
     threads: int = 1  # encoder threads per video; parallelism comes from the writer workers
-    fps: int = 30  # frames per second of the file
+    fps: int | float | Fraction = 30  # frames per second of the file; a fraction (7.5, 29.97) is encoded as
+    # Fraction(fps).limit_denominator(1001)
     executor: str = "auto"  # where encode_mp4 encodes: auto (a helper process where supported) | process | thread
 
 
@@ -126,16 +140,122 @@ def _stream_options(settings: VideoSettings) -> dict[str, str]:
     return {}
 
 
-def _encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: str) -> None:
-    """Encode in this thread. ``frames``: [T, H, W, 3] rgb24 or [T, H*3/2, W] yuv420p."""
+def _stream_rate(fps: int | float | Fraction) -> int | Fraction:
+    """The stream's frame rate: integer fps as they are, others as the nearest fraction over at most 1001
+    (7.5 -> 15/2, 29.97 -> 2997/100, Fraction(30000, 1001) unchanged)."""
+    if isinstance(fps, numbers.Integral):
+        return int(fps)
+    rate = (Fraction(fps) if isinstance(fps, numbers.Rational) else Fraction(float(fps))).limit_denominator(1001)
+    return rate.numerator if rate.denominator == 1 else rate
+
+
+# ------------------------------------------------------------------------------------------ validation
+_MIN_FPS = Fraction(1, 1001)
+_TRIAL_SIZE = 256  # trial frames: small, but above hardware encoders' minimum sizes (NVENC's is ~145 px)
+_checked: dict[VideoSettings, str | None] = {}  # resolved settings -> None (encodes) or the error message
+_check_lock = threading.Lock()
+
+
+def _field_errors(s: VideoSettings) -> str | None:
+    """The first bad field of ``s`` (codec already resolved) as a message, or None."""
+    fps = s.fps
+    if isinstance(fps, (bool, np.bool_)) or not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or fps <= 0:
+        return f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, or 7.5, or Fraction(30000, 1001))"
+    if _stream_rate(fps) < _MIN_FPS:
+        return f"video_fps={fps!r} is below the slowest rate encoded here (1/1001 frames per second); use at least 1/1001 (e.g. 1)"
+    lo, hi = CRF_RANGES.get(s.codec, (None, None))
+    if isinstance(s.crf, (bool, np.bool_)) or not isinstance(s.crf, numbers.Integral) or (lo is not None and not lo <= s.crf <= hi):
+        allowed = f"from {lo} to {hi} for {s.codec}" if lo is not None else f"(unused by {s.codec})"
+        return f"video_crf={s.crf!r} must be an integer {allowed}; lower is better quality (e.g. 23)"
+    if s.codec == "libx264" and s.preset not in X264_PRESETS:
+        return (f"video_preset={s.preset!r} is not a libx264 preset; use one of {', '.join(X264_PRESETS)} "
+                f"(e.g. 'ultrafast' for speed, 'medium' for smaller files)")
+    if isinstance(s.threads, (bool, np.bool_)) or not isinstance(s.threads, numbers.Integral) or s.threads < 1:
+        return f"video_threads={s.threads!r} must be an integer >= 1 (encoder threads per video; e.g. 1)"
+    if not isinstance(s.pix_fmt, str):
+        return f"video_pix_fmt={s.pix_fmt!r} must be a pixel format name such as 'yuv420p' (plays in browsers)"
+    try:
+        av.VideoFormat(s.pix_fmt)
+    except ValueError:
+        return f"video_pix_fmt={s.pix_fmt!r} is not a pixel format libav knows; use e.g. 'yuv420p' (plays in browsers)"
+    formats = [f.name for f in av.codec.Codec(s.codec, "w").video_formats or ()]
+    if formats and s.pix_fmt not in formats:
+        return f"video_pix_fmt={s.pix_fmt!r} is not one {s.codec} encodes; use one of {', '.join(formats)} (e.g. {formats[0]!r})"
+    if s.executor not in EXECUTORS:
+        return f"video_executor={s.executor!r} is unknown; use one of {', '.join(EXECUTORS)} (e.g. 'auto')"
+    if s.executor == "process" and not _staging.shared_memory_supported():
+        return "video_executor='process' needs Linux (memfd and fd passing); use executor='thread' or 'auto'"
+    return None
+
+
+def _resolve_video_codec(name: Any) -> str:
+    """`resolve_codec`, plus: the name is a string and names a VIDEO encoder."""
+    if not isinstance(name, str):
+        raise ValueError(f"video_codec={name!r} must be an encoder name; use 'libx264' or 'auto'")
+    codec = resolve_codec(name)
+    kind = av.codec.Codec(codec, "w").type
+    if kind != "video":
+        raise ValueError(f"video_codec={name!r} is an {kind} encoder, not a video encoder; use 'libx264' (always shipped "
+                         f"with PyAV's wheels) or 'auto'")
+    return codec
+
+
+def _trial_encode(s: VideoSettings) -> str | None:
+    """Encode two tiny frames into an in-memory MP4 with ``s`` (the code path of every video): None, or why not."""
+    frames = np.zeros((2, _TRIAL_SIZE, _TRIAL_SIZE, 3), np.uint8)
+    frames[1] = 255
+    level = av.logging.get_level()
+    try:
+        if level is None:  # with a level set, PyAV's exceptions carry libav's last error line (the reason)
+            av.logging.set_level(av.logging.ERROR)
+        with av.logging.Capture(local=True):  # ... in the message we raise, not also on stderr
+            _encode_to(io.BytesIO(), frames, s, "rgb24")
+    except Exception as e:  # noqa: BLE001 - any failure here is a setting libav rejects
+        return (f"video_codec={s.codec!r} with pix_fmt={s.pix_fmt!r}, options {_stream_options(s)}, "
+                f"threads={s.threads}, fps={s.fps!r} failed a trial encode: {type(e).__name__}: {e}; "
+                f"use video_codec='libx264' or 'auto' (with the default pix_fmt 'yuv420p')")
+    finally:
+        if level is None:
+            av.logging.set_level(None)
+    return None
+
+
+def check_video_settings(settings: VideoSettings) -> VideoSettings:
+    """Validate every field of ``settings`` and return them with ``codec="auto"`` resolved.
+
+    Raises ValueError naming the bad value, the allowed values and the fix: codec (a video encoder of this
+    PyAV build), fps (a positive finite int, float or Fraction), crf (libx264 0..51), preset (libx264's),
+    threads >= 1, pix_fmt (one libav knows and the codec takes), executor. Then one trial encode of two
+    tiny frames into an in-memory MP4 with exactly these settings catches what libav itself rejects.
+    The trial's verdict is cached per settings: it runs once per process per settings.
+    """
+    if not isinstance(settings, VideoSettings):
+        raise ValueError(f"video settings must be a VideoSettings, got {type(settings).__name__}: {settings!r}")
+    codec = _resolve_video_codec(settings.codec)
+    resolved = settings if codec == settings.codec else replace(settings, codec=codec)
+    # every call: cheap, and a dict key cannot tell fps=True from fps=1
+    msg = _field_errors(resolved)
+    if msg is not None:
+        raise ValueError(msg)
+    with _check_lock:
+        if resolved not in _checked:
+            _checked[resolved] = _trial_encode(resolved)
+        msg = _checked[resolved]
+    if msg is not None:
+        raise ValueError(msg)
+    return resolved
+
+
+# ------------------------------------------------------------------------------------------ encode
+def _encode_to(target: str | io.BytesIO, frames: np.ndarray, settings: VideoSettings, fmt: str) -> None:
+    """Encode ``frames`` ([T, H, W, 3] rgb24 or [T, H*3/2, W] yuv420p) as an MP4 into ``target``."""
     if fmt == "rgb24":
         frames = _even(frames)
         height, width = frames.shape[1], frames.shape[2]
     else:
         height, width = frames.shape[1] * 2 // 3, frames.shape[2]
-    tmp = path.with_name(path.name + ".part")
-    with av.open(str(tmp), mode="w", format="mp4") as container:
-        stream = container.add_stream(settings.codec, rate=settings.fps)
+    with av.open(target, mode="w", format="mp4") as container:
+        stream = container.add_stream(settings.codec, rate=_stream_rate(settings.fps))
         stream.width, stream.height = width, height
         stream.pix_fmt = settings.pix_fmt
         stream.options = _stream_options(settings)
@@ -146,7 +266,68 @@ def _encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: s
             frame = _wrap(img, format=fmt)
             container.mux(stream.encode(frame))
         container.mux(stream.encode())  # flush the encoder
-    os.replace(tmp, path)
+
+
+def _encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: str) -> Path:
+    """Encode in this thread to a temporary file, then publish it at ``path`` or the next free name
+    (`_publish`); returns the path written. A failed encode leaves no temporary file behind."""
+    # one temporary name per writer (encoder processes run one job at a time, threads are told apart by
+    # their id), so two videos headed for the same name never write one file
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.part")
+    try:
+        _encode_to(str(tmp), frames, settings, fmt)
+        return _publish(tmp, path)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+# errors of os.link meaning "this filesystem has no hard links" (EOPNOTSUPP is ENOTSUP on Linux)
+_NO_HARD_LINKS = {errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def _candidates(path: Path):
+    """``path``, then ``STEM_1.SUFFIX``, ``STEM_2.SUFFIX``, ... (ManiSkill's avoid_overwriting_video names)."""
+    yield path
+    k = 1
+    while True:
+        yield path.with_name(f"{path.stem}_{k}{path.suffix}")
+        k += 1
+
+
+def _publish(tmp: Path, path: Path) -> Path:
+    """Give the finished file ``tmp`` the first free name of `_candidates` (``path`` first), atomically and
+    never replacing a file; return that name. The caller removes ``tmp``.
+
+    ``os.link`` fails with FileExistsError where the name is taken, so no existing file is ever replaced;
+    where the filesystem has no hard links, a name is reserved with ``O_CREAT | O_EXCL`` and ``tmp`` renamed
+    over that (empty) reservation.
+    """
+    for cand in _candidates(path):
+        try:
+            os.link(tmp, cand)
+            return cand
+        except FileExistsError:
+            continue
+        except OSError as e:
+            if e.errno not in _NO_HARD_LINKS:
+                raise
+            break
+    for cand in _candidates(path):
+        try:
+            fd = os.open(cand, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        try:
+            os.rename(tmp, cand)
+        except BaseException:
+            os.unlink(cand)
+            raise
+        return cand
+    raise AssertionError("unreachable")  # _candidates never ends
 
 
 _wrap = getattr(av.VideoFrame, "from_numpy_buffer", av.VideoFrame.from_ndarray)
@@ -154,35 +335,35 @@ _wrap = getattr(av.VideoFrame, "from_numpy_buffer", av.VideoFrame.from_ndarray)
 
 def _use_processes(settings: VideoSettings) -> bool:
     if settings.executor not in EXECUTORS:
-        raise ValueError(f"VideoSettings.executor={settings.executor!r} is unknown; use one of {EXECUTORS}")
+        raise ValueError(f"video_executor={settings.executor!r} is unknown; use one of {', '.join(EXECUTORS)} (e.g. 'auto')")
     if settings.executor == "thread":
         return False
     supported = _staging.shared_memory_supported()
     if settings.executor == "process" and not supported:
-        raise ValueError("VideoSettings.executor='process' needs Linux (memfd and fd passing); use executor='thread' or 'auto'")
+        raise ValueError("video_executor='process' needs Linux (memfd and fd passing); use executor='thread' or 'auto'")
     return supported
 
 
 def encode_mp4(path: str | Path, frames: np.ndarray, settings: VideoSettings,
                pool: Any = None) -> Path:
-    """Encode ``frames`` ([T, H, W, 3] uint8 RGB, or `Yuv420Frames`) to an MP4 at ``path``.
+    """Encode ``frames`` ([T, H, W, 3] uint8 RGB, or `Yuv420Frames`) to an MP4 at ``path``; return the path
+    written: ``path``, or ``STEM_1.mp4``, ``STEM_2.mp4``, ... where that name is taken (never replaced).
 
-    The file appears atomically (written under a temporary name, then renamed), so a killed process
-    never leaves a truncated video behind. Blocks until the file is written; the encode runs in an
-    encoder process (``pool``, by default the process-wide `default_encoder_pool`) unless
-    ``settings.executor="thread"``.
+    The file appears atomically (written under a temporary name, then linked into place), so a killed
+    process never leaves a truncated video behind. ``settings`` go through `check_video_settings` (cached).
+    Blocks until the file is written; the encode runs in an encoder process (``pool``, by default the
+    process-wide `default_encoder_pool`) unless ``settings.executor="thread"``.
     """
     path = Path(path)
     fmt = _check_frames(frames)
+    settings = check_video_settings(settings)
     if _use_processes(settings):
         from fastrecord.video.pool import default_encoder_pool
 
-        (pool or default_encoder_pool()).encode(path, frames, settings)
-    else:
-        if fmt == "yuv420p":
-            frames = frames.plain()
-        _encode_here(path, frames, settings, fmt)
-    return path
+        return (pool or default_encoder_pool()).encode(path, frames, settings)
+    if fmt == "yuv420p":
+        frames = frames.plain()
+    return _encode_here(path, frames, settings, fmt)
 
 
 def decode_mp4(path: str | Path) -> np.ndarray:

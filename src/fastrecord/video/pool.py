@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from fastrecord import staging as _staging
-from fastrecord.video.encode import EncoderError, VideoSettings, _check_frames, _encode_here
+from fastrecord.video.encode import EncoderError, VideoSettings, _check_frames, _encode_here, check_video_settings
 
 _MSG_MAX = 1 << 20
 # The encoder process imports fastrecord.video without running fastrecord/__init__.py (which imports
@@ -41,7 +41,7 @@ _BOOT = (
 
 
 def _worker_main(fd: int) -> None:
-    """Encoder process loop: map arenas, encode jobs, reply ('ok', stats) or ('error', ...)."""
+    """Encoder process loop: map arenas, encode jobs, reply ('ok', wall s, cpu s, path written) or ('error', ...)."""
     import mmap
     import signal
 
@@ -74,9 +74,9 @@ def _worker_main(fd: int) -> None:
             try:
                 count = int(np.prod(shape))
                 frames = np.frombuffer(arenas[aid], dtype=np.uint8, count=count, offset=offset).reshape(shape)
-                _encode_here(Path(path), frames, settings, fmt)
+                written = _encode_here(Path(path), frames, settings, fmt)
                 del frames
-                reply: tuple = ("ok", time.perf_counter() - t0, time.process_time() - c0)
+                reply: tuple = ("ok", time.perf_counter() - t0, time.process_time() - c0, str(written))
             except BaseException as e:  # noqa: BLE001 - sent to the parent, raised there
                 frames = None
                 reply = ("error", type(e).__name__, str(e), traceback.format_exc())
@@ -273,9 +273,14 @@ class EncoderProcessPool:
                 pass
 
     # -------------------------------------------------------------- jobs
-    def encode(self, path: Path, frames: np.ndarray, settings: VideoSettings) -> None:
-        """Encode in an encoder process; blocks until the file is written, raises its error here."""
+    def encode(self, path: str | Path, frames: np.ndarray, settings: VideoSettings) -> Path:
+        """Encode in an encoder process; blocks until the file is written, raises its error here.
+
+        Returns the path written: ``path``, or the next free ``STEM_k.mp4`` where ``path`` is taken
+        (an existing file is never replaced).
+        """
         fmt = _check_frames(frames)
+        settings = check_video_settings(settings)
         if fmt == "yuv420p":
             frames.wait_ready()  # an asynchronous device-to-host copy may still be landing
             frames = frames.view(np.ndarray)
@@ -320,6 +325,7 @@ class EncoderProcessPool:
             self.stats.frames += frames.shape[0]
             self.stats.encode_seconds += reply[1]
             self.stats.encode_cpu_seconds += reply[2]
+        return Path(reply[3])
 
     def reset_stats(self) -> EncoderStats:
         with self._cond:

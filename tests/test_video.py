@@ -1,0 +1,310 @@
+"""Video encoding (fastrecord.video.encode) and encoder processes (fastrecord.video.pool): settings
+checked up front, encodes in a thread and in encoder processes, fractional frame rates, publishing that
+never replaces a file, codec auto-selection with its fallback."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from fractions import Fraction
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from fastrecord import staging
+from fastrecord.staging import Yuv420Frames, rgb_to_yuv420p
+from fastrecord.video import (
+    EncoderError,
+    EncoderProcessPool,
+    VideoSettings,
+    check_video_settings,
+    decode_mp4,
+    encode_mp4,
+    resolve_codec,
+)
+from fastrecord.video import encode as video_mod
+
+needs_shm = pytest.mark.skipif(not staging.shared_memory_supported(), reason="needs memfd + fd passing (Linux)")
+EXECUTORS = ["thread", pytest.param("process", marks=needs_shm)]
+
+
+def smooth_frames(t: int = 6, h: int = 32, w: int = 48, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(-3, 4, size=(t, h, w, 3))
+    return np.clip(np.cumsum(steps, axis=2) + 128, 0, 255).astype(np.uint8)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    return 10 * np.log10(255.0**2 / np.mean((a.astype(np.float64) - b) ** 2))
+
+
+@pytest.fixture
+def encoder_pool():
+    pool = EncoderProcessPool(max_processes=2) if staging.shared_memory_supported() else None
+    yield pool
+    if pool is not None:
+        pool.close()
+
+
+# ---------------------------------------------------------------------------------------------- encoders
+@needs_shm
+def test_encoder_process_matches_thread_encode_and_reads_staging_in_place(tmp_path):
+    frames = smooth_frames(8)
+    s = VideoSettings(crf=18, preset="ultrafast")
+    encode_mp4(tmp_path / "thread.mp4", frames, VideoSettings(crf=18, preset="ultrafast", executor="thread"))
+    pool = staging.StagingPool()
+    lease = pool.lease(frames.nbytes)
+    staged = lease.array(frames.shape)
+    staged[:] = frames
+    with EncoderProcessPool(max_processes=2, staging=pool) as enc:
+        encode_mp4(tmp_path / "plain.mp4", frames, s, pool=enc)
+        copied = enc.stats.copied_bytes
+        encode_mp4(tmp_path / "staged.mp4", staged, s, pool=enc)
+        assert enc.stats.copied_bytes == copied == frames.nbytes  # the staged one went without a copy
+        yuv = Yuv420Frames(rgb_to_yuv420p(torch.from_numpy(frames)).numpy())
+        encode_mp4(tmp_path / "yuv.mp4", yuv, s, pool=enc)
+        assert enc.stats.jobs == 3 and enc.stats.frames == 24
+    ref = decode_mp4(tmp_path / "thread.mp4")
+    np.testing.assert_array_equal(decode_mp4(tmp_path / "plain.mp4"), ref)
+    np.testing.assert_array_equal(decode_mp4(tmp_path / "staged.mp4"), ref)
+    from_yuv = decode_mp4(tmp_path / "yuv.mp4")
+    assert from_yuv.shape == frames.shape and psnr(from_yuv, frames) >= psnr(ref, frames) - 0.5
+    assert not list(tmp_path.glob("*.part"))
+
+
+@needs_shm
+def test_encoder_process_errors_surface_in_the_caller(tmp_path):
+    with EncoderProcessPool(max_processes=1) as enc:
+        with pytest.raises(FileNotFoundError, match="encoder process"):
+            enc.encode(tmp_path / "missing" / "x.mp4", smooth_frames(2), VideoSettings())
+        # the process survived its job's error and still works
+        enc.encode(tmp_path / "ok.mp4", smooth_frames(2), VideoSettings())
+        assert (tmp_path / "ok.mp4").exists()
+
+
+@needs_shm
+def test_dead_encoder_process_raises_encoder_error_and_is_replaced(tmp_path, monkeypatch):
+    with EncoderProcessPool(max_processes=1) as enc:
+        enc.start(1)
+        p = enc._idle[0]
+        p.proc.kill()
+        p.proc.wait()
+        # an idle process found dead is replaced before use
+        enc.encode(tmp_path / "a.mp4", smooth_frames(2), VideoSettings())
+        # one that dies during a job fails that job with EncoderError, and is replaced afterwards
+        q = enc._idle[0]
+        q.proc.kill()
+        q.proc.wait()
+        monkeypatch.setattr(type(q), "alive", lambda self: True)
+        with pytest.raises(EncoderError, match="died"):
+            enc.encode(tmp_path / "b.mp4", smooth_frames(2), VideoSettings())
+        monkeypatch.undo()
+        enc.encode(tmp_path / "c.mp4", smooth_frames(2), VideoSettings())
+        assert enc.num_processes == 1 and (tmp_path / "c.mp4").exists()
+    enc.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        enc.encode(tmp_path / "d.mp4", smooth_frames(2), VideoSettings())
+
+
+def test_encode_mp4_rejects_bad_frames(tmp_path):
+    with pytest.raises(ValueError, match=r"\[T, H, W, 3\] uint8"):
+        encode_mp4(tmp_path / "x.mp4", np.zeros((2, 8, 8), np.uint8), VideoSettings())
+
+
+# ---------------------------------------------------------------------------------------------- settings
+@pytest.mark.parametrize("field, value, match", [
+    ("fps", 0, r"video_fps=0 must be a positive number of frames per second \(e\.g\. 30"),
+    ("fps", -30, r"video_fps=-30 must be a positive number of frames per second"),
+    ("fps", -7.5, r"video_fps=-7\.5 must be a positive number"),
+    ("fps", Fraction(-1, 2), r"video_fps=Fraction\(-1, 2\) must be a positive number"),
+    ("fps", float("nan"), r"video_fps=nan must be a positive number"),
+    ("fps", float("inf"), r"video_fps=inf must be a positive number"),
+    ("fps", True, r"video_fps=True must be a positive number"),
+    ("fps", "30", r"video_fps='30' must be a positive number"),
+    ("fps", 1e-5, r"video_fps=1e-05 is below .*1/1001 frames per second.*use at least 1/1001"),
+    ("codec", "aac", r"video_codec='aac' is an audio encoder, not a video encoder; use 'libx264' .* or 'auto'"),
+    ("codec", "h265_magic", r"video codec 'h265_magic' is not available.*use 'libx264'.*'auto'"),
+    ("codec", None, r"video_codec=None must be an encoder name; use 'libx264' or 'auto'"),
+    ("codec", "mjpeg", r"video_codec='mjpeg' with pix_fmt='yuv420p'.*failed a trial encode.*Non full-range YUV"
+                       r".*use video_codec='libx264' or 'auto'"),
+    ("crf", 52, r"video_crf=52 must be an integer from 0 to 51 for libx264.*\(e\.g\. 23\)"),
+    ("crf", -1, r"video_crf=-1 must be an integer from 0 to 51 for libx264"),
+    ("crf", 23.5, r"video_crf=23\.5 must be an integer from 0 to 51"),
+    ("crf", "23", r"video_crf='23' must be an integer"),
+    ("crf", False, r"video_crf=False must be an integer"),
+    ("preset", "turbo", r"video_preset='turbo' is not a libx264 preset; use one of ultrafast, superfast, .*placebo"),
+    ("preset", "p4", r"video_preset='p4' is not a libx264 preset"),
+    ("threads", 0, r"video_threads=0 must be an integer >= 1"),
+    ("threads", 1.5, r"video_threads=1\.5 must be an integer >= 1"),
+    ("pix_fmt", "yuv42Op", r"video_pix_fmt='yuv42Op' is not a pixel format libav knows; use e\.g\. 'yuv420p'"),
+    ("pix_fmt", "rgb24", r"video_pix_fmt='rgb24' is not one libx264 encodes; use one of yuv420p, .*\(e\.g\. 'yuv420p'\)"),
+    ("executor", "gpu", r"video_executor='gpu' is unknown; use one of auto, process, thread"),
+])
+def test_check_video_settings_rejects(field, value, match, tmp_path):
+    settings = VideoSettings(**{field: value})
+    with pytest.raises(ValueError, match=match):
+        check_video_settings(settings)
+    # encode_mp4 checks before anything is written
+    with pytest.raises(ValueError, match=match):
+        encode_mp4(tmp_path / "x.mp4", smooth_frames(2), settings)
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_video_settings_accepts_and_resolves_auto():
+    assert check_video_settings(VideoSettings()) == VideoSettings()
+    resolved = check_video_settings(VideoSettings(codec="auto", fps=Fraction(30000, 1001)))
+    assert resolved.codec == resolve_codec("auto") and resolved.fps == Fraction(30000, 1001)
+    for preset in video_mod.X264_PRESETS[:3]:
+        check_video_settings(VideoSettings(preset=preset, crf=0))
+    check_video_settings(VideoSettings(codec="mjpeg", pix_fmt="yuvj420p"))  # the pixel format mjpeg takes
+    check_video_settings(VideoSettings(fps=np.float32(12.5), crf=np.int64(51), threads=2))
+
+
+def test_check_video_settings_trial_encodes_once_per_settings(monkeypatch):
+    monkeypatch.setattr(video_mod, "_checked", {})
+    calls = []
+    real = video_mod._encode_to
+    monkeypatch.setattr(video_mod, "_encode_to", lambda *a: (calls.append(a[2]), real(*a))[1])
+    for _ in range(3):
+        check_video_settings(VideoSettings(crf=20))
+    assert len(calls) == 1 and isinstance(calls[0].fps, int)
+    check_video_settings(VideoSettings(crf=21))
+    assert len(calls) == 2
+    for _ in range(2):  # a failing verdict is cached too
+        with pytest.raises(ValueError, match="failed a trial encode"):
+            check_video_settings(VideoSettings(codec="mjpeg"))
+    assert len(calls) == 3
+    # fps=True hashes like fps=1, but the field checks run on every call, before the cache
+    check_video_settings(VideoSettings(fps=1))
+    with pytest.raises(ValueError, match="video_fps=True"):
+        check_video_settings(VideoSettings(fps=True))
+    assert av.logging.get_level() is None  # the trial's log capture left PyAV's logging as it was
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("fps, rate", [(7.5, Fraction(15, 2)), (Fraction(15, 2), Fraction(15, 2)),
+                                       (29.97, Fraction(2997, 100)), (Fraction(30000, 1001), Fraction(30000, 1001)),
+                                       (10, Fraction(10))])
+def test_fractional_fps_encodes_at_that_rate(tmp_path, executor, fps, rate, encoder_pool):
+    frames = smooth_frames(9)
+    out = encode_mp4(tmp_path / "v.mp4", frames, VideoSettings(fps=fps, crf=18, executor=executor), pool=encoder_pool)
+    with av.open(str(out)) as container:
+        stream = container.streams.video[0]
+        assert stream.average_rate == rate
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+    assert len(decoded) == 9 and psnr(np.stack(decoded), frames) > 30
+
+
+# ---------------------------------------------------------------------------------------------- publishing
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_existing_video_is_never_replaced(tmp_path, executor, encoder_pool):
+    old = tmp_path / "0_env0_success.mp4"
+    old.write_bytes(b"an earlier run's video")
+    settings = VideoSettings(executor=executor)
+    frames = smooth_frames(4)
+    first = encode_mp4(old, frames, settings, pool=encoder_pool)
+    second = encode_mp4(old, frames, settings, pool=encoder_pool)
+    assert old.read_bytes() == b"an earlier run's video"
+    assert first == tmp_path / "0_env0_success_1.mp4" and second == tmp_path / "0_env0_success_2.mp4"
+    assert decode_mp4(first).shape == decode_mp4(second).shape == frames.shape
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0_env0_success.mp4", "0_env0_success_1.mp4",
+                                                          "0_env0_success_2.mp4"]
+
+
+@needs_shm
+def test_encoder_pool_returns_the_path_written(tmp_path):
+    (tmp_path / "a.mp4").write_bytes(b"x")
+    with EncoderProcessPool(max_processes=1) as enc:
+        assert enc.encode(tmp_path / "b.mp4", smooth_frames(2), VideoSettings()) == tmp_path / "b.mp4"
+        assert enc.encode(str(tmp_path / "a.mp4"), smooth_frames(2), VideoSettings()) == tmp_path / "a_1.mp4"
+    assert (tmp_path / "a.mp4").read_bytes() == b"x"
+
+
+def test_same_name_from_two_threads_gives_two_videos(tmp_path):
+    settings = VideoSettings(executor="thread")
+    frames = [smooth_frames(30, 64, 64, seed=s) for s in (1, 2)]
+    out: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, encode_mp4(tmp_path / "v.mp4", frames[i], settings)))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p.name for p in out.values()) == ["v.mp4", "v_1.mp4"]
+    for i in range(2):  # each file holds its own frames, whole: as an encode alone makes them
+        alone = encode_mp4(tmp_path / f"alone{i}.mp4", frames[i], settings)
+        np.testing.assert_array_equal(decode_mp4(out[i]), decode_mp4(alone))
+
+
+@pytest.mark.parametrize("err", [errno.EPERM, errno.EXDEV, errno.ENOTSUP])
+def test_publish_without_hard_links_reserves_the_name(tmp_path, monkeypatch, err):
+    def no_links(src, dst):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(video_mod.os, "link", no_links)
+    (tmp_path / "v.mp4").write_bytes(b"old")
+    out = encode_mp4(tmp_path / "v.mp4", smooth_frames(3), VideoSettings(executor="thread"))
+    assert out == tmp_path / "v_1.mp4" and (tmp_path / "v.mp4").read_bytes() == b"old"
+    assert decode_mp4(out).shape[0] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.mp4", "v_1.mp4"]
+
+
+def test_publish_raises_other_link_errors_and_cleans_up(tmp_path, monkeypatch):
+    def broken(src, dst):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(video_mod.os, "link", broken)
+    with pytest.raises(OSError, match="I/O error"):
+        encode_mp4(tmp_path / "v.mp4", smooth_frames(3), VideoSettings(executor="thread"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_failed_encode_leaves_no_part_file(tmp_path, monkeypatch):
+    calls = []
+
+    def wrap_then_fail(img, format):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("encoder failed mid-video")
+        return av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format=format)
+
+    check_video_settings(VideoSettings(executor="thread"))  # the trial encode before the patch
+    monkeypatch.setattr(video_mod, "_wrap", wrap_then_fail)
+    with pytest.raises(RuntimeError, match="mid-video"):
+        encode_mp4(tmp_path / "v.mp4", smooth_frames(5), VideoSettings(executor="thread"))
+    assert len(calls) == 3 and not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- codec choice
+@pytest.fixture
+def fresh_codec_cache(monkeypatch):
+    monkeypatch.setattr(video_mod, "_resolved", {})
+
+
+def test_auto_codec_falls_back_to_libx264_when_nvenc_cannot_encode(monkeypatch, fresh_codec_cache):
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)  # a build with NVENC compiled in
+    monkeypatch.setattr(video_mod, "_nvenc_usable", lambda: False)  # ... on a GPU without an encoder (H200)
+    assert resolve_codec("auto") == "libx264"
+
+
+def test_auto_codec_picks_nvenc_where_it_encodes(monkeypatch, fresh_codec_cache):
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)
+    monkeypatch.setattr(video_mod, "_nvenc_usable", lambda: True)
+    assert resolve_codec("auto") == "h264_nvenc"
+
+
+def test_auto_codec_on_this_machine_is_usable(fresh_codec_cache):
+    # the real probe: here (no NVIDIA encoder) it must fall back, and what it returns must open
+    codec = resolve_codec("auto")
+    assert codec in ("h264_nvenc", "libx264")
+    if not torch.cuda.is_available():
+        assert codec == "libx264"
+
+
+def test_nvenc_probe_is_false_without_nvenc():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine may have NVENC")
+    assert video_mod._nvenc_usable() is False
