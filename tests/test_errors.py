@@ -9,7 +9,7 @@ import pytest
 import torch
 from fastrecord.testing import BatchedDoubleEnv
 
-import fastrecord.record as record_mod
+import fastrecord.sinks.mp4 as mp4_mod
 from fastrecord import BufferTooLargeError, RecordEpisode, WorkerError
 
 
@@ -80,7 +80,7 @@ def test_writer_error_surfaces_and_keeps_what_was_written(tmp_path, monkeypatch)
     def broken(path, frames, settings):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(record_mod, "encode_mp4", broken)
+    monkeypatch.setattr(mp4_mod, "encode_mp4", broken)
     for _ in range(2):
         env.step(torch.zeros(2, 3))
     with pytest.raises(WorkerError, match="No space left on device"):

@@ -121,10 +121,13 @@ class EpisodeBuffer:
                 del self._bufs[name], self._flat[name]
 
     def _grow(self, min_capacity: int) -> None:
+        """All fields get the larger capacity, or none does: every new tensor is allocated before any
+        replaces its field, so a `BufferTooLargeError` leaves the buffer (and its episodes) as it was."""
         new_cap = max(2 * self.capacity, min_capacity)
-        for name, buf in list(self._bufs.items()):
-            new = self._alloc(name, tuple(buf.shape[2:]), buf.dtype, new_cap, buf.device)
-            new[: self.capacity] = buf
+        grown = {name: self._alloc(name, tuple(buf.shape[2:]), buf.dtype, new_cap, buf.device)
+                 for name, buf in self._bufs.items()}
+        for name, new in grown.items():
+            new[: self.capacity] = self._bufs[name]
             self._set(name, new)
         self.capacity = new_cap
 
@@ -158,21 +161,27 @@ class EpisodeBuffer:
         evaluation) each leaf is one contiguous copy into ``buf[t]``; otherwise one ``index_copy_`` per
         leaf through per-env slot indices kept on the device.
         """
-        cursor = self.cursor
-        if restart is not None and restart.any():
-            if ((cursor < 0) & ~restart).any():
+        restarting = restart is not None and restart.any()
+        if restarting:
+            if ((self.cursor < 0) & ~restart).any():
                 self._raise_ended(restart)
-            self.cursor = cursor = np.where(restart, 0, cursor + 1)
-            self._slots.clear()
+            cursor = np.where(restart, 0, self.cursor + 1)
         else:
-            if cursor.min() < 0:
+            if self.cursor.min() < 0:
                 self._raise_ended(None)
-            cursor += 1
-            for slots in self._slots.values():
-                slots.add_(self.num_envs)
+            cursor = self.cursor + 1
         lo, hi = int(cursor.min()), int(cursor.max())
         if hi >= self.capacity:
-            self._grow(hi + 1)
+            self._grow(hi + 1)  # before any state changes: a failure leaves every episode as it was
+        for name, value in data.items():  # likewise fields seen for the first time
+            self._ensure_field(name, value)
+        # from here on nothing can fail for lack of memory: commit the new cursors, then write
+        self.cursor = cursor
+        if restarting:
+            self._slots.clear()
+        else:
+            for slots in self._slots.values():
+                slots.add_(self.num_envs)
         flat = self._flat
         for name, value in data.items():
             buf = self._ensure_field(name, value)

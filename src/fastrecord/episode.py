@@ -6,10 +6,46 @@ is one finished env episode on the host, the unit every sink (`fastrecord.sinks`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+
+KeepFilter = Literal["all", "success", "success_once", "failure"] | Callable[[dict[str, Any]], bool]
+KEEP_CHOICES = ("all", "success", "success_once", "failure")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One recorded quantity. ``state`` fields have T+1 rows (reset + every step), ``transition`` T."""
+
+    name: str  # top-level key in the trajectory group (leaves are name/...)
+    kind: Literal["state", "transition"]
+    dtype: type | None = None  # dtype on disk; None keeps the env's
+
+
+# What is recorded, declared once: reset, step and flush all loop over this.
+FIELDS = {
+    f.name: f
+    for f in (
+        Field("obs", "state"),
+        Field("env_states", "state", np.float32),
+        Field("frames", "state"),  # video images, not written to HDF5
+        Field("actions", "transition", np.float32),
+        Field("terminated", "transition", np.bool_),
+        Field("truncated", "transition", np.bool_),
+        Field("success", "transition", np.bool_),
+        Field("fail", "transition", np.bool_),
+        Field("rewards", "transition", np.float32),
+        Field("overlay", "transition"),  # scalars drawn on frames when info_on_video
+    )
+}
+
+
+def field_of(leaf: str) -> Field:
+    """The field a buffer leaf ("obs/agent/qpos") belongs to."""
+    return FIELDS[leaf.split("/", 1)[0]]
 
 
 @dataclass

@@ -26,7 +26,8 @@ from mani_skill.utils import common, gym_utils
 from mani_skill.utils.wrappers import CPUGymWrapper
 
 from fastrecord.envs import SubEnvAccess
-from fastrecord.record import KeepFilter, RecordEpisode
+from fastrecord.episode import KeepFilter
+from fastrecord.record import RecordEpisode
 
 SOURCE_TYPE = "diffusion_policy"  # the baseline's labels, kept for tools that read them
 SOURCE_DESC = "diffusion_policy evaluation rollout"

@@ -1,0 +1,447 @@
+"""`EpisodeRecorder`: episode bookkeeping over the device buffer, handing finished episodes to sinks.
+
+Per parallel step the recorder renders once (all envs in one call), writes every recorded leaf into
+`EpisodeBuffer` with one copy per leaf, and copies nothing to the host. When envs' episodes end (reset,
+auto-reset, close) it decides which to keep from two small flags, copies the kept ones to the host in
+one batch, and hands them to its sinks (`fastrecord.sinks`: ManiSkill's trajectory files, MP4 videos,
+yours). It sees envs only through a view (`fastrecord.envs`), so one code path serves any number of envs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastrecord.buffer import EpisodeBuffer, flatten_tree
+from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, VectorEnvView
+from fastrecord.episode import EpisodeData, field_of
+from fastrecord.options import RecordOptions
+from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.sinks.trajectory_sink import ManiSkillH5Sink
+from fastrecord.sinks.mp4 import Mp4Sink
+from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
+
+
+def _np(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+class EpisodeRecorder:
+    """Owns: the `EpisodeBuffer`, the sinks, the `RunDirectory`, episode ids, per-env episode metadata
+    (seed, reset kwargs) and the keep filter.
+
+    Env-agnostic: it sees envs only through a view (`ManiSkillView` / `VectorEnvView`).
+    """
+
+    def __init__(self, view: ManiSkillView | VectorEnvView, output_dir: str | Path, options: RecordOptions,
+                 sinks: Sequence[Sink] = ()) -> None:
+        opts = options
+        if opts.save_video and opts.video_source == "render" and view.render_mode not in IMAGE_RENDER_MODES:
+            raise ValueError(
+                f"Render mode is {view.render_mode!r}, which cannot make videos. Create the env with "
+                f"render_mode='rgb_array' (or one of {IMAGE_RENDER_MODES}), pass video_source='sensor:<camera>', "
+                f"or set save_video=False."
+            )
+        for s in sinks:
+            if not isinstance(s, Sink):
+                raise ValueError(f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink (subclass it and implement submit)")
+        self.options = opts
+        self.view = view
+        self.num_envs = view.num_envs
+        self.output_dir = Path(output_dir)
+        self.save_trajectory = opts.save_trajectory
+        self.save_video = opts.save_video
+        self.info_on_video = opts.info_on_video
+        self.save_video_trigger = opts.save_video_trigger
+        self.record_reward = opts.record_reward
+        self.record_env_state = opts.record_env_state
+        self.keep = opts.keep
+        self.video_source = opts.video_source
+
+        self.max_episode_steps = view.max_episode_steps()
+        self._capacity = opts.buffer_capacity or (self.max_episode_steps + 1 if self.max_episode_steps else 64)
+        self.buffer: EpisodeBuffer | None = None
+
+        # every check that can fail runs before the first file is touched
+        own: list[Sink] = []
+        if opts.save_trajectory:
+            from mani_skill import get_commit_info
+
+            header: dict[str, Any] = dict(env_info=view.env_info(), commit_info=get_commit_info())
+            if opts.source_type is not None:
+                header["source_type"] = opts.source_type
+            if opts.source_desc is not None:
+                header["source_desc"] = opts.source_desc
+            own.append(ManiSkillH5Sink(header, writers=opts.trajectory_writers))
+        if opts.save_video:
+            settings = check_video_settings(VideoSettings(codec=resolve_codec(opts.video_codec), crf=int(opts.video_crf),
+                                                          preset=opts.video_preset, fps=opts.video_fps))
+            own.append(Mp4Sink(settings, layout=opts.video_layout, num_envs=self.num_envs, workers=opts.video_workers,
+                               max_steps_per_video=opts.max_steps_per_video, info_on_video=opts.info_on_video))
+        self.sinks: list[Sink] = own + list(sinks)
+        self.trajectory: ManiSkillH5Sink | None = own[0] if opts.save_trajectory else None
+        self.videos: Mp4Sink | None = own[-1] if opts.save_video else None
+        # what the sinks need recorded
+        self._record_data = any(s.wants_datasets for s in self.sinks)
+        frame_sinks = [s for s in self.sinks if s.wants_frames]
+        self._record_frames = bool(frame_sinks)
+        self._yuv = bool(frame_sinks) and all(s.accepts_yuv420p for s in frame_sinks)
+
+        self._seeds = np.zeros(self.num_envs, dtype=np.int64)
+        self._reset_kwargs: list[dict] = [{} for _ in range(self.num_envs)]
+        self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
+        self._last_info: Any = None
+        self._warned_state = False
+        self.elapsed_record_steps = 0
+        self.num_finished = 0  # episodes ended, kept or not
+        self._closed = False
+
+        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options=opts.as_dict()).open()
+        opened: list[Sink] = []
+        try:
+            for s in self.sinks:
+                s.open(self.run)
+                opened.append(s)
+        except BaseException:
+            for s in reversed(opened):
+                try:
+                    s.close()
+                except BaseException:  # noqa: BLE001 - the construction error is the one to report
+                    pass
+            self.run.abandon()
+            raise
+        self.trajectory_name = self.run.name
+        # episode ids continue where a resumed run stopped
+        self.first_episode_id = self.trajectory.next_episode_id if self.trajectory else self.run.counters.get("episodes", 0)
+        self.next_episode_id = self.first_episode_id
+        _exit_hooks.add(self)
+
+    # ------------------------------------------------------------------ capture
+    def _capturing(self) -> bool:
+        if not self._record_frames:
+            return False
+        return self.save_video_trigger is None or bool(self.save_video_trigger(self.elapsed_record_steps))
+
+    def _frames(self, obs: Any) -> torch.Tensor:
+        if self.video_source == "render":
+            img = self.view.render()
+        else:
+            cam = self.video_source.split(":", 1)[1]
+            try:
+                img = obs["sensor_data"][cam]["rgb"]
+            except (KeyError, TypeError, IndexError):
+                cams = list(obs["sensor_data"]) if isinstance(obs, Mapping) and "sensor_data" in obs else []
+                raise ValueError(
+                    f"video_source={self.video_source!r}: the observation has no sensor_data/{cam}/rgb (cameras: {cams}); "
+                    f"create the env with obs_mode='rgb' (or 'rgbd') and a camera of that name, or use video_source='render'"
+                ) from None
+        if isinstance(img, np.ndarray) and img.ndim == 3:
+            img = img[None]
+        img = torch.as_tensor(img)
+        if img.ndim != 4 or img.shape[-1] != 3 or img.dtype != torch.uint8:
+            raise TypeError(f"video frames must be [num_envs, H, W, 3] uint8, got {tuple(img.shape)} {img.dtype}")
+        return img
+
+    def _collect(self, obs: Any, *, with_frames: bool, check_state: bool = False, refresh: bool = False) -> dict[str, Any]:
+        """The state-kind data of this instant: observation, env state, frame.
+
+        ``check_state`` (at resets: the scene may have been reconfigured) verifies that every env has the
+        same state layout, as ManiSkill does; otherwise env states are not recorded.
+        """
+        data: dict[str, Any] = {}
+        if self._record_data:
+            data["obs"] = obs
+            if self.record_env_state:
+                state = self.view.state_dict(refresh=refresh)
+                from mani_skill.utils import sapien_utils
+
+                if not check_state or sapien_utils.is_state_dict_consistent(state):
+                    data["env_states"] = state
+                else:
+                    self.record_env_state = False
+                    if not self._warned_state:
+                        self._warned_state = True
+                        from mani_skill.utils.logging_utils import logger
+
+                        logger.warning("State dictionary is not consistent, disabling recording of environment states")
+        if with_frames:
+            data["frames"] = self._frames(obs)
+        return data
+
+    def _leaves(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
+        # every leaf stays on the device it comes from (CPU simulation + GPU rendering: flags and states
+        # on the CPU, frames on the GPU): no per-step copies between devices
+        out: dict[str, torch.Tensor] = {}
+        for name, value in data.items():
+            if name == "frames":
+                out[name] = value
+            else:
+                out.update(flatten_tree(self.view.batch(value), name))
+        return out
+
+    def _ensure_buffer(self) -> EpisodeBuffer:
+        if self.buffer is None:
+            self.buffer = EpisodeBuffer(self.num_envs, self._capacity)
+        return self.buffer
+
+    # ------------------------------------------------------------------ events
+    def on_reset(self, obs: Any, env_idx: np.ndarray, reset_kwargs: dict[str, Any]) -> None:
+        """Episodes of ``env_idx`` begin: record their slot 0 (reset obs, state, frame)."""
+        self._raise_if_failed()
+        capture = self._capturing()
+        self._frames_ok[env_idx] = capture
+        data = self._collect(obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs)
+        leaves = self._leaves(data)
+        buf = self._ensure_buffer()
+        if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields
+            buf.retain_only(set(leaves) | {n for n in buf.fields if field_of(n).kind == "transition"})
+        buf.start(env_idx, leaves)
+        seeds = self.view.episode_seeds()
+        self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
+        for e in env_idx:
+            kw = copy.deepcopy(reset_kwargs)
+            if self.num_envs > 1 or isinstance(self.view, VectorEnvView):  # per-env episodes: the env's own seed
+                kw = {k: v for k, v in kw.items() if k != "options"} | {"seed": int(self._seeds[e])}
+            self._reset_kwargs[e] = kw
+
+    def on_step(self, action: Any, obs: Any, rew: Any, terminated: Any, truncated: Any, info: Mapping,
+                restart: np.ndarray | None = None) -> None:
+        """Every env took one step (``restart`` envs were auto-reset instead: their data is a slot 0)."""
+        self._raise_if_failed()
+        capture = self._capturing()
+        if not capture:
+            self._frames_ok[:] = False
+        elif restart is not None:
+            self._frames_ok[restart] = True
+        data = self._collect(obs, with_frames=capture)
+        if self.num_envs == 1 and np.shape(action) == self.view.single_action_shape:
+            action = action[None]  # ManiSkill's single env takes unbatched actions too
+        data.update(actions=action, terminated=terminated, truncated=truncated)
+        for key in ("success", "fail"):
+            if key in info:
+                data[key] = info[key]
+        if self._record_data and self.record_reward:
+            data["rewards"] = rew
+        if self.info_on_video and self._record_frames:
+            data["overlay"] = self._overlay_scalars(rew, info)
+        self._last_info = info
+        self.buffer.step(self._leaves(data), restart)
+        if restart is not None and restart.any():
+            idx = np.flatnonzero(restart)
+            self._seeds[idx] = self.view.episode_seeds()[idx]
+            for e in idx:
+                self._reset_kwargs[e] = {"seed": int(self._seeds[e])}
+        self.elapsed_record_steps += 1
+
+    def _overlay_scalars(self, rew: Any, info: Mapping) -> dict[str, Any]:
+        out: dict[str, Any] = {"reward": rew}
+        for k, v in info.items():
+            if k.startswith("_") or isinstance(v, Mapping):
+                continue
+            a = v if isinstance(v, torch.Tensor) else np.asarray(v)
+            if a.ndim <= 1 and (a.ndim == 0 or a.shape[0] == self.num_envs or self.view.unbatched):
+                out[k] = v
+        return out
+
+    # ------------------------------------------------------------------ finishing episodes
+    def _keep_mask(self, rows: np.ndarray) -> np.ndarray:
+        if self.keep == "all":
+            return np.ones(len(rows), dtype=bool)
+        buf = self.buffer
+        if callable(self.keep):
+            info = self._last_info or {}
+            out = []
+            for e in rows:
+                final = {}
+                for k, v in info.items():
+                    a = _np(v) if not isinstance(v, Mapping) else v
+                    if isinstance(a, np.ndarray) and a.ndim >= 1 and a.shape[0] == self.num_envs and not self.view.unbatched:
+                        final[k] = a[e]
+                    else:
+                        final[k] = a
+                out.append(bool(self.keep(final)))
+            return np.asarray(out, dtype=bool)
+        fields = buf.fields
+        if "success" not in fields and not (self.keep == "failure" and "fail" in fields):
+            raise ValueError(
+                f"keep={self.keep!r} needs info['success'] from the env, which this env does not report; use keep='all' or a callable"
+            )
+        if self.keep == "success_once":
+            flags = buf.gather(rows, names=["success"])["success"].reshape(len(rows), -1)
+            steps = np.arange(flags.shape[1])
+            valid = (steps[None] >= 1) & (steps[None] <= buf.cursor[rows][:, None])
+            return (flags & valid).any(axis=1)
+        last = {k: v.reshape(len(rows)).astype(bool) for k, v in buf.read_last(["success", "fail"], rows).items()}
+        if self.keep == "success":
+            return last["success"]
+        # failure: the env reports fail at the end, or it did not succeed
+        failed = last.get("fail", np.zeros(len(rows), dtype=bool))
+        return failed | ~last["success"] if "success" in last else failed
+
+    def finalize(self, env_idx: np.ndarray, split: bool = False) -> None:
+        """End the episodes in progress of ``env_idx``: keep, copy and queue them, or drop them.
+
+        With ``split`` the envs go on: a new episode starts at their current state (ManiSkill's
+        ``flush_trajectory``/``max_steps_per_video`` behaviour); otherwise a reset must follow.
+        """
+        buf = self.buffer
+        if buf is None or self._closed:
+            return
+        env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
+        rows = env_idx[buf.cursor[env_idx] >= 1]  # episodes without a step are not saved (as ManiSkill)
+        if len(rows):
+            self.num_finished += len(rows)
+            kept = rows[self._keep_mask(rows)]
+            if len(kept):
+                self._write(kept)
+        if split:
+            buf.restart_from_last(env_idx)
+        else:
+            buf.end(env_idx)  # ended: only a reset (or auto-reset) starts them again
+
+    def _write(self, kept: np.ndarray) -> None:
+        # the one device-to-host copy of these episodes; per-env videos without overlays take their frames
+        # as yuv420p converted on the GPU (half the bytes; the encoder waits for the asynchronous copy)
+        host = self.buffer.gather(kept, yuv420p=("frames",) if self._yuv else ())
+        lengths = self.buffer.cursor[kept]
+        control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
+        episodes: list[EpisodeData] = []
+        for i, e in enumerate(kept):
+            t = int(lengths[i])
+            datasets: dict[str, np.ndarray] = {}
+            overlay: dict[str, np.ndarray] = {}
+            frames = None
+            for name, arr in host.items():
+                f = field_of(name)
+                a = arr[i, : t + 1] if f.kind == "state" else arr[i, 1 : t + 1]
+                if f.name == "frames":
+                    frames = a if self._frames_ok[e] else None
+                elif f.name == "overlay":
+                    overlay[name.split("/", 1)[1]] = a
+                else:
+                    datasets[name] = a.astype(f.dtype, copy=False) if f.dtype else a
+            meta: dict[str, Any] = dict(
+                episode_id=self.next_episode_id,
+                episode_seed=int(self._seeds[e]),
+                control_mode=control_mode,
+                elapsed_steps=t,
+                reset_kwargs=self._reset_kwargs[e],
+            )
+            for key in ("success", "fail"):
+                if key in datasets:
+                    meta[key] = bool(datasets[key][-1])
+            lines = None
+            if overlay and frames is not None:
+                lines = [{}] + [{k: v[s].item() for k, v in overlay.items()} for s in range(t)]
+            episodes.append(EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines))
+            self.next_episode_id += 1
+        self.run.set_counter("episodes", self.next_episode_id)
+        for s in self.sinks:
+            s.submit(episodes)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def num_episodes(self) -> int:
+        """Episodes this recorder kept (ids ``first_episode_id .. next_episode_id - 1``)."""
+        return self.next_episode_id - self.first_episode_id
+
+    @property
+    def video_paths(self) -> list[Path]:
+        return self.videos.files if self.videos is not None else []
+
+    def check(self) -> None:
+        """Before a step: raise a background writer's error, use after close, or a step before reset."""
+        self._raise_if_failed()
+        if self.buffer is None:
+            raise RuntimeError(f"step() for envs {list(range(self.num_envs))} before any reset(): call env.reset() first")
+
+    def _raise_if_failed(self) -> None:
+        if self._closed:
+            raise RuntimeError("the recorder is closed; create a new RecordEpisode to record more")
+        for s in self.sinks:
+            s.raise_if_failed()
+
+    def wait_until_done(self) -> None:
+        """Block until every queued episode is on disk (re-raises writer errors)."""
+        for s in self.sinks:
+            s.wait_until_done()
+
+    def close(self, flush: bool) -> None:
+        """Finish episodes in progress (if ``flush``), drain and close every sink, release the run
+        directory. Idempotent; the first error is re-raised after everything was closed."""
+        if self._closed:
+            return
+        errors: list[BaseException] = []
+        try:
+            if flush and self.buffer is not None:
+                self.finalize(np.arange(self.num_envs))
+        except BaseException as e:  # noqa: BLE001 - still close the sinks, then re-raise
+            errors.append(e)
+        self._closed = True
+        _exit_hooks.discard(self)
+        for s in self.sinks:
+            try:
+                s.close()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+        self.run.close(status="failed" if errors else "closed")
+        if errors:
+            raise errors[0]
+
+
+class _ExitHooks:
+    """Recorders still open when the interpreter exits (a script that never calls ``close()``): their
+    finished episodes are written before it exits, as ManiSkill's wrapper writes each one at its reset.
+    Episodes in progress are not saved (as ManiSkill, which saves them only in ``close()``)."""
+
+    def __init__(self) -> None:
+        self._open: weakref.WeakSet[EpisodeRecorder] = weakref.WeakSet()
+        self._registered = False
+
+    def add(self, rec: EpisodeRecorder) -> None:
+        self._open.add(rec)
+        if not self._registered:
+            self._registered = True
+            atexit.register(self._at_exit)
+            _terminate_like_interrupt()
+
+    def discard(self, rec: EpisodeRecorder) -> None:
+        self._open.discard(rec)
+
+    def _at_exit(self) -> None:
+        for rec in list(self._open):
+            try:
+                rec.close(flush=False)
+            except BaseException as e:  # noqa: BLE001 - report, and let the other recorders close
+                print(f"fastrecord: closing a recorder at exit failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+_exit_hooks = _ExitHooks()
+
+
+def _terminate_like_interrupt() -> None:
+    """SIGTERM (kill, docker stop, a job scheduler) ends a Python program at once, skipping every
+    ``finally`` and exit hook: recordings in flight would be lost. Where nobody handles SIGTERM, make it
+    raise SystemExit(143) in the main thread instead, so ``with``/``finally`` blocks and the exit hook
+    close the recorders. A handler the program installed itself is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or signals unavailable
+        pass
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)

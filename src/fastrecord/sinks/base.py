@@ -1,0 +1,324 @@
+"""The output seam: `Sink` (where finished episodes go) and `RunDirectory` (who owns the files).
+
+A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`) to each of its sinks.
+fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`); a user's sink is
+passed to the wrapper as ``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new
+module in this package.
+
+`RunDirectory` is the one owner of a run's files in ``output_dir``. A run is named (``trajectory_name``,
+a unique timestamp by default) and owns ``NAME.h5``, ``NAME.json``, ``NAME.h5.parts/``, the manifest
+``NAME.fastrecord.json`` (options, status, and every other file the run wrote, e.g. its videos) and a
+lock ``.NAME.lock`` held while it records. Policy, the same for the wrapper and every command:
+
+- never delete or replace a file of another run, nor of an earlier run of the same name unless asked;
+- an existing run of the same name: ``if_exists="error"`` (default) refuses with the choices,
+  ``"overwrite"`` deletes exactly that run's files first, ``"resume"`` keeps them and adds episodes;
+- two recorders on one name are prevented by the lock (also across processes; a killed process's lock
+  is released by the kernel), and default names never collide.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fastrecord.episode import EpisodeData
+from fastrecord.workers import WorkerPool
+
+log = logging.getLogger("fastrecord")
+
+MANIFEST_SUFFIX = ".fastrecord.json"
+
+
+class OutputExistsError(ValueError):
+    """The output directory already holds a run of this name (or another recorder is writing it)."""
+
+
+# ---------------------------------------------------------------------------------------------- sinks
+class Sink:
+    """A destination of finished episodes.
+
+    Lifecycle: ``open(run)`` once (after the run directory is claimed), ``submit(episodes)`` for each
+    batch of kept episodes (on the stepping thread: return quickly or block for backpressure, never drop),
+    ``raise_if_failed()`` before each step, ``wait_until_done()``, ``close()`` (idempotent, re-raises).
+
+    ``wants_frames``: episodes carry ``frames`` (``[T+1, H, W, 3]`` uint8, or `Yuv420Frames` if
+    ``accepts_yuv420p`` and every frame sink accepts them). ``wants_datasets``: episodes carry the
+    trajectory arrays (observations, env states, actions, ...).
+    """
+
+    wants_frames: bool = False
+    wants_datasets: bool = True
+    accepts_yuv420p: bool = False
+
+    def open(self, run: RunDirectory) -> None:
+        self.run = run
+
+    def submit(self, episodes: Sequence[EpisodeData]) -> None:
+        raise NotImplementedError
+
+    def raise_if_failed(self) -> None:
+        pass
+
+    def wait_until_done(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def files(self) -> list[Path]:
+        """Files this sink has written so far (for summaries)."""
+        return []
+
+
+class BackgroundSink(Sink):
+    """A sink whose ``write(episode)`` runs on background threads (``workers`` of them) with a bounded
+    queue: the stepping thread waits when writers fall behind, and a writer's exception is re-raised in
+    the caller (`fastrecord.WorkerError`) at the next step, ``wait_until_done`` or ``close``."""
+
+    workers: int = 1
+    max_pending: int | None = None  # None: 2 x workers
+
+    def write(self, episode: EpisodeData) -> None:
+        raise NotImplementedError
+
+    def open(self, run: RunDirectory) -> None:
+        super().open(run)
+        n = max(1, self.workers)
+        self._pool = WorkerPool(self.write, num_workers=n, max_pending=self.max_pending or 2 * n,
+                                name=f"fastrecord-{type(self).__name__}")
+
+    def submit(self, episodes: Sequence[EpisodeData]) -> None:
+        for ep in episodes:
+            self._pool.submit(ep)
+
+    def raise_if_failed(self) -> None:
+        self._pool.raise_if_failed()
+
+    def wait_until_done(self) -> None:
+        self._pool.wait_until_done()
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+# ---------------------------------------------------------------------------------------------- run directory
+def run_files(output_dir: Path, name: str) -> list[Path]:
+    """The files a run of ``name`` owns in ``output_dir`` that exist now (listed ones from its manifest too)."""
+    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", MANIFEST_SUFFIX)]
+    listed = [output_dir / f for f in read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}").get("files", [])]
+    return [p for p in dict.fromkeys(fixed + listed) if p.exists()]
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDirectory:
+    """Owns: one run's claim on ``output_dir`` (the lock of its name), the decision about what an earlier
+    run of that name left (error / overwrite / resume), and the run manifest listing the run's files.
+
+    ``open()`` is the first thing that touches the disk; ``close(status)`` releases the claim.
+    """
+
+    def __init__(self, output_dir: str | Path, name: str | None, if_exists: str = "error",
+                 options: dict[str, Any] | None = None, manifest_interval_s: float = 1.0) -> None:
+        self.output_dir = Path(output_dir)
+        self.requested_name = name
+        self.name = name or ""
+        self.if_exists = if_exists
+        self.options = options or {}
+        self.resuming = False
+        self.previous: dict[str, Any] = {}  # the manifest of the run being resumed
+        self.counters: dict[str, int] = {}  # e.g. episodes / next_video_id, saved in the manifest
+        self._files: list[str] = []
+        self._lock_fd: int | None = None
+        self._mutex = threading.Lock()
+        self._interval = manifest_interval_s
+        self._last_write = 0.0
+        self._dirty = False
+        self._created = False  # this run created its manifest (vs. resumed one)
+        self._closed = False
+
+    # -------------------------------------------------------------- claim
+    def path(self, suffix: str) -> Path:
+        return self.output_dir / f"{self.name}{suffix}"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path(MANIFEST_SUFFIX)
+
+    def open(self) -> RunDirectory:
+        try:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"output_dir={str(self.output_dir)!r} cannot be created ({e.strerror}); pass a writable directory") from e
+        if not self.output_dir.is_dir() or not os.access(self.output_dir, os.W_OK | os.X_OK):
+            raise ValueError(f"output_dir={str(self.output_dir)!r} is not a writable directory; pass a directory you can write to")
+        if self.requested_name:
+            self._claim(self.requested_name, default_name=False)
+        else:  # ManiSkill's timestamp name, made unique: never another run's files
+            stamp = time.strftime("%Y%m%d_%H%M%S")
+            for k in range(10_000):
+                if self._claim(stamp if k == 0 else f"{stamp}_{k}", default_name=True):
+                    break
+        self._write_manifest(status="recording", force=True)
+        return self
+
+    def _claim(self, name: str, default_name: bool) -> bool:
+        """Take the lock of ``name`` and apply the policy; False when a default name is taken."""
+        lock = self.output_dir / f".{name}.lock"
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                os.close(fd)
+                if default_name:
+                    return False
+                raise OutputExistsError(
+                    f"another recorder ({owner or 'unknown process'}) is writing trajectory_name={name!r} in "
+                    f"{str(self.output_dir)!r}; give this run another trajectory_name or output_dir, or wait until "
+                    f"the other one is closed"
+                ) from None
+            # the lock file may have been removed by its previous owner between our open and flock
+            try:
+                if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        self._lock_fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self.name = name
+        existing = run_files(self.output_dir, name)
+        if not existing:
+            return True
+        if default_name:
+            self._release()
+            return False
+        self.previous = read_manifest(self.manifest_path)
+        if self.if_exists == "error":
+            self._release()
+            raise OutputExistsError(self._exists_message(existing))
+        if self.if_exists == "overwrite":
+            for p in existing:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            log.warning("fastrecord: if_exists='overwrite' removed %d file(s) of the earlier run %r in %s",
+                        len(existing), name, self.output_dir)
+            self.previous = {}
+            return True
+        # resume: keep everything, continue the earlier run's counters and file list
+        self.resuming = True
+        self._files = list(self.previous.get("files", []))
+        self.counters = {k: int(v) for k, v in self.previous.get("counters", {}).items()}
+        return True
+
+    def _exists_message(self, existing: list[Path]) -> str:
+        what = ", ".join(p.name + ("/" if p.is_dir() else "") for p in existing[:6])
+        if len(existing) > 6:
+            what += f" and {len(existing) - 6} more"
+        episodes = ""
+        js = self.path(".json")
+        if js.exists():
+            try:
+                episodes = f" ({len(json.loads(js.read_text()).get('episodes', []))} episodes)"
+            except (OSError, ValueError):
+                pass
+        status = self.previous.get("status")
+        left = " It was left by a run that did not close (crash or kill)." if status == "recording" else ""
+        return (
+            f"{str(self.output_dir)!r} already holds a run named {self.name!r}{episodes}: {what}.{left} Choose: "
+            f"if_exists='resume' (CLI: --if-exists resume) keeps it and adds episodes after it; "
+            f"if_exists='overwrite' (--if-exists overwrite) deletes it first; or pass another trajectory_name "
+            f"or output_dir."
+        )
+
+    # -------------------------------------------------------------- manifest
+    def add_file(self, path: str | Path) -> None:
+        """Record a file this run wrote (thread-safe; the manifest is rewritten at most once an interval)."""
+        rel = os.path.relpath(Path(path), self.output_dir)
+        with self._mutex:
+            self._files.append(rel)
+            self._dirty = True
+        self._write_manifest(status="recording")
+
+    def set_counter(self, key: str, value: int) -> None:
+        with self._mutex:
+            self.counters[key] = int(value)
+            self._dirty = True
+
+    def _write_manifest(self, status: str, force: bool = False) -> None:
+        now = time.monotonic()
+        with self._mutex:
+            if not force and (not self._dirty or now - self._last_write < self._interval):
+                return
+            from fastrecord import __version__
+
+            data = dict(
+                fastrecord=__version__, name=self.name, status=status, pid=os.getpid(), host=socket.gethostname(),
+                started=self.previous.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), options=self.options, counters=self.counters,
+                files=self._files,
+            )
+            _atomic_write_text(self.manifest_path, json.dumps(data, indent=2, default=repr))
+            self._created = True
+            self._dirty = False
+            self._last_write = now
+
+    # -------------------------------------------------------------- release
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            lock = self.output_dir / f".{self.name}.lock"
+            try:
+                lock.unlink()
+            except FileNotFoundError:
+                pass
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def abandon(self) -> None:
+        """Construction failed before anything was recorded: remove what this run created, release."""
+        if self._created and not self.resuming and not self._files:
+            for p in (self.manifest_path, self.path(".h5"), self.path(".json"), self.path(".h5.parts")):
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                elif p.exists():
+                    p.unlink()
+        self._closed = True
+        self._release()
+
+    def close(self, status: str = "closed") -> None:
+        """Write the final manifest and release the name. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._write_manifest(status=status, force=True)
+        finally:
+            self._release()

@@ -1,0 +1,137 @@
+"""`Mp4Sink`: MP4 videos of finished episodes, encoded in the background.
+
+Layouts: ``per_env`` (default), one video per env episode, ``{episode_id}_env{env}_{success|failure}.mp4``
+(no suffix when the env reports no success); ``tiled`` (ManiSkill's), the episodes of a batch ending
+together tiled into one ``{video_id}.mp4``. ``max_steps_per_video=M`` splits a video as ManiSkill does:
+pieces of M steps (M + 1 frames: each piece starts with the last frame of the one before), a last piece
+of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
+
+A finished video appears atomically and never replaces an existing file (a taken name gets ``_1``,
+``_2``, ...). Each file is recorded in the run manifest as it lands.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastrecord.episode import EpisodeData
+from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.video import VideoSettings, encode_mp4
+from fastrecord.workers import WorkerPool
+
+
+class Mp4Sink(Sink):
+    """Owns: the encode queue and its worker threads (each drives one encoder process at a time), the
+    video names, and the list of videos written."""
+
+    wants_frames = True
+    wants_datasets = False
+
+    def __init__(self, settings: VideoSettings, *, layout: str = "per_env", num_envs: int = 1,
+                 max_steps_per_video: int | None = None, info_on_video: bool = False, workers: int | None = None) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.num_envs = num_envs
+        self.max_steps_per_video = max_steps_per_video
+        self.info_on_video = info_on_video
+        self.workers = workers or max(1, min(os.cpu_count() or 1, 16))
+        self.accepts_yuv420p = layout == "per_env" and not info_on_video  # frames converted on the GPU
+        self._paths: list[Path] = []
+        self._lock = threading.Lock()
+        self._pool: WorkerPool | None = None
+
+    def open(self, run: RunDirectory) -> None:
+        super().open(run)
+        if self.settings.executor != "thread":
+            from fastrecord.video.encode import _use_processes
+
+            if _use_processes(self.settings):
+                # the encoder pool exists (and its exit hook is registered) before the recorder's own exit
+                # hook, so that hook, which runs first, can still drain videos through it
+                from fastrecord.video.pool import default_encoder_pool
+
+                default_encoder_pool()
+        self._video_id = run.counters.get("next_video_id", 0)
+        n = self.workers
+        self._pool = WorkerPool(self._encode, num_workers=n, max_pending=max(2 * n, self.num_envs + n), name="fastrecord-mp4")
+
+    # -------------------------------------------------------------- stepping thread
+    def submit(self, episodes: Sequence[EpisodeData]) -> None:
+        ready = [ep for ep in episodes if ep.frames is not None]
+        if not ready:
+            return
+        if self.layout == "per_env":
+            for ep in ready:
+                tag = "" if "success" not in ep.meta else ("_success" if ep.meta["success"] else "_failure")
+                pieces = self._pieces(len(ep.frames))
+                for k, (lo, hi) in enumerate(pieces):
+                    stem = f"{ep.episode_id}_env{ep.env_idx}{tag}" + (f"_part{k}" if len(pieces) > 1 else "")
+                    overlay = ep.overlay[lo:hi] if ep.overlay else None
+                    self._pool.submit((self.run.output_dir / f"{stem}.mp4", ep.frames[lo:hi], overlay))
+            return
+        from mani_skill.utils.visualization.misc import tile_images
+
+        length = max(len(ep.frames) for ep in ready)
+        padded = [np.concatenate([ep.frames, np.repeat(ep.frames[-1:], length - len(ep.frames), 0)]) for ep in ready]
+        if any(ep.overlay for ep in ready):
+            padded = [_draw_overlay(f, ep.overlay) for f, ep in zip(padded, ready)]
+        tiled = tile_images(padded, nrows=int(np.sqrt(self.num_envs)))
+        for lo, hi in self._pieces(length):
+            path = self.run.output_dir / f"{self._video_id}.mp4"
+            self._video_id += 1
+            self.run.set_counter("next_video_id", self._video_id)
+            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None))
+
+    def _pieces(self, frames: int) -> list[tuple[int, int]]:
+        """Frame ranges of the videos of an episode with ``frames`` frames (ManiSkill's splitting)."""
+        m = self.max_steps_per_video
+        if m is None or frames <= m + 1:
+            return [(0, frames)]
+        out = [(lo, min(lo + m + 1, frames)) for lo in range(0, frames - 1, m)]
+        return [(lo, hi) for lo, hi in out if hi - lo > 1]
+
+    # -------------------------------------------------------------- encoder threads
+    def _encode(self, job: tuple[Path, np.ndarray, list | None]) -> None:
+        path, frames, overlay = job
+        if overlay:
+            frames = _draw_overlay(frames, overlay)
+        written = encode_mp4(path, frames, self.settings) or path
+        with self._lock:
+            self._paths.append(Path(written))
+        self.run.add_file(written)
+
+    def raise_if_failed(self) -> None:
+        self._pool.raise_if_failed()
+
+    def wait_until_done(self) -> None:
+        self._pool.wait_until_done()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    @property
+    def files(self) -> list[Path]:
+        with self._lock:
+            return list(self._paths)
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time the stepping thread waited for a free slot in the encode queue (backpressure)."""
+        return self._pool.blocked_seconds if self._pool is not None else 0.0
+
+
+def _draw_overlay(frames: np.ndarray, overlay: list[dict[str, Any]]) -> np.ndarray:
+    from mani_skill.utils.visualization.misc import put_info_on_image
+
+    out = frames.copy()
+    for s, info in enumerate(overlay[: len(out)]):
+        if info:
+            out[s] = put_info_on_image(out[s], info)
+    return out
