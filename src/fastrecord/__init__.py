@@ -6,8 +6,11 @@
 
 from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
 from fastrecord.make_env import make_eval_envs
+from fastrecord.options import RecordOptions
 from fastrecord.record import RecordEpisode, RecordVectorEpisode
+from fastrecord.sinks import BackgroundSink, OutputExistsError, Sink
 from fastrecord.workers import WorkerError
 
-__all__ = ["RecordEpisode", "RecordVectorEpisode", "make_eval_envs", "EpisodeBuffer", "BufferTooLargeError", "WorkerError"]
+__all__ = ["RecordEpisode", "RecordVectorEpisode", "RecordOptions", "make_eval_envs", "Sink", "BackgroundSink",
+           "EpisodeBuffer", "BufferTooLargeError", "OutputExistsError", "WorkerError"]
 __version__ = "0.1.0"

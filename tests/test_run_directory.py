@@ -1,0 +1,260 @@
+"""The run directory: nothing recorded is lost, replaced or mixed (re-runs, crashes, two writers, exits).
+
+Each case reproduces a way a recorder used to lose or mix data, through the public wrapper, and reads
+the files back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from fastrecord import RecordEpisode
+from fastrecord.sinks.base import MANIFEST_SUFFIX, OutputExistsError
+from fastrecord.testing import BatchedDoubleEnv
+from fastrecord.video import decode_mp4
+
+SRC = str(Path(__file__).parents[1] / "src")
+
+
+def record(out: Path, batches: int = 1, num_envs: int = 2, steps: int = 3, seed: int = 0, **kwargs) -> RecordEpisode:
+    """Record ``batches`` batches of ``num_envs`` episodes of ``steps`` steps with the batched double; closed."""
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=steps, size=32), out, **kwargs)
+    for b in range(batches):
+        env.reset(seed=seed + b * num_envs)
+        for _ in range(steps):
+            env.step(torch.zeros(num_envs, 3))
+    env.close()
+    return env
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+
+
+def episodes(json_path: Path) -> list[dict]:
+    return json.loads(json_path.read_text())["episodes"]
+
+
+def check_pair(h5_path: Path) -> list[dict]:
+    """NAME.h5 and NAME.json list the same consecutive episodes with consistent lengths."""
+    eps = episodes(h5_path.with_suffix(".json"))
+    assert [e["episode_id"] for e in eps] == list(range(len(eps)))
+    with h5py.File(h5_path, "r") as f:
+        assert sorted(f.keys(), key=lambda k: int(k.split("_")[1])) == [f"traj_{i}" for i in range(len(eps))]
+        for e in eps:
+            g = f[f"traj_{e['episode_id']}"]
+            assert g["actions"].shape[0] == e["elapsed_steps"]
+            assert g["obs"].shape[0] == e["elapsed_steps"] + 1
+    return eps
+
+
+# ---------------------------------------------------------------------------------------------- re-runs
+def test_rerun_refuses_and_changes_nothing(tmp_path):
+    record(tmp_path, trajectory_name="t")
+    before = digest(tmp_path)
+    with pytest.raises(OutputExistsError, match=r"already holds a run named 't' \(2 episodes\).*if_exists='resume'.*if_exists='overwrite'"):
+        RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
+    assert digest(tmp_path) == before
+
+
+def test_overwrite_removes_exactly_that_runs_files(tmp_path):
+    record(tmp_path, trajectory_name="t", batches=2)  # 4 episodes, 4 videos
+    record(tmp_path, trajectory_name="other", seed=100)  # another run in the same folder
+    other = {k: v for k, v in digest(tmp_path).items() if k.startswith("other") or k in
+             json.loads((tmp_path / f"other{MANIFEST_SUFFIX}").read_text())["files"]}
+    env = record(tmp_path, trajectory_name="t", if_exists="overwrite", seed=50)  # 2 episodes now
+    now = digest(tmp_path)
+    assert all(now.get(k) == v for k, v in other.items()), "the other run's files must not change"
+    mine = json.loads((tmp_path / f"t{MANIFEST_SUFFIX}").read_text())["files"]
+    videos = sorted(p.name for p in tmp_path.glob("*.mp4"))
+    theirs = json.loads((tmp_path / f"other{MANIFEST_SUFFIX}").read_text())["files"]
+    assert videos == sorted(mine + theirs), "no stale video of the overwritten run is left"
+    assert len(mine) == 2 and sorted(mine) == sorted(p.name for p in env.recorder.video_paths)
+    assert [e["episode_seed"] for e in check_pair(tmp_path / "t.h5")] == [50, 51]
+
+
+def test_zero_kept_episodes_do_not_report_the_old_run(tmp_path):
+    record(tmp_path, trajectory_name="t")
+    record(tmp_path, trajectory_name="t", if_exists="overwrite", keep="success")  # the double never succeeds
+    assert episodes(tmp_path / "t.json") == []
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        assert list(f.keys()) == []
+    assert not list(tmp_path.glob("*.mp4"))
+
+
+def test_resume_adds_episodes_after_a_closed_run(tmp_path):
+    record(tmp_path, trajectory_name="t", seed=0)
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        first = {k: f[k]["obs"][()] for k in f}
+    env = record(tmp_path, trajectory_name="t", if_exists="resume", seed=10)
+    eps = check_pair(tmp_path / "t.h5")
+    assert [e["episode_seed"] for e in eps] == [0, 1, 10, 11]
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        for k, v in first.items():
+            np.testing.assert_array_equal(f[k]["obs"][()], v)
+    assert sorted(p.name for p in env.recorder.video_paths) == ["2_env0_failure.mp4", "3_env1_failure.mp4"]
+    files = json.loads((tmp_path / f"t{MANIFEST_SUFFIX}").read_text())["files"]
+    assert sorted(files) == [f"{i}_env{i % 2}_failure.mp4" for i in range(4)]
+
+
+def test_crash_then_resume_keeps_every_durable_episode(tmp_path):
+    from test_crash import record_then_kill
+
+    durable = record_then_kill(tmp_path, "double", min_finished=16, extra_s=0.3)
+    with pytest.raises(OutputExistsError, match=r"did not close"):
+        RecordEpisode(BatchedDoubleEnv(num_envs=8, max_episode_steps=4, size=64), tmp_path, trajectory_name="crash")
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=8, max_episode_steps=4, size=64), tmp_path, trajectory_name="crash",
+                        if_exists="resume")
+    resumed_from = env.recorder.first_episode_id
+    assert resumed_from >= durable
+    env.reset(seed=1000)
+    for _ in range(4):
+        env.step(torch.zeros(8, 3))
+    env.close()
+    eps = check_pair(tmp_path / "crash.h5")
+    assert len(eps) == resumed_from + 8
+    assert [e["episode_seed"] for e in eps[-8:]] == list(range(1000, 1008))
+    assert not (tmp_path / "crash.h5.parts").exists()  # closed: one self-contained file again
+
+
+# ---------------------------------------------------------------------------------------------- two writers
+HOLDER = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {src!r})
+    from fastrecord import RecordEpisode
+    from fastrecord.testing import BatchedDoubleEnv
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=2, max_episode_steps=3), sys.argv[1], trajectory_name="t")
+    env.reset(seed=0)
+    print("ready", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_two_processes_cannot_record_one_name(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(src=SRC), str(tmp_path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(OutputExistsError, match=rf"another recorder \(pid {holder.pid} on .*\) is writing trajectory_name='t'"):
+            RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t", if_exists="overwrite")
+        assert (tmp_path / "t.h5").exists() and (tmp_path / f"t{MANIFEST_SUFFIX}").exists()  # untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    # the kernel released the dead holder's lock: the name is free again, its files are a crashed run
+    RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t", if_exists="resume").close()
+
+
+def test_two_wrappers_in_one_process_cannot_share_a_name(tmp_path):
+    a = RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
+    with pytest.raises(OutputExistsError, match="another recorder"):
+        RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
+    a.close()
+
+
+def test_default_names_never_collide(tmp_path):
+    envs = [RecordEpisode(BatchedDoubleEnv(num_envs=2, max_episode_steps=2), tmp_path) for _ in range(3)]
+    names = [e.recorder.trajectory_name for e in envs]
+    assert len(set(names)) == 3, names
+    for k, env in enumerate(envs):
+        env.reset(seed=100 * k)
+        for _ in range(2):
+            env.step(torch.zeros(2, 3))
+    for env in envs:
+        env.close()
+    for k, name in enumerate(names):
+        eps = check_pair(tmp_path / f"{name}.h5")
+        assert [e["episode_seed"] for e in eps] == [100 * k, 100 * k + 1]
+        with h5py.File(tmp_path / f"{name}.h5", "r") as f:  # the data are this run's: positions from its seeds
+            first = BatchedDoubleEnv(num_envs=2)
+            first.reset(seed=100 * k)
+            np.testing.assert_allclose(f["traj_0"]["obs"][0], first._obs()[0].numpy())
+
+
+# ---------------------------------------------------------------------------------------------- exits
+SCRIPT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {src!r})
+    from fastrecord.system import use_lavapipe_if_no_gpu
+    use_lavapipe_if_no_gpu()
+    import gymnasium as gym, mani_skill.envs
+    from fastrecord import RecordEpisode
+    env = gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                   human_render_camera_configs=dict(width=64, height=64), max_episode_steps=4)
+    env = RecordEpisode(env, sys.argv[1], trajectory_name="t")
+    forever = sys.argv[2] == "forever"
+    k = 0
+    while forever or k < 3:
+        env.reset(seed=k)
+        for _ in range(4):
+            env.step(env.action_space.sample())
+        k += 1
+        print("episodes", k, flush=True)
+    env.reset(seed=k)  # ends the third episode; the script ends without env.close()
+""")
+
+
+def test_script_without_close_keeps_every_finished_episode(tmp_path):
+    r = subprocess.run([sys.executable, "-c", SCRIPT.format(src=SRC), str(tmp_path), "3"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    eps = check_pair(tmp_path / "t.h5")
+    assert len(eps) == 3
+    videos = sorted(tmp_path.glob("*.mp4"))
+    assert [p.name for p in videos] == ["0_env0_failure.mp4", "1_env0_failure.mp4", "2_env0_failure.mp4"]
+    assert all(len(decode_mp4(p)) == 5 for p in videos)
+    assert json.loads((tmp_path / f"t{MANIFEST_SUFFIX}").read_text())["status"] == "closed"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_close_the_recorder(tmp_path, sig):
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(src=SRC), str(tmp_path), "forever"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("episodes") and int(line.split()[1]) >= 2:
+            break
+    time.sleep(0.2)
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    # SIGTERM: SystemExit(143) from fastrecord's handler; SIGINT: KeyboardInterrupt, which Python reports by
+    # ending with SIGINT itself (-2) after the exit hooks ran
+    assert proc.returncode == (143 if sig == signal.SIGTERM else -signal.SIGINT), err
+    if sig == signal.SIGTERM:
+        assert "Traceback" not in err
+    eps = check_pair(tmp_path / "t.h5")
+    assert len(eps) >= 2
+    assert len(list(tmp_path.glob("*.mp4"))) == len(eps)
+    assert not (tmp_path / "t.h5.parts").exists()  # closed and consolidated
+    assert json.loads((tmp_path / f"t{MANIFEST_SUFFIX}").read_text())["status"] == "closed"
+
+
+# ---------------------------------------------------------------------------------------------- construction
+def test_failed_construction_leaves_nothing_that_blocks_a_retry(tmp_path):
+    from fastrecord.sinks import Sink
+
+    class BrokenSink(Sink):
+        def open(self, run):
+            raise RuntimeError("cannot reach the logging server")
+
+        def submit(self, episodes):
+            pass
+
+    with pytest.raises(RuntimeError, match="logging server"):
+        RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t", sinks=[BrokenSink()])
+    assert [p.name for p in tmp_path.iterdir()] == []
+    record(tmp_path, trajectory_name="t")  # the retry works
+    assert len(check_pair(tmp_path / "t.h5")) == 2
