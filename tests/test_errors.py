@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import h5py
+import numpy as np
 import pytest
 import torch
 from fastrecord.testing import BatchedDoubleEnv
@@ -32,14 +33,82 @@ def test_unwritable_output_dir(tmp_path):
     [
         (dict(keep="successful"), r"keep='successful' is not a filter; use one of \('all', 'success'"),
         (dict(video_codec="h265_magic"), r"video codec 'h265_magic' is not available.*libx264"),
+        (dict(video_codec="aac"), r"'aac'.*audio encoder"),
+        (dict(video_codec="mjpeg"), r"'mjpeg'.*trial encode.*libx264"),
+        (dict(video_preset="fastest"), r"video_preset='fastest'.*ultrafast"),
+        (dict(video_crf=99), r"video_crf=99.*0.*51"),
+        (dict(video_crf=22.5), r"video_crf=22.5 must be an integer"),
+        (dict(video_fps=0), r"video_fps=0 must be a positive number of frames per second"),
+        (dict(video_fps=-5), r"video_fps=-5 must be a positive number"),
+        (dict(video_fps="30"), r"video_fps='30' must be a positive number"),
+        (dict(video_fps=float("nan")), r"video_fps=nan must be a positive number"),
         (dict(video_layout="grid"), r"video_layout='grid' is unknown; use one of \('per_env', 'tiled'\)"),
         (dict(video_source="camera"), r"video_source='camera' is unknown; use 'render'"),
+        (dict(video_workers=0), r"video_workers=0 must be an integer >= 1"),
+        (dict(buffer_capacity=0), r"buffer_capacity=0 must be an integer >= 2"),
+        (dict(buffer_capacity=-1), r"buffer_capacity=-1 must be an integer >= 2"),
+        (dict(max_steps_per_video=0), r"max_steps_per_video=0 must be an integer >= 1"),
+        (dict(trajectory_writers=0), r"trajectory_writers=0 must be an integer >= 1"),
+        (dict(trajectory_name="runs/a"), r"trajectory_name='runs/a' must be a plain file name"),
+        (dict(if_exists="append"), r"if_exists='append' is unknown; use one of \('error', 'overwrite', 'resume'\)"),
+        (dict(save_video="yes"), r"save_video='yes' must be True or False"),
+        (dict(save_video_trigger=5), r"save_video_trigger=5 must be a callable"),
         (dict(render_substeps=True), r"render_substeps=True is not supported"),
+        (dict(sinks=["stdout"]), r"every sink must be a fastrecord.sinks.Sink"),
     ],
 )
 def test_bad_options(tmp_path, kwargs, match):
+    """Every argument is checked at construction, before anything is written."""
+    out = tmp_path / "out"
     with pytest.raises(ValueError, match=match):
-        RecordEpisode(BatchedDoubleEnv(), tmp_path, **kwargs)
+        RecordEpisode(BatchedDoubleEnv(), out, **kwargs)
+    assert not out.exists()
+
+
+def test_unknown_argument_names_the_valid_ones(tmp_path):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'save_videos'.*'save_video'"):
+        RecordEpisode(BatchedDoubleEnv(), tmp_path, save_videos=True)
+
+
+def test_fractional_fps_works(tmp_path):
+    from fractions import Fraction
+
+    import av
+
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=1, max_episode_steps=3), tmp_path, video_fps=7.5, save_trajectory=False)
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(torch.zeros(1, 3))
+    env.close()
+    (video,) = tmp_path.glob("*.mp4")
+    with av.open(str(video)) as c:
+        assert c.streams.video[0].average_rate == Fraction(15, 2)
+
+
+def test_growth_failure_leaves_a_consistent_episode(tmp_path, monkeypatch):
+    """A buffer that cannot grow raises, and the episode keeps exactly the steps recorded before."""
+    import fastrecord.buffer as buffer_mod
+
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=2, max_episode_steps=20), tmp_path, trajectory_name="t",
+                        buffer_capacity=4)
+    env.reset(seed=0)
+    actions = [torch.full((2, 3), 0.1 * (k + 1)) for k in range(3)]
+    for a in actions:  # slots 1..3 of 4: no growth yet
+        env.step(a)
+    monkeypatch.setattr(buffer_mod, "free_bytes", lambda device: 0)  # the growth at slot 4 cannot fit
+    with pytest.raises(BufferTooLargeError, match="needs"):
+        env.step(torch.full((2, 3), 9.0))
+    with pytest.raises(BufferTooLargeError):  # still cannot: the same error, nothing half-written
+        env.step(torch.full((2, 3), 9.0))
+    env.close()  # saves the episodes as recorded
+    meta = json.loads((tmp_path / "t.json").read_text())["episodes"]
+    assert [e["elapsed_steps"] for e in meta] == [3, 3]
+    with h5py.File(tmp_path / "t.h5") as f:
+        for e in range(2):
+            g = f[f"traj_{e}"]
+            assert g["actions"].shape == (3, 3) and g["obs"].shape[0] == 4 and g["terminated"].shape == (3,)
+            np.testing.assert_allclose(g["actions"][()], torch.stack([a[e] for a in actions]).numpy())
+            np.testing.assert_array_equal(g["env_states/articulations/arm"][:, 0], [0, 1, 2, 3])
 
 
 def test_keep_needs_the_flag_it_filters_on(tmp_path):
