@@ -1,0 +1,419 @@
+"""`TrajectoryWriter` in writer processes: round trips, a killed writer, a full disk, crash + recover/resume.
+
+Real files read back with h5py and compared with what was submitted. Episode data are a function of the
+episode's seed (``make_episode``), so an episode can be checked after its id was renumbered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from fastrecord.episode import EpisodeData
+from fastrecord.sinks.maniskill_h5 import TrajectoryWriter, consolidate, recover
+from fastrecord.workers import WorkerError
+
+HEADER = {"env_info": {"env_id": "Test-v0", "env_kwargs": {"obs_mode": "rgb"}, "max_episode_steps": 6},
+          "commit_info": {"mani_skill": "test"}}
+SRC = Path(__file__).parents[1] / "src"
+
+
+def make_episode(episode_id: int, seed: int, frame: int = 8) -> EpisodeData:
+    """An episode whose every array is determined by ``seed``; ``frame`` is the camera's side in pixels."""
+    rng = np.random.default_rng(seed)
+    t = int(rng.integers(2, 6))
+    datasets = {
+        "actions": rng.standard_normal((t, 4)).astype(np.float32),
+        "rewards": rng.standard_normal(t).astype(np.float32),
+        "terminated": np.zeros(t, bool),
+        "truncated": np.arange(t) == t - 1,
+        "success": rng.random(t) > 0.5,
+        "env_states/actors/cube": rng.standard_normal((t + 1, 13)).astype(np.float32),
+        "env_states/articulations/panda": rng.standard_normal((t + 1, 31)).astype(np.float32),
+        "obs/agent/qpos": rng.standard_normal((t + 1, 9)).astype(np.float32),
+        "obs/sensor_data/base_camera/rgb": rng.integers(0, 256, (t + 1, frame, frame, 3), dtype=np.uint8),
+    }
+    meta = dict(episode_id=episode_id, episode_seed=seed, elapsed_steps=t, control_mode="pd_joint_delta_pos",
+                reset_kwargs={"seed": seed, "options": {}}, success=bool(datasets["success"][-1]))
+    return EpisodeData(episode_id, 0, t, datasets, meta, frames=np.zeros((t + 1, 2, 2, 3), np.uint8))
+
+
+def check_file(h5_path: Path, json_path: Path | None = None) -> list[dict]:
+    """The pair lists consecutive ids, every listed episode is in the .h5 with the data its seed gives."""
+    from mani_skill.utils.io_utils import load_json
+
+    meta = load_json(str(json_path or h5_path.with_suffix(".json")))
+    assert meta["env_info"] == HEADER["env_info"]
+    episodes = meta["episodes"]
+    assert [e["episode_id"] for e in episodes] == list(range(len(episodes)))
+    with h5py.File(h5_path, "r") as f:
+        assert len(f) >= len(episodes)
+        for e in episodes:
+            g = f[f"traj_{e['episode_id']}"]
+            want = make_episode(e["episode_id"], e["episode_seed"], frame=g["obs/sensor_data/base_camera/rgb"].shape[1])
+            assert e["elapsed_steps"] == want.elapsed_steps
+            for path, data in want.datasets.items():
+                np.testing.assert_array_equal(g[path][:], data, err_msg=f"traj_{e['episode_id']}/{path}")
+    return episodes
+
+
+def self_contained(h5_path: Path) -> bool:
+    with h5py.File(h5_path, "r") as f:
+        return all(isinstance(f.get(k, getlink=True), h5py.HardLink) for k in f)
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------------------------------------- round trip
+def test_round_trip_two_writers_many_batches(tmp_path):
+    """2 writer processes, 40 small batches: ids 0..n-1 in submission order, every value as submitted."""
+    h5 = tmp_path / "run.h5"
+    w = TrajectoryWriter(h5, HEADER, num_writers=2, max_pending=3, index_interval_s=0.01)
+    assert h5.exists() and h5.with_suffix(".json").exists()  # a valid empty pair from the start
+    assert w.next_episode_id == 0 and len(w.pids) == 3 and os.getpid() not in w.pids
+    rng = random.Random(0)
+    seeds, eid = [], 0
+    for b in range(40):
+        batch = [make_episode(eid + j, 100 + eid + j) for j in range(rng.randint(1, 4))]
+        seeds += [e.meta["episode_seed"] for e in batch]
+        w.submit(batch)
+        eid += len(batch)
+        if b == 20:
+            w.wait_until_done()
+            assert w.num_episodes == eid
+            assert [e["episode_seed"] for e in check_file(h5)] == seeds
+    w.wait_until_done()
+    assert w.num_episodes == eid and len(w.json_data["episodes"]) == eid
+    assert not self_contained(h5)  # an index of links into the parts while recording
+    w.close()
+    w.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        w.submit([make_episode(eid, 0)])
+    episodes = check_file(h5)
+    assert [e["episode_seed"] for e in episodes] == seeds  # submission order
+    assert episodes == w.json_data["episodes"]
+    assert self_contained(h5) and not (tmp_path / "run.h5.parts").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5", "run.json"]
+    with h5py.File(h5) as f:  # ManiSkill's layout and compression
+        rgb = f["traj_0/obs/sensor_data/base_camera/rgb"]
+        assert rgb.compression == "gzip" and rgb.compression_opts == 5 and rgb.chunks == (1, 8, 8, 3)
+        assert f["traj_0/actions"].compression is None
+        assert list(f["traj_0"]) == ["actions", "rewards", "terminated", "truncated", "success", "env_states", "obs"]
+
+
+def test_writer_processes_are_isolated(tmp_path):
+    """The writers import neither torch nor ManiSkill, and ignore SIGINT/SIGTERM (the parent closes them)."""
+    w = TrajectoryWriter(tmp_path / "run.h5", HEADER)
+    try:
+        w.submit([make_episode(0, 0)])
+        w.wait_until_done()
+        for pid in w.pids:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert "h5py" in maps and "torch" not in maps and "sapien" not in maps
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+        time.sleep(0.3)
+        w.raise_if_failed()  # all alive
+        w.submit([make_episode(1, 1)])
+    finally:
+        w.close()
+    assert len(check_file(tmp_path / "run.h5")) == 2
+    assert all(_state(pid) in ("gone", "Z") for pid in w.pids)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+# ---------------------------------------------------------------------------------------------- failures
+def test_killed_writer_process(tmp_path):
+    """SIGKILL of a writer mid-part: WorkerError naming it; what was committed stays readable; close()
+    raises and keeps the parts; consolidate() afterwards makes one file of them."""
+    h5 = tmp_path / "run.h5"
+    w = TrajectoryWriter(h5, HEADER)
+    try:
+        w.submit([make_episode(i, 500 + i) for i in range(3)])
+        w.wait_until_done()
+        # a large batch of incompressible frames, so that the writer is caught mid-part
+        w.submit([make_episode(3 + i, 600 + i, frame=192) for i in range(24)])
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run.h5.parts" / "part_000001.h5.tmp").exists():
+            assert time.monotonic() < deadline, "the writer never started part 1"
+            time.sleep(0.002)
+        os.kill(w.pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"HDF5 writer process 0 \(pid \d+\) was killed by signal SIGKILL \(9\) "
+                                              r"while writing part_000001\.h5 \(episodes 3-26\); [\d,]+ bytes free") as e:
+            w.wait_until_done()
+        assert "3 finished episode(s) are safely on disk, listed in run.h5 + run.json" in str(e.value)
+        with pytest.raises(WorkerError, match="SIGKILL"):
+            w.submit([make_episode(27, 0)])
+        assert len(check_file(h5)) == 3
+    finally:
+        with pytest.raises(WorkerError, match="SIGKILL"):
+            w.close()
+    w.close()  # idempotent: raised once
+    assert (tmp_path / "run.h5.parts" / "part_000000.h5").exists()  # not consolidated, not deleted
+    assert not (tmp_path / "run.h5.parts" / "part_000001.h5.tmp").exists()
+    assert len(check_file(h5)) == 3
+    consolidate(h5)
+    assert len(check_file(h5)) == 3 and self_contained(h5) and not (tmp_path / "run.h5.parts").exists()
+
+
+def test_writer_killed_while_idle(tmp_path):
+    """A writer that dies between batches is reported at the next call, with its exit signal."""
+    w = TrajectoryWriter(tmp_path / "run.h5", HEADER, num_writers=2)
+    w.submit([make_episode(0, 0)])
+    w.wait_until_done()
+    os.kill(w.pids[1], signal.SIGKILL)
+    time.sleep(0.2)
+    with pytest.raises(WorkerError, match=r"HDF5 writer process 1 \(pid \d+\) was killed by signal SIGKILL .*1 finished"):
+        w.submit([make_episode(1, 1)])
+    with pytest.raises(WorkerError):
+        w.close()
+    assert len(check_file(tmp_path / "run.h5")) == 1
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs mounted on a folder of tmp_path (needs root, as in CI)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a 2 MiB tmpfs to fill (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_full_disk(small_disk):
+    """Writing until the disk is full: a WorkerError naming ENOSPC, the free bytes and the fix; this
+    process lives on; every committed episode is readable."""
+    h5 = small_disk / "run.h5"
+    w = TrajectoryWriter(h5, HEADER, index_interval_s=0.0)
+    eid = 0
+    try:
+        with pytest.raises(WorkerError) as e:
+            for _ in range(100):  # ~250 KiB a batch of incompressible frames: full after a few
+                w.submit([make_episode(eid + j, 700 + eid + j, frame=64) for j in range(4)])
+                eid += 4
+                w.wait_until_done()
+        msg = str(e.value)
+        assert "No space left on device" in msg and "bytes free on that filesystem" in msg, msg
+        assert "Free space or choose another output_dir" in msg
+        assert f"{w.num_episodes} finished episode(s) are safely on disk" in msg
+        assert w.num_episodes >= 4
+        listed = check_file(h5)
+        assert len(listed) == w.num_episodes
+    finally:
+        with pytest.raises(WorkerError, match="No space left"):
+            w.close()
+    assert (small_disk / "run.h5.parts").is_dir()  # kept
+    assert len(check_file(h5)) == len(listed)
+
+
+# ---------------------------------------------------------------------------------------------- crash, recover, resume
+_CHILD = """
+import sys, types
+pkg = types.ModuleType("fastrecord"); pkg.__path__ = [{src!r} + "/fastrecord"]; sys.modules["fastrecord"] = pkg
+sys.path.insert(0, {tests!r})
+from test_sink_maniskill_h5 import record_forever
+record_forever({out!r})
+"""
+
+
+def record_forever(out: str) -> None:
+    """In a child process (killed by the test): submit batches without end, report what is committed."""
+    w = TrajectoryWriter(Path(out) / "run.h5", HEADER, num_writers=2, index_interval_s=0.02)
+    print("pids", *w.pids, flush=True)
+    eid = b = 0
+    while True:
+        n = 1 + b % 4
+        w.submit([make_episode(eid + j, 1000 + eid + j, frame=24) for j in range(n)])
+        eid += n
+        b += 1
+        if b % 3 == 0:
+            w.wait_until_done()
+            print("committed", w.num_episodes, flush=True)
+
+
+def record_then_kill(out: Path, min_committed: int, extra_s: float) -> int:
+    """Run `record_forever`, SIGKILL it ``extra_s`` after ``min_committed`` episodes; wait for its writers
+    to leave (they see the parent's socket close). Returns the episodes it had reported committed."""
+    code = _CHILD.format(src=str(SRC), tests=str(Path(__file__).parent), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    committed, pids = 0, []
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:
+            if line.startswith("pids"):
+                pids = [int(p) for p in line.split()[1:]]
+            if line.startswith("committed"):
+                committed = int(line.split()[1])
+                if committed >= min_committed:
+                    break
+            assert time.monotonic() < deadline, "recording too slow"
+        os.set_blocking(proc.stdout.fileno(), False)
+        time.sleep(extra_s)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    for line in proc.stdout:
+        if line.startswith("committed"):
+            committed = int(line.split()[1])
+    deadline = time.monotonic() + 30
+    while any(_state(p) not in ("gone", "Z") for p in pids):
+        assert time.monotonic() < deadline, "orphaned writer processes did not leave"
+        time.sleep(0.01)
+    return committed
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_crash_then_resume(tmp_path, trial):
+    """Killed at a random moment: the pair on disk is consistent; resume=True recovers every complete part
+    (consecutive ids, data intact), appends after it, and the result is one file ManiSkill reads."""
+    random.seed(trial)
+    h5 = tmp_path / "run.h5"
+    durable = record_then_kill(tmp_path, min_committed=6, extra_s=random.uniform(0.0, 0.4))
+    assert len(check_file(h5)) >= durable  # as the crash left it: consistent
+
+    before = snapshot(tmp_path)
+    with pytest.raises(FileExistsError, match=r"run\.h5, run\.json, run\.h5\.parts already exist.*resume=True"):
+        TrajectoryWriter(h5, HEADER)
+    assert snapshot(tmp_path) == before  # refused, nothing deleted
+
+    complete = sorted((tmp_path / "run.h5.parts").glob("part_*.h5"))
+    w = TrajectoryWriter(h5, HEADER, resume=True, num_writers=2)
+    recovered = w.next_episode_id
+    assert recovered >= durable and w.num_episodes == recovered
+    assert not list((tmp_path / "run.h5.parts").glob("*.tmp"))
+    with h5py.File(h5) as f:
+        assert len(f) == recovered
+    listed = 0
+    for part in complete:
+        with h5py.File(part, "r") as f:
+            listed += len(json.loads(f.attrs["fastrecord_episodes"]))
+    assert listed == recovered
+    seeds = [e["episode_seed"] for e in check_file(h5)]
+    for k in range(3):
+        start = w.next_episode_id + 2 * k
+        w.submit([make_episode(start + j, 5000 + start + j) for j in range(2)])
+    w.close()
+    episodes = check_file(h5)
+    assert len(episodes) == recovered + 6
+    assert [e["episode_seed"] for e in episodes] == seeds + [5000 + recovered + j for j in range(6)]
+    assert self_contained(h5) and not (tmp_path / "run.h5.parts").exists()
+
+    # a closed (consolidated) run resumes too: it becomes the first part
+    w = TrajectoryWriter(h5, HEADER, resume=True)
+    assert w.next_episode_id == len(episodes)
+    w.submit([make_episode(len(episodes), 9000)])
+    w.close()
+    final = check_file(h5)
+    assert final[:-1] == episodes and final[-1]["episode_seed"] == 9000 and self_contained(h5)
+
+
+def _write_run(tmp_path: Path, batches: int, **kw) -> tuple[Path, list[int]]:
+    """A run left as a crash leaves it (not consolidated); returns NAME.h5 and the seeds in order."""
+    h5 = tmp_path / "run.h5"
+    w = TrajectoryWriter(h5, HEADER, consolidate_on_close=False, **kw)
+    seeds, eid = [], 0
+    for b in range(batches):
+        batch = [make_episode(eid + j, 300 + eid + j) for j in range(2 + b % 2)]
+        seeds += [e.meta["episode_seed"] for e in batch]
+        eid += len(batch)
+        w.submit(batch)
+        if b == 1:
+            w.wait_until_done()
+            stale = {p: p.read_bytes() for p in (h5, h5.with_suffix(".json"))}
+    w.close()
+    for p, data in stale.items():  # the index as it was before the last parts: they are complete, unlisted
+        p.write_bytes(data)
+    return h5, seeds
+
+
+def test_consolidate_keeps_complete_unindexed_parts(tmp_path):
+    h5, seeds = _write_run(tmp_path, batches=6)
+    assert len(check_file(h5)) == 5  # the stale index lists the first two batches only
+    (tmp_path / "run.h5.parts" / "part_000006.h5.tmp").write_bytes(b"half a part")
+    assert consolidate(h5) == h5
+    episodes = check_file(h5)
+    assert [e["episode_seed"] for e in episodes] == seeds
+    assert self_contained(h5) and sorted(p.name for p in tmp_path.iterdir()) == ["run.h5", "run.json"]
+
+
+def test_recover_renumbers_around_a_lost_part(tmp_path):
+    """A part lost in the middle (parallel writers, crash): the later parts' episodes move down to keep
+    ids consecutive; index link names differ from their targets; the JSON ids are fixed to match."""
+    h5, seeds = _write_run(tmp_path, batches=5, num_writers=2)
+    (tmp_path / "run.h5.parts" / "part_000001.h5").unlink()  # episodes 2-4
+    assert recover(h5) == len(seeds) - 3
+    episodes = check_file(h5)
+    assert [e["episode_seed"] for e in episodes] == seeds[:2] + seeds[5:]
+    with h5py.File(h5) as f:
+        link = f.get("traj_2", getlink=True)
+        assert isinstance(link, h5py.ExternalLink)
+        assert (link.filename, link.path) == ("run.h5.parts/part_000002.h5", "/traj_5")
+    assert recover(h5) == len(seeds) - 3  # recovering again changes nothing
+    assert check_file(h5) == episodes
+    consolidate(h5)
+    assert check_file(h5) == episodes and self_contained(h5)
+
+
+def test_recover_parts_without_entries_use_the_json(tmp_path):
+    """Parts written before parts carried their JSON entries (no attribute) take them from NAME.json."""
+    h5 = tmp_path / "run.h5"
+    parts = tmp_path / "run.h5.parts"
+    parts.mkdir()
+    entries = []
+    for k in range(2):  # the old writer's layout: traj_{id} groups, entries in NAME.json only
+        with h5py.File(parts / f"part_{k:06d}.h5", "w", track_order=True) as f:
+            for i in (2 * k, 2 * k + 1):
+                ep = make_episode(i, 40 + i)
+                g = f.create_group(f"traj_{i}", track_order=True)
+                for path, data in ep.datasets.items():
+                    g.create_dataset(path, data=data)
+                entries.append(ep.meta)
+    with h5py.File(h5, "w") as f:  # a stale index listing part 0 only
+        for i in (0, 1):
+            f[f"traj_{i}"] = h5py.ExternalLink("run.h5.parts/part_000000.h5", f"/traj_{i}")
+    h5.with_suffix(".json").write_text(json.dumps({**HEADER, "episodes": entries}))
+    assert recover(h5) == 4
+    assert [e["episode_seed"] for e in check_file(h5)] == [40, 41, 42, 43]
+    with h5py.File(parts / "part_000001.h5") as f:  # given its entries for good
+        assert [e["episode_seed"] for e in json.loads(f.attrs["fastrecord_episodes"])] == [42, 43]
+    w = TrajectoryWriter(h5, HEADER, resume=True)
+    assert w.next_episode_id == 4
+    w.submit([make_episode(4, 44)])
+    w.close()
+    assert [e["episode_seed"] for e in check_file(h5)] == [40, 41, 42, 43, 44]
+
+
+def test_resume_on_nothing_starts_fresh_and_recover_on_nothing_raises(tmp_path):
+    w = TrajectoryWriter(tmp_path / "run.h5", HEADER, resume=True)
+    assert w.next_episode_id == 0
+    w.submit([make_episode(0, 1)])
+    w.close()
+    assert len(check_file(tmp_path / "run.h5")) == 1
+    with pytest.raises(FileNotFoundError, match="nothing to recover"):
+        recover(tmp_path / "other.h5")
+    with pytest.raises(ValueError, match="num_writers=0"):
+        TrajectoryWriter(tmp_path / "x.h5", HEADER, num_writers=0)
+    shutil.rmtree(tmp_path)
