@@ -27,7 +27,7 @@ from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, VectorEnvView
 from fastrecord.episode import EpisodeData, field_of
 from fastrecord.options import RecordOptions
 from fastrecord.sinks.base import RunDirectory, Sink
-from fastrecord.sinks.trajectory_sink import ManiSkillH5Sink
+from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
 from fastrecord.sinks.mp4 import Mp4Sink
 from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
 

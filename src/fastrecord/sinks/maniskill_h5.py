@@ -36,7 +36,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -745,3 +745,45 @@ def open_trajectory(path: str | Path) -> TrajectoryFile:
                 f"and .json do not belong together, or the file is not a ManiSkill trajectory"
             )
     return traj
+
+
+# ---------------------------------------------------------------------------------------------- the sink
+# (sinks.base imports only numpy and fastrecord.workers: writer processes may import this module)
+from fastrecord.sinks.base import RunDirectory, Sink  # noqa: E402
+
+
+class ManiSkillH5Sink(Sink):
+    """ManiSkill's trajectory pair ``NAME.h5`` + ``NAME.json`` of the run, through `TrajectoryWriter`
+    (crash-safe parts, writer processes). ``resume`` runs continue the episode ids on disk."""
+
+    wants_datasets = True
+
+    def __init__(self, header: dict[str, Any], writers: int = 1) -> None:
+        self.header = header
+        self.writers = writers
+        self.writer: TrajectoryWriter | None = None
+
+    def open(self, run: RunDirectory) -> None:
+        super().open(run)
+        self.writer = TrajectoryWriter(run.path(".h5"), self.header, resume=run.resuming, num_writers=self.writers)
+
+    @property
+    def next_episode_id(self) -> int:
+        return self.writer.next_episode_id
+
+    def submit(self, episodes: Sequence[EpisodeData]) -> None:
+        self.writer.submit(list(episodes))
+
+    def raise_if_failed(self) -> None:
+        self.writer.raise_if_failed()
+
+    def wait_until_done(self) -> None:
+        self.writer.wait_until_done()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.writer.h5_path, self.writer.json_path] if self.writer is not None else []
