@@ -258,3 +258,40 @@ def test_failed_construction_leaves_nothing_that_blocks_a_retry(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == []
     record(tmp_path, trajectory_name="t")  # the retry works
     assert len(check_pair(tmp_path / "t.h5")) == 2
+
+
+# ---------------------------------------------------------------------------------------------- full disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (needs root, as in CI), nearly filled: about 200 KiB left."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a 2 MiB tmpfs to fill (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
+    try:
+        (mnt / "filler").write_bytes(os.urandom((2 << 20) - (200 << 10)))
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_full_disk_is_an_error_in_the_caller_and_keeps_what_was_written(small_disk):
+    out = small_disk / "run"
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=4, max_episode_steps=6, size=64), out, trajectory_name="t")
+    written = 0
+    with pytest.raises(Exception) as e:  # noqa: PT011 - checked below: a WorkerError naming the cause
+        for b in range(200):
+            env.reset(seed=4 * b)
+            for _ in range(6):
+                env.step(torch.zeros(4, 3))
+            env.wait_until_done()
+            written = env.recorder.num_episodes
+    from fastrecord import WorkerError
+
+    assert isinstance(e.value, WorkerError), repr(e.value)
+    assert "No space left on device" in str(e.value), str(e.value)
+    with pytest.raises(WorkerError):
+        env.close()
+    eps = check_pair(out / "t.h5")  # readable, consistent, and holding what was durable before
+    assert written > 0 and len(eps) >= written
