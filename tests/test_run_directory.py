@@ -261,22 +261,8 @@ def test_failed_construction_leaves_nothing_that_blocks_a_retry(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- full disk
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs (needs root, as in CI), nearly filled: about 200 KiB left."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MiB tmpfs to fill (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
-        (mnt / "filler").write_bytes(os.urandom((2 << 20) - (200 << 10)))
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
 def test_full_disk_is_an_error_in_the_caller_and_keeps_what_was_written(small_disk):
+    (small_disk / "filler").write_bytes(os.urandom((2 << 20) - (200 << 10)))  # about 200 KiB left
     out = small_disk / "run"
     env = RecordEpisode(BatchedDoubleEnv(num_envs=4, max_episode_steps=6, size=64), out, trajectory_name="t")
     written = 0

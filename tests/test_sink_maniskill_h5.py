@@ -189,20 +189,6 @@ def test_writer_killed_while_idle(tmp_path):
     assert len(check_file(tmp_path / "run.h5")) == 1
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs mounted on a folder of tmp_path (needs root, as in CI)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MiB tmpfs to fill (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
 def test_full_disk(small_disk):
     """Writing until the disk is full: a WorkerError naming ENOSPC, the free bytes and the fix; this
     process lives on; every committed episode is readable."""
