@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import h5py
 import pytest
@@ -52,3 +59,160 @@ def test_unknown_yaml_option(tmp_path, capsys):
     cfg.write_text("env: PickCube-v1\n")
     assert main(["record", "--config", str(cfg)]) == 2
     assert "unknown option(s) ['env'] for RecordConfig" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- mistakes
+def _files(root) -> set:
+    return {p.relative_to(root) for p in root.rglob("*")} if root.exists() else set()
+
+
+def _write(path, text: str):
+    path.write_text(text)
+    return str(path)
+
+
+BAD_INPUTS = [
+    # (argv after the command, regex of the message)
+    (["record", "--num-envs", "0"], r"num_envs=0 must be at least 1; pass --num-envs N"),
+    (["record", "--episodes", "0"], r"episodes=0 must be at least 1; pass --episodes N"),
+    (["record", "--width", "-64"], r"width=-64 must be at least 1; pass --width N"),
+    (["record", "--height", "-1"], r"height=-1 must be at least 1; pass --height N"),
+    (["record", "--video-fps", "0"], r"video_fps=0(\.0)? must be a positive number of frames per second; pass --video-fps 30"),
+    (["record", "--video-fps", "-30"], r"video_fps=-30(\.0)? must be a positive number"),
+    (["record", "--video-workers", "0"], r"video_workers=0 must be at least 1"),
+    (["record", "--video-codec", ""], r"video_codec='' must be an encoder name"),  # the wrapper's own check
+    (["record", "--config", "{tmp}/nope.yaml"], r"config file '.*nope\.yaml' does not exist; pass the path of a YAML preset"),
+    (["record", "--config", "{bad_yaml}"], r"config file '.*bad\.yaml' is not valid YAML at line 3, column \d+: .*flow sequence from line 2"),
+    (["record", "--config", "{not_mapping}"], r"config file '.*list\.yaml' must hold a mapping of option: value, got list"),
+    (["record", "--config", "{unknown}"], r"unknown option\(s\) \['env'\] for RecordConfig"),
+    (["record", "--config", "{wrong_type}"], r"num_envs='two' must be int, not str"),
+    (["replay", "demo.h5", "--num-envs", "0"], r"num_envs=0 must be at least 1; pass --num-envs N"),
+    (["replay", "demo.h5", "--width", "-1"], r"width=-1 must be at least 1"),
+    (["replay", "demo.h5", "--video-fps", "-5"], r"video_fps=-5(\.0)? must be a positive number"),
+    (["replay", "demo.h5", "--count", "0"], r"count=0 must be at least 1"),
+    (["replay", "--config", "{tmp}/nope.yaml"], r"config file '.*nope\.yaml' does not exist"),
+    (["replay", "--config", "{bad_yaml}"], r"is not valid YAML at line 3"),
+    (["replay", "--config", "{not_mapping}"], r"must hold a mapping"),
+    (["bench", "--config", "{tmp}/nope.yaml"], r"config file '.*nope\.yaml' does not exist"),
+    (["bench", "--config", "{bad_yaml}"], r"is not valid YAML at line 3"),
+    (["bench", "--config", "{not_mapping}"], r"must hold a mapping"),
+    (["bench", "--config", "{unknown}"], r"unknown option\(s\) \['env'\] for BenchConfig"),
+]
+
+
+@pytest.mark.parametrize("argv, pattern", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_mistakes_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, monkeypatch, argv, pattern):
+    paths = dict(
+        tmp=tmp_path,
+        bad_yaml=_write(tmp_path / "bad.yaml", "env_id: PickCube-v1\nnum_envs: [1, 2\nepisodes: 3\n"),
+        not_mapping=_write(tmp_path / "list.yaml", "- PickCube-v1\n- 2\n"),
+        unknown=_write(tmp_path / "unknown.yaml", "env: PickCube-v1\n"),
+        wrong_type=_write(tmp_path / "type.yaml", "num_envs: two\n"),
+    )
+    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)  # a default output dir would land here
+    before = _files(tmp_path)
+    argv = [a.format(**paths) for a in argv]
+    if argv[0] != "bench":
+        argv += ["--output-dir", str(out)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err + captured.out, captured.err
+    assert re.match(rf"fastrecord {argv[0]}: error: .*{pattern}", lines[0]), lines[0]
+    assert _files(tmp_path) == before
+
+
+def test_if_exists_error_refuses_and_leaves_the_run_alone(tmp_path, capsys):
+    out = tmp_path / "rec"
+    argv = ["record", "PushCube-v1", "--episodes", "1", "--max-episode-steps", "2", "--width", "32", "--height", "32",
+            "--output-dir", str(out)]
+    assert main(argv) == 0
+    before = {p: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastrecord record: error: ") and len(err.strip().splitlines()) == 1, err
+    assert "trajectory" in err and "overwrite" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in out.iterdir()} == before
+    # --if-exists overwrite replaces it; resume adds after it
+    assert main(argv + ["--if-exists", "overwrite"]) == 0
+    assert len(json.loads((out / "trajectory.json").read_text())["episodes"]) == 1
+    assert main(argv + ["--if-exists", "resume"]) == 0
+    eps = json.loads((out / "trajectory.json").read_text())["episodes"]
+    assert [e["episode_id"] for e in eps] == [0, 1]
+    with h5py.File(out / "trajectory.h5") as f:
+        assert sorted(f) == ["traj_0", "traj_1"]
+
+
+# ---------------------------------------------------------------------------------------------- signals
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _episodes_on_disk(out: Path) -> int:
+    try:
+        return len(json.loads((out / "trajectory.json").read_text())["episodes"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _interrupt(tmp_path, signals: list[int]) -> tuple[subprocess.CompletedProcess, Path, int]:
+    """Start `fastrecord record` for far more episodes than it will get to, wait until one is on disk,
+    send ``signals`` (a short pause between them), and let it finish."""
+    out = tmp_path / "rec"
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--episodes", "1000", "--max-episode-steps", "3",
+           "--width", "64", "--height", "64", "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while _episodes_on_disk(out) < 1:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no episode recorded within 240 s"
+            time.sleep(0.2)
+        seen = _episodes_on_disk(out)
+        for i, s in enumerate(signals):
+            if i:
+                time.sleep(0.3)
+            proc.send_signal(s)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), out, seen
+
+
+def _check_interrupted(result, out: Path, seen: int, name: str, code: int) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    m = re.fullmatch(rf"interrupted \({name}\): stopped after (\d+) episodes?; (\d+) episodes? in progress saved", lines[0])
+    assert m, result.stdout
+    finished = re.search(r"^episodes: (\d+) finished, (\d+) kept", result.stdout, re.M)
+    assert finished and "env-steps/s" in result.stdout and f"files (" in result.stdout
+    total = int(finished[1])
+    assert total == int(m[1]) + int(m[2]) and int(m[2]) <= 1 and total >= seen
+    meta = json.loads((out / "trajectory.json").read_text())
+    assert len(meta["episodes"]) == total == int(finished[2])
+    with h5py.File(out / "trajectory.h5", "r") as f:
+        assert len(f) == total
+        for ep in meta["episodes"]:
+            g = f[f"traj_{ep['episode_id']}"]
+            T = ep["elapsed_steps"]
+            assert 1 <= T <= 3 and g["actions"].shape[0] == T and g["env_states/actors/cube"].shape[0] == T + 1
+    videos = sorted(out.glob("*.mp4"))
+    assert len(videos) == total
+    for ep in meta["episodes"]:
+        (path,) = [p for p in videos if p.name.startswith(f"{ep['episode_id']}_")]
+        assert decode_mp4(path).shape == (ep["elapsed_steps"] + 1, 64, 64, 3)
+
+
+def test_sigterm_stops_record_like_ctrl_c(tmp_path):
+    result, out, seen = _interrupt(tmp_path, [signal.SIGTERM])
+    _check_interrupted(result, out, seen, "SIGTERM", 143)
+
+
+def test_ctrl_c_twice_stops_record_and_keeps_files_whole(tmp_path):
+    result, out, seen = _interrupt(tmp_path, [signal.SIGINT, signal.SIGINT])
+    _check_interrupted(result, out, seen, "SIGINT", 130)

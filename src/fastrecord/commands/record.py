@@ -5,6 +5,10 @@ Examples:
     fastrecord record PushCube-v1 --num-envs 4 --episodes 16 --keep success
     fastrecord record PickCube-v1 --config configs/pickcube_cpu.yaml
     fastrecord record PickCube-v1 --policy fastrecord.policies:pick_cube_policy --keep success
+    fastrecord record PickCube-v1 --output-dir recordings --if-exists resume   # add episodes to a recording
+
+Ctrl-C or SIGTERM stops the run between two steps: the episodes in progress are saved, the summary is
+printed, and the exit status is 130 (SIGINT) or 143 (SIGTERM).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-
-from fastrecord.commands.config import RecordConfig, load_config
+from fastrecord.commands.cli import StopSignals
+from fastrecord.commands.config import IF_EXISTS_CHOICES, RecordConfig, load_config
 
 
 @dataclass
@@ -28,6 +32,8 @@ class RecordSummary:
     env_steps: int  # env-steps taken (parallel steps x num_envs)
     seconds: float
     files: list[Path]
+    interrupted: str | None = None  # the signal that stopped the run early ("SIGINT", "SIGTERM"), None if it ran out
+    finished_before_stop: int = 0  # episodes finished when the signal stopped the run (the rest ended at close)
 
 
 def _render_backend(name: str) -> str:
@@ -36,6 +42,20 @@ def _render_backend(name: str) -> str:
     import torch
 
     return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
+    """The wrapper's arguments, checked here (`RecordOptions`) before any env or file is made."""
+    from fastrecord.options import RecordOptions
+
+    rec = dict(
+        save_trajectory=cfg.save_trajectory, trajectory_name=cfg.trajectory_name, save_video=cfg.save_video,
+        video_fps=cfg.video_fps, keep=cfg.keep, if_exists=cfg.if_exists, video_layout=cfg.video_layout,
+        video_codec=cfg.video_codec, video_workers=cfg.video_workers, source_type="fastrecord",
+        source_desc=f"fastrecord record, policy {cfg.policy}",
+    )
+    RecordOptions(**rec)  # raises ValueError naming the bad value
+    return rec
 
 
 def make_recorded_env(cfg: RecordConfig):
@@ -64,35 +84,46 @@ def make_recorded_env(cfg: RecordConfig):
         kwargs["max_episode_steps"] = cfg.max_episode_steps
     if cfg.env_id not in gym.registry:
         raise ValueError(f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1")
-    rec = dict(
-        output_dir=cfg.output_dir, trajectory_name=cfg.trajectory_name, save_video=cfg.save_video,
-        save_trajectory=cfg.save_trajectory, video_fps=cfg.video_fps, keep=cfg.keep, video_layout=cfg.video_layout,
-        video_codec=cfg.video_codec, video_workers=cfg.video_workers, source_type="fastrecord",
-        source_desc=f"fastrecord record, policy {cfg.policy}",
-    )
+    rec = recorder_kwargs(cfg)
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
     if gpu_sim or cfg.num_envs == 1:
         env = gym.make(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
-        env = RecordEpisode(env, **rec)
+        try:
+            env = RecordEpisode(env, cfg.output_dir, **rec)
+        except BaseException:
+            env.close()
+            raise
         return ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
+
     def thunk():
         return CPUGymWrapper(gym.make(cfg.env_id, **kwargs))
+
     envs = gym.vector.SyncVectorEnv([thunk for _ in range(cfg.num_envs)])
-    return RecordEpisode(envs, **rec)
+    try:
+        return RecordEpisode(envs, cfg.output_dir, **rec)
+    except BaseException:
+        envs.close()
+        raise
 
 
-def load_policy(spec: str, env: Any) -> Callable[[Any], Any]:
-    """'random', or 'module:factory' where factory(env) returns act(obs) -> batched action."""
+def policy_factory(spec: str) -> Callable[[Any], Callable[[Any], Any]]:
+    """'random', or 'module:factory' where factory(env) returns act(obs) -> batched action.
+
+    Imported here, before any env is made, so that a wrong name costs nothing and writes nothing."""
     if spec == "random":
-        return lambda obs: env.action_space.sample()
+        return lambda env: (lambda obs: env.action_space.sample())
     module, sep, name = spec.partition(":")
     if not sep:
         raise ValueError(f"policy={spec!r} must be 'random' or 'module:factory' (e.g. fastrecord.policies:pick_cube_policy)")
     try:
-        factory = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"policy={spec!r} cannot be loaded ({e}); check the module path and the factory name") from e
-    return factory(env)
+
+
+def load_policy(spec: str, env: Any) -> Callable[[Any], Any]:
+    """`policy_factory` (spec), called on ``env``: act(obs) -> batched action."""
+    return policy_factory(spec)(env)
 
 
 def _recorder(env: Any):
@@ -104,39 +135,51 @@ def _recorder(env: Any):
     raise RuntimeError("no fastrecord recorder in this env stack")
 
 
-def run_record(cfg: RecordConfig, progress: bool = True) -> RecordSummary:
+def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None) -> RecordSummary:
+    """Record ``cfg.episodes`` episodes. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between
+    two steps: the env is closed, which saves the episodes in progress, and the summary says so."""
     from tqdm import tqdm
 
+    factory = policy_factory(cfg.policy)
     env = make_recorded_env(cfg)
-    rec = _recorder(env)
-    act = load_policy(cfg.policy, env)
+    stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
     n = cfg.num_envs
-    obs, _ = env.reset(seed=[cfg.seed + i for i in range(n)] if n > 1 else cfg.seed)
-    bar = tqdm(total=cfg.episodes, unit="episode", disable=not progress, dynamic_ncols=True, mininterval=1.0)
     steps = 0
+    finished_before_stop = 0
+    bar = tqdm(total=cfg.episodes, unit="episode", disable=not progress, dynamic_ncols=True, mininterval=1.0)
     t0 = time.perf_counter()
+    seconds = None
     try:
-        while rec.num_finished < cfg.episodes:
+        rec = _recorder(env)
+        act = factory(env)
+        if not stopping():
+            obs, _ = env.reset(seed=[cfg.seed + i for i in range(n)] if n > 1 else cfg.seed)
+        while not stopping() and rec.num_finished < cfg.episodes:
             obs, *_ = env.step(act(obs))
             steps += n
             if rec.num_finished > bar.n:
                 bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{steps / (time.perf_counter() - t0):.0f}", refresh=False)
                 bar.update(min(rec.num_finished, cfg.episodes) - bar.n)
-        rec.wait_until_done()
-        seconds = time.perf_counter() - t0
+        finished_before_stop = rec.num_finished
+        if not stopping():
+            rec.wait_until_done()
+            seconds = time.perf_counter() - t0
     finally:
         bar.close()
-        env.close()
+        env.close()  # an interrupted run: saves the episodes in progress (save_on_reset)
+    if seconds is None:
+        seconds = time.perf_counter() - t0
     successes = 0
     json_path = Path(cfg.output_dir) / f"{cfg.trajectory_name}.json"
     files = sorted(rec.video_paths)
-    if cfg.save_trajectory:
+    if cfg.save_trajectory and json_path.exists():
         import json
 
-        episodes = json.loads(json_path.read_text())["episodes"]
-        successes = sum(bool(e.get("success")) for e in episodes)
+        episodes = json.loads(json_path.read_text())["episodes"]  # with --if-exists resume, earlier runs' first
+        successes = sum(bool(e.get("success")) for e in episodes[len(episodes) - rec.num_episodes:])
         files = [json_path.with_suffix(".h5"), json_path] + files
-    return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files)
+    return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files,
+                         stop.name if stop is not None and stop.requested else None, finished_before_stop)
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -147,6 +190,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", help="'random' or 'module:factory'")
     p.add_argument("--output-dir")
     p.add_argument("--trajectory-name")
+    p.add_argument("--if-exists", choices=IF_EXISTS_CHOICES,
+                   help="output_dir already holds a recording of this name: error (default), overwrite it, or resume "
+                        "(add episodes after it)")
     p.add_argument("--keep", choices=["all", "success", "success_once", "failure"])
     p.add_argument("--video-layout", choices=["per_env", "tiled"])
     p.add_argument("--no-video", dest="save_video", action="store_const", const=False)
@@ -159,7 +205,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int)
     p.add_argument("--max-episode-steps", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--video-fps", type=int)
+    p.add_argument("--video-fps", type=float)
     p.add_argument("--video-codec")
     p.add_argument("--video-workers", type=int)
 
@@ -167,10 +213,20 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def main_from_args(args: argparse.Namespace) -> int:
     opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
     cfg = load_config(RecordConfig, args.config, **opts)
-    s = run_record(cfg)
-    print(f"episodes: {s.episodes} finished, {s.kept} kept, {s.successes} successful")
-    print_speed_and_files(s.env_steps, s.seconds, s.files, cfg.output_dir)
-    return 0
+    with StopSignals("record") as stop:
+        s = run_record(cfg, stop=stop)
+        if s.interrupted:
+            print(interrupted_line(s.interrupted, s.finished_before_stop, s.episodes - s.finished_before_stop, cfg.keep))
+        print(f"episodes: {s.episodes} finished, {s.kept} kept, {s.successes} successful")
+        print_speed_and_files(s.env_steps, s.seconds, s.files, cfg.output_dir)
+        return stop.exit_code
+
+
+def interrupted_line(signal_name: str, finished: int, in_progress: int, keep: Any) -> str:
+    """The one line an interrupted run prints before its summary (record, replay)."""
+    saved = "saved" if keep == "all" else f"saved if kept (keep={keep})"
+    return (f"interrupted ({signal_name}): stopped after {finished} episode{'s' if finished != 1 else ''}; "
+            f"{in_progress} episode{'s' if in_progress != 1 else ''} in progress {saved}")
 
 
 def print_speed_and_files(env_steps: int, seconds: float, files: list[Path], where: str | Path) -> None:

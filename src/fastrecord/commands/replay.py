@@ -30,8 +30,6 @@ import argparse
 import functools
 import json
 import os
-import re
-import shutil
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -43,16 +41,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrecord.commands.config import load_config
+from fastrecord.commands.cli import StopSignals
+from fastrecord.commands.config import check_at_least, check_choice, check_fps, check_types, load_config
 from fastrecord.envs import SubEnvAccess
-from fastrecord.record import KEEP_CHOICES
+from fastrecord.episode import KEEP_CHOICES
 
 BY_CHOICES = ("states", "actions")
 VECTOR_CHOICES = ("auto", "sync", "async", "batched")
 CPU_BACKENDS = ("physx_cpu", "cpu")
 GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless --num-envs says otherwise
-# the MP4 names fastrecord's recorder gives per-env videos: "{episode}_env{env}[_success|_failure].mp4"
-_VIDEO_NAME = re.compile(r"^\d+_env\d+(_success|_failure)?(_\d+)?\.mp4$")
 
 
 @dataclass(frozen=True)
@@ -75,11 +72,25 @@ class ReplayConfig:
     height: int | None = None  # video camera height
     shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
     keep: str = "all"  # all | success | success_once | failure: which replayed episodes are written
-    video_fps: int | None = None  # None: the task's control frequency
+    video_fps: float | None = None  # None: the task's control frequency
     video_codec: str = "auto"  # auto (h264_nvenc where usable, else libx264) | libx264 | any PyAV encoder
-    overwrite: bool = False  # replace existing output files (never the input)
+    overwrite: bool = False  # replace the output of an earlier run of this name (never the input)
     progress: bool = True  # show a progress bar
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs (override the file's)
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        check_choice(self, "by", BY_CHOICES)
+        check_choice(self, "vector", VECTOR_CHOICES)
+        check_choice(self, "keep", KEEP_CHOICES)
+        check_at_least(self, 1, count="--count", num_envs="--num-envs", width="--width", height="--height")
+        check_fps(self.video_fps)
+        if self.use_first_env_state and self.by != "actions":
+            raise ValueError("use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)")
+        if not (self.video_source == "render" or self.video_source.startswith("sensor:")):
+            raise ValueError(f"video_source={self.video_source!r} is unknown; use 'render' or 'sensor:<camera name>'")
+        if not (self.save_video or self.save_trajectory):
+            raise ValueError("nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory")
 
 
 @dataclass
@@ -100,6 +111,8 @@ class ReplaySummary:
     output_dir: Path
     files: list[Path]
     source_episode_ids: list[int] = field(default_factory=list)  # output episode k replays input episode [k]
+    interrupted: str | None = None  # the signal that stopped the replay early ("SIGINT", "SIGTERM")
+    partial: int = 0  # interrupted: replays cut short and saved as they were
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -337,6 +350,15 @@ def make_replay_env(env_id: str, env_kwargs: dict[str, Any], max_episode_steps: 
 
 
 # ---------------------------------------------------------------------------------------------- batches
+def _in_worker(thunk) -> gym.Env:
+    """An AsyncVectorEnv worker's env: the worker ignores Ctrl-C (a terminal sends it to the whole process
+    group), so that the parent can stop the replay and still step and close its envs."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return thunk()
+
+
 class _VectorBatch:
     """N CPU envs in a gymnasium vector env (autoreset disabled), recorded by fastrecord from outside."""
 
@@ -345,14 +367,19 @@ class _VectorBatch:
 
         mode = gym.vector.AutoresetMode.DISABLED
         if asynchronous:
+            thunk = functools.partial(_in_worker, thunk)
             envs = gym.vector.AsyncVectorEnv([thunk] * num_envs, context="forkserver", autoreset_mode=mode)
         else:
             envs = gym.vector.SyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
         self.envs = envs
         self.num_envs = num_envs
-        self.control_freq = envs.get_attr("control_freq")[0]
-        self.action_shape = envs.single_action_space.shape
-        self.env = RecordEpisode(_DoneFromInfo(envs), **rec_kwargs(self.control_freq))
+        try:
+            self.control_freq = envs.get_attr("control_freq")[0]
+            self.action_shape = envs.single_action_space.shape
+            self.env = RecordEpisode(_DoneFromInfo(envs), **rec_kwargs(self.control_freq))
+        except BaseException:
+            envs.close()
+            raise
         self.recorder = self.env.recorder
         self._started = False
 
@@ -393,7 +420,11 @@ class _BatchedEnv:
         self.control_freq = base.control_freq
         self.action_shape = base.single_action_space.shape
         self.replay: ReplayStates = env
-        self.env = RecordEpisode(env, **rec_kwargs(self.control_freq))
+        try:
+            self.env = RecordEpisode(env, **rec_kwargs(self.control_freq))
+        except BaseException:
+            env.close()
+            raise
         self.recorder = self.env.recorder
         self._started = False
 
@@ -447,57 +478,20 @@ def _camera_configs(cfg: ReplayConfig, kwargs: dict[str, Any]) -> None:
         kwargs["sensor_configs"] = sensors
 
 
-def _check_config(cfg: ReplayConfig) -> None:
-    if cfg.by not in BY_CHOICES:
-        raise ValueError(f"by={cfg.by!r} is unknown; use one of {BY_CHOICES}")
-    if cfg.vector not in VECTOR_CHOICES:
-        raise ValueError(f"vector={cfg.vector!r} is unknown; use one of {VECTOR_CHOICES}")
-    if cfg.keep not in KEEP_CHOICES:
-        raise ValueError(f"keep={cfg.keep!r} is unknown; use one of {KEEP_CHOICES}")
-    if cfg.count is not None and cfg.count < 1:
-        raise ValueError(f"count={cfg.count} must be >= 1 (or None for every episode)")
-    if cfg.num_envs is not None and cfg.num_envs < 1:
-        raise ValueError(f"num_envs={cfg.num_envs} must be >= 1")
-    if cfg.use_first_env_state and cfg.by != "actions":
-        raise ValueError("use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)")
-    if not (cfg.video_source == "render" or cfg.video_source.startswith("sensor:")):
-        raise ValueError(f"video_source={cfg.video_source!r} is unknown; use 'render' or 'sensor:<camera name>'")
-    if not (cfg.save_video or cfg.save_trajectory):
-        raise ValueError("nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory")
-    for name in ("width", "height"):
-        v = getattr(cfg, name)
-        if v is not None and v < 1:
-            raise ValueError(f"{name}={v} must be a positive number of pixels")
+def run_replay(cfg: ReplayConfig, stop: StopSignals | None = None) -> ReplaySummary:
+    """Replay ``cfg.traj_path`` and record the replays; see the module docstring.
 
-
-def _output_conflicts(out: Path, traj_name: str, save_trajectory: bool, save_video: bool) -> list[Path]:
-    if not out.exists():
-        return []
-    found: list[Path] = []
-    if save_trajectory:
-        found += [p for p in (out / f"{traj_name}.h5", out / f"{traj_name}.json", out / f"{traj_name}.h5.parts") if p.exists()]
-    if save_video:
-        found += sorted(p for p in out.iterdir() if _VIDEO_NAME.match(p.name))
-    return found
-
-
-def _remove(paths: list[Path]) -> None:
-    for p in paths:
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-
-
-def run_replay(cfg: ReplayConfig) -> ReplaySummary:
-    """Replay ``cfg.traj_path`` and record the replays; see the module docstring."""
-    _check_config(cfg)
+    With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the replay between two steps: the replays in
+    progress are saved as far as they got, the env is closed and the summary says so."""
     t0 = time.perf_counter()
     traj = open_trajectory(cfg.traj_path)
     try:
-        return _run(cfg, traj, t0)
+        return _run(cfg, traj, t0, stop)
     finally:
         traj.close()
 
 
-def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float) -> ReplaySummary:
+def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals | None) -> ReplaySummary:
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     info = traj.env_info
@@ -546,21 +540,18 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float) -> ReplaySummary:
     new_h5 = out / f"{name}.h5"
     if cfg.save_trajectory and new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
         raise ValueError(f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name")
-    conflicts = _output_conflicts(out, name, cfg.save_trajectory, cfg.save_video)
-    if conflicts:
-        if not cfg.overwrite:
-            shown = ", ".join(p.name for p in conflicts[:4]) + (f" and {len(conflicts) - 4} more" if len(conflicts) > 4 else "")
-            raise ValueError(f"{str(out)!r} already holds output of a replay or recording ({shown}); "
-                             f"pass --overwrite to replace it, or choose another --output-dir")
-        _remove(conflicts)
 
     def rec_kwargs(control_freq: int) -> dict[str, Any]:
         return dict(
             output_dir=str(out), save_trajectory=cfg.save_trajectory, trajectory_name=name, save_video=cfg.save_video,
             save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=cfg.keep, video_source=cfg.video_source,
-            video_codec=cfg.video_codec, source_type="fastrecord-replay",
+            video_codec=cfg.video_codec, if_exists="overwrite" if cfg.overwrite else "error", source_type="fastrecord-replay",
             source_desc=f"fastrecord replay of {traj.h5_path.name} by {'env states' if cfg.by == 'states' else 'actions'}",
         )
+
+    from fastrecord.options import RecordOptions
+
+    RecordOptions(**{k: v for k, v in rec_kwargs(20).items() if k != "output_dir"})  # bad values: before any env or file
 
     vector = cfg.vector
     if cfg.num_envs is not None:
@@ -586,18 +577,24 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float) -> ReplaySummary:
         thunk = functools.partial(make_replay_env, env_id, kwargs, max_steps)
         batch = _VectorBatch(thunk, n, vector == "async", rec_kwargs)
 
-    summary = _drive(cfg, traj, episodes, batch)
+    summary = _drive(cfg, traj, episodes, batch, stop)
     summary.seconds = time.perf_counter() - t0
     summary.output_dir = out
-    if cfg.save_trajectory:
+    if cfg.save_trajectory and (out / f"{name}.json").exists():  # absent when interrupted before any episode
         _name_sources(out / f"{name}.json", summary.source_episode_ids)
         summary.files = [new_h5, new_h5.with_suffix(".json")] + summary.files
     return summary
 
 
-def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: _VectorBatch | _BatchedEnv) -> ReplaySummary:
-    """Keep every env busy: when an env's episode ends, flush it and start the next pending one there."""
+def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: _VectorBatch | _BatchedEnv,
+           stop: StopSignals | None = None) -> ReplaySummary:
+    """Keep every env busy: when an env's episode ends, flush it and start the next pending one there.
+
+    A ``stop`` request ends the loop between two steps; the replays in progress are then flushed as
+    far as they got (partial episodes, named in the summary)."""
     from tqdm import tqdm
+
+    stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
 
     n = batch.num_envs
     per_step = cfg.by == "states"
@@ -609,8 +606,15 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
     act = np.zeros((n, *batch.action_shape), dtype=np.float32)
     diverged: list[Divergence] = []
     sources: list[int] = []  # output episode k replays input episode sources[k]
-    successes = env_steps = 0
+    successes = env_steps = partial = cut = 0
     rec = batch.recorder
+
+    def flush(e: int) -> None:
+        before = rec.num_episodes
+        batch.flush(e)
+        if rec.num_episodes > before:
+            sources.append(int(episodes[slot[e]]["episode_id"]))
+        slot[e] = None
 
     def plan(i: int) -> dict[str, Any]:
         ep = episodes[i]
@@ -633,8 +637,9 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
 
     bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress, dynamic_ncols=True, desc="replay")
     try:
-        start(list(range(n)))
-        while any(s is not None for s in slot):
+        if not stopping():
+            start(list(range(n)))
+        while not stopping() and any(s is not None for s in slot):
             act[:] = 0
             for e in range(n):
                 if slot[e] is not None:
@@ -651,23 +656,27 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
                 successes += bool(replayed)
                 if replayed is not None and recorded is not None and replayed != recorded:
                     diverged.append(Divergence(int(ep["episode_id"]), recorded, replayed))
-                before = rec.num_episodes
-                batch.flush(e)
-                if rec.num_episodes > before:
-                    sources.append(int(ep["episode_id"]))
-                slot[e] = None
+                flush(e)
             if done:
                 bar.update(len(done))
                 bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
                 refill = done[: len(pending)]
                 if refill:
                     start(refill)
+        if stopping():  # save the replays in progress as far as they got
+            for e in range(n):
+                if slot[e] is not None:
+                    cut += 1
+                    if t[e] > 0:
+                        partial += 1
+                        flush(e)
         rec.wait_until_done()
     finally:
         bar.close()
         batch.close()
-    return ReplaySummary(len(episodes), rec.num_episodes, successes, diverged, env_steps, 0.0, Path("."),
-                         sorted(rec.video_paths), sources)
+    done_count = len(episodes) - len(pending) - cut  # all of them unless interrupted
+    return ReplaySummary(done_count, rec.num_episodes, successes, diverged, env_steps, 0.0, Path("."),
+                         sorted(rec.video_paths), sources, stop.name if stopping() else None, partial)
 
 
 def _name_sources(json_path: Path, sources: list[int]) -> None:
@@ -701,13 +710,18 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int, help="video camera height")
     p.add_argument("--shader", help="shader pack of the video camera: minimal, default, rt, rt-fast")
     p.add_argument("--keep", choices=KEEP_CHOICES, help="which replayed episodes are written (default all)")
-    p.add_argument("--video-fps", type=int)
+    p.add_argument("--video-fps", type=float)
     p.add_argument("--video-codec")
-    p.add_argument("--overwrite", action="store_const", const=True, help="replace existing output files")
+    p.add_argument("--overwrite", action="store_const", const=True,
+                   help="replace the output of an earlier replay or recording of this name (never the input)")
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
 
 
 def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
+    from fastrecord.commands.record import interrupted_line, print_speed_and_files
+
+    if s.interrupted:
+        print(interrupted_line(s.interrupted, s.episodes, s.partial, cfg.keep) + " (partial replays)" * bool(s.partial))
     print(f"replayed {s.episodes} episodes by {'env states' if cfg.by == 'states' else 'actions'}: "
           f"{s.successes} successful, {s.kept} written (keep={cfg.keep})")
     if s.diverged:
@@ -721,8 +735,6 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         print(f"success diverged from the recording in {len(s.diverged)} episodes: {shown}{more}{hint}")
     else:
         print("success matches the recording in every episode")
-    from fastrecord.commands.record import print_speed_and_files
-
     print_speed_and_files(s.env_steps, s.seconds, s.files, s.output_dir)
 
 
@@ -731,6 +743,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     cfg = load_config(ReplayConfig, args.config, **opts)
     if not cfg.traj_path:
         raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
-    s = run_replay(cfg)
-    print_summary(s, cfg)
-    return 0
+    with StopSignals("replay") as stop:
+        s = run_replay(cfg, stop=stop)
+        print_summary(s, cfg)
+        return stop.exit_code
