@@ -1,9 +1,12 @@
 """Profile fastrecord's work on the stepping thread: where each millisecond of `EpisodeRecorder.on_step` goes.
 
-    python scripts/profile_step.py --num-envs 128 --size 512                 # batched source, free render
+    python scripts/profile_step.py --num-envs 128 --size 512                 # batched source, render = one gather
     python scripts/profile_step.py --num-envs 128 --size 512 --gap-ms 20     # idle gaps between steps (as a sim)
     python scripts/profile_step.py --num-envs 128 --size 512 --busy 16       # 16 busy processes (as encoders)
     python scripts/profile_step.py --real-env PickCube-v1 --size 512         # one real env (GPU render on CUDA)
+
+The batched source is `fastrecord.testing.BatchedDoubleEnv` replaying a clip bank, as in `fastrecord bench`
+(render is one gather on the device, its time summed in ``busy_seconds``).
 
 Prints the host time of `on_step` (p50 and mean) split into its parts (render, collect, leaves, buffer
 write, rest), then the torch.profiler ops (CPU- and CUDA-runtime-side) that ran *inside* on_step only,
@@ -23,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastrecord.testing import BatchedDoubleEnv  # noqa: E402
-
-from fastrecord import RecordEpisode  # noqa: E402
+from fastrecord import RecordEpisode
+from fastrecord.commands.bench import gradient_clips
+from fastrecord.testing import BatchedDoubleEnv
 
 LABEL = "fastrecord.on_step"
 
@@ -86,6 +89,7 @@ def _inside(prof: Any, label: str, top: int = 25) -> list[tuple[str, float, int]
 
 
 def make_env(args: argparse.Namespace, device: str) -> Any:
+    """A real ManiSkill env, or the batched double replaying a small gradient clip bank (episodes never end)."""
     if args.real_env:
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401
@@ -93,11 +97,9 @@ def make_env(args: argparse.Namespace, device: str) -> Any:
         render = "gpu" if device == "cuda" else "cpu"
         base = gym.make(args.real_env, num_envs=1, obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
                         render_backend=render, human_render_camera_configs=dict(width=args.size, height=args.size))
-        return base, None
-    base = BatchedDoubleEnv(num_envs=args.num_envs, max_episode_steps=10**6, size=args.size, device=device)
-    frame = base.render()
-    base.render = lambda: frame  # free render: the recorder alone
-    return base, frame
+        return base
+    bank = gradient_clips(clips=4, frames=16, height=args.size, width=args.size)
+    return BatchedDoubleEnv(num_envs=args.num_envs, max_episode_steps=10**6, device=device, bank=bank)
 
 
 def main() -> None:
@@ -112,7 +114,7 @@ def main() -> None:
     p.add_argument("--sync", action="store_true", help="drain the GPU before each step (is on_step waiting for earlier GPU work?)")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    base, _ = make_env(args, device)
+    base = make_env(args, device)
     stop = mp.Event()
     spinners = [mp.Process(target=_spin, args=(stop,), daemon=True) for _ in range(args.busy)]
     for s in spinners:
@@ -165,7 +167,7 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / args.steps
-        what = args.real_env or f"{args.num_envs} envs free render"
+        what = args.real_env or f"{args.num_envs} envs, bank render"
         print(f"== {what}, {args.size}x{args.size}, trajectory={args.trajectory}, gap {args.gap_ms} ms, sync {args.sync}, "
               f"{args.busy} busy processes, {device}; loop {1000 * wall:.3f} ms/step")
         t = timers.t

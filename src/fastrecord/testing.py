@@ -2,34 +2,72 @@
 
 ManiSkill allows one env per process on the CPU, so ``num_envs > 1`` batched-tensor semantics cannot
 be exercised with a real ManiSkill env on the CI machine. `BatchedDoubleEnv` stands in for
-``mani_skill.envs.sapien_env.BaseEnv`` with ``num_envs = N``, following the parts of its contract the
-recorder relies on:
+``mani_skill.envs.sapien_env.BaseEnv`` with ``num_envs = N`` (wrapped in its TimeLimit), following the
+parts of its contract the recorder relies on:
 
 - every output is a batched torch tensor ``[N, ...]`` on ``device``; actions ``[N, A]``;
 - ``reset(seed=..., options={"env_idx": idx})`` resets only ``idx`` and returns obs for all envs, with
   ``info["reconfigure"]``; ``_episode_seed`` holds the per-env episode seeds;
 - ``step`` returns ``(obs, reward [N], terminated [N], truncated [N], info)`` with ``info["success"]``,
-  ``info["fail"]`` and ``info["elapsed_steps"]``; truncation at ``max_episode_steps`` (ManiSkill's
-  TimeLimit semantics on the GPU: no auto-reset, the caller resets);
+  ``info["fail"]`` and ``info["elapsed_steps"]``; ``terminated = success | fail``; truncation once an
+  env has taken its episode's length in steps (ManiSkill's TimeLimit semantics on the GPU: no
+  auto-reset, the caller resets);
 - ``render()`` returns ``[N, H, W, 3]`` uint8 on ``device`` in one call;
 - ``get_state_dict()`` returns ``{"actors": {...}, "articulations": {...}}`` of ``[N, D]`` tensors.
 
-Frames are deterministic functions of (env, state), so a test can recompute what was rendered and
-compare decoded video frames with it: a wrong env or a shifted frame changes the picture.
+It is the one double of tests, benchmark (``fastrecord bench``) and profiler (``scripts/profile_step.py``):
+
+- frames: by default deterministic functions of (env, state) (`frames_for`), so a test can recompute
+  what was rendered and compare decoded video frames with it: a wrong env or a shifted frame changes
+  the picture. With ``bank`` (clips rendered by a real task, or synthetic), env ``e`` at step ``t`` of
+  its episode shows ``bank[e % clips, min(t, frames - 1)]``: one gather on the device per render.
+- episode lengths: ``max_episode_steps`` for every env, or per env (``episode_lengths``: a list, or a
+  function of the env and its episode seed called at each reset), so episodes end at different steps.
+- cost: ``sim_seconds`` of sleep per step emulates simulation time; ``busy_seconds`` sums the time
+  spent inside ``step``, ``render`` and ``reset`` (a benchmark subtracts it to get the recorder's own).
+
+Per-env state lives in ``[N]`` tensors updated with masks: no Python loop over envs in ``step`` or
+``render`` (``reset`` loops over the envs it resets to draw their start states and lengths).
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+EpisodeLengths = Sequence[int] | Callable[[int, int], int]
+
 
 class BatchedDoubleEnv(gym.Env):
-    metadata = {"render_modes": ["rgb_array"]}
+    """Owns: the batched state (``pos [N, 3]``, ``elapsed_steps [N]``, per-env episode seeds and lengths),
+    the frame source (`frames_for` or a clip bank on ``device``), and the counters ``render_calls`` and
+    ``busy_seconds``."""
 
-    def __init__(self, num_envs: int = 4, max_episode_steps: int = 8, size: int = 32, device: str = "cpu",
-                 success_step: list[int] | None = None, render_mode: str | None = "rgb_array"):
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, num_envs: int = 4, max_episode_steps: int = 8, size: int = 32, device: str | torch.device = "cpu",
+                 success_step: list[int] | None = None, render_mode: str | None = "rgb_array", *,
+                 bank: np.ndarray | torch.Tensor | None = None, sim_seconds: float = 0.0,
+                 episode_lengths: EpisodeLengths | None = None, fail_step: list[int] | None = None) -> None:
+        """
+        Args:
+            num_envs: parallel envs ``N``.
+            max_episode_steps: the TimeLimit: truncation after this many steps (the bound of ``episode_lengths``).
+            size: side of the square `frames_for` frames (with ``bank`` the frames are the bank's ``H x W``).
+            device: where every tensor lives (``cuda`` also sets ``gpu_sim_enabled``).
+            success_step: env ``e`` succeeds (and terminates) once it has taken ``success_step[e]`` steps; 0 = never.
+            render_mode: ``"rgb_array"`` (kept for wrappers that check it).
+            bank: ``[clips, frames, H, W, 3]`` uint8 clips (numpy or torch) replayed instead of `frames_for`.
+            sim_seconds: sleep per ``step``, emulating simulation time.
+            episode_lengths: per-env episode length: ``[N]`` ints, or ``f(env_idx, episode_seed) -> int``
+                called for each env at each of its resets; ``None``: ``max_episode_steps`` for all.
+            fail_step: like ``success_step`` for ``info["fail"]``; 0 = never.
+        """
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.max_episode_steps = max_episode_steps
@@ -38,8 +76,9 @@ class BatchedDoubleEnv(gym.Env):
         self.control_mode = "pd_joint_delta_pos"
         self.reconfiguration_freq = 0
         self.gpu_sim_enabled = self.device.type == "cuda"
-        # env e succeeds (and terminates) once it has taken success_step[e] steps; 0 = never
-        self.success_step = torch.tensor(success_step or [0] * num_envs, device=self.device)
+        self.success_step = self._per_env("success_step", success_step)
+        self.fail_step = self._per_env("fail_step", fail_step)
+        self.sim_seconds = sim_seconds
         self.single_action_space = gym.spaces.Box(-1, 1, (3,), np.float32)
         self.action_space = gym.spaces.Box(-1, 1, (num_envs, 3), np.float32)
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -48,45 +87,108 @@ class BatchedDoubleEnv(gym.Env):
         self.elapsed_steps = torch.zeros(num_envs, dtype=torch.int32, device=self.device)
         self._episode_seed = np.zeros(num_envs, dtype=np.int64)
         self.render_calls = 0
+        self.busy_seconds = 0.0
+
+        self.bank: torch.Tensor | None = None
+        if bank is not None:
+            bank = torch.as_tensor(bank)
+            if bank.ndim != 5 or bank.shape[-1] != 3 or bank.dtype != torch.uint8 or 0 in bank.shape:
+                raise ValueError(f"bank has shape {list(bank.shape)} {bank.dtype}; BatchedDoubleEnv needs "
+                                 f"[clips, frames, H, W, 3] uint8 (e.g. bench.gradient_clips(2, 11, 64, 64))")
+            self.bank = bank.to(self.device)
+            self._clip = torch.arange(num_envs, device=self.device) % bank.shape[0]  # env e shows clip e % clips
+            self._last_frame = bank.shape[1] - 1
+
+        self._length_fn: Callable[[int, int], int] | None = None
+        self._lengths = torch.full((num_envs,), max_episode_steps, dtype=torch.int32, device=self.device)
+        if callable(episode_lengths):
+            self._length_fn = episode_lengths
+        elif episode_lengths is not None:
+            lengths = [int(n) for n in episode_lengths]
+            if len(lengths) != num_envs:
+                raise ValueError(f"episode_lengths has {len(lengths)} entries for num_envs={num_envs}; "
+                                 f"give one length per env, or a function (env_idx, episode_seed) -> length")
+            self._check_lengths(lengths, list(range(num_envs)))
+            self._lengths[:] = torch.tensor(lengths, dtype=torch.int32)
+
+    def _per_env(self, name: str, steps: list[int] | None) -> torch.Tensor:
+        steps = [0] * self.num_envs if steps is None else list(steps)
+        if len(steps) != self.num_envs:
+            raise ValueError(f"{name} has {len(steps)} entries for num_envs={self.num_envs}; give one per env (0 = never)")
+        return torch.tensor(steps, device=self.device)
+
+    def _check_lengths(self, lengths: list[int], envs: list[int]) -> None:
+        bad = [(e, n) for e, n in zip(envs, lengths) if not 1 <= n <= self.max_episode_steps]
+        if bad:
+            raise ValueError(f"episode_lengths {bad} ((env, length) pairs) are outside 1..max_episode_steps="
+                             f"{self.max_episode_steps}; raise max_episode_steps (the TimeLimit) or shorten them")
+
+    @property
+    def episode_lengths(self) -> torch.Tensor:
+        """``[N]`` int32 on ``device``: the step at which each env's current episode truncates."""
+        return self._lengths
 
     # ------------------------------------------------------------------ contract
     def _obs(self) -> torch.Tensor:
         return torch.cat([self.pos, self.elapsed_steps[:, None].float()], dim=1)
 
-    def reset(self, *, seed=None, options=None):
-        options = options or {}
-        idx = options.get("env_idx")
-        idx = torch.arange(self.num_envs, device=self.device) if idx is None else torch.as_tensor(idx, device=self.device)
+    def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
+        t0 = time.perf_counter()
+        idx = (options or {}).get("env_idx")
+        rows = np.arange(self.num_envs) if idx is None else np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64).reshape(-1)
         if seed is not None:
             seeds = np.atleast_1d(np.asarray(seed, dtype=np.int64))
-            self._episode_seed[idx.cpu().numpy()] = seeds if len(seeds) == len(idx) else seeds[0] + np.arange(len(idx))
-        for e in idx.tolist():
-            g = torch.Generator().manual_seed(int(self._episode_seed[e]))
-            self.pos[e] = torch.rand(3, generator=g).to(self.device)
-        self.elapsed_steps[idx] = 0
-        return self._obs(), {"reconfigure": False}
+            self._episode_seed[rows] = seeds if len(seeds) == len(rows) else seeds[0] + np.arange(len(rows))
+        dev_rows = torch.as_tensor(rows, device=self.device)
+        start = [torch.rand(3, generator=torch.Generator().manual_seed(int(self._episode_seed[e]))) for e in rows]
+        if start:
+            self.pos[dev_rows] = torch.stack(start).to(self.device)
+        if self._length_fn is not None:
+            lengths = [int(self._length_fn(int(e), int(self._episode_seed[e]))) for e in rows]
+            self._check_lengths(lengths, rows.tolist())
+            self._lengths[dev_rows] = torch.tensor(lengths, dtype=torch.int32).to(self.device)
+        self.elapsed_steps[dev_rows] = 0
+        obs = self._obs()
+        self.busy_seconds += time.perf_counter() - t0
+        return obs, {"reconfigure": False}
 
-    def step(self, action):
+    def step(self, action: Any):
+        t0 = time.perf_counter()
+        if self.sim_seconds:
+            time.sleep(self.sim_seconds)
         action = torch.as_tensor(action, dtype=torch.float32, device=self.device).reshape(self.num_envs, 3)
         self.pos += 0.1 * action
         self.elapsed_steps += 1
         success = (self.success_step > 0) & (self.elapsed_steps >= self.success_step)
-        fail = torch.zeros_like(success)
-        truncated = self.elapsed_steps >= self.max_episode_steps
+        fail = (self.fail_step > 0) & (self.elapsed_steps >= self.fail_step)
+        truncated = self.elapsed_steps >= self._lengths
         reward = self.pos.sum(dim=1)
         info = {"success": success, "fail": fail, "elapsed_steps": self.elapsed_steps.clone()}
-        return self._obs(), reward, success.clone(), truncated, info
+        out = self._obs(), reward, success | fail, truncated, info
+        self.busy_seconds += time.perf_counter() - t0
+        return out
 
-    def render(self):
+    def render(self) -> torch.Tensor:
+        t0 = time.perf_counter()
         self.render_calls += 1
-        return frames_for(self.pos, self.elapsed_steps, self.size)
+        if self.bank is None:
+            img = frames_for(self.pos, self.elapsed_steps, self.size)
+        else:
+            img = self.bank[self._clip, self.elapsed_steps.clamp(max=self._last_frame)]
+        self.busy_seconds += time.perf_counter() - t0
+        return img
 
-    def get_state_dict(self):
+    def get_state_dict(self) -> dict:
         pose = torch.cat([self.pos, torch.zeros(self.num_envs, 10, device=self.device)], dim=1)
         return {"actors": {"box": pose}, "articulations": {"arm": self.elapsed_steps[:, None].float().repeat(1, 4)}}
 
-    def set_state_dict(self, state, env_idx=None):
-        self.pos[:] = torch.as_tensor(state["actors"]["box"][:, :3], device=self.device)
+    def set_state_dict(self, state: dict, env_idx: Any = None) -> None:
+        """Box positions of all envs, or of ``env_idx`` (``state`` then has ``len(env_idx)`` rows), as ManiSkill."""
+        pos = torch.as_tensor(state["actors"]["box"][:, :3], device=self.device)
+        if env_idx is None:
+            self.pos[:] = pos
+        else:
+            self.pos[torch.as_tensor(env_idx, device=self.device)] = pos
 
 
 def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: torch.Tensor | int | None = None) -> torch.Tensor:

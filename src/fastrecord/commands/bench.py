@@ -5,10 +5,10 @@ Examples:
     fastrecord bench --config configs/bench_h200.yaml       # the README's table: 128 envs x 512x512 on a GPU
     fastrecord bench --num-envs 32 --skip maniskill,realenv --json bench.json
 
-Frames come from a batched source env (`FrameSourceEnv`: ManiSkill's batched-env contract, frames on the
-device) that replays clips rendered by a real ManiSkill task (``content: maniskill``) or synthetic
-gradients (``content: gradient``), so both recorders see identical frames and the source costs almost
-nothing. Phases (each can be skipped with ``--skip``):
+Frames come from a batched source env (`fastrecord.testing.BatchedDoubleEnv` with a clip ``bank``:
+ManiSkill's batched-env contract, frames on the device, one gather a render) that replays clips rendered
+by a real ManiSkill task (``content: maniskill``) or synthetic gradients (``content: gradient``), so both
+recorders see identical frames and the source costs almost nothing. Phases (each can be skipped with ``--skip``):
 
   ceiling   one encoder process's frames/s (x workers = the ceiling), and all workers measured together
   quality   PSNR against the source frames and parallel frames/s for each ``sweep`` setting
@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from fastrecord.commands.config import load_config
+from fastrecord.testing import BatchedDoubleEnv
 
 PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro")
 
@@ -127,77 +128,11 @@ def make_bank(clips: np.ndarray, variants: int) -> np.ndarray:
     return np.ascontiguousarray(np.stack(banks, axis=1).reshape(-1, *clips.shape[1:]))
 
 
-class FrameSourceEnv(gym.Env):
-    """A batched env following ManiSkill's GPU-parallel env contract (outputs ``[N, ...]`` tensors on
-    ``device``; ``render()`` returns ``[N, H, W, 3]`` uint8 in one call; partial resets through
-    ``options["env_idx"]``; truncation at ``max_episode_steps``) whose frames replay a clip bank.
-
-    Env ``e`` at step ``t`` of its episode shows ``bank[e % len(bank), t]``. ``sim_seconds`` emulates
-    simulation time per step. Time spent inside step/render/reset is summed in ``busy_seconds``.
-    """
-
-    metadata = {"render_modes": ["rgb_array"]}
-
-    def __init__(self, bank: np.ndarray, num_envs: int, device: str | torch.device, sim_seconds: float = 0.0) -> None:
-        self.num_envs = num_envs
-        self.device = torch.device(device)
-        self.bank = torch.as_tensor(bank).to(self.device)
-        self.max_episode_steps = bank.shape[1] - 1
-        self.render_mode = "rgb_array"
-        self.control_mode = "pd_joint_delta_pos"
-        self.gpu_sim_enabled = self.device.type == "cuda"
-        self.sim_seconds = sim_seconds
-        self.single_action_space = gym.spaces.Box(-1, 1, (3,), np.float32)
-        self.action_space = gym.spaces.Box(-1, 1, (num_envs, 3), np.float32)
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (num_envs, 4), np.float32)
-        self.clip = torch.arange(num_envs, device=self.device) % len(bank)
-        self.elapsed_steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
-        self._elapsed_host = np.zeros(num_envs, dtype=np.int64)
-        self._episode_seed = np.zeros(num_envs, dtype=np.int64)
-        self.busy_seconds = 0.0
-
-    def _obs(self) -> torch.Tensor:
-        return torch.cat([self.clip[:, None].float(), self.elapsed_steps[:, None].float(), torch.zeros(self.num_envs, 2, device=self.device)], 1)
-
-    def reset(self, *, seed: Any = None, options: dict | None = None):
-        t0 = time.perf_counter()
-        idx = (options or {}).get("env_idx")
-        idx = np.arange(self.num_envs) if idx is None else np.asarray(torch.as_tensor(idx).cpu()).reshape(-1)
-        if seed is not None:
-            seeds = np.atleast_1d(np.asarray(seed, dtype=np.int64))
-            self._episode_seed[idx] = seeds if len(seeds) == len(idx) else seeds[0] + np.arange(len(idx))
-        self._elapsed_host[idx] = 0
-        self.elapsed_steps[torch.as_tensor(idx, device=self.device)] = 0
-        obs = self._obs()
-        self.busy_seconds += time.perf_counter() - t0
-        return obs, {"reconfigure": False}
-
-    def step(self, action: Any):
-        t0 = time.perf_counter()
-        if self.sim_seconds:
-            time.sleep(self.sim_seconds)
-        self.elapsed_steps += 1
-        self._elapsed_host += 1
-        truncated = self.elapsed_steps >= self.max_episode_steps
-        zeros = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
-        info = {"success": zeros, "fail": zeros, "elapsed_steps": self.elapsed_steps.clone()}
-        out = self._obs(), torch.zeros(self.num_envs, device=self.device), zeros, truncated, info
-        self.busy_seconds += time.perf_counter() - t0
-        return out
-
-    def render(self) -> torch.Tensor:
-        t0 = time.perf_counter()
-        t = self.elapsed_steps.clamp(max=self.max_episode_steps)
-        img = self.bank[self.clip, t]
-        self.busy_seconds += time.perf_counter() - t0
-        return img
-
-    def get_state_dict(self) -> dict:
-        return {"actors": {"clip": self._obs()}, "articulations": {}}
-
-    def set_state_dict(self, state: dict, env_idx: Any = None) -> None:
-        pass
+def source_env(bank: np.ndarray, num_envs: int, device: torch.device, sim_seconds: float = 0.0) -> BatchedDoubleEnv:
+    """The batched source: `BatchedDoubleEnv` replaying ``bank`` (env ``e`` shows clip ``e % len(bank)``),
+    episodes as long as the clips (``frames - 1`` steps), ``sim_seconds`` of emulated simulation a step."""
+    return BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=bank.shape[1] - 1, device=device, bank=bank,
+                            sim_seconds=sim_seconds)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -414,7 +349,7 @@ def phase_maniskill(cfg: BenchConfig, bank: np.ndarray, device: torch.device, ou
 
     ms_record.images_to_video = timed
     steps = min(cfg.baseline_steps, bank.shape[1] - 1)
-    src = FrameSourceEnv(bank, cfg.num_envs, device)
+    src = source_env(bank, cfg.num_envs, device)
     vdir = out / "maniskill"
     rss0 = _rss()
     try:
@@ -454,7 +389,7 @@ def _run_fastrecord(cfg: BenchConfig, bank: np.ndarray, device: torch.device, ou
     from fastrecord.video import decode_mp4, default_encoder_pool
 
     workers = _workers(cfg)
-    src = FrameSourceEnv(bank, cfg.num_envs, device, sim_seconds=sim_seconds)
+    src = source_env(bank, cfg.num_envs, device, sim_seconds=sim_seconds)
     env = RecordEpisode(src, str(out), save_trajectory=False, video_codec=cfg.codec, video_crf=cfg.crf,
                         video_preset=cfg.preset, video_workers=workers)
     rec = env.recorder
@@ -600,7 +535,7 @@ def phase_fastrecord(cfg: BenchConfig, bank: np.ndarray, device: torch.device, o
     return res
 
 
-def _bare_loop(src: FrameSourceEnv, steps: int, batches: int) -> float:
+def _bare_loop(src: BatchedDoubleEnv, steps: int, batches: int) -> float:
     action = torch.zeros(src.num_envs, 3, device=src.device)
     src.reset(seed=0)
     t0 = time.perf_counter()
@@ -618,9 +553,9 @@ def phase_keepup(cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: 
     steps = bank.shape[1] - 1
     target_fps = cfg.keepup_fraction * flat_fps
     step_s = cfg.num_envs * (steps + 1) / steps / target_fps
-    bare_fast = _bare_loop(FrameSourceEnv(bank, cfg.num_envs, device), steps, 1) / steps
+    bare_fast = _bare_loop(source_env(bank, cfg.num_envs, device), steps, 1) / steps
     sim = max(0.0, step_s - bare_fast)
-    bare = _bare_loop(FrameSourceEnv(bank, cfg.num_envs, device, sim_seconds=sim), steps, cfg.keepup_batches)
+    bare = _bare_loop(source_env(bank, cfg.num_envs, device, sim_seconds=sim), steps, cfg.keepup_batches)
     res = _run_fastrecord(cfg, bank, device, out / "keepup", cfg.keepup_batches, 1, sim_seconds=sim, check=False)
     n = cfg.keepup_batches * steps
     res["bare_ms_per_step"] = 1000 * bare / n
