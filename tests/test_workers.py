@@ -62,3 +62,14 @@ def test_errors_are_raised_in_the_caller():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_workers=0 must be >= 1"):
         WorkerPool(print, num_workers=0)
+
+
+def test_backpressure_wait_is_counted():
+    def slow(job):
+        time.sleep(0.05)
+
+    with WorkerPool(slow, num_workers=1, max_pending=1) as pool:
+        for i in range(4):
+            pool.submit(i)
+        pool.wait_until_done()
+        assert pool.blocked_seconds > 0.03

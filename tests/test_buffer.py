@@ -1,0 +1,179 @@
+"""`EpisodeBuffer`: per-env cursors, the two write paths (every env at one slot; envs at different slots),
+restarts, growth (all or nothing), and the batched gather into staging memory (yuv420p on CUDA)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fastrecord import staging
+from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
+from fastrecord.staging import Yuv420Frames, locate, rgb_to_yuv420p
+
+N = 3
+
+
+def smooth_frames(t: int = 6, h: int = 32, w: int = 48, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(-3, 4, size=(t, h, w, 3))
+    return np.clip(np.cumsum(steps, axis=2) + 128, 0, 255).astype(np.uint8)
+
+
+def data(step: int | list[int], n: int = N) -> dict[str, torch.Tensor]:
+    """Rows that say whose they are: obs row e = (e, step of e); frame e filled with 10 * e + step."""
+    t = torch.as_tensor(step).expand(n)
+    envs = torch.arange(n)
+    frames = (10 * envs + t).to(torch.uint8).view(n, 1, 1, 1).expand(n, 4, 4, 3).contiguous()
+    return {"obs": torch.stack([envs, t], dim=1).float(), "frames": frames}
+
+
+def episode(buf: EpisodeBuffer, env: int) -> list[list[float]]:
+    """The obs rows of ``env``'s episode in progress (slots 0..cursor)."""
+    return buf.fields["obs"][: buf.cursor[env] + 1, env].tolist()
+
+
+# ---------------------------------------------------------------------------------------------- cursors
+def test_start_step_end_move_the_cursors():
+    buf = EpisodeBuffer(N, 8)
+    assert buf.cursor.tolist() == [-1, -1, -1]  # nothing started
+    buf.start(np.arange(N), data(0))
+    assert buf.cursor.tolist() == [0, 0, 0]
+    assert buf.fields["obs"].shape == (8, N, 2) and buf.fields["frames"].shape == (8, N, 4, 4, 3)  # time-major
+    for t in (1, 2):
+        buf.step(data(t))
+    assert buf.cursor.tolist() == [2, 2, 2]
+    assert episode(buf, 1) == [[1, 0], [1, 1], [1, 2]]
+    assert buf.fields["frames"][2, 1, 0, 0, 0] == 12
+    buf.end(np.array([1]))
+    assert buf.cursor.tolist() == [2, -1, 2]
+
+
+def test_stepping_an_ended_or_unstarted_env_raises():
+    buf = EpisodeBuffer(N, 8)
+    buf.start(np.array([0, 2]), data(0))  # env 1 never started
+    with pytest.raises(RuntimeError, match=r"envs \[1\] whose episode has ended or never started.*env.reset\(\)"):
+        buf.step(data(1))
+    buf.start(np.array([1]), data(0))
+    buf.step(data(1))
+    buf.end(np.array([0]))
+    with pytest.raises(RuntimeError, match=r"envs \[0\] whose episode has ended"):
+        buf.step(data(2))
+    assert buf.cursor.tolist() == [-1, 1, 1]  # the failed step moved nothing
+    buf.step(data(0), restart=np.array([True, False, False]))  # a fresh reset of env 0 is allowed
+    assert buf.cursor.tolist() == [0, 2, 2]
+
+
+# ---------------------------------------------------------------------------------------------- write paths
+def test_envs_at_the_same_slot_and_at_different_slots_write_their_own_rows():
+    same = EpisodeBuffer(N, 8)
+    same.start(np.arange(N), data(0))
+    for t in (1, 2, 3):
+        same.step(data(t))  # every env at one slot: one contiguous copy per field
+
+    mixed = EpisodeBuffer(N, 8)
+    mixed.start(np.arange(N), data(0))
+    mixed.step(data(1))
+    mixed.start(np.array([1]), data(0))  # env 1 starts over: cursors [1, 0, 1]
+    for k in (1, 2):  # envs at different slots: index_copy_ through per-env slot indices (advanced in place)
+        mixed.step(data([1 + k, k, 1 + k]))
+    assert mixed.cursor.tolist() == [3, 2, 3]
+    for e in (0, 2):
+        assert episode(mixed, e) == episode(same, e) == [[e, t] for t in range(4)]
+    assert episode(mixed, 1) == [[1, 0], [1, 1], [1, 2]]
+    torch.testing.assert_close(mixed.fields["frames"][:3, 1, 0, 0, 0], torch.tensor([10, 11, 12], dtype=torch.uint8))
+    mixed.step(data([4, 3, 4]), restart=np.array([False, False, True]))  # env 2 writes slot 0 of a new episode
+    assert mixed.cursor.tolist() == [4, 3, 0] and episode(mixed, 2) == [[2, 4]]
+    assert episode(mixed, 1) == [[1, t] for t in range(4)]
+
+
+def test_restart_from_last_moves_the_last_slot_to_slot_0():
+    buf = EpisodeBuffer(N, 8)
+    buf.start(np.arange(N), data(0))
+    for t in (1, 2):
+        buf.step(data(t))
+    buf.restart_from_last(np.array([0, 2]))
+    assert buf.cursor.tolist() == [0, 2, 0]
+    assert episode(buf, 0) == [[0, 2]] and episode(buf, 2) == [[2, 2]]
+    assert buf.fields["frames"][0, 2, 0, 0, 0] == 22
+    buf.step(data([3, 3, 3]))  # different slots from here on
+    assert episode(buf, 0) == [[0, 2], [0, 3]] and episode(buf, 1) == [[1, t] for t in range(4)]
+
+
+# ---------------------------------------------------------------------------------------------- growth
+def test_growth_keeps_contents():
+    buf = EpisodeBuffer(N, 2)
+    buf.start(np.arange(N), data(0))
+    buf.step(data(1))
+    buf.start(np.array([1]), data(0))  # envs at different slots across the growth
+    for t in (2, 3, 4):
+        buf.step(data([t, t - 1, t]))
+    assert buf.capacity == 8  # doubled twice: 2 -> 4 -> 8
+    assert buf.fields["obs"].shape[0] == buf.fields["frames"].shape[0] == 8
+    assert episode(buf, 0) == [[0, t] for t in range(5)]
+    assert episode(buf, 1) == [[1, t] for t in range(4)]
+    torch.testing.assert_close(buf.fields["frames"][:5, 2, 0, 0, 0], torch.arange(20, 25, dtype=torch.uint8))
+
+
+def test_growth_that_cannot_fit_raises_and_changes_nothing(monkeypatch):
+    buf = EpisodeBuffer(N, 3)
+    buf.start(np.arange(N), data(0))
+    buf.step(data(1))
+    buf.step(data(2))  # full: the next step needs a larger buffer
+    before = {k: v.clone() for k, v in buf.fields.items()}
+    cursor = buf.cursor.copy()
+    monkeypatch.setattr("fastrecord.buffer.free_bytes", lambda device: 0)
+    with pytest.raises(BufferTooLargeError, match=r"needs [\d.]+ GiB on cpu \(3 envs x 6 steps x .*buffer_capacity"):
+        buf.step(data(3))
+    assert buf.capacity == 3 and buf.cursor.tolist() == cursor.tolist()
+    for k, v in buf.fields.items():
+        assert v.shape == before[k].shape
+        torch.testing.assert_close(v, before[k])
+    monkeypatch.undo()  # memory again: the episodes go on where they were
+    buf.step(data(3))
+    assert episode(buf, 2) == [[2, t] for t in range(4)]
+
+
+# ---------------------------------------------------------------------------------------------- gather
+def _filled_buffer(n: int = 3, steps: int = 4, size: int = 32) -> tuple[EpisodeBuffer, torch.Tensor]:
+    buf = EpisodeBuffer(n, steps + 1)
+    frames = torch.from_numpy(np.stack([smooth_frames(steps + 1, size, size, seed=e) for e in range(n)]))
+    big = torch.arange(n * 40000, dtype=torch.float32).reshape(n, 40000)  # pushes the gather past 1 MiB
+    buf.start(np.arange(n), {"frames": frames[:, 0], "obs/big": big})
+    for t in range(1, steps + 1):
+        buf.step({"frames": frames[:, t], "obs/big": big + t})
+    return buf, frames
+
+
+def test_gather_returns_buffer_contents_in_staging_memory():
+    buf, frames = _filled_buffer()
+    out = buf.gather(np.array([2, 0]))
+    np.testing.assert_array_equal(out["frames"], frames.numpy()[[2, 0]])
+    assert out["obs/big"][0, 3, 0] == 2 * 40000 + 3
+    if staging.shared_memory_supported():
+        assert locate(out["frames"][1]) is not None  # encoder processes read it in place
+    # yuv420p is a CUDA-buffer option: on a CPU buffer the frames stay RGB
+    assert not isinstance(buf.gather(np.arange(3), yuv420p=("frames",))["frames"], Yuv420Frames)
+
+
+def test_gather_small_fields_skip_staging():
+    buf = EpisodeBuffer(2, 3)
+    buf.start(np.arange(2), {"success": torch.zeros(2, dtype=torch.bool)})
+    buf.step({"success": torch.tensor([True, False])})
+    out = buf.gather(np.arange(2), names=["success"])
+    assert out["success"][:, 1].tolist() == [True, False] and locate(out["success"]) is None
+
+
+@pytest.mark.gpu
+def test_gather_yuv420p_on_cuda_matches_cpu_conversion():
+    _, frames = _filled_buffer()
+    big = torch.zeros(3, 200000, device="cuda")  # pushes the gather past the staging threshold
+    gpu = EpisodeBuffer(3, 5)
+    gpu.start(np.arange(3), {"frames": frames[:, 0].cuda(), "obs/big": big})
+    for t in range(1, 5):
+        gpu.step({"frames": frames[:, t].cuda(), "obs/big": big})
+    out = gpu.gather(np.array([1, 2]), yuv420p=("frames",))["frames"]
+    assert isinstance(out, Yuv420Frames) and out.frame_size == (32, 32)
+    out.wait_ready()
+    diff = np.abs(out.view(np.ndarray).astype(int) - rgb_to_yuv420p(frames[[1, 2]], kernel="torch").numpy())
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # float rounding between the kernels
