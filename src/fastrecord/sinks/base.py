@@ -117,7 +117,9 @@ def run_files(output_dir: Path, name: str) -> list[Path]:
     """The files a run of ``name`` owns in ``output_dir`` that exist now (listed ones from its manifest too)."""
     fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", MANIFEST_SUFFIX)]
     listed = [output_dir / f for f in read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}").get("files", [])]
-    return [p for p in dict.fromkeys(fixed + listed) if p.exists()]
+    root = output_dir.resolve()
+    inside = [p for p in listed if isinstance(p, Path) and p.resolve().is_relative_to(root) and p.resolve() != root]
+    return [p for p in dict.fromkeys(fixed + inside) if p.exists()]
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
