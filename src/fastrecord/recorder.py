@@ -26,6 +26,7 @@ from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, VectorEnvView
 from fastrecord.episode import EpisodeData, field_of
 from fastrecord.options import RecordOptions
+from fastrecord.results import ResultsSink
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
 from fastrecord.sinks.mp4 import Mp4Sink
@@ -34,6 +35,15 @@ from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
 
 def _np(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _with_env_dim(action: Any, space: Any) -> Any:
+    """``action`` with a leading env dim of 1 on each leaf that has its space's unbatched shape."""
+    if isinstance(action, Mapping):
+        sub = getattr(space, "spaces", {})
+        return {k: _with_env_dim(v, sub.get(k)) for k, v in action.items()}
+    shape = getattr(space, "shape", None)
+    return action[None] if shape is not None and tuple(np.shape(action)) == tuple(shape) else action
 
 
 class EpisodeRecorder:
@@ -91,6 +101,8 @@ class EpisodeRecorder:
         self.sinks: list[Sink] = own + list(sinks)
         self.trajectory: ManiSkillH5Sink | None = own[0] if opts.save_trajectory else None
         self.videos: Mp4Sink | None = own[-1] if opts.save_video else None
+        self.results = ResultsSink(self.videos)  # NAME.results.jsonl: every finished episode, kept or not
+        self.sinks.append(self.results)  # last: it names the videos the sinks before it wrote
         # what the sinks need recorded
         self._record_data = any(s.wants_datasets for s in self.sinks)
         frame_sinks = [s for s in self.sinks if s.wants_frames]
@@ -206,6 +218,7 @@ class EpisodeRecorder:
         if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields
             buf.retain_only(set(leaves) | {n for n in buf.fields if field_of(n).kind == "transition"})
         buf.start(env_idx, leaves)
+        self.results.start(env_idx)
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
         for e in env_idx:
@@ -224,8 +237,8 @@ class EpisodeRecorder:
         elif restart is not None:
             self._frames_ok[restart] = True
         data = self._collect(obs, with_frames=capture)
-        if self.num_envs == 1 and np.shape(action) == self.view.single_action_shape:
-            action = action[None]  # ManiSkill's single env takes unbatched actions too
+        if self.num_envs == 1:  # ManiSkill's single env takes unbatched actions too (per agent for multi-agent envs)
+            action = _with_env_dim(action, self.view.single_action_space)
         data.update(actions=action, terminated=terminated, truncated=truncated)
         for key in ("success", "fail"):
             if key in info:
@@ -236,6 +249,7 @@ class EpisodeRecorder:
             data["overlay"] = self._overlay_scalars(rew, info)
         self._last_info = info
         self.buffer.step(self._leaves(data), restart)
+        self.results.step(self.view.batch(rew), restart)
         if restart is not None and restart.any():
             idx = np.flatnonzero(restart)
             self._seeds[idx] = self.view.episode_seeds()[idx]
@@ -301,9 +315,12 @@ class EpisodeRecorder:
         rows = env_idx[buf.cursor[env_idx] >= 1]  # episodes without a step are not saved (as ManiSkill)
         if len(rows):
             self.num_finished += len(rows)
-            kept = rows[self._keep_mask(rows)]
+            keep, first_id = self._keep_mask(rows), self.next_episode_id
+            kept = rows[keep]
             if len(kept):
                 self._write(kept)
+            self.results.finished(rows, keep, first_id, buf, self._seeds, self._frames_ok)
+        self.results.start(env_idx)
         if split:
             buf.restart_from_last(env_idx)
         else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +34,10 @@ class RecordSummary:
     files: list[Path]
     interrupted: str | None = None  # the signal that stopped the run early ("SIGINT", "SIGTERM"), None if it ran out
     finished_before_stop: int = 0  # episodes finished when the signal stopped the run (the rest ended at close)
+    startup_seconds: float = 0.0  # env creation (and the recorder's checks), before the progress bar started
+    results: list[dict[str, Any]] = field(default_factory=list)  # NAME.results.jsonl's rows of this run
+    results_path: Path | None = None
+    finished_in_run: int = 0  # episodes that ended while the run stepped (the bar's count); later rows ended at close
 
 
 def _render_backend(name: str) -> str:
@@ -58,7 +62,7 @@ def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
     return rec
 
 
-def make_recorded_env(cfg: RecordConfig):
+def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None):
     """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs."""
     import gymnasium as gym
 
@@ -85,6 +89,7 @@ def make_recorded_env(cfg: RecordConfig):
     if cfg.env_id not in gym.registry:
         raise ValueError(f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1")
     rec = recorder_kwargs(cfg)
+    rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
     if gpu_sim or cfg.num_envs == 1:
         env = gym.make(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
@@ -135,13 +140,16 @@ def _recorder(env: Any):
     raise RuntimeError("no fastrecord recorder in this env stack")
 
 
-def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None) -> RecordSummary:
+def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None,
+               sinks: list[Any] | None = None) -> RecordSummary:
     """Record ``cfg.episodes`` episodes. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between
     two steps: the env is closed, which saves the episodes in progress, and the summary says so."""
     from tqdm import tqdm
 
     factory = policy_factory(cfg.policy)
-    env = make_recorded_env(cfg)
+    t_start = time.perf_counter()
+    env = make_recorded_env(cfg, sinks)
+    startup = time.perf_counter() - t_start
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
     n = cfg.num_envs
     steps = 0
@@ -159,7 +167,8 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
             steps += n
             if rec.num_finished > bar.n:
                 bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{steps / (time.perf_counter() - t0):.0f}", refresh=False)
-                bar.update(min(rec.num_finished, cfg.episodes) - bar.n)
+                bar.total = max(bar.total, rec.num_finished)  # N envs: several may end at the last step
+                bar.update(rec.num_finished - bar.n)
         finished_before_stop = rec.num_finished
         if not stopping():
             rec.wait_until_done()
@@ -178,8 +187,11 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
         episodes = json.loads(json_path.read_text())["episodes"]  # with --if-exists resume, earlier runs' first
         successes = sum(bool(e.get("success")) for e in episodes[len(episodes) - rec.num_episodes:])
         files = [json_path.with_suffix(".h5"), json_path] + files
+    results = rec.results
+    files.append(results.path)
     return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files,
-                         stop.name if stop is not None and stop.requested else None, finished_before_stop)
+                         stop.name if stop is not None and stop.requested else None, finished_before_stop,
+                         startup, list(results.rows), results.path, finished_before_stop)
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -208,17 +220,23 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video-fps", type=float)
     p.add_argument("--video-codec")
     p.add_argument("--video-workers", type=int)
+    p.add_argument("--log", choices=["tensorboard", "wandb"],
+                   help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
+                        "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
+    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
     cfg = load_config(RecordConfig, args.config, **opts)
+    from fastrecord.sinks.loggers import log_sinks
+
     with StopSignals("record") as stop:
-        s = run_record(cfg, stop=stop)
+        s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
         if s.interrupted:
             print(interrupted_line(s.interrupted, s.finished_before_stop, s.episodes - s.finished_before_stop, cfg.keep))
         print(f"episodes: {s.episodes} finished, {s.kept} kept, {s.successes} successful")
-        print_speed_and_files(s.env_steps, s.seconds, s.files, cfg.output_dir)
+        print_results(s.results, s.finished_in_run, s.results_path)
+        print_speed_and_files(s.env_steps, s.seconds, s.files, cfg.output_dir, s.startup_seconds)
         return stop.exit_code
 
 
@@ -229,9 +247,27 @@ def interrupted_line(signal_name: str, finished: int, in_progress: int, keep: An
             f"{in_progress} episode{'s' if in_progress != 1 else ''} in progress {saved}")
 
 
-def print_speed_and_files(env_steps: int, seconds: float, files: list[Path], where: str | Path) -> None:
-    """The end of a run's summary (record, replay): throughput, then the first files written."""
+def print_results(rows: list[dict[str, Any]], counted: int, path: Path | None) -> None:
+    """The results part of a run's summary (record, replay): the first ``counted`` rows are the episodes
+    the progress bar counted; rows after them ended at close (in progress, saved), listed but not rated."""
+    from fastrecord.results import summary_lines
+
+    lines = summary_lines(rows[:counted])
+    extra = len(rows) - counted
+    if extra > 0:
+        lines[0] += f" (+{extra} in progress at the end: in the results file, not rated)"
+    for line in lines:
+        print(line)
+    if path is not None:
+        print(f"results: {path}")
+
+
+def print_speed_and_files(env_steps: int, seconds: float, files: list[Path], where: str | Path,
+                          startup: float | None = None) -> None:
+    """The end of a run's summary (record, replay): start-up, throughput, then the first files written."""
     rate = env_steps / seconds if seconds > 0 else 0.0
+    if startup is not None:
+        print(f"start-up (env creation): {startup:.1f} s")
     print(f"speed: {env_steps} env-steps in {seconds:.1f} s = {rate:.1f} env-steps/s")
     print(f"files ({len(files)}) in {where}:")
     for f in files[:10]:

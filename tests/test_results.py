@@ -1,0 +1,128 @@
+"""NAME.results.jsonl: one row per finished episode (kept or not), equal to the trajectory JSON and the
+env's flags; the Wilson interval; the printed summary of `fastrecord record`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fastrecord import RecordEpisode
+from fastrecord.results import rate_text, read_results, summary_lines, wilson_interval
+from fastrecord.testing import BatchedDoubleEnv
+
+
+def test_wilson_interval_known_values():
+    # Wilson 95% score interval (z = 1.959964): 31/50 -> [0.4815, 0.7414]; 0/10 -> [0, 0.2775]; 10/10 -> [0.7225, 1]
+    np.testing.assert_allclose(wilson_interval(31, 50), (0.48150, 0.74137), atol=1e-5)
+    np.testing.assert_allclose(wilson_interval(0, 10), (0.0, 0.277533), atol=1e-6)
+    np.testing.assert_allclose(wilson_interval(10, 10), (0.722467, 1.0), atol=1e-6)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert rate_text("success", 31, 50) == "success 0.62 [0.48, 0.74] (31/50)"
+
+
+def run_double(out, keep: str, save_trajectory: bool = True, save_video: bool = True):
+    """3 envs, 4-step time limit; env 0 succeeds from step 2, env 1 never, env 2 from step 3. Two batches:
+    a full one (every env truncated at 4), then 2 steps ended by close (in progress)."""
+    double = BatchedDoubleEnv(num_envs=3, max_episode_steps=4, success_step=[2, 0, 3])
+    env = RecordEpisode(double, str(out), trajectory_name="run", keep=keep, save_trajectory=save_trajectory,
+                        save_video=save_video)
+    flags, rewards = [], []
+    env.reset(seed=[10, 11, 12])
+    for t in range(4):
+        _, rew, terminated, truncated, info = env.step(torch.full((3, 3), 0.1 * (t + 1)))
+        flags.append((info["success"].clone(), terminated.clone(), truncated.clone()))
+        rewards.append(rew.clone())
+    env.reset(seed=[20, 21, 22])
+    for _ in range(2):
+        _, rew, *_ = env.step(torch.zeros(3, 3))
+        rewards.append(rew.clone())
+    env.close()
+    return env, flags, rewards
+
+
+@pytest.mark.parametrize("keep", ["all", "success"])
+def test_rows_equal_the_trajectory_json_and_the_env_flags(tmp_path, keep):
+    env, flags, rewards = run_double(tmp_path, keep)
+    rows = read_results(tmp_path / "run.results.jsonl")
+    assert rows == env.recorder.results.rows
+    # first batch: env order at each end; success at the last step, at any step, lengths, returns
+    first, second = rows[:3], rows[3:]
+    assert [(r["env_idx"], r["seed"], r["length"]) for r in first] == [(0, 10, 4), (1, 11, 4), (2, 12, 4)]
+    assert [(r["env_idx"], r["seed"], r["length"]) for r in second] == [(0, 20, 2), (1, 21, 2), (2, 22, 2)]
+    last_success, last_term, last_trunc = flags[-1]
+    assert [r["success"] for r in first] == last_success.tolist() == [True, False, True]
+    assert [r["success_once"] for r in first] == torch.stack([f[0] for f in flags]).any(0).tolist()
+    assert [r["terminated"] for r in first] == last_term.tolist() and [r["truncated"] for r in first] == last_trunc.tolist()
+    np.testing.assert_allclose([r["return"] for r in first], torch.stack(rewards[:4]).sum(0).tolist(), rtol=1e-6)
+    np.testing.assert_allclose([r["return"] for r in second], torch.stack(rewards[4:]).sum(0).tolist(), rtol=1e-6)
+    # second batch ended by close: env 0 succeeded at step 2, the others not; neither flag set by the env
+    assert [r["success"] for r in second] == [True, False, False]
+    assert not any(r["terminated"] is False and r["truncated"] for r in second)
+    # kept rows carry the ids of the trajectory JSON, in order, and their videos; the others null
+    episodes = json.loads((tmp_path / "run.json").read_text())["episodes"]
+    kept = [r for r in rows if r["episode_id"] is not None]
+    assert [r["episode_id"] for r in kept] == [e["episode_id"] for e in episodes]
+    assert [(r["seed"], r["length"], r["success"]) for r in kept] == [
+        (e["episode_seed"], e["elapsed_steps"], e["success"]) for e in episodes]
+    expect_kept = [True] * 6 if keep == "all" else [True, False, True, True, False, False]
+    assert [r["episode_id"] is not None for r in rows] == expect_kept
+    for r in rows:
+        if r["episode_id"] is None:
+            assert r["video"] is None
+        else:
+            assert r["video"] == f"{r['episode_id']}_env{r['env_idx']}_{'success' if r['success'] else 'failure'}.mp4"
+            assert (tmp_path / r["video"]).is_file()
+    manifest = json.loads((tmp_path / "run.fastrecord.json").read_text())
+    assert "run.results.jsonl" in manifest["files"]
+
+
+def test_video_only_run_counts_failures_and_names_renamed_videos(tmp_path):
+    """An evaluation keeping no trajectory and only the videos of successes still lists every episode;
+    a video whose name was taken (another run in the folder) is listed under the name written."""
+    (tmp_path / "0_env0_success.mp4").write_bytes(b"an earlier run's video")
+    env, _, _ = run_double(tmp_path, "success", save_trajectory=False)
+    rows = read_results(tmp_path / "run.results.jsonl")
+    assert len(rows) == 6 and [r["success"] for r in rows] == [True, False, True, True, False, False]
+    assert [r["video"] for r in rows if r["video"]] == ["0_env0_success_1.mp4", "1_env2_success.mp4", "2_env0_success.mp4"]
+    assert summary_lines(rows[:3])[0] == ("results of 3 episodes: success 0.67 [0.21, 0.94] (2/3), "
+                                          "success_once 0.67 [0.21, 0.94] (2/3)")
+
+
+def test_rows_survive_a_resume_and_a_crash_keeps_rows_so_far(tmp_path):
+    run_double(tmp_path, "all", save_video=False)
+    rows = read_results(tmp_path / "run.results.jsonl")
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=3, max_episode_steps=4), str(tmp_path), trajectory_name="run",
+                        if_exists="resume", save_video=False)
+    env.reset(seed=[30, 31, 32])
+    for _ in range(4):
+        env.step(torch.zeros(3, 3))
+    env.reset(seed=[40, 41, 42])  # the first batch is finished and its rows on disk, before any close
+    now = read_results(tmp_path / "run.results.jsonl")
+    assert now[:6] == rows and [r["episode_id"] for r in now[6:]] == [6, 7, 8]
+    env.close()
+
+
+def test_record_cli_prints_results_and_startup(tmp_path, capsys):
+    """A real PickCube-v1 CPU run through `fastrecord record`: rows equal the JSON; the summary's counts
+    are the bar's; start-up reported apart."""
+    from fastrecord.commands.cli import main
+
+    out = tmp_path / "rec"
+    assert main(["record", "PickCube-v1", "--episodes", "2", "--max-episode-steps", "3", "--width", "64",
+                 "--height", "64", "--output-dir", str(out), "--keep", "all"]) == 0
+    printed = capsys.readouterr().out
+    rows = read_results(out / "trajectory.results.jsonl")
+    episodes = json.loads((out / "trajectory.json").read_text())["episodes"]
+    assert [(r["episode_id"], r["seed"], r["length"], r["success"]) for r in rows] == [
+        (e["episode_id"], e["episode_seed"], e["elapsed_steps"], e["success"]) for e in episodes]
+    assert all(r["truncated"] and r["video"] == f"{r['episode_id']}_env0_failure.mp4" for r in rows)
+    with __import__("h5py").File(out / "trajectory.h5") as f:
+        for r in rows:
+            np.testing.assert_allclose(r["return"], f[f"traj_{r['episode_id']}/rewards"][:].sum(), rtol=1e-5)
+            assert r["success_once"] == bool(f[f"traj_{r['episode_id']}/success"][:].any())
+    assert "results of 2 episodes: success 0.00 [0.00, 0.66] (0/2)" in printed
+    assert "mean length 3.0 steps" in printed and "start-up (env creation):" in printed
+    assert f"results: {out / 'trajectory.results.jsonl'}" in printed
