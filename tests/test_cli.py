@@ -189,8 +189,8 @@ def _check_interrupted(result, out: Path, seen: int, name: str, code: int) -> No
     lines = result.stdout.splitlines()
     m = re.fullmatch(rf"interrupted \({name}\): stopped after (\d+) episodes?; (\d+) episodes? in progress saved", lines[0])
     assert m, result.stdout
-    finished = re.search(r"^episodes: (\d+) finished, (\d+) kept", result.stdout, re.M)
-    assert finished and "env-steps/s" in result.stdout and f"files (" in result.stdout
+    finished = re.search(r"^episodes: (\d+) finished, (\d+) kept", result.stdout, re.MULTILINE)
+    assert finished and "env-steps/s" in result.stdout and "files (" in result.stdout
     total = int(finished[1])
     assert total == int(m[1]) + int(m[2]) and int(m[2]) <= 1 and total >= seen
     meta = json.loads((out / "trajectory.json").read_text())
