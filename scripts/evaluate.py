@@ -11,6 +11,7 @@ Examples (CPU machine: Mesa's lavapipe renders when there is no GPU):
     python scripts/evaluate.py                                  # scripted PushCube, 2 envs, 8 episodes, successes kept
     python scripts/evaluate.py --noise 1.0 --episodes 16        # a noisy policy: mixed outcomes, success videos only
     python scripts/evaluate.py --policy random --keep all --episodes 4
+    python scripts/evaluate.py --keep all --log tensorboard       # then: tensorboard --logdir eval_videos/tensorboard
     python scripts/evaluate.py --sim-backend physx_cuda --num-envs 64 --episodes 256   # GPU machine
 """
 
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=128, help="video width")
     p.add_argument("--height", type=int, default=128, help="video height")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log", choices=["tensorboard", "wandb"], default=None,
+                   help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
+                        "(VIDEO_DIR/tensorboard) or W&B (VIDEO_DIR/wandb); --keep all for the policy's success rate")
     args = p.parse_args(argv)
 
     from fastrecord import make_eval_envs  # the one-line switch from diffusion_policy.make_env
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     other_kwargs = dict(obs_horizon=args.obs_horizon)
     t0 = time.perf_counter()
     envs = make_eval_envs(args.env_id, args.num_envs, args.sim_backend, env_kwargs, other_kwargs,
-                          video_dir=args.video_dir, keep=args.keep)
+                          video_dir=args.video_dir, keep=args.keep, log=args.log)
     device = torch.device("cuda" if args.sim_backend != "physx_cpu" and torch.cuda.is_available() else "cpu")
     if args.policy == "scripted":
         agent = ScriptedAgent(args.act_horizon, args.noise, args.seed)
@@ -151,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"videos (keep={args.keep}): {len(videos)} in {args.video_dir}/")
     for v in videos[:8]:
         print(f"  {v.name}")
+    if args.log:
+        print(f"logged to {args.log} in {args.video_dir}/{args.log}/")
     return 0
 
 

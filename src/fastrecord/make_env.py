@@ -44,6 +44,7 @@ def make_eval_envs(
     *,
     keep: KeepFilter = "all",
     record_kwargs: dict[str, Any] | None = None,
+    log: str | None = None,
 ):
     """Create vectorized environments for evaluation, recording every env's videos to ``video_dir``.
 
@@ -63,7 +64,10 @@ def make_eval_envs(
         keep: which episodes' videos are written: "all", "success" (successful at the end),
             "success_once", "failure", or a callable on the episode's final info.
         record_kwargs: further `fastrecord.RecordEpisode` arguments (e.g. ``video_layout="tiled"``,
-            ``save_trajectory=True``, ``info_on_video=False``).
+            ``save_trajectory=True``, ``info_on_video=False``, ``sinks=[...]``).
+        log: also log each kept episode (success, length, running success rate, a few videos) to
+            "tensorboard" (``video_dir/tensorboard/NAME``) or "wandb" (a W&B run, ``video_dir/wandb``);
+            None logs nothing. Only kept episodes are logged: ``keep="all"`` for the policy's success rate.
 
     Returns:
         CPU: a ``gym.vector.VectorEnv`` with the baseline's observations (``[num_envs, obs_horizon,
@@ -77,7 +81,16 @@ def make_eval_envs(
     num_stack = int(other_kwargs["obs_horizon"])
     if num_stack < 1:
         raise ValueError(f"other_kwargs['obs_horizon']={num_stack} must be >= 1")
-    rec = dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE, source_desc=SOURCE_DESC, keep=keep)
+    rec: dict[str, Any] = dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE, source_desc=SOURCE_DESC,
+                               keep=keep)
+    if log is not None:
+        if not video_dir:
+            raise ValueError(f"log={log!r} logs through the recorder, which records only with a video_dir (the logs go "
+                             f"there too); pass video_dir='eval_videos', or log=None")
+        from fastrecord.sinks.loggers import make_logger
+
+        sinks = list((record_kwargs or {}).get("sinks", ()))
+        record_kwargs = {**(record_kwargs or {}), "sinks": sinks + [make_logger(log)]}
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     if sim_backend == "physx_cpu":
