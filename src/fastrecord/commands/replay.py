@@ -478,7 +478,7 @@ def _camera_configs(cfg: ReplayConfig, kwargs: dict[str, Any]) -> None:
         kwargs["sensor_configs"] = sensors
 
 
-def run_replay(cfg: ReplayConfig, stop: StopSignals | None = None) -> ReplaySummary:
+def run_replay(cfg: ReplayConfig, stop: StopSignals | None = None, sinks: list[Any] | None = None) -> ReplaySummary:
     """Replay ``cfg.traj_path`` and record the replays; see the module docstring.
 
     With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the replay between two steps: the replays in
@@ -486,12 +486,13 @@ def run_replay(cfg: ReplayConfig, stop: StopSignals | None = None) -> ReplaySumm
     t0 = time.perf_counter()
     traj = open_trajectory(cfg.traj_path)
     try:
-        return _run(cfg, traj, t0, stop)
+        return _run(cfg, traj, t0, stop, sinks)
     finally:
         traj.close()
 
 
-def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals | None) -> ReplaySummary:
+def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals | None,
+         sinks: list[Any] | None = None) -> ReplaySummary:
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     info = traj.env_info
@@ -547,11 +548,12 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals |
             save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=cfg.keep, video_source=cfg.video_source,
             video_codec=cfg.video_codec, if_exists="overwrite" if cfg.overwrite else "error", source_type="fastrecord-replay",
             source_desc=f"fastrecord replay of {traj.h5_path.name} by {'env states' if cfg.by == 'states' else 'actions'}",
+            sinks=list(sinks or []),  # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
         )
 
     from fastrecord.options import RecordOptions
 
-    RecordOptions(**{k: v for k, v in rec_kwargs(20).items() if k != "output_dir"})  # bad values: before any env or file
+    RecordOptions(**{k: v for k, v in rec_kwargs(20).items() if k not in ("output_dir", "sinks")})  # bad values: before any env or file
 
     vector = cfg.vector
     if cfg.num_envs is not None:
@@ -715,6 +717,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_const", const=True,
                    help="replace the output of an earlier replay or recording of this name (never the input)")
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
+    p.add_argument("--log", choices=["tensorboard", "wandb"],
+                   help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
+                        "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
 
 
 def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
@@ -739,11 +744,13 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
+    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
     cfg = load_config(ReplayConfig, args.config, **opts)
     if not cfg.traj_path:
         raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
+    from fastrecord.sinks.loggers import log_sinks
+
     with StopSignals("replay") as stop:
-        s = run_replay(cfg, stop=stop)
+        s = run_replay(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
         print_summary(s, cfg)
         return stop.exit_code
