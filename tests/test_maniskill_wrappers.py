@@ -63,19 +63,6 @@ def matrix(default: set[tuple[str, str]], obs_modes: list[str] = OBS_MODES) -> l
     return params
 
 
-@pytest.fixture(scope="module", autouse=True)
-def render_device():
-    """Hold one SAPIEN render system for the whole module: while one exists, each new env reuses the
-    device's compiled pipelines (about 1 s to a first frame on lavapipe instead of 10-15 s per env)."""
-    import sapien
-
-    try:
-        holder = sapien.render.RenderSystem(sapien.Device("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError:  # no renderer on this machine: the cases report it themselves
-        holder = None
-    yield holder
-
-
 def _np(x) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 

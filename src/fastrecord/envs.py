@@ -83,7 +83,7 @@ class ManiSkillView:
                 break
             cur = cur.env
         self.render_mode = self.base.render_mode
-        self.single_action_shape = getattr(self.base.single_action_space, "shape", None)
+        self.single_action_space = self.base.single_action_space
 
     def batch(self, x: Any) -> Any:
         return to_batched(x, None, self.unbatched)
@@ -120,7 +120,7 @@ class VectorEnvView:
         self.device = torch.device("cpu")
         self.unbatched = False
         self._state_layout: list[tuple[list[str], int]] | None = None
-        self.single_action_shape = getattr(envs.single_action_space, "shape", None)
+        self.single_action_space = envs.single_action_space
         self.render_mode = envs.render_mode or envs.metadata.get("render_mode")
         if self.render_mode is None:
             try:

@@ -78,6 +78,14 @@ class BenchConfig:
     output_dir: str | None = None  # where videos go (None: a temporary directory, removed after)
     json: str | None = None  # write the results here
 
+    def __post_init__(self) -> None:
+        from fastrecord.commands.config import check_at_least
+
+        check_at_least(self, 1, num_envs="--num-envs", width="--width", height="--height", episode_steps="--episode-steps",
+                       batches="--batches", clips="--clips", variants="--variants", workers="--workers",
+                       baseline_steps="--baseline-steps", keepup_batches="--keepup-batches")
+        check_at_least(self, 0, warmup_batches="--warmup-batches")
+
 
 # ---------------------------------------------------------------------------------------------- sources
 def gradient_clips(clips: int, frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
