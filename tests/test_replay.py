@@ -18,6 +18,7 @@ import pytest
 
 from conftest import CAMERA
 from fastrecord.commands.replay import ReplayConfig, run_replay
+from fastrecord.results import read_results
 from fastrecord.video import decode_mp4
 
 ENV_ID = "PushCube-v1"
@@ -121,7 +122,7 @@ def test_replay_by_states_reproduces_recorded_states_and_success(fastrecord_file
         for ep in meta["episodes"]:
             for k in actors:
                 np.testing.assert_array_equal(g[f"traj_{ep['episode_id']}/{k}"][:], f[f"traj_{ep['source_episode_id']}/{k}"][:])
-    videos = sorted(s.files[2:])
+    videos = sorted(p for p in s.files if p.suffix == ".mp4")
     assert len(videos) == 3 and sorted(p.name.endswith("_success.mp4") for p in videos) == [False, True, True]
     for ep in meta["episodes"]:
         (video,) = tmp_path.glob(f"{ep['episode_id']}_env*.mp4")
@@ -178,7 +179,7 @@ def test_rgb_rerecording_holds_the_images_the_env_renders(fastrecord_file, tmp_p
     sensors = dict(width=48, height=48)
     s, new_h5, meta = replay(fastrecord_file, tmp_path, obs_mode="rgb", num_envs=1, count=2,
                              video_source="sensor:base_camera", env_kwargs=dict(sensor_configs=sensors))
-    assert s.episodes == 2 and len(s.files) == 4  # h5, json, two videos from the sensor camera
+    assert s.episodes == 2 and len(s.files) == 5  # h5, json, two videos from the sensor camera, results
     env = gym.make(ENV_ID, **{**KW, "obs_mode": "rgb", "sensor_configs": sensors})
     try:
         env.reset(seed=0)
@@ -282,3 +283,130 @@ def test_cli_prints_summary_and_errors(fastrecord_file, tmp_path, capsys):
     assert "success matches the recording in every episode" in printed
     assert main(["replay", str(tmp_path / "missing.h5")]) == 2
     assert "missing.h5" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- ManiSkill's flags
+@pytest.fixture(scope="module")
+def joint_pos_file(tmp_path_factory) -> Path:
+    """PickCube-v1 in pd_joint_pos (the mode ManiSkill's conversion starts from): episodes 0 and 2 succeed
+    (fastrecord's scripted ee policy, its joint targets replayed as pd_joint_pos actions), 1 fails."""
+    import mani_skill.envs  # noqa: F401
+    import torch
+
+    from fastrecord import RecordEpisode
+    from fastrecord.policies import _pick_cube_action
+
+    out = tmp_path_factory.mktemp("jointpos")
+    kw = dict(obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu", human_render_camera_configs=CAMERA,
+              max_episode_steps=50)
+    ee = gym.make("PickCube-v1", control_mode="pd_ee_delta_pos", **kw)
+    env = RecordEpisode(gym.make("PickCube-v1", control_mode="pd_joint_pos", **kw), str(out), trajectory_name="demo",
+                        save_video=False)
+    for seed, steps in ((0, 50), (1, 8), (2, 50)):
+        ee.reset(seed=seed)
+        env.reset(seed=seed)
+        for _ in range(steps):
+            a = _pick_cube_action(ee.unwrapped)
+            if seed == 1:
+                a[:, 3] = 1.0  # never grasps
+            ee.step(a)
+            target = ee.unwrapped.agent.controller.controllers["arm"]._target_qpos[0]
+            _, _, _, _, info = env.step(torch.cat([target, a[0, 3:]]).numpy())
+            if bool(info["success"]):
+                break
+    env.close()
+    ee.close()
+    meta = json.loads((out / "demo.json").read_text())
+    assert [e["success"] for e in meta["episodes"]] == [True, False, True]
+    return out / "demo.h5"
+
+
+def run_both(src: Path, tmp_path: Path, flags: list[str]) -> dict[str, Path]:
+    """The same command line through ManiSkill's tool and fastrecord's, each on its own copy of the input."""
+    import subprocess
+    import sys
+
+    from fastrecord.commands.cli import main
+
+    dirs = {}
+    for tool in ("maniskill", "fastrecord"):
+        d = tmp_path / tool
+        d.mkdir()
+        shutil.copy(src, d / src.name)
+        shutil.copy(src.with_suffix(".json"), d / src.with_suffix(".json").name)
+        argv = ["--traj-path", str(d / src.name), *flags]
+        if tool == "maniskill":
+            r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", *argv],
+                               capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, r.stderr[-3000:]
+        else:
+            assert main(["replay", *argv, "--quiet"]) == 0
+        dirs[tool] = d
+    return dirs
+
+
+def h5_outputs(d: Path) -> list[Path]:
+    return sorted(p for p in d.glob("*.h5") if p.name != "demo.h5")
+
+
+@pytest.mark.parametrize("flags, name, kept", [
+    (["--use-env-states", "-o", "rgb", "--save-traj", "--count", "2"], "demo.rgb.pd_joint_pos.physx_cpu.h5", [True]),
+    (["--save-traj", "--allow-failure", "--record-rewards"], "demo.state.pd_joint_pos.physx_cpu.h5", [True, False, True]),
+    (["--save-traj", "-n", "1", "-b", "physx_cpu"], "demo.state.pd_joint_pos.physx_cpu.h5", [True, True]),
+])
+def test_maniskill_command_lines_give_maniskill_outputs(joint_pos_file, tmp_path, flags, name, kept):
+    dirs = run_both(joint_pos_file, tmp_path, flags)
+    outs = {tool: h5_outputs(d) for tool, d in dirs.items()}
+    assert [p.name for p in outs["maniskill"]] == [p.name for p in outs["fastrecord"]] == [name]
+    theirs, ours = (json.loads(outs[t][0].with_suffix(".json").read_text())["episodes"] for t in ("maniskill", "fastrecord"))
+    assert [e["success"] for e in theirs] == [e["success"] for e in ours] == kept
+    recorded = {e["episode_id"]: e for e in json.loads(joint_pos_file.with_suffix(".json").read_text())["episodes"]}
+    assert [e["elapsed_steps"] for e in ours] == [recorded[e["source_episode_id"]]["elapsed_steps"] for e in ours]
+    with h5py.File(outs["maniskill"][0]) as f, h5py.File(outs["fastrecord"][0]) as g:
+        for a, b in zip(theirs, ours):
+            x, y = leaves(f[f"traj_{a['episode_id']}"]), leaves(g[f"traj_{b['episode_id']}"])
+            obs = lambda tree: {k: v.shape[1:] for k, v in tree.items() if k == "obs" or k.startswith("obs/")}  # noqa: E731
+            assert obs(x) == obs(y) and obs(x)
+            assert ("rewards" in x) == ("rewards" in y) == ("--record-rewards" in flags)
+            # ManiSkill 3.0.1's tool keeps a dropped failure's steps in its recorder's buffer and writes them in
+            # front of the next kept episode (here 8 + 12 = 20 steps); its own steps come last, as ours
+            n = b["elapsed_steps"]
+            assert a["elapsed_steps"] == n or (a["elapsed_steps"] > n and "--allow-failure" not in flags)
+            np.testing.assert_array_equal(x["actions"][-n:], y["actions"])
+    # every replay, kept or not, is in the results file
+    rows = read_results(dirs["fastrecord"] / name.replace(".h5", ".results.jsonl"))
+    assert len(rows) == (2 if "--count" in flags else 3) and sum(r["episode_id"] is not None for r in rows) == len(kept)
+
+
+def test_control_mode_conversion_matches_maniskill(joint_pos_file, tmp_path, capsys):
+    """-c pd_ee_delta_pose through ManiSkill's conversion code: same converted actions, successes and states."""
+    dirs = run_both(joint_pos_file, tmp_path, ["-c", "pd_ee_delta_pose", "--save-traj", "--allow-failure"])
+    assert "converted to pd_ee_delta_pose" in capsys.readouterr().out
+    outs = {tool: h5_outputs(d) for tool, d in dirs.items()}
+    assert [p.name for p in outs["fastrecord"]] == [p.name for p in outs["maniskill"]] == ["demo.state.pd_ee_delta_pose.physx_cpu.h5"]
+    theirs, ours = (json.loads(outs[t][0].with_suffix(".json").read_text())["episodes"] for t in ("maniskill", "fastrecord"))
+    assert [e["control_mode"] for e in ours] == ["pd_ee_delta_pose"] * 3
+    assert [e["success"] for e in ours] == [e["success"] for e in theirs]
+    assert sum(e["success"] for e in ours) >= 1
+    with h5py.File(outs["maniskill"][0]) as f, h5py.File(outs["fastrecord"][0]) as g:
+        for a, b in zip(theirs, ours):
+            x, y = leaves(f[f"traj_{a['episode_id']}"]), leaves(g[f"traj_{b['episode_id']}"])
+            assert y["actions"].shape == x["actions"].shape and y["actions"].shape[1] == 7
+            np.testing.assert_allclose(y["actions"], x["actions"], atol=1e-5)
+            for k in x:
+                if k.startswith("env_states/"):
+                    np.testing.assert_allclose(y[k][-1], x[k][-1], atol=1e-4, err_msg=k)
+    # the converted file replays by its actions to the same successes
+    s, _, _ = replay(outs["fastrecord"][0], tmp_path / "again", by="actions", num_envs=1, save_video=False)
+    assert s.diverged == [] and s.successes == sum(e["success"] for e in ours)
+
+
+def test_maniskill_flag_errors(joint_pos_file, tmp_path, capsys):
+    from fastrecord.commands.cli import main
+
+    def err(*argv: str) -> str:
+        assert main(["replay", "--traj-path", str(joint_pos_file), *argv]) == 2
+        return capsys.readouterr().err
+
+    assert "converting to another control mode" in err("-c", "pd_ee_delta_pose", "--use-env-states")
+    assert "--vis" in err("--vis")

@@ -22,11 +22,26 @@ episodes whose final success differs from the recorded one are reported.
 
 Episodes are renumbered in the order they finish; each output JSON episode names the episode it
 replays in ``source_episode_id``. Existing output files are never replaced without ``--overwrite``.
+
+ManiSkill's command line works with the program's name changed: every flag of
+``python -m mani_skill.trajectory.replay_trajectory`` (``--traj-path``, ``-o``, ``-c``, ``--save-traj``,
+``--save-video``, ``--use-env-states``, ``--allow-failure``, ``--discard-timeout``, ``--max-retry``, ...)
+is accepted with its meaning, and any of them (every ManiSkill command has ``--traj-path``) switches to
+ManiSkill's defaults: by actions unless ``--use-env-states``, nothing written unless ``--save-traj`` /
+``--save-video``, only successful replays kept unless ``--allow-failure``, rewards only with
+``--record-rewards``, one env unless ``-n``, and the output ``<stem>.<obs>.<control>.<backend>.h5`` next
+to the input, replacing an earlier replay of that name as ManiSkill's tool does. ``-c`` converts the
+actions to another control mode with ManiSkill's own conversion code (``from_pd_joint_pos``,
+``from_pd_joint_delta_pos``), one episode at a time in a CPU env:
+
+    fastrecord replay --traj-path demos/trajectory.h5 --use-env-states -o rgb --save-traj --count 10
+    fastrecord replay --traj-path demos/trajectory.h5 -c pd_ee_delta_pose --save-traj --allow-failure
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import os
@@ -47,6 +62,7 @@ from fastrecord.envs import SubEnvAccess
 from fastrecord.episode import KEEP_CHOICES
 
 BY_CHOICES = ("states", "actions")
+CONVERTERS = ("pd_joint_pos", "pd_joint_delta_pos")  # control modes ManiSkill's conversion code starts from
 VECTOR_CHOICES = ("auto", "sync", "async", "batched")
 CPU_BACKENDS = ("physx_cpu", "cpu")
 GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless --num-envs says otherwise
@@ -57,10 +73,10 @@ class ReplayConfig:
     traj_path: str = ""  # the NAME.h5 to replay (NAME.json must sit next to it)
     output_dir: str | None = None  # None: a "replay" folder next to the input file
     trajectory_name: str | None = None  # None: NAME.<obs_mode>.<control_mode>.<sim_backend> (ManiSkill's naming)
-    by: str = "states"  # states (set every recorded env state) | actions (re-simulate the actions)
+    by: str | None = None  # states (set every recorded env state) | actions (re-simulate the actions); None: states (maniskill: actions)
     use_first_env_state: bool = False  # by actions: start from the recorded first state, not the seeded reset
     count: int | None = None  # replay the first COUNT episodes (None: all)
-    num_envs: int | None = None  # episodes side by side (None: CPU one per core; GPU 64; batched CPU 1)
+    num_envs: int | None = None  # episodes side by side (None: CPU one per core, maniskill 1; GPU 64; batched CPU 1)
     vector: str = "auto"  # auto | sync | async (gymnasium vector env of CPU envs) | batched (one ManiSkill env)
     sim_backend: str = "auto"  # auto (the file's, CPU where CUDA is absent) | physx_cpu | physx_cuda
     render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
@@ -71,26 +87,66 @@ class ReplayConfig:
     width: int | None = None  # video camera width (None: the file's / the task's)
     height: int | None = None  # video camera height
     shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
-    keep: str = "all"  # all | success | success_once | failure: which replayed episodes are written
+    keep: str | None = None  # all | success | success_once | failure: which replays are written (None: all; maniskill: see allow_failure)
     video_fps: float | None = None  # None: the task's control frequency
     video_codec: str = "auto"  # auto (h264_nvenc where usable, else libx264) | libx264 | any PyAV encoder
     overwrite: bool = False  # replace the output of an earlier run of this name (never the input)
     progress: bool = True  # show a progress bar
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs (override the file's)
+    # ManiSkill's replay_trajectory flags, same meaning; `maniskill` switches to its defaults (see the module docstring)
+    maniskill: bool = False  # ManiSkill's semantics: set by --traj-path or any other flag only ManiSkill's tool has
+    target_control_mode: str | None = None  # -c: convert the actions to this control mode (ManiSkill's conversion code)
+    allow_failure: bool = False  # maniskill: also write replays that do not end in success
+    discard_timeout: bool = False  # maniskill: drop replays truncated by the time limit at their last step
+    max_retry: int = 0  # maniskill: replay a failed episode up to this many more times
+    record_rewards: bool | None = None  # write rewards (None: fastrecord yes, maniskill no)
+    reward_mode: str | None = None  # the env's reward mode (None: the file's / the task's)
+    render_mode: str = "rgb_array"  # render mode of the videos: rgb_array | sensors | all
+    verbose: bool = False  # maniskill: print each replay that is not kept
 
     def __post_init__(self) -> None:
         check_types(self)
-        check_choice(self, "by", BY_CHOICES)
+        if self.by is not None:
+            check_choice(self, "by", BY_CHOICES)
         check_choice(self, "vector", VECTOR_CHOICES)
-        check_choice(self, "keep", KEEP_CHOICES)
+        if self.keep is not None:
+            check_choice(self, "keep", KEEP_CHOICES)
+        check_choice(self, "render_mode", ("rgb_array", "sensors", "all"))
         check_at_least(self, 1, count="--count", num_envs="--num-envs", width="--width", height="--height")
+        check_at_least(self, 0, max_retry="--max-retry")
         check_fps(self.video_fps)
-        if self.use_first_env_state and self.by != "actions":
+        if self.use_first_env_state and self.replay_by == "states":
             raise ValueError("use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)")
         if not (self.video_source == "render" or self.video_source.startswith("sensor:")):
             raise ValueError(f"video_source={self.video_source!r} is unknown; use 'render' or 'sensor:<camera name>'")
-        if not (self.save_video or self.save_trajectory):
+        if not self.maniskill and not (self.save_video or self.save_trajectory):
             raise ValueError("nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory")
+        if self.maniskill and self.keep is not None and (self.allow_failure or self.discard_timeout):
+            raise ValueError(f"--keep {self.keep} and --allow-failure/--discard-timeout both choose which replays are "
+                             f"written; pass one of them")
+        if not self.maniskill and (self.allow_failure or self.discard_timeout or self.max_retry):
+            raise ValueError("allow_failure, discard_timeout and max_retry are ManiSkill's replay semantics: set "
+                             "maniskill: true (the CLI does when a ManiSkill flag is given), or use keep")
+
+    @property
+    def replay_by(self) -> str:
+        """states | actions: ``by``, else the default of the mode (ManiSkill's tool replays by actions)."""
+        return self.by or ("actions" if self.maniskill else "states")
+
+    @property
+    def keep_filter(self) -> str | None:
+        """The keep choice, or None where ManiSkill's success/allow_failure/discard_timeout rule decides."""
+        if self.keep is not None:
+            return self.keep
+        if self.maniskill and not (self.allow_failure and not self.discard_timeout):
+            return None
+        return "all"
+
+    def maniskill_keeps(self, success: bool | None, truncated: bool) -> bool:
+        """ManiSkill's rule for one replay: success at the end (or --allow-failure), and not truncated
+        with --discard-timeout."""
+        ok = bool(success) or self.allow_failure
+        return ok and not (self.discard_timeout and truncated)
 
 
 @dataclass
@@ -107,12 +163,16 @@ class ReplaySummary:
     successes: int  # replayed episodes that end in success
     diverged: list[Divergence]  # replays whose final success differs from the recording
     env_steps: int  # env steps replayed (summed over episodes)
-    seconds: float  # wall time of the replay loop, env creation and writing included
+    seconds: float  # wall time of the replay loop (the progress bar's), writing included; env creation not
     output_dir: Path
     files: list[Path]
     source_episode_ids: list[int] = field(default_factory=list)  # output episode k replays input episode [k]
     interrupted: str | None = None  # the signal that stopped the replay early ("SIGINT", "SIGTERM")
     partial: int = 0  # interrupted: replays cut short and saved as they were
+    startup_seconds: float = 0.0  # env creation, before the progress bar (``seconds`` is the replay after it)
+    results: list[dict[str, Any]] = field(default_factory=list)  # NAME.results.jsonl's rows: every replay, retries included
+    results_path: Path | None = None
+    converted: bool = False  # the actions were converted to another control mode (-c)
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -395,11 +455,13 @@ class _VectorBatch:
         self.env.reset(seed=seeds, options=options)
         self._started = True
 
-    def step(self, actions: np.ndarray) -> np.ndarray | None:
-        _, _, _, _, info = self.env.step(actions)
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Step every env: (success per env or None if the env reports none, truncated per env)."""
+        _, _, _, truncated, info = self.env.step(actions)
+        truncated = np.asarray(truncated, dtype=bool).reshape(self.num_envs)
         if "success" not in info:
-            return None
-        return np.asarray(info["success"], dtype=bool).reshape(self.num_envs)
+            return None, truncated
+        return np.asarray(info["success"], dtype=bool).reshape(self.num_envs), truncated
 
     def flush(self, e: int) -> None:
         self.env.flush_trajectory(env_idxs_to_flush=[e])
@@ -437,12 +499,14 @@ class _BatchedEnv:
             self.env.reset(seed=seeds, options={"env_idx": torch.as_tensor(env_idx, device=self.device)})
         self._started = True
 
-    def step(self, actions: np.ndarray) -> np.ndarray | None:
-        _, _, _, _, info = self.env.step(torch.as_tensor(actions, device=self.device))
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Step every env: (success per env or None if the env reports none, truncated per env)."""
+        _, _, _, truncated, info = self.env.step(torch.as_tensor(actions, device=self.device))
+        truncated = np.asarray(torch.as_tensor(truncated).cpu(), dtype=bool).reshape(self.num_envs)
         if "success" not in info:
-            return None
+            return None, truncated
         s = info["success"]
-        return (s.cpu().numpy() if isinstance(s, torch.Tensor) else np.asarray(s)).astype(bool).reshape(self.num_envs)
+        return (s.cpu().numpy() if isinstance(s, torch.Tensor) else np.asarray(s)).astype(bool).reshape(self.num_envs), truncated
 
     def flush(self, e: int) -> None:
         self.env.flush_trajectory(env_idxs_to_flush=[e])
@@ -484,9 +548,13 @@ def run_replay(cfg: ReplayConfig, stop: StopSignals | None = None, sinks: list[A
     With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the replay between two steps: the replays in
     progress are saved as far as they got, the env is closed and the summary says so."""
     t0 = time.perf_counter()
+    from fastrecord.sinks.base import OutputExistsError
+
     traj = open_trajectory(cfg.traj_path)
     try:
         return _run(cfg, traj, t0, stop, sinks)
+    except OutputExistsError as e:
+        raise OutputExistsError(f"{e} (fastrecord replay: --overwrite replaces that replay's files)") from None
     finally:
         traj.close()
 
@@ -506,7 +574,8 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals |
     modes = sorted({ep.get("control_mode") for ep in episodes if ep.get("control_mode")})
     if len(modes) > 1:
         raise ValueError(f"{traj.json_path.name} mixes control modes {modes}; replay them separately (--count, or split the file)")
-    if cfg.by == "states" or cfg.use_first_env_state:
+    by = cfg.replay_by
+    if by == "states" or cfg.use_first_env_state:
         lacking = [ep["episode_id"] for ep in episodes if "env_states" not in traj.group(ep)]
         if lacking:
             raise ValueError(f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; replay it by actions (--by actions)")
@@ -522,10 +591,22 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals |
     kwargs["render_backend"] = cfg.render_backend if cfg.render_backend != "auto" else ("gpu" if _cuda() else "cpu")
     if modes and "control_mode" not in kwargs:
         kwargs["control_mode"] = modes[0]
+    source_mode = kwargs.get("control_mode")
+    convert = cfg.target_control_mode is not None and cfg.target_control_mode != source_mode
+    if convert:
+        _check_conversion(cfg, source_mode, by, gpu_sim)
+    ori_kwargs = dict(kwargs)  # the env the actions were recorded in (conversion: ManiSkill's ori_env)
+    if cfg.target_control_mode is not None:
+        kwargs["control_mode"] = cfg.target_control_mode
     if cfg.obs_mode is not None:
         kwargs["obs_mode"] = cfg.obs_mode
-    kwargs["render_mode"] = "rgb_array"
-    _camera_configs(cfg, kwargs)
+    if cfg.reward_mode is not None:
+        kwargs["reward_mode"] = cfg.reward_mode
+    kwargs["render_mode"] = cfg.render_mode
+    if cfg.maniskill and cfg.shader is not None:
+        kwargs["shader_dir"] = cfg.shader  # ManiSkill's --shader: every camera
+    else:
+        _camera_configs(cfg, kwargs)
     kwargs.update(cfg.env_kwargs)
     if cfg.video_source.startswith("sensor:") and cfg.save_video and kwargs.get("obs_mode", "state") in ("state", "state_dict", "none"):
         raise ValueError(f"video_source={cfg.video_source!r} takes frames from the observation's camera images; "
@@ -533,21 +614,30 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals |
     longest = max(int(ep["elapsed_steps"]) for ep in episodes)
     max_steps = max(int(info.get("max_episode_steps") or 0), longest) or None
 
-    # where it goes
-    obs_mode = kwargs.get("obs_mode", "state")
+    # where it goes: ManiSkill's name, <stem>.<obs_mode>.<control_mode>.<sim_backend>
+    obs_mode = kwargs.get("obs_mode") or "state"
     stem = traj.h5_path.stem.split(".")[0]
     name = cfg.trajectory_name or f"{stem}.{obs_mode}.{kwargs.get('control_mode', 'default')}.{sim_backend}"
-    out = Path(cfg.output_dir) if cfg.output_dir is not None else traj.h5_path.parent / "replay"
+    if cfg.output_dir is not None:
+        out = Path(cfg.output_dir)
+    else:  # ManiSkill's tool writes next to its input
+        out = traj.h5_path.parent if cfg.maniskill else traj.h5_path.parent / "replay"
     new_h5 = out / f"{name}.h5"
-    if cfg.save_trajectory and new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
+    if new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
         raise ValueError(f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name")
+    keep = cfg.keep_filter
+    verdict = _Verdict()  # ManiSkill's rule, decided per replay by the loop that ends it
 
     def rec_kwargs(control_freq: int) -> dict[str, Any]:
         return dict(
             output_dir=str(out), save_trajectory=cfg.save_trajectory, trajectory_name=name, save_video=cfg.save_video,
-            save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=cfg.keep, video_source=cfg.video_source,
-            video_codec=cfg.video_codec, if_exists="overwrite" if cfg.overwrite else "error", source_type="fastrecord-replay",
-            source_desc=f"fastrecord replay of {traj.h5_path.name} by {'env states' if cfg.by == 'states' else 'actions'}",
+            save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=keep if keep is not None else verdict,
+            video_source=cfg.video_source, video_codec=cfg.video_codec,
+            record_reward=cfg.record_rewards if cfg.record_rewards is not None else not cfg.maniskill,
+            if_exists="overwrite" if (cfg.overwrite or cfg.maniskill) else "error", source_type="fastrecord-replay",
+            source_desc=f"fastrecord replay of {traj.h5_path.name} " + (
+                f"converted from {source_mode} to {cfg.target_control_mode}" if convert
+                else f"by {'env states' if by == 'states' else 'actions'}"),
             sinks=list(sinks or []),  # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
         )
 
@@ -560,47 +650,154 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals |
         n = cfg.num_envs
     elif gpu_sim:
         n = GPU_DEFAULT_ENVS
-    else:  # CPU: one env per core, or the one env a CPU ManiSkill env holds
-        n = 1 if vector == "batched" else (os.cpu_count() or 1)
+    else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
+        n = 1 if (vector == "batched" or cfg.maniskill) else (os.cpu_count() or 1)
     n = min(n, len(episodes))
     if vector == "auto":
         vector = "batched" if gpu_sim else ("async" if n > 1 else "sync")
-    if vector == "batched" and n > 1 and cfg.by == "actions" and not cfg.use_first_env_state:
+    if vector == "batched" and n > 1 and by == "actions" and not cfg.use_first_env_state:
         raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
                          "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
-    if vector == "batched":
-        if not gpu_sim and n > 1:
-            raise ValueError(f"vector='batched' runs {n} envs in one ManiSkill env, which needs GPU simulation; on the CPU "
-                             f"use vector='async' or 'sync' (or num_envs=1)")
-        batch: _VectorBatch | _BatchedEnv = _BatchedEnv(make_replay_env(env_id, kwargs, max_steps, n, cpu_wrapper=False), rec_kwargs)
+    if convert:
+        summary = _convert(cfg, traj, episodes, env_id, kwargs, ori_kwargs, max_steps, rec_kwargs, verdict, stop, t0)
     else:
-        if gpu_sim:
-            raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
-        thunk = functools.partial(make_replay_env, env_id, kwargs, max_steps)
-        batch = _VectorBatch(thunk, n, vector == "async", rec_kwargs)
-
-    summary = _drive(cfg, traj, episodes, batch, stop)
-    summary.seconds = time.perf_counter() - t0
+        if vector == "batched":
+            if not gpu_sim and n > 1:
+                raise ValueError(f"vector='batched' runs {n} envs in one ManiSkill env, which needs GPU simulation; on the CPU "
+                                 f"use vector='async' or 'sync' (or num_envs=1)")
+            batch: _VectorBatch | _BatchedEnv = _BatchedEnv(make_replay_env(env_id, kwargs, max_steps, n, cpu_wrapper=False), rec_kwargs)
+        else:
+            if gpu_sim:
+                raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
+            thunk = functools.partial(make_replay_env, env_id, kwargs, max_steps)
+            batch = _VectorBatch(thunk, n, vector == "async", rec_kwargs)
+        summary = _drive(cfg, traj, episodes, batch, verdict, stop, t0)
     summary.output_dir = out
     if cfg.save_trajectory and (out / f"{name}.json").exists():  # absent when interrupted before any episode
         _name_sources(out / f"{name}.json", summary.source_episode_ids)
         summary.files = [new_h5, new_h5.with_suffix(".json")] + summary.files
+    summary.files.append(summary.results_path)
     return summary
 
 
+class _Verdict:
+    """A keep filter whose answer the replay loop sets just before it ends a replay (ManiSkill's rule
+    needs the replay's success and truncation, decided outside the recorder)."""
+
+    value = False
+
+    def __call__(self, final_info: Any) -> bool:
+        return self.value
+
+
+def _check_conversion(cfg: ReplayConfig, source: str | None, by: str, gpu_sim: bool) -> None:
+    """Refuse what ManiSkill's tool cannot convert, with its reasons, before anything is made."""
+    if by == "states":
+        raise ValueError("cannot replay by env states (--use-env-states / --by states) while converting to another control "
+                         "mode: the converted actions take a different number of steps to reach the same states; drop one")
+    if gpu_sim:
+        raise ValueError("control mode conversion (-c) runs in a CPU env, as in ManiSkill's tool; pass -b physx_cpu")
+    if source not in CONVERTERS:
+        raise ValueError(f"ManiSkill's conversion code converts from {' or '.join(CONVERTERS)}, not from {source!r} "
+                         f"(to {cfg.target_control_mode!r}); replay without -c, or record in pd_joint_pos")
+
+
+def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_id: str, kwargs: dict[str, Any],
+             ori_kwargs: dict[str, Any], max_steps: int | None, rec_kwargs: Any, verdict: _Verdict,
+             stop: StopSignals | None, t0: float) -> ReplaySummary:
+    """``-c``: convert each episode's actions with ManiSkill's own code, one episode at a time, as its tool
+    does in a CPU env: ``ori_env`` steps the recorded actions and the target env (recorded by fastrecord)
+    follows it in the target control mode, several steps per recorded one where needed."""
+    from mani_skill.trajectory.utils.actions import conversion
+    from tqdm import tqdm
+
+    from fastrecord.record import RecordEpisode
+
+    converter = {"pd_joint_pos": conversion.from_pd_joint_pos,
+                 "pd_joint_delta_pos": conversion.from_pd_joint_delta_pos}[ori_kwargs["control_mode"]]
+    stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
+    ori_env = gym.make(env_id, max_episode_steps=max_steps,
+                       **{**ori_kwargs, "render_mode": None, "obs_mode": "state"})  # only its controller is read
+    try:
+        target = gym.make(env_id, num_envs=1, max_episode_steps=max_steps, **kwargs)
+        env = RecordEpisode(target, **rec_kwargs(target.unwrapped.control_freq))
+    except BaseException:
+        ori_env.close()
+        raise
+    rec = env.recorder
+    startup = time.perf_counter() - t0
+    t_run = time.perf_counter()
+    diverged: list[Divergence] = []
+    sources: list[int] = []
+    successes = env_steps = done = 0
+    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress, dynamic_ncols=True, desc="convert")
+    try:
+        for ep in episodes:
+            if stopping():
+                break
+            reset_kwargs = copy.deepcopy(ep.get("reset_kwargs") or {})
+            reset_kwargs["seed"] = int(ep["episode_seed"])  # ManiSkill's sanity_check_and_format_seed
+            ori_actions = traj.actions(ep)
+            for attempt in range(cfg.max_retry + 1):
+                options = dict(reset_kwargs.get("options") or {})
+                ori_env.reset(seed=reset_kwargs["seed"], options=options)
+                if cfg.use_first_env_state:
+                    first = _tree_stack([_tree_index(traj.env_states(ep), 0)], torch.device(target.unwrapped.device))
+                    ori_env.unwrapped.set_state_dict(first)
+                    options["reset_to_env_states"] = {"env_states": first}  # recorded as the episode's first state
+                env.reset(seed=reset_kwargs["seed"], options=options)
+                info = converter(cfg.target_control_mode, ori_actions, ori_env, env, render=False, pbar=None, verbose=cfg.verbose)
+                env_steps += int(np.asarray(target.unwrapped.elapsed_steps).reshape(-1)[0])
+                replayed = bool(np.asarray(torch.as_tensor(info["success"]).cpu()).reshape(-1)[0]) if "success" in info else None
+                truncated = max_steps is not None and int(np.asarray(target.unwrapped.elapsed_steps).reshape(-1)[0]) >= max_steps
+                ok = cfg.maniskill_keeps(replayed, truncated)
+                last = ok or attempt == cfg.max_retry
+                verdict.value = ok
+                before = rec.num_episodes
+                env.flush_trajectory()
+                if rec.num_episodes > before:
+                    sources.append(int(ep["episode_id"]))
+                if last:
+                    break
+            done += 1
+            successes += bool(replayed)
+            recorded = traj.recorded_success(ep)
+            if replayed is not None and recorded is not None and replayed != recorded:
+                diverged.append(Divergence(int(ep["episode_id"]), recorded, replayed))
+            if cfg.maniskill and not ok:
+                tqdm.write(f"Episode {ep['episode_id']} is not replayed successfully. Skipping")
+            bar.update(1)
+            bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
+        rec.wait_until_done()
+    finally:
+        bar.close()
+        try:
+            env.close()
+        finally:
+            ori_env.close()
+    return ReplaySummary(done, rec.num_episodes, successes, diverged, env_steps, time.perf_counter() - t_run, Path("."),
+                         sorted(rec.video_paths), sources, stop.name if stopping() else None, 0,
+                         startup_seconds=startup, results=list(rec.results.rows), results_path=rec.results.path,
+                         converted=True)
+
+
 def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: _VectorBatch | _BatchedEnv,
-           stop: StopSignals | None = None) -> ReplaySummary:
-    """Keep every env busy: when an env's episode ends, flush it and start the next pending one there.
+           verdict: _Verdict, stop: StopSignals | None = None, t0: float | None = None) -> ReplaySummary:
+    """Keep every env busy: when an env's episode ends, flush it and start the next pending one there
+    (ManiSkill's --max-retry: the same episode again, while it fails and retries are left).
 
     A ``stop`` request ends the loop between two steps; the replays in progress are then flushed as
     far as they got (partial episodes, named in the summary)."""
     from tqdm import tqdm
 
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
+    startup = time.perf_counter() - t0 if t0 is not None else 0.0
+    t_run = time.perf_counter()
 
     n = batch.num_envs
-    per_step = cfg.by == "states"
+    per_step = cfg.replay_by == "states"
     pending = deque(range(len(episodes)))
+    retries = np.zeros(len(episodes), dtype=np.int64)
     slot: list[int | None] = [None] * n  # index into episodes
     actions: list[np.ndarray | None] = [None] * n
     t = np.zeros(n, dtype=np.int64)
@@ -608,7 +805,7 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
     act = np.zeros((n, *batch.action_shape), dtype=np.float32)
     diverged: list[Divergence] = []
     sources: list[int] = []  # output episode k replays input episode sources[k]
-    successes = env_steps = partial = cut = 0
+    successes = env_steps = partial = cut = done_count = 0
     rec = batch.recorder
 
     def flush(e: int) -> None:
@@ -641,26 +838,39 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
     try:
         if not stopping():
             start(list(range(n)))
+        success, truncated = None, np.zeros(n, dtype=bool)
         while not stopping() and any(s is not None for s in slot):
             act[:] = 0
             for e in range(n):
                 if slot[e] is not None:
                     act[e] = actions[e][t[e]]
-            success = batch.step(act)
+            success, truncated = batch.step(act)
             active = np.array([s is not None for s in slot])
             t[active] += 1
             env_steps += int(active.sum())
             done = [e for e in range(n) if slot[e] is not None and t[e] >= length[e]]
+            finished = 0
             for e in done:
-                ep = episodes[slot[e]]
+                i = slot[e]
+                ep = episodes[i]
                 replayed = None if success is None else bool(success[e])
+                verdict.value = ok = cfg.maniskill_keeps(replayed, bool(truncated[e]))
+                if not ok and retries[i] < cfg.max_retry:  # ManiSkill's --max-retry: again, before the others
+                    retries[i] += 1
+                    flush(e)
+                    pending.appendleft(i)
+                    continue
                 recorded = traj.recorded_success(ep)
                 successes += bool(replayed)
+                finished += 1
                 if replayed is not None and recorded is not None and replayed != recorded:
                     diverged.append(Divergence(int(ep["episode_id"]), recorded, replayed))
+                if cfg.maniskill and not ok and (cfg.keep_filter is None):
+                    tqdm.write(f"Episode {ep['episode_id']} is not replayed successfully. Skipping")
                 flush(e)
             if done:
-                bar.update(len(done))
+                done_count += finished
+                bar.update(finished)
                 bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
                 refill = done[: len(pending)]
                 if refill:
@@ -671,14 +881,16 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
                     cut += 1
                     if t[e] > 0:
                         partial += 1
+                        replayed = None if success is None else bool(success[e])
+                        verdict.value = cfg.maniskill_keeps(replayed, bool(truncated[e]))
                         flush(e)
         rec.wait_until_done()
     finally:
         bar.close()
         batch.close()
-    done_count = len(episodes) - len(pending) - cut  # all of them unless interrupted
-    return ReplaySummary(done_count, rec.num_episodes, successes, diverged, env_steps, 0.0, Path("."),
-                         sorted(rec.video_paths), sources, stop.name if stopping() else None, partial)
+    return ReplaySummary(done_count, rec.num_episodes, successes, diverged, env_steps, time.perf_counter() - t_run,
+                         Path("."), sorted(rec.video_paths), sources, stop.name if stopping() else None, partial,
+                         startup_seconds=startup, results=list(rec.results.rows), results_path=rec.results.path)
 
 
 def _name_sources(json_path: Path, sources: list[int]) -> None:
@@ -720,18 +932,86 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
                         "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
+    ms = p.add_argument_group(
+        "ManiSkill's replay_trajectory flags",
+        "the flags of python -m mani_skill.trajectory.replay_trajectory, same meaning; any of them (or -o/-n/-b with "
+        "--traj-path) switches to ManiSkill's defaults: by actions, nothing written unless --save-traj/--save-video, "
+        "successful replays only, no rewards, one env, output next to the input")
+    ms.add_argument("--traj-path", dest="ms_traj_path", help="the NAME.h5 to replay (ManiSkill's spelling of TRAJ_PATH)")
+    ms.add_argument("-c", "--target-control-mode", help="convert the actions to this control mode (ManiSkill's conversion code)")
+    flag = argparse.BooleanOptionalAction
+    ms.add_argument("--save-traj", dest="ms_save_traj", action=flag, help="write the new .h5/.json")
+    ms.add_argument("--save-video", dest="ms_save_video", action=flag, help="write videos")
+    ms.add_argument("--use-env-states", action=flag, help="replay by env states (fastrecord: --by states)")
+    ms.add_argument("--allow-failure", action=flag, help="also write replays that do not end in success")
+    ms.add_argument("--discard-timeout", action=flag, help="drop replays truncated by the time limit")
+    ms.add_argument("--max-retry", type=int, help="replay a failed episode up to this many more times")
+    ms.add_argument("--record-rewards", action=flag, help="write rewards")
+    ms.add_argument("--reward-mode", help="the env's reward mode, e.g. sparse, dense, normalized_dense, none")
+    ms.add_argument("--render-mode", choices=("rgb_array", "sensors", "all"), help="render mode of the videos")
+    ms.add_argument("--verbose", action=flag, help="name each replay that is not kept")
+    ms.add_argument("--vis", action=flag, help="not supported: fastrecord replays have no GUI viewer")
+    # ManiSkill's short spellings of flags both tools have
+    for short, dest in (("-o", "obs_mode"), ("-n", "num_envs"), ("-b", "sim_backend")):
+        ms.add_argument(short, dest=f"ms_{dest}", type=int if dest == "num_envs" else str, help=f"--{dest.replace('_', '-')}")
+
+
+MANISKILL_ONLY = ("ms_traj_path", "target_control_mode", "ms_save_traj", "ms_save_video", "use_env_states", "allow_failure",
+                  "discard_timeout", "max_retry", "record_rewards", "reward_mode", "render_mode", "verbose")
+
+
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    """The CLI's `ReplayConfig`: fastrecord's flags, and ManiSkill's with their meaning and defaults."""
+    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
+    if opts.pop("vis", None):
+        raise ValueError("--vis opens ManiSkill's GUI viewer, which fastrecord replay does not; record videos with "
+                         "--save-video instead, or use python -m mani_skill.trajectory.replay_trajectory --vis")
+    maniskill = any(opts.get(k) is not None for k in MANISKILL_ONLY)
+    for short in ("obs_mode", "num_envs", "sim_backend"):
+        value = opts.pop(f"ms_{short}")
+        if value is not None:
+            if opts.get(short) is not None and opts[short] != value:
+                raise ValueError(f"-{short[0]} {value} and --{short.replace('_', '-')} {opts[short]} disagree; pass one")
+            opts[short] = value
+    path = opts.pop("ms_traj_path")
+    if path is not None:
+        if opts.get("traj_path") not in (None, path):
+            raise ValueError(f"two trajectories given ({opts['traj_path']} and --traj-path {path}); pass one")
+        opts["traj_path"] = path
+    save_traj, save_video = opts.pop("ms_save_traj"), opts.pop("ms_save_video")
+    use_env_states = opts.pop("use_env_states")
+    if maniskill:
+        # ManiSkill's defaults: nothing written unless asked; by actions unless --use-env-states
+        if opts.get("save_trajectory") is None:
+            opts["save_trajectory"] = bool(save_traj)
+        if opts.get("save_video") is None:
+            opts["save_video"] = bool(save_video)
+        if use_env_states is not None:
+            by = "states" if use_env_states else "actions"
+            if opts.get("by") not in (None, by):
+                raise ValueError(f"--by {opts['by']} and --{'' if use_env_states else 'no-'}use-env-states disagree; pass one")
+            opts["by"] = by
+    return load_config(ReplayConfig, args.config, maniskill=maniskill or None, **opts)
 
 
 def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
-    from fastrecord.commands.record import interrupted_line, print_speed_and_files
+    from fastrecord.commands.record import interrupted_line, print_results, print_speed_and_files
 
+    keep = cfg.keep_filter
+    if keep is None:
+        keep = "success" + (", not truncated" if cfg.discard_timeout else "") + (f", {cfg.max_retry} retries" if cfg.max_retry else "")
+    elif cfg.maniskill and cfg.discard_timeout:
+        keep = "not truncated"
     if s.interrupted:
-        print(interrupted_line(s.interrupted, s.episodes, s.partial, cfg.keep) + " (partial replays)" * bool(s.partial))
-    print(f"replayed {s.episodes} episodes by {'env states' if cfg.by == 'states' else 'actions'}: "
-          f"{s.successes} successful, {s.kept} written (keep={cfg.keep})")
+        print(interrupted_line(s.interrupted, s.episodes, s.partial, keep) + " (partial replays)" * bool(s.partial))
+    how = (f"converted to {cfg.target_control_mode}" if s.converted
+           else f"by {'env states' if cfg.replay_by == 'states' else 'actions'}")
+    print(f"replayed {s.episodes} episodes {how}: {s.successes} successful, {s.kept} written (keep={keep})")
+    if cfg.maniskill:  # ManiSkill's own last line, for scripts that read it
+        print(f"Replayed {s.episodes} episodes, {s.kept}/{s.episodes}={s.kept / max(s.episodes, 1) * 100:.2f}% demos saved")
     if s.diverged:
         hint = ""
-        if cfg.by == "actions" and not cfg.use_first_env_state:
+        if cfg.replay_by == "actions" and not cfg.use_first_env_state:
             hint = (" (an episode whose seed does not reproduce its recorded start, e.g. after an unseeded auto-reset, "
                     "diverges from the first step: --use-first-env-state starts each from its recorded first state)")
         shown = ", ".join(f"{d.episode_id} ({'success' if d.recorded else 'failure'} -> {'success' if d.replayed else 'failure'})"
@@ -740,12 +1020,12 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         print(f"success diverged from the recording in {len(s.diverged)} episodes: {shown}{more}{hint}")
     else:
         print("success matches the recording in every episode")
-    print_speed_and_files(s.env_steps, s.seconds, s.files, s.output_dir)
+    print_results(s.results, len(s.results), s.results_path)
+    print_speed_and_files(s.env_steps, s.seconds, s.files, s.output_dir, s.startup_seconds)
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
-    cfg = load_config(ReplayConfig, args.config, **opts)
+    cfg = config_from_args(args)
     if not cfg.traj_path:
         raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
     from fastrecord.sinks.loggers import log_sinks
