@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything fastrecord and its tests need on a fresh Debian 12/13 machine (CPU only):
-#   system: a Vulkan loader and Mesa's lavapipe driver (>= 24.3, which SAPIEN needs), python3-venv
+#   system: a Vulkan loader and Mesa's lavapipe driver (>= 24.3, which SAPIEN needs), python3-venv, and
+#           chromium (the tests render `fastrecord gallery`'s page in it, headless)
 #   python: a project virtual environment .venv/ (stock Debian refuses pip installs into the system
 #           Python), holding torch (CPU build), ManiSkill, SAPIEN, PyAV, h5py and fastrecord (editable) + tests
 # Usage: bash scripts/setup.sh        (idempotent, fast when done; run as root or with sudo available)
@@ -28,6 +29,11 @@ if need_mesa || ! dpkg -s libvulkan1 >/dev/null 2>&1; then
   else
     $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
   fi
+fi
+# Debian's chromium (a headless browser for the gallery test); skipped when installed
+if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q 'install ok installed'; then
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
 PY=${PYTHON:-python3}

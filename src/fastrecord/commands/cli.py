@@ -1,30 +1,224 @@
-"""The ``fastrecord`` command: record, replay, bench.
+"""The ``fastrecord`` command: record, replay, bench, info, gallery.
 
     fastrecord record PickCube-v1                     # record 4 episodes (CPU sim/render work)
-    fastrecord record --help
+    fastrecord record --help                          # every flag, with its default
+    fastrecord info recordings                        # what a run holds (--json for machines)
+    fastrecord gallery recordings                     # recordings/gallery.html: the videos, filterable
+    fastrecord --version
 
 Each subcommand lives in its own module with ``configure_parser(parser)`` and ``main_from_args(args)``.
 A mistake in the options or the config file is one line, ``fastrecord <cmd>: error: ...``, and exit
 status 2, before anything is written. Ctrl-C (SIGINT) and SIGTERM stop ``record`` and ``replay``
 cleanly: the env is closed (episodes in progress are saved), the summary is printed, and the exit
-status is 130 / 143.
+status is 130 / 143. An unknown ``--obs-mode`` or ``--control-mode`` (ManiSkill's own check), or a CUDA
+backend on a machine without CUDA, is the same one-line error naming the valid values. ManiSkill's
+repeated third-party warnings are silenced here (the library itself is left as it is).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import inspect
+import logging
 import os
+import re
 import signal
 import sys
 import threading
+import warnings
 from types import FrameType
+from typing import Any
 
+# name: (module, one-line help, the config dataclass its flags fill: its defaults and comments are the flags' help)
 SUBCOMMANDS = {
-    "record": ("fastrecord.commands.record", "run a policy in N envs and record its episodes"),
-    "replay": ("fastrecord.commands.replay", "replay saved trajectories: re-render videos, convert observation modes"),
-    "bench": ("fastrecord.commands.bench", "measure recording throughput against ManiSkill's RecordEpisode"),
+    "record": ("fastrecord.commands.record", "run a policy in N envs and record its episodes",
+               "fastrecord.commands.config:RecordConfig"),
+    "replay": ("fastrecord.commands.replay", "replay saved trajectories: re-render videos, convert observation modes",
+               "fastrecord.commands.replay:ReplayConfig"),
+    "bench": ("fastrecord.commands.bench", "measure recording throughput against ManiSkill's RecordEpisode",
+              "fastrecord.commands.bench:BenchConfig"),
+    "info": ("fastrecord.commands.info", "summarize recorded runs: episodes, success, keys, shapes, sizes, status", None),
+    "gallery": ("fastrecord.commands.gallery", "write DIR/gallery.html: the run's videos, labelled and filterable", None),
 }
+
+SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda", "cuda", "gpu")  # ManiSkill's names (CUDA ones also as cuda:N)
+CUDA_SIM = ("physx_cuda", "cuda", "gpu")
+CUDA_RENDER = ("sapien_cuda", "cuda", "gpu")
+QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)
+MANISKILL_LOGGERS = ("mani_skill ", "mani_skill")  # 3.0.1 names its logger with a trailing space
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Module docstrings kept as written; an option's default appended to its help, as
+    `argparse.ArgumentDefaultsHelpFormatter` does, except where it says nothing (None, a help text that
+    already names its default)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text.lower() or action.default in (None, argparse.SUPPRESS)
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        if not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """{field: its one-line comment} from a config dataclass's source (``name: type = value  # comment``)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, re.MULTILINE)}
+
+
+def _default_text(value: Any) -> str:
+    return "none" if value is None else str(value).replace("%", "%%")
+
+
+def document_defaults(parser: argparse.ArgumentParser, config: str | None) -> None:
+    """Give every flag of a config-backed subcommand its help and default from the dataclass.
+
+    The subcommands' flags default to None (meaning "not given": the --config file or the dataclass fills
+    the value), so argparse alone would print "default: None"; the real default is the field's."""
+    if config is None:
+        return
+    module, _, name = config.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    comments = _field_comments(cls)
+    for action in parser._actions:
+        f = fields.get(action.dest)
+        if f is None or action.default is not None:
+            continue
+        text = action.help or comments.get(action.dest, "").replace("%", "%%")
+        if "default" in text.lower():
+            action.help = text
+            continue
+        if f.default is dataclasses.MISSING:
+            action.help = text
+            continue
+        if isinstance(action, argparse._StoreConstAction) and isinstance(f.default, bool):
+            action.help = f"{text} (default: {action.dest}={f.default})".lstrip()
+        elif f.default == "" or f.default == ():
+            action.help = text
+        else:
+            action.help = f"{text} (default: {_default_text(f.default)})".lstrip()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from fastrecord import __version__
+
+    parts = []
+    for dist in ("mani_skill", "sapien", "torch"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            pass
+    return f"fastrecord {__version__} ({', '.join(parts)}; Python {sys.version.split()[0]})"
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, needles: tuple[str, ...]) -> None:
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(n in message for n in self.needles)
+
+
+def quiet_third_party() -> None:
+    """Silence ManiSkill's repeated, non-actionable warnings for this (CLI) process only."""
+    for name in MANISKILL_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(QUIET_MANISKILL))
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _requested(args: argparse.Namespace, key: str) -> Any:
+    """The value a run will use for ``key``: its flag, else its --config file's value (None if neither)."""
+    value = getattr(args, key, None)
+    if value is not None or not getattr(args, "config", None):
+        return value
+    try:
+        import yaml
+
+        with open(args.config) as f:
+            loaded = yaml.safe_load(f)
+    except Exception:  # noqa: BLE001 - the subcommand reports a bad config file itself
+        return None
+    return loaded.get(key) if isinstance(loaded, dict) else None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_env_options(args: argparse.Namespace) -> None:
+    """Refuse, before any env is made, what ManiSkill would refuse late or with a traceback: an unknown
+    sim backend or observation mode, a CUDA backend where there is no CUDA. Raises ValueError."""
+    sim = _requested(args, "sim_backend")
+    if isinstance(sim, str) and sim != "auto":
+        base = sim.split(":")[0]
+        if base not in SIM_BACKENDS:
+            raise ValueError(f"sim_backend={sim!r} is unknown; use one of {', '.join(SIM_BACKENDS)} "
+                             f"(CUDA ones also as cuda:N)")
+        if base in CUDA_SIM and not _cuda_available():
+            raise ValueError(f"sim_backend={sim!r} needs a CUDA device and this machine has none (torch sees no CUDA); "
+                             f"use --sim-backend physx_cpu")
+    render = _requested(args, "render_backend")
+    if isinstance(render, str) and render.split(":")[0] in CUDA_RENDER and not _cuda_available():
+        raise ValueError(f"render_backend={render!r} needs a CUDA device and this machine has none (torch sees no CUDA); "
+                         f"use --render-backend cpu (or auto)")
+    obs_mode = _requested(args, "obs_mode")
+    if isinstance(obs_mode, str):
+        from mani_skill.envs.utils.observations import parse_obs_mode_to_struct
+
+        try:
+            parse_obs_mode_to_struct(obs_mode)
+        except AssertionError as e:
+            raise ValueError(rephrase_maniskill_error(e, args) or str(e)) from None
+
+
+_BAD_CONTROL = re.compile(r"^(.+?) not in supported modes: (\[.*\])\s*$", re.DOTALL)
+_BAD_TEXTURE = re.compile(r"Invalid texture type '(.*?)' requested in the obs mode '(.*?)'")
+
+
+def obs_mode_choices() -> str:
+    from mani_skill.envs.utils.observations import ALL_VISUAL_TEXTURES
+
+    return (f"state, state_dict, none, sensor_data, rgbd, pointcloud, or camera textures joined with '+' "
+            f"({', '.join(ALL_VISUAL_TEXTURES)}; e.g. rgb, rgb+depth, state+rgb)")
+
+
+def rephrase_maniskill_error(e: BaseException, args: argparse.Namespace) -> str | None:
+    """ManiSkill's own refusal of a control or observation mode (an AssertionError), as one line naming
+    the valid values; None for anything else (which then keeps its traceback)."""
+    text = str(e).strip()
+    task = _requested(args, "env_id") or "this task"
+    if m := _BAD_CONTROL.match(text):
+        import ast
+
+        try:
+            valid = ", ".join(ast.literal_eval(m[2]))
+        except (ValueError, SyntaxError):
+            valid = m[2]
+        return f"control_mode={m[1]!r} is not supported by {task}'s robot; use one of {valid}"
+    if m := _BAD_TEXTURE.search(text):
+        return f"obs_mode={m[2]!r} is unknown ({m[1]!r} is not a camera texture); use {obs_mode_choices()}"
+    if isinstance(e, RuntimeError) and 'failed to find device "cuda' in text:
+        return f"a CUDA device was requested ({text}) and this machine has none; use physx_cpu / cpu backends"
+    return None
 
 
 class StopSignals:
@@ -77,14 +271,13 @@ class StopSignals:
         self._previous.clear()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from fastrecord.system import use_lavapipe_if_no_gpu
-
-    use_lavapipe_if_no_gpu()
-    parser = argparse.ArgumentParser(prog="fastrecord", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Any]]:
+    """The ``fastrecord`` parser and {subcommand: its module}."""
+    parser = argparse.ArgumentParser(prog="fastrecord", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     modules = {}
-    for name, (module, help_) in SUBCOMMANDS.items():
+    for name, (module, help_, config) in SUBCOMMANDS.items():
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
@@ -92,14 +285,35 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # subcommand not built in this version
             raise
         modules[name] = mod
-        p = sub.add_parser(name, help=help_, description=mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, help=help_, description=mod.__doc__, formatter_class=HelpFormatter)
         mod.configure_parser(p)
+        document_defaults(p, config)
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fastrecord.system import use_lavapipe_if_no_gpu
+
+    use_lavapipe_if_no_gpu()
+    quiet_third_party()
+    parser, modules = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in ("record", "replay"):
+            check_env_options(args)
         return modules[args.command].main_from_args(args)
     except ValueError as e:
         print(f"fastrecord {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except (AssertionError, RuntimeError) as e:  # ManiSkill refuses a mode with an assert
+        message = rephrase_maniskill_error(e, args)
+        if message is None:
+            raise
+        print(f"fastrecord {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into a program that stopped reading (| head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:  # Ctrl-C outside a run loop (loading, env creation): nothing half-written to save
         print(f"fastrecord {args.command}: interrupted (SIGINT)", file=sys.stderr)
         return 128 + signal.SIGINT

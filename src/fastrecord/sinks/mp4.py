@@ -127,11 +127,50 @@ class Mp4Sink(Sink):
         return self._pool.blocked_seconds if self._pool is not None else 0.0
 
 
+# info_on_video text: ManiSkill's font and colour, scaled to the frame (ManiSkill's 16 px from 256 px tall
+# frames up, never below 8 px), the first keys listed first, at most OVERLAY_MAX_FRACTION of the height
+OVERLAY_FIRST = ("success", "fail", "reward", "elapsed_steps")
+OVERLAY_MAX_FRACTION = 0.45
+
+
+def _overlay_lines(info: dict[str, Any], max_lines: int, max_chars: int) -> list[str]:
+    keys = [k for k in OVERLAY_FIRST if k in info] + [k for k in info if k not in OVERLAY_FIRST]
+    lines = []
+    for k in keys[:max_lines]:
+        v = info[k]
+        text = f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
+        lines.append(text if len(text) <= max_chars else text[: max(1, max_chars - 1)] + "~")
+    return lines
+
+
 def _draw_overlay(frames: np.ndarray, overlay: list[dict[str, Any]]) -> np.ndarray:
-    from mani_skill.utils.visualization.misc import put_info_on_image
+    """Draw each frame's info (ManiSkill's ``put_info_on_image`` text) legibly at any size: the font scales
+    with the frame, lines that would cover more than `OVERLAY_MAX_FRACTION` of it are left out (success,
+    fail, reward and elapsed_steps first), long lines are cut, and a dark band sits behind the text."""
+    import os
+
+    from PIL import Image, ImageDraw, ImageFont
+    from mani_skill.utils.visualization import misc
 
     out = frames.copy()
+    h, w = out.shape[1:3]
+    size = max(8, min(16, round(16 * h / 256)))
+    font = ImageFont.truetype(os.path.join(os.path.dirname(misc.__file__), "UbuntuSansMono-Regular.ttf"), size=size)
+    line_h = size + max(1, size // 4)
+    margin = max(2, size // 4)
+    char_w = max(1.0, font.getlength("0"))
+    max_lines = max(1, int(OVERLAY_MAX_FRACTION * h) // line_h)
+    max_chars = max(4, int((w - 2 * margin) // char_w))
     for s, info in enumerate(overlay[: len(out)]):
-        if info:
-            out[s] = put_info_on_image(out[s], info)
+        if not info:
+            continue
+        lines = _overlay_lines(info, max_lines, max_chars)
+        image = Image.fromarray(out[s])
+        band = Image.new("RGBA", image.size, (0, 0, 0, 0))
+        draw = ImageDraw.Draw(band)
+        width = max(font.getlength(t) for t in lines)
+        draw.rectangle((0, 0, min(w, int(width) + 2 * margin), min(h, len(lines) * line_h + margin)), fill=(0, 0, 0, 110))
+        for i, text in enumerate(lines):
+            draw.text((margin, margin // 2 + i * line_h), text, fill=(0, 255, 0, 255), font=font)
+        out[s] = np.asarray(Image.alpha_composite(image.convert("RGBA"), band).convert("RGB"))
     return out
