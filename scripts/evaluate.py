@@ -150,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - t0
     videos = sorted(Path(args.video_dir).glob("*.mp4")) if Path(args.video_dir).exists() else []
     print(f"{len(metrics.get('return', []))} episodes in {seconds:.1f} s")
+    if args.video_dir:
+        from fastrecord.results import results_of, summary_lines
+
+        for line in summary_lines(results_of(envs).rows):  # every finished episode, kept or not
+            print(line)
     for k, v in sorted(metrics.items()):
         print(f"  {k}: {float(np.mean(v)):.3f}")
     print(f"videos (keep={args.keep}): {len(videos)} in {args.video_dir}/")

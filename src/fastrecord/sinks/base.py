@@ -305,9 +305,11 @@ class RunDirectory:
             self._lock_fd = None
 
     def abandon(self) -> None:
-        """Construction failed before anything was recorded: remove what this run created, release."""
-        if self._created and not self.resuming and not self._files:
-            for p in (self.manifest_path, self.path(".h5"), self.path(".json"), self.path(".h5.parts")):
+        """Construction failed before anything was recorded: remove what this run created (never what an
+        earlier run of a resumed name left), release the name."""
+        if self._created and not self.resuming:
+            created = [self.output_dir / f for f in self._files]
+            for p in (self.manifest_path, self.path(".h5"), self.path(".json"), self.path(".h5.parts"), *created):
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
                 elif p.exists():
