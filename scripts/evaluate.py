@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     videos = sorted(Path(args.video_dir).glob("*.mp4")) if Path(args.video_dir).exists() else []
     print(f"{len(metrics.get('return', []))} episodes in {seconds:.1f} s")
     if args.video_dir:
-        from fastrecord.results import results_of, summary_lines
+        from fastrecord.sinks.results import results_of, summary_lines
 
         for line in summary_lines(results_of(envs).rows):  # every finished episode, kept or not
             print(line)

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import CAMERA
 from fastrecord.commands.replay import ReplayConfig, run_replay
-from fastrecord.results import read_results
+from fastrecord.sinks.results import read_results
 from fastrecord.video import decode_mp4
 
 ENV_ID = "PushCube-v1"

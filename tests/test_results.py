@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastrecord import RecordEpisode
-from fastrecord.results import rate_text, read_results, summary_lines, wilson_interval
+from fastrecord.sinks.results import rate_text, read_results, summary_lines, wilson_interval
 from fastrecord.testing import BatchedDoubleEnv
 
 

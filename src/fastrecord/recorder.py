@@ -26,7 +26,7 @@ from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, VectorEnvView
 from fastrecord.episode import EpisodeData, field_of
 from fastrecord.options import RecordOptions
-from fastrecord.results import ResultsSink
+from fastrecord.sinks.results import ResultsSink
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
 from fastrecord.sinks.mp4 import Mp4Sink

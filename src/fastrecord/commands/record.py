@@ -250,7 +250,7 @@ def interrupted_line(signal_name: str, finished: int, in_progress: int, keep: An
 def print_results(rows: list[dict[str, Any]], counted: int, path: Path | None) -> None:
     """The results part of a run's summary (record, replay): the first ``counted`` rows are the episodes
     the progress bar counted; rows after them ended at close (in progress, saved), listed but not rated."""
-    from fastrecord.results import summary_lines
+    from fastrecord.sinks.results import summary_lines
 
     lines = summary_lines(rows[:counted])
     extra = len(rows) - counted

@@ -4,6 +4,8 @@
   `RunDirectory`, the one owner of a run's files (lock, error/overwrite/resume, manifest).
 - `maniskill_h5`: ManiSkill's trajectory format, writer and reader (`ManiSkillH5Sink`).
 - `mp4`: per-env or tiled MP4 videos (`Mp4Sink`).
+- `results`: ``NAME.results.jsonl``, one row per finished episode, kept or not (`ResultsSink`).
+- `loggers`: TensorBoard and Weights & Biases (`TensorBoardSink`, `WandbSink`).
 
 A new output format is a new module here with a `Sink` subclass; pass instances to the wrapper:
 ``RecordEpisode(env, "out", sinks=[MySink()])``.
