@@ -9,15 +9,13 @@ import numpy as np
 import pytest
 import torch
 from fastrecord.testing import BatchedDoubleEnv, frames_for
+from fastrecord.testing import frame_psnr as psnr
 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
 from fastrecord import RecordEpisode
 from fastrecord.video import decode_mp4
 
 
-def psnr(a, b):
-    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).reshape(len(a), -1).mean(axis=1)
-    return 10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))
 
 
 def run(tmp_path, steps=12, num_envs=4, max_steps=6, success_step=(2, 0, 4, 0), **kwargs):

@@ -10,14 +10,11 @@ import torch
 from fastrecord import staging
 from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
 from fastrecord.staging import Yuv420Frames, locate, rgb_to_yuv420p
+from fastrecord.testing import smooth_frames
 
 N = 3
 
 
-def smooth_frames(t: int = 6, h: int = 32, w: int = 48, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    steps = rng.integers(-3, 4, size=(t, h, w, 3))
-    return np.clip(np.cumsum(steps, axis=2) + 128, 0, 255).astype(np.uint8)
 
 
 def data(step: int | list[int], n: int = N) -> dict[str, torch.Tensor]:

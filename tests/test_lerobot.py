@@ -19,13 +19,11 @@ import pandas as pd  # noqa: E402
 
 from fastrecord import RecordEpisode  # noqa: E402
 from fastrecord.video import decode_mp4  # noqa: E402
+from fastrecord.testing import psnr
 
 SIZE = 64
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255.0**2 / max(mse, 1e-10)))
 
 
 def test_rgb_trajectory_to_lerobot_with_maniskills_converter(make_env, tmp_path):

@@ -13,12 +13,9 @@ import torch
 
 from fastrecord import RecordEpisode
 from fastrecord.video import decode_mp4
+from fastrecord.testing import frame_psnr as psnr
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per-frame PSNR in dB of two [T, H, W, 3] uint8 stacks."""
-    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).reshape(len(a), -1).mean(axis=1)
-    return 10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))
 
 
 def maniskill_video_psnr(frames: np.ndarray, tmp_path) -> float:

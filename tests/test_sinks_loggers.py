@@ -24,7 +24,7 @@ from fastrecord.sinks.loggers import (
     WandbSink,
     make_logger,
 )
-from fastrecord.testing import BatchedDoubleEnv
+from fastrecord.testing import BatchedDoubleEnv, psnr
 from fastrecord.video import decode_mp4
 
 pytest.importorskip("tensorboard")
@@ -69,9 +69,6 @@ def gif_frames(data: bytes) -> tuple[np.ndarray, list[int]]:
     return np.stack(frames), durations
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255.0**2 / max(mse, 1e-10)))
 
 
 def returns(h5: Path, episodes: list[dict]) -> dict[int, float]:

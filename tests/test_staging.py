@@ -13,18 +13,13 @@ import torch
 
 from fastrecord import staging
 from fastrecord.staging import StagingPool, locate, rgb_to_yuv420p, yuv420p_to_rgb_numpy
+from fastrecord.testing import psnr, smooth_frames
 
 needs_shm = pytest.mark.skipif(not staging.shared_memory_supported(), reason="needs memfd + fd passing (Linux)")
 
 
-def smooth_frames(t: int = 6, h: int = 32, w: int = 48, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    steps = rng.integers(-3, 4, size=(t, h, w, 3))
-    return np.clip(np.cumsum(steps, axis=2) + 128, 0, 255).astype(np.uint8)
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    return 10 * np.log10(255.0**2 / np.mean((a.astype(np.float64) - b) ** 2))
 
 
 # ---------------------------------------------------------------------------------------------- yuv420p

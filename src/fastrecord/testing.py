@@ -208,3 +208,23 @@ def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: tor
     envs = torch.arange(n, device=pos.device) if env_idx is None else torch.as_tensor(env_idx, device=pos.device).expand(n)
     b = tri(envs.view(n, 1, 1) * 50 + x + y)
     return torch.stack([r.expand(n, size, size), g.expand(n, size, size), b.expand(n, size, size).float()], dim=-1).to(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- picture checks
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR in dB of two uint8 arrays as a whole (inf when identical)."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
+def frame_psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-frame PSNR in dB of two ``[T, H, W, 3]`` uint8 stacks (capped at 100 dB for identical frames)."""
+    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).reshape(len(a), -1).mean(axis=1)
+    return 10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))
+
+
+def smooth_frames(t: int = 6, h: int = 32, w: int = 48, seed: int = 0) -> np.ndarray:
+    """``[t, h, w, 3]`` uint8 frames of smooth random texture: H.264 keeps them at high PSNR."""
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(-3, 4, size=(t, h, w, 3))
+    return np.clip(np.cumsum(steps, axis=2) + 128, 0, 255).astype(np.uint8)

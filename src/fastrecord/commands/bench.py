@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fastrecord.commands.config import load_config
-from fastrecord.testing import BatchedDoubleEnv
+from fastrecord.testing import BatchedDoubleEnv, psnr
 
 PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro")
 
@@ -144,9 +144,6 @@ def source_env(bank: np.ndarray, num_envs: int, device: torch.device, sim_second
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def _rss(pid: int | str = "self") -> int:
