@@ -43,6 +43,7 @@ class Mp4Sink(Sink):
         self.workers = workers or max(1, min(os.cpu_count() or 1, 16))
         self.accepts_yuv420p = layout == "per_env" and not info_on_video  # frames converted on the GPU
         self._paths: list[Path] = []
+        self._written: dict[str, Path] = {}  # a video's intended stem -> the file written (its first piece)
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
 
@@ -70,10 +71,11 @@ class Mp4Sink(Sink):
             for ep in ready:
                 tag = "" if "success" not in ep.meta else ("_success" if ep.meta["success"] else "_failure")
                 pieces = self._pieces(len(ep.frames))
+                base = f"{ep.episode_id}_env{ep.env_idx}{tag}"
                 for k, (lo, hi) in enumerate(pieces):
-                    stem = f"{ep.episode_id}_env{ep.env_idx}{tag}" + (f"_part{k}" if len(pieces) > 1 else "")
+                    stem = base + (f"_part{k}" if len(pieces) > 1 else "")
                     overlay = ep.overlay[lo:hi] if ep.overlay else None
-                    self._pool.submit((self.run.output_dir / f"{stem}.mp4", ep.frames[lo:hi], overlay))
+                    self._pool.submit((self.run.output_dir / f"{stem}.mp4", ep.frames[lo:hi], overlay, base if k == 0 else None))
             return
         from mani_skill.utils.visualization.misc import tile_images
 
@@ -86,7 +88,7 @@ class Mp4Sink(Sink):
             path = self.run.output_dir / f"{self._video_id}.mp4"
             self._video_id += 1
             self.run.set_counter("next_video_id", self._video_id)
-            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None))
+            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None, path.stem))
 
     def _pieces(self, frames: int) -> list[tuple[int, int]]:
         """Frame ranges of the videos of an episode with ``frames`` frames (ManiSkill's splitting)."""
@@ -97,14 +99,23 @@ class Mp4Sink(Sink):
         return [(lo, hi) for lo, hi in out if hi - lo > 1]
 
     # -------------------------------------------------------------- encoder threads
-    def _encode(self, job: tuple[Path, np.ndarray, list | None]) -> None:
-        path, frames, overlay = job
+    def _encode(self, job: tuple[Path, np.ndarray, list | None, str | None]) -> None:
+        path, frames, overlay, key = job
         if overlay:
             frames = _draw_overlay(frames, overlay)
-        written = encode_mp4(path, frames, self.settings) or path
+        written = Path(encode_mp4(path, frames, self.settings) or path)
         with self._lock:
-            self._paths.append(Path(written))
+            self._paths.append(written)
+            if key is not None:
+                self._written[key] = written
         self.run.add_file(written)
+
+    def written(self, stem: str) -> Path | None:
+        """The file written for the video meant to be ``stem.mp4`` (per-env: ``{id}_env{e}{tag}``, its first
+        piece when split; tiled: ``{video_id}``), which may carry ``_1`` if the name was taken; None
+        while it is not on disk."""
+        with self._lock:
+            return self._written.get(stem)
 
     def raise_if_failed(self) -> None:
         self._pool.raise_if_failed()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,8 +58,6 @@ class ResultsSink(Sink):
         self._file: Any = None
         self._waiting: deque[tuple[dict[str, Any], str | None]] = deque()  # (row, video stem it waits for)
         self._returns: torch.Tensor | None = None
-        self._seen_videos = 0
-        self._names: dict[str, str] = {}  # video stem -> file name written
         self._video_id = 0
 
     def open(self, run: RunDirectory) -> None:
@@ -131,16 +128,9 @@ class ResultsSink(Sink):
 
     # -------------------------------------------------------------- writing
     def _video_name(self, stem: str) -> str | None:
-        """The file written for a video meant to be ``stem.mp4``: that name, ``stem_k.mp4`` (the name was
-        taken), or a split video's first piece ``stem_part0[_k].mp4``; None while it is not on disk."""
-        files = self.videos.files
-        for p in files[self._seen_videos:]:  # index the videos that landed since the last look
-            s = p.stem
-            for cand in (s, re.sub(r"_\d+$", "", s)):
-                self._names.setdefault(cand, p.name)
-                self._names.setdefault(re.sub(r"_part0$", "", cand), p.name)
-        self._seen_videos = len(files)
-        return self._names.get(stem)
+        """The name of the file written for the video meant to be ``stem.mp4``; None while not on disk."""
+        path = self.videos.written(stem)
+        return path.name if path is not None else None
 
     def _drain(self, final: bool = False) -> None:
         """Write the rows whose video is on disk (all of them when ``final``), in finish order."""
