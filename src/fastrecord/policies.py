@@ -40,7 +40,7 @@ def _pick_cube_action(u: Any) -> torch.Tensor:
 
 
 def pick_cube_policy(env: Any) -> Callable[[Any], Any]:
-    """PickCube-v1 with control_mode='pd_ee_delta_pos': about 9 in 10 episodes succeed."""
+    """PickCube-v1 with control_mode='pd_ee_delta_pos' (7 of 20 episodes succeeded when measured on 2026-12-02)."""
     bases = _base_envs(env)
     for b in bases:
         if b.control_mode != "pd_ee_delta_pos":
