@@ -187,7 +187,11 @@ def test_default_names_never_collide(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- exits
 SCRIPT = textwrap.dedent("""
-    import sys, torch
+    import signal, sys, torch
+    # what an interactive user's Python has; a parent that runs the tests in a background job hands its
+    # children SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.path.insert(0, {src!r})
     from fastrecord.system import use_lavapipe_if_no_gpu
     use_lavapipe_if_no_gpu()
