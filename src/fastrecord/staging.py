@@ -199,6 +199,7 @@ class StagingPool:
         self._leased: dict[int, Arena] = {}
         self.arenas_created = 0
         self.bytes_pinned_total = 0
+        self.make_seconds = 0.0  # time spent making (mapping, pinning) arenas, on any thread
         self._closed = False
 
     def lease(self, nbytes: int, pin: bool = False) -> Lease:
@@ -271,9 +272,11 @@ class StagingPool:
         return arena
 
     def _make(self, want: int, pin: bool) -> Arena:
+        t0 = time.perf_counter()
         arena = Arena(max(_round_up(want, _ARENA_ALIGN), _ARENA_ALIGN), pin)
         _register(arena)
         with self._lock:
+            self.make_seconds += time.perf_counter() - t0
             self.arenas_created += 1
             if arena.pinned:
                 self.bytes_pinned_total += arena.size

@@ -43,10 +43,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from fastrecord.commands import bench_paths
 from fastrecord.commands.config import load_config
 from fastrecord.testing import BatchedDoubleEnv, psnr
 
-PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro")
+PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro", "staggered", "coldstart", "cpueval")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,17 @@ class BenchConfig:
     real_env_steps: int = 40  # steps of the real-env runs
     skip: tuple[str, ...] = ()  # phases not to run
     profile: bool = False  # sample the flat-out run with py-spy (parent and encoder processes)
+    stagger_steps: tuple[int, int] = (6, 12)  # staggered phase: per-env episode lengths drawn from lo..hi by the env
+    stagger_episodes: int | None = None  # staggered phase: measured episodes (None: batches x num_envs)
+    stagger_profile_steps: int = 60  # with profile: steps of the staggered run sampled by cProfile afterwards
+    stagger_arena_limits: tuple[int, ...] = ()  # staggered phase: run again with the staging pool's max_arenas at each
+    coldstart_episodes: int = 16  # coldstart phase: episodes recorded by each fresh process
+    coldstart_timeout: float = 300.0  # coldstart phase: seconds before a fresh process is given up
+    cpueval_env: str = "PickCube-v1"  # cpueval phase: the task of make_eval_envs' CPU branch
+    cpueval_envs: int = 2  # cpueval phase: envs of the AsyncVectorEnv
+    cpueval_size: int | None = None  # cpueval phase: human camera side (None: width)
+    cpueval_steps: int = 10  # cpueval phase: measured steps per mode
+    cpueval_episode_steps: int = 5  # cpueval phase: max_episode_steps (also the warm-up of each mode)
     output_dir: str | None = None  # where videos go (None: a temporary directory, removed after)
     json: str | None = None  # write the results here
 
@@ -83,7 +95,11 @@ class BenchConfig:
 
         check_at_least(self, 1, num_envs="--num-envs", width="--width", height="--height", episode_steps="--episode-steps",
                        batches="--batches", clips="--clips", variants="--variants", workers="--workers",
-                       baseline_steps="--baseline-steps", keepup_batches="--keepup-batches")
+                       baseline_steps="--baseline-steps", keepup_batches="--keepup-batches", coldstart_episodes="--coldstart-episodes",
+                       cpueval_envs="--cpueval-envs", cpueval_steps="--cpueval-steps", cpueval_episode_steps="--cpueval-episode-steps")
+        lo, hi = self.stagger_steps
+        if not 1 <= lo <= hi:
+            raise ValueError(f"stagger_steps={list(self.stagger_steps)} must be [lo, hi] with 1 <= lo <= hi (e.g. [30, 60])")
         check_at_least(self, 0, warmup_batches="--warmup-batches")
 
 
@@ -818,8 +834,14 @@ def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
                 r = phase_keepup(cfg, bank, device, out, results["fastrecord"]["env_frames_per_s"])
             elif phase == "realenv":
                 r = phase_realenv(cfg, device, out)
-            else:
+            elif phase == "micro":
                 r = phase_micro(cfg, device)
+            elif phase == "staggered":
+                r = bench_paths.phase_staggered(cfg, bank, device, out, workers, MemoryMonitor)
+            elif phase == "coldstart":
+                r = bench_paths.phase_coldstart(cfg, bank, device, out, workers)
+            else:
+                r = bench_paths.phase_cpueval(cfg, device, out, workers)
             r["phase_seconds"] = time.perf_counter() - t0
             results[phase] = r
             log(f"[bench] {phase}: {time.perf_counter() - t0:.1f}s {json.dumps(_short(r))}")
@@ -928,6 +950,7 @@ def format_table(r: dict[str, Any]) -> str:
             f"ManiSkill video {re_['maniskill_video_ms']:.2f} ms ({re_['maniskill_video_slowdown']:+.1%}); per call: "
             f"step p50 bare {re_['bare_step_ms_p50']:.2f} / fastrecord {re_['fastrecord_video_step_ms_p50']:.2f} ms, "
             f"reset {re_['fastrecord_video_reset_ms_mean']:.1f} ms")
+    lines += bench_paths.table_rows(r)
     if q:
         lines += ["", "| preset:crf | PSNR dB | frames/s, all workers | kbit/frame |", "| --- | --- | --- | --- |"]
         for x in q["rows"]:
