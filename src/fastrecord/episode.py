@@ -6,7 +6,7 @@ is one finished env episode on the host, the unit every sink (`fastrecord.sinks`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -58,6 +58,6 @@ class EpisodeData:
     datasets: dict[str, np.ndarray]  # "actions", "env_states/actors/cube", "obs/agent/qpos", ...
     meta: dict[str, Any]  # the JSON episode entry (episode_id, episode_seed, reset_kwargs, ...)
     frames: np.ndarray | None = None  # [T+1, H, W, 3] uint8, for the video writer
-    overlay: list[dict[str, Any]] | None = field(default=None)  # per-frame text for info_on_video
+    overlay: Sequence[dict[str, Any]] | None = field(default=None)  # per-frame info for info_on_video (an Overlay)
 
 

@@ -31,6 +31,7 @@ from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
 from fastrecord.sinks.mp4 import Mp4Sink
 from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
+from fastrecord.video.overlay import Overlay, maniskill_font
 
 
 def _np(x: Any) -> np.ndarray:
@@ -72,6 +73,7 @@ class EpisodeRecorder:
         self.save_trajectory = opts.save_trajectory
         self.save_video = opts.save_video
         self.info_on_video = opts.info_on_video
+        self._font = maniskill_font() if opts.info_on_video else ""
         self.save_video_trigger = opts.save_video_trigger
         self.record_reward = opts.record_reward
         self.record_env_state = opts.record_env_state
@@ -358,8 +360,8 @@ class EpisodeRecorder:
                 if key in datasets:
                     meta[key] = bool(datasets[key][-1])
             lines = None
-            if overlay and frames is not None:
-                lines = [{}] + [{k: v[s].item() for k, v in overlay.items()} for s in range(t)]
+            if overlay and frames is not None:  # columns, formatted and drawn where the video is encoded
+                lines = Overlay.of_episode({k: np.array(v) for k, v in overlay.items()}, self._font)
             episodes.append(EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines))
             self.next_episode_id += 1
         self.run.set_counter("episodes", self.next_episode_id)

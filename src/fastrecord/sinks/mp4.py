@@ -23,6 +23,7 @@ import numpy as np
 from fastrecord.episode import EpisodeData
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.video import VideoSettings, encode_mp4
+from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
 from fastrecord.workers import WorkerPool
 
 
@@ -42,6 +43,7 @@ class Mp4Sink(Sink):
         self.info_on_video = info_on_video
         self.workers = workers or max(1, min(os.cpu_count() or 1, 16))
         self.accepts_yuv420p = layout == "per_env" and not info_on_video  # frames converted on the GPU
+        self._font = maniskill_font() if info_on_video else None
         self._paths: list[Path] = []
         self._written: dict[str, Path] = {}  # a video's intended stem -> the file written (its first piece)
         self._lock = threading.Lock()
@@ -82,7 +84,7 @@ class Mp4Sink(Sink):
         length = max(len(ep.frames) for ep in ready)
         padded = [np.concatenate([ep.frames, np.repeat(ep.frames[-1:], length - len(ep.frames), 0)]) for ep in ready]
         if any(ep.overlay for ep in ready):
-            padded = [_draw_overlay(f, ep.overlay) for f, ep in zip(padded, ready)]
+            padded = [draw_overlay(f, ep.overlay, font=self._font) if ep.overlay else f for f, ep in zip(padded, ready)]
         tiled = tile_images(padded, nrows=int(np.sqrt(self.num_envs)))
         for lo, hi in self._pieces(length):
             path = self.run.output_dir / f"{self._video_id}.mp4"
@@ -101,9 +103,10 @@ class Mp4Sink(Sink):
     # -------------------------------------------------------------- encoder threads
     def _encode(self, job: tuple[Path, np.ndarray, list | None, str | None]) -> None:
         path, frames, overlay, key = job
-        if overlay:
-            frames = _draw_overlay(frames, overlay)
-        written = Path(encode_mp4(path, frames, self.settings) or path)
+        if overlay is not None and not isinstance(overlay, Overlay):  # per-frame dicts from a sink's caller
+            frames, overlay = draw_overlay(frames, overlay, font=self._font), None
+        # an Overlay is drawn where the video is encoded (an encoder process): not in this process
+        written = Path(encode_mp4(path, frames, self.settings, overlay=overlay or None) or path)
         with self._lock:
             self._paths.append(written)
             if key is not None:
@@ -136,52 +139,3 @@ class Mp4Sink(Sink):
     def blocked_seconds(self) -> float:
         """Time the stepping thread waited for a free slot in the encode queue (backpressure)."""
         return self._pool.blocked_seconds if self._pool is not None else 0.0
-
-
-# info_on_video text: ManiSkill's font and colour, scaled to the frame (ManiSkill's 16 px from 256 px tall
-# frames up, never below 8 px), the first keys listed first, at most OVERLAY_MAX_FRACTION of the height
-OVERLAY_FIRST = ("success", "fail", "reward", "elapsed_steps")
-OVERLAY_MAX_FRACTION = 0.45
-
-
-def _overlay_lines(info: dict[str, Any], max_lines: int, max_chars: int) -> list[str]:
-    keys = [k for k in OVERLAY_FIRST if k in info] + [k for k in info if k not in OVERLAY_FIRST]
-    lines = []
-    for k in keys[:max_lines]:
-        v = info[k]
-        text = f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
-        lines.append(text if len(text) <= max_chars else text[: max(1, max_chars - 1)] + "~")
-    return lines
-
-
-def _draw_overlay(frames: np.ndarray, overlay: list[dict[str, Any]]) -> np.ndarray:
-    """Draw each frame's info (ManiSkill's ``put_info_on_image`` text) legibly at any size: the font scales
-    with the frame, lines that would cover more than `OVERLAY_MAX_FRACTION` of it are left out (success,
-    fail, reward and elapsed_steps first), long lines are cut, and a dark band sits behind the text."""
-    import os
-
-    from PIL import Image, ImageDraw, ImageFont
-    from mani_skill.utils.visualization import misc
-
-    out = frames.copy()
-    h, w = out.shape[1:3]
-    size = max(8, min(16, round(16 * h / 256)))
-    font = ImageFont.truetype(os.path.join(os.path.dirname(misc.__file__), "UbuntuSansMono-Regular.ttf"), size=size)
-    line_h = size + max(1, size // 4)
-    margin = max(2, size // 4)
-    char_w = max(1.0, font.getlength("0"))
-    max_lines = max(1, int(OVERLAY_MAX_FRACTION * h) // line_h)
-    max_chars = max(4, int((w - 2 * margin) // char_w))
-    for s, info in enumerate(overlay[: len(out)]):
-        if not info:
-            continue
-        lines = _overlay_lines(info, max_lines, max_chars)
-        image = Image.fromarray(out[s])
-        band = Image.new("RGBA", image.size, (0, 0, 0, 0))
-        draw = ImageDraw.Draw(band)
-        width = max(font.getlength(t) for t in lines)
-        draw.rectangle((0, 0, min(w, int(width) + 2 * margin), min(h, len(lines) * line_h + margin)), fill=(0, 0, 0, 110))
-        for i, text in enumerate(lines):
-            draw.text((margin, margin // 2 + i * line_h), text, fill=(0, 255, 0, 255), font=font)
-        out[s] = np.asarray(Image.alpha_composite(image.convert("RGBA"), band).convert("RGB"))
-    return out

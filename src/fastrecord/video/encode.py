@@ -268,9 +268,16 @@ def _encode_to(target: str | io.BytesIO, frames: np.ndarray, settings: VideoSett
         container.mux(stream.encode())  # flush the encoder
 
 
-def _encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: str) -> Path:
+def _encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: str, overlay: Any = None) -> Path:
     """Encode in this thread to a temporary file, then publish it at ``path`` or the next free name
-    (`_publish`); returns the path written. A failed encode leaves no temporary file behind."""
+    (`_publish`); returns the path written. A failed encode leaves no temporary file behind.
+    ``overlay`` (an `Overlay`, rgb24 frames only) is drawn on a copy of the frames first."""
+    if overlay:
+        if fmt != "rgb24":
+            raise ValueError(f"an info overlay is drawn on rgb24 frames, got {fmt} frames; pass RGB frames with overlay=")
+        from fastrecord.video.overlay import draw_overlay
+
+        frames = draw_overlay(frames, overlay)
     # one temporary name per writer (encoder processes run one job at a time, threads are told apart by
     # their id), so two videos headed for the same name never write one file
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.part")
@@ -345,14 +352,15 @@ def _use_processes(settings: VideoSettings) -> bool:
 
 
 def encode_mp4(path: str | Path, frames: np.ndarray, settings: VideoSettings,
-               pool: Any = None) -> Path:
+               pool: Any = None, overlay: Any = None) -> Path:
     """Encode ``frames`` ([T, H, W, 3] uint8 RGB, or `Yuv420Frames`) to an MP4 at ``path``; return the path
     written: ``path``, or ``STEM_1.mp4``, ``STEM_2.mp4``, ... where that name is taken (never replaced).
 
     The file appears atomically (written under a temporary name, then linked into place), so a killed
     process never leaves a truncated video behind. ``settings`` go through `check_video_settings` (cached).
     Blocks until the file is written; the encode runs in an encoder process (``pool``, by default the
-    process-wide `default_encoder_pool`) unless ``settings.executor="thread"``.
+    process-wide `default_encoder_pool`) unless ``settings.executor="thread"``. ``overlay`` (a
+    `fastrecord.video.overlay.Overlay`, with RGB frames) is drawn there too, not in the caller.
     """
     path = Path(path)
     fmt = _check_frames(frames)
@@ -360,10 +368,10 @@ def encode_mp4(path: str | Path, frames: np.ndarray, settings: VideoSettings,
     if _use_processes(settings):
         from fastrecord.video.pool import default_encoder_pool
 
-        return (pool or default_encoder_pool()).encode(path, frames, settings)
+        return (pool or default_encoder_pool()).encode(path, frames, settings, overlay=overlay)
     if fmt == "yuv420p":
         frames = frames.plain()
-    return _encode_here(path, frames, settings, fmt)
+    return _encode_here(path, frames, settings, fmt, overlay)
 
 
 def decode_mp4(path: str | Path) -> np.ndarray:

@@ -21,6 +21,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,12 +70,12 @@ def _worker_main(fd: int) -> None:
                 except BufferError:
                     pass
         elif kind == "encode":
-            _, path, aid, offset, shape, fmt, settings = msg
+            _, path, aid, offset, shape, fmt, settings, overlay = msg
             t0, c0 = time.perf_counter(), time.process_time()
             try:
                 count = int(np.prod(shape))
                 frames = np.frombuffer(arenas[aid], dtype=np.uint8, count=count, offset=offset).reshape(shape)
-                written = _encode_here(Path(path), frames, settings, fmt)
+                written = _encode_here(Path(path), frames, settings, fmt, overlay)
                 del frames
                 reply: tuple = ("ok", time.perf_counter() - t0, time.process_time() - c0, str(written))
             except BaseException as e:  # noqa: BLE001 - sent to the parent, raised there
@@ -273,8 +274,9 @@ class EncoderProcessPool:
                 pass
 
     # -------------------------------------------------------------- jobs
-    def encode(self, path: str | Path, frames: np.ndarray, settings: VideoSettings) -> Path:
+    def encode(self, path: str | Path, frames: np.ndarray, settings: VideoSettings, overlay: Any = None) -> Path:
         """Encode in an encoder process; blocks until the file is written, raises its error here.
+        ``overlay`` (a `fastrecord.video.overlay.Overlay`, RGB frames) is drawn in that process.
 
         Returns the path written: ``path``, or the next free ``STEM_k.mp4`` where ``path`` is taken
         (an existing file is never replaced).
@@ -301,7 +303,7 @@ class EncoderProcessPool:
             if arena.id not in p.arenas:
                 p.send(("arena", arena.id, arena.size), [arena.fd])
                 p.arenas.add(arena.id)
-            p.send(("encode", str(path), arena.id, offset, tuple(frames.shape), fmt, settings))
+            p.send(("encode", str(path), arena.id, offset, tuple(frames.shape), fmt, settings, overlay or None))
             reply = p.recv()
             ok = True
         except (OSError, EOFError) as e:

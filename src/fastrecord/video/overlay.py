@@ -1,0 +1,132 @@
+"""The info overlay (``info_on_video``): ManiSkill's ``put_info_on_image`` text, drawn where the video is encoded.
+
+`Overlay` carries an episode's recorded scalars as columns (one small array per info key, one value per
+step), not as per-frame Python dicts: the stepping thread only records the scalars, and the text is
+formatted and drawn by `draw_overlay` in the encoder process (or the writer thread) of that video.
+
+Text: ManiSkill's font (UbuntuSansMono, green), ``key: value`` lines with floats as ``%.3f``, scaled to the
+frame (ManiSkill's 16 px from 256 px tall frames up, never below 8 px), success, fail, reward and
+elapsed_steps first, at most `OVERLAY_MAX_FRACTION` of the height covered, long lines cut, a dark band
+behind the text. The first frame (the reset) carries no text, as in ManiSkill.
+
+This module imports only numpy (PIL lazily): encoder processes import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+OVERLAY_FIRST = ("success", "fail", "reward", "elapsed_steps")
+OVERLAY_MAX_FRACTION = 0.45
+FONT_NAME = "UbuntuSansMono-Regular.ttf"  # ManiSkill's, in mani_skill/utils/visualization
+
+
+def maniskill_font() -> str:
+    """The path of ManiSkill's overlay font (imports ManiSkill: call it in the parent, not in encoders)."""
+    import os
+
+    from mani_skill.utils.visualization import misc
+
+    return os.path.join(os.path.dirname(misc.__file__), FONT_NAME)
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """One video's info text as columns (one value per episode step and key).
+
+    Frame ``f`` of the video (``0 <= f < frames``) shows step ``offset + f`` of the episode: step 0 is the
+    reset (no text); step ``t >= 1`` shows ``{key: columns[key][t - 1]}``. Indexing and slicing work like the
+    per-frame list of dicts it stands for (``overlay[f]`` -> dict, ``overlay[lo:hi]`` -> `Overlay`).
+    """
+
+    columns: Mapping[str, np.ndarray]  # key -> [T] values of steps 1..T
+    font: str  # path of the TrueType font
+    frames: int  # frames of the video this overlay covers
+    offset: int = 0  # episode step shown on the video's first frame
+
+    @classmethod
+    def of_episode(cls, columns: Mapping[str, np.ndarray], font: str) -> Overlay:
+        steps = {len(v) for v in columns.values()}
+        if len(steps) > 1:
+            raise ValueError(f"overlay columns of different lengths {sorted(steps)}: one value per step for every key")
+        t = steps.pop() if steps else 0
+        return cls({k: np.asarray(v).reshape(t) for k, v in columns.items()}, font, t + 1)
+
+    def __len__(self) -> int:
+        return self.frames
+
+    def __bool__(self) -> bool:
+        return bool(self.columns) and self.frames > 0
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(self.frames)
+            if step != 1:
+                raise ValueError(f"an Overlay slices with step 1 only, got {i}")
+            return Overlay(self.columns, self.font, max(0, hi - lo), self.offset + lo)
+        f = i + self.frames if i < 0 else i
+        if not 0 <= f < self.frames:
+            raise IndexError(f"overlay frame {i} of {self.frames}")
+        t = self.offset + f
+        return {} if t == 0 else {k: v[t - 1].item() for k, v in self.columns.items()}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        cols = {k: v.tolist() for k, v in self.columns.items()}  # python scalars, as ManiSkill formats them
+        for f in range(self.frames):
+            t = self.offset + f
+            yield {} if t == 0 else {k: v[t - 1] for k, v in cols.items()}
+
+
+def overlay_lines(info: Mapping[str, Any], max_lines: int, max_chars: int) -> list[str]:
+    keys = [k for k in OVERLAY_FIRST if k in info] + [k for k in info if k not in OVERLAY_FIRST]
+    lines = []
+    for k in keys[:max_lines]:
+        v = info[k]
+        text = f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
+        lines.append(text if len(text) <= max_chars else text[: max(1, max_chars - 1)] + "~")
+    return lines
+
+
+_fonts: dict[tuple[str, int], Any] = {}
+
+
+def draw_overlay(frames: np.ndarray, overlay: Any, font: str | None = None) -> np.ndarray:
+    """A copy of ``frames`` ``[T, H, W, 3]`` uint8 with each frame's info drawn on it (``overlay``: an
+    `Overlay`, or a per-frame sequence of dicts with ``font`` given)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font_path = font or getattr(overlay, "font", None)
+    if font_path is None:
+        raise ValueError("draw_overlay needs the font: pass an Overlay, or font=fastrecord.video.overlay.maniskill_font()")
+    out = np.array(frames, copy=True)
+    h, w = out.shape[1:3]
+    size = max(8, min(16, round(16 * h / 256)))
+    face = _fonts.get((font_path, size))
+    if face is None:
+        face = _fonts[(font_path, size)] = ImageFont.truetype(font_path, size=size)
+    line_h = size + max(1, size // 4)
+    margin = max(2, size // 4)
+    char_w = max(1.0, face.getlength("0"))
+    max_lines = max(1, int(OVERLAY_MAX_FRACTION * h) // line_h)
+    max_chars = max(4, int((w - 2 * margin) // char_w))
+    for s, info in enumerate(overlay):
+        if s >= len(out):
+            break
+        if not info:
+            continue
+        lines = overlay_lines(info, max_lines, max_chars)
+        width = int(max(face.getlength(t) for t in lines))
+        # the band of ManiSkill-style rectangle (0, 0, width + 2 margin, lines * line_h + margin), ends included
+        bw, bh = min(w, width + 2 * margin + 1), min(h, len(lines) * line_h + margin + 1)
+        # only the band is composited (the rest of the frame is untouched): a fraction of a full-frame blend
+        region = Image.fromarray(np.ascontiguousarray(out[s, :bh, :bw])).convert("RGBA")
+        band = Image.new("RGBA", (bw, bh), (0, 0, 0, 110))
+        draw = ImageDraw.Draw(band)
+        for i, text in enumerate(lines):
+            draw.text((margin, margin // 2 + i * line_h), text, fill=(0, 255, 0, 255), font=face)
+        out[s, :bh, :bw] = np.asarray(Image.alpha_composite(region, band).convert("RGB"))
+    return out
