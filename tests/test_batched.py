@@ -231,3 +231,91 @@ def test_envs_at_different_steps_and_fields_on_their_devices(tmp_path, render_de
             expected = frames_for(torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), 64, env_idx).numpy()
             decoded = decode_mp4(tmp_path / f"{e['episode_id']}_env{env_idx}_{outcome}.mp4")
             assert psnr(decoded, expected).min() > 30
+
+
+def test_staggered_ends_share_staging_and_every_video_is_its_episode(tmp_path, monkeypatch):
+    """Per-env lengths drawn by the env at each reset and partial resets of the finished envs only (the
+    GPU contract): the small gathers of each step share staging arenas, and every episode's video holds
+    exactly its own frames."""
+    from fastrecord import buffer as buffer_mod
+    from fastrecord.staging import StagingPool
+
+    pool = StagingPool(prefetch=False)
+    monkeypatch.setattr(buffer_mod, "default_staging_pool", lambda: pool)
+    n, size = 6, 128  # 128x128 frames: each gather is over 1 MiB, so it goes through staging
+    base = BatchedDoubleEnv(num_envs=n, max_episode_steps=8, size=size,
+                            episode_lengths=lambda env, seed: 3 + (7 * seed + env) % 6)
+    env = RecordEpisode(base, tmp_path, trajectory_name="t")
+    env.reset(seed=list(range(n)))
+    seed = n
+    ends = 0
+    for _ in range(30):
+        _, _, term, trunc, _ = env.step(torch.ones(n, 3))
+        done = torch.nonzero(term | trunc).flatten()
+        if len(done):
+            ends += 1
+            env.reset(seed=list(range(seed, seed + len(done))), options={"env_idx": done})
+            seed += len(done)
+    env.close()
+    meta = json.loads((tmp_path / "t.json").read_text())
+    eps = meta["episodes"]
+    vids = videos(tmp_path)
+    assert len(vids) == len(eps) > 2 * n and ends > 5
+    assert pool.arenas_created < ends  # one arena served many steps' groups
+    lengths = set()
+    with h5py.File(tmp_path / "t.h5") as f:
+        for e in eps:
+            env_idx, outcome = vids[e["episode_id"]]
+            obs = f[f"traj_{e['episode_id']}"]["obs"][:]
+            lengths.add(e["elapsed_steps"])
+            expected = frames_for(torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), size, env_idx).numpy()
+            decoded = decode_mp4(tmp_path / f"{e['episode_id']}_env{env_idx}_{outcome}.mp4")
+            assert decoded.shape == expected.shape  # no dropped or extra frames
+            assert psnr(decoded, expected).min() > 30
+    assert len(lengths) > 2  # episodes of different lengths
+    pool.close()
+
+
+def test_info_overlay_drawn_in_encoder_processes_matches_maniskills_text(tmp_path):
+    """info_on_video: the encoder process draws the recorded scalars (nothing but the scalars is done on
+    the stepping thread). Same lines as ManiSkill's ``put_info_on_image`` (its formatting: floats as
+    %.3f), at the same place (top left, ManiSkill's 16 px font at 256 px), the scene elsewhere untouched;
+    and exactly the picture `draw_overlay` makes in this process."""
+    from mani_skill.utils.visualization.misc import images_to_video, put_info_on_image
+
+    from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font, overlay_lines
+
+    n, size, steps = 2, 256, 4
+    base = BatchedDoubleEnv(num_envs=n, max_episode_steps=steps, size=size, success_step=[3, 0])
+    env = RecordEpisode(base, tmp_path / "ours", trajectory_name="t", save_trajectory=False, info_on_video=True)
+    env.reset(seed=0)
+    frames, infos = [base.render().numpy()], [{}]
+    for _ in range(steps):
+        _, rew, _, _, info = env.step(torch.ones(n, 3))
+        frames.append(base.render().numpy())
+        infos.append({k: info[k].numpy() for k in ("success", "fail", "elapsed_steps")} | {"reward": rew.numpy()})
+    env.close()
+    for e in range(n):
+        (path,) = (tmp_path / "ours").glob(f"*_env{e}_*.mp4")
+        ours = decode_mp4(path)
+        clip = np.stack([f[e] for f in frames])
+        per_frame = [{}] + [{k: (float(v[e]) if k == "reward" else v[e].item()) for k, v in i.items()} for i in infos[1:]]
+        # ManiSkill's own overlay of the same info, through its own writer
+        theirs_frames = [clip[0]] + [put_info_on_image(clip[t], per_frame[t]) for t in range(1, steps + 1)]
+        images_to_video(theirs_frames, str(tmp_path / "theirs"), video_name=f"env{e}", fps=30, verbose=False)
+        theirs = decode_mp4(tmp_path / "theirs" / f"env{e}.mp4")
+        assert ours.shape == theirs.shape == (steps + 1, size, size, 3)
+        assert psnr(ours[:, size // 2 :], theirs[:, size // 2 :]).min() > 35  # the scene, below the text, untouched
+        assert psnr(ours[:1], theirs[:1]).min() > 35  # the reset frame has no text (as ManiSkill)
+        for t in range(1, steps + 1):
+            for video in (ours, theirs):  # green text in the top-left quarter of both
+                top = video[t, : size // 2, : size // 2].astype(int)
+                assert ((top[..., 1] > 150) & (top[..., 0] < 100)).sum() > 100
+            lines = set(overlay_lines(per_frame[t], 10, 80))
+            assert lines == {f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in per_frame[t].items()}
+        ref = draw_overlay(clip, Overlay.of_episode({k: np.array([i[k][e] for i in infos[1:]]) for k in infos[1]},
+                                                    maniskill_font()))
+        from fastrecord.video import VideoSettings, encode_mp4
+
+        ref_path = encode_mp4(tmp_path / f"ref{e}.mp4", ref, VideoSettings(executor="thread"))
+        assert psnr(ours, decode_mp4(ref_path)).min() > 45  # what this process draws, drawn by the encoder process

@@ -97,6 +97,70 @@ def test_staging_waits_for_a_release_beyond_max_arenas():
     pool.close()
 
 
+@needs_shm
+def test_small_shared_leases_share_one_arena_until_it_is_full():
+    """A few episodes ending at one step take a region of the open shared arena, not an arena each; the
+    arena returns to the pool once the pool moved on and every region's arrays are gone."""
+    mib = 1024 * 1024
+    pool = StagingPool(prefetch=False, share_bytes=64 * mib, min_bytes=256 * mib)
+    regions = [pool.lease(5 * mib, shared=True) for _ in range(6)]
+    arrays = [r.array((5 * mib,)) for r in regions]
+    for i, a in enumerate(arrays):
+        a[:] = i
+    assert {r.arena.id for r in regions} == {regions[0].arena.id} and pool.arenas_created == 1
+    assert [int(a[0]) for a in arrays] == list(range(6))  # regions do not overlap
+    big = pool.lease(40 * mib, shared=True)  # more than half the shared size: an arena of its own
+    assert big.arena.id != regions[0].arena.id
+    more = [pool.lease(5 * mib, shared=True) for _ in range(12)]  # 18 x 5 MiB: a second shared arena
+    assert len({r.arena.id for r in regions + more}) == 2
+    first = regions[0].arena.id
+    del regions, more, big
+    gc.collect()
+    assert pool.num_leased == 2 and first in pool._leased  # the arrays of the first shared arena still read it
+    del arrays, a
+    gc.collect()
+    assert first not in pool._leased and pool.num_leased == 1  # the open shared arena stays with the pool
+    pool.close()
+
+
+@needs_shm
+def test_byte_budget_makes_a_lease_wait_and_grows_with_the_largest_lease():
+    mib = 1024 * 1024
+    pool = StagingPool(prefetch=False, min_bytes=128 * mib, budget_factor=2.0, wait_timeout=30)
+    a = pool.lease(60 * mib)  # 64 MiB arenas: two fit in the budget of 128 MiB
+    b = pool.lease(60 * mib)
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.lease(60 * mib)))
+    t.start()
+    time.sleep(0.3)
+    assert not got and pool.budget == 128 * mib  # memory bounded by bytes: the third waits for a release
+    del a
+    gc.collect()
+    t.join(timeout=10)
+    assert got and pool.arenas_created == 2
+    big = pool.lease(200 * mib)  # grown on demand: the budget follows the largest lease
+    assert pool.budget >= 2 * 200 * mib and pool.arenas_created == 3
+    del b, big
+    got.clear()
+    gc.collect()
+    pool.close()
+
+
+@needs_shm
+def test_reserve_makes_an_arena_ahead_on_a_background_thread():
+    mib = 1024 * 1024
+    pool = StagingPool()
+    pool.reserve(100 * mib)
+    deadline = time.time() + 10
+    while pool.arenas_created < 1 and time.time() < deadline:
+        time.sleep(0.01)
+    lease = pool.lease(100 * mib)  # takes the one made ahead
+    assert pool.arenas_created == 1 and lease.arena.size >= 100 * mib
+    del lease
+    gc.collect()
+    pool.close()
+
+
 # ---------------------------------------------------------------------------------------------- locate
 def test_locate_ignores_ordinary_arrays():
     assert locate(np.zeros((4, 4), np.uint8)) is None

@@ -268,7 +268,8 @@ class EpisodeBuffer:
         total = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize + 4096 for s, dt in layout.values())
         if total < _STAGING_MIN_BYTES or not shared_memory_supported():
             yuv, layout = set(), {}
-        lease = default_staging_pool().lease(total, pin=cuda) if layout else None
+        # small gathers (a few episodes ending at one step) share an arena with the next ones
+        lease = default_staging_pool().lease(total, pin=cuda, shared=True) if layout else None
 
         out: dict[str, np.ndarray] = {}
         pending: list[torch.Tensor] = []

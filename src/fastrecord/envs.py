@@ -134,6 +134,9 @@ class VectorEnvView:
     def render(self) -> Any:
         # one call renders every sub-env (in parallel for AsyncVectorEnv)
         frames = self.env.call("render")
+        if all(isinstance(f, np.ndarray) for f in frames):  # CPUGymWrapper's numpy: one numpy copy (torch.cat's
+            # intra-op threads wait for cores that the sub-env processes hold)
+            return torch.from_numpy(np.concatenate([f if f.ndim == 4 else f[None] for f in frames]))
         return torch.cat([to_batched(f, self.device, np.ndim(f) == 3) for f in frames], dim=0)
 
     def state_dict(self, refresh: bool = False) -> dict:

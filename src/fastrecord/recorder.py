@@ -30,6 +30,7 @@ from fastrecord.sinks.results import ResultsSink
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
 from fastrecord.sinks.mp4 import Mp4Sink
+from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
 from fastrecord.video.overlay import Overlay, maniskill_font
 
@@ -115,6 +116,7 @@ class EpisodeRecorder:
         self._reset_kwargs: list[dict] = [{} for _ in range(self.num_envs)]
         self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
         self._last_info: Any = None
+        self._staging_reserved = False
         self._warned_state = False
         self.elapsed_record_steps = 0
         self.num_finished = 0  # episodes ended, kept or not
@@ -203,6 +205,16 @@ class EpisodeRecorder:
                 out.update(flatten_tree(self.view.batch(value), name))
         return out
 
+    def _reserve_staging(self, buf: EpisodeBuffer) -> None:
+        """At the first reset: have the staging pool make (and pin) an arena for a batch of finished
+        episodes' frames on a background thread now, so the first episodes out do not wait for it."""
+        self._staging_reserved = True
+        frames = buf.fields.get("frames")
+        if frames is None or not shared_memory_supported():
+            return
+        per_frame = frames[0, 0].numel() // 2 if self._yuv and frames.is_cuda else frames[0, 0].numel()
+        default_staging_pool().reserve(self.num_envs * buf.capacity * per_frame, pin=frames.is_cuda)
+
     def _ensure_buffer(self) -> EpisodeBuffer:
         if self.buffer is None:
             self.buffer = EpisodeBuffer(self.num_envs, self._capacity)
@@ -220,6 +232,8 @@ class EpisodeRecorder:
         if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields
             buf.retain_only(set(leaves) | {n for n in buf.fields if field_of(n).kind == "transition"})
         buf.start(env_idx, leaves)
+        if not self._staging_reserved:
+            self._reserve_staging(buf)
         self.results.start(env_idx)
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]

@@ -161,6 +161,11 @@ class Lease:
     def pinned(self) -> bool:
         return self.arena.pinned
 
+    @property
+    def room(self) -> int:
+        """Bytes not yet handed out."""
+        return self.arena.size - self._cursor
+
     def array(self, shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -170,49 +175,117 @@ class Lease:
         self._cursor = _round_up(start + nbytes, _FIELD_ALIGN)
         return self._root[start : start + nbytes].view(dtype).reshape(shape)
 
+    def sub(self, nbytes: int) -> SubLease:
+        """The next ``nbytes`` of this lease as a lease of their own (the arena is shared by both)."""
+        start = self._cursor
+        self.array((nbytes,))
+        return SubLease(self, start, nbytes)
+
+
+class SubLease:
+    """A region of a shared arena (`StagingPool.lease` with ``shared=True``): arrays carved from it view
+    the arena, which returns to its pool once every region's arrays are gone and the pool moved on."""
+
+    def __init__(self, parent: Lease, start: int, size: int) -> None:
+        self.arena = parent.arena
+        self._root = parent._root[start : start + size]
+        self._cursor = 0
+        self.size = size
+
+    @property
+    def pinned(self) -> bool:
+        return self.arena.pinned
+
+    def array(self, shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = self._cursor
+        if start + nbytes > self.size:
+            raise MemoryError(f"staging region of {self.size} bytes cannot hold {nbytes} more at offset {start}")
+        self._cursor = _round_up(start + nbytes, _FIELD_ALIGN)
+        return self._root[start : start + nbytes].view(dtype).reshape(shape)
+
 
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-class StagingPool:
-    """Owns: the staging arenas, leased or free. Free arenas are reused (smallest that fits first);
-    at most ``max_cached_bytes`` of free arenas are kept, larger excess is unmapped.
+def _arena_size(want: int) -> int:
+    return max(_round_up(want, _ARENA_ALIGN), _ARENA_ALIGN)
 
-    Leasing never blocks: how much is leased at once is bounded by the consumers (the writers' bounded
-    queues make the producer wait), not here.
+
+class StagingPool:
+    """Owns: the staging arenas, leased or free, and the open shared arena that small leases are carved
+    from. Free arenas are reused (smallest that fits first); at most ``max_cached_bytes`` of free arenas
+    are kept, larger excess is unmapped.
+
+    Memory is sized to what is in flight and grown on demand: arenas are made when a lease finds none
+    free, up to a byte budget (``max_bytes``; by default ``budget_factor`` x the largest lease asked for,
+    at least ``min_bytes``), beyond which a lease waits for a release (backpressure: the encoders set
+    the pace). Small leases (``shared=True``, at most half of ``share_bytes``: a few episodes ending at
+    one step) share one arena until it is full, instead of taking an arena each: one pinning, one
+    mapping in each encoder process, for many groups of finished episodes.
     """
 
-    def __init__(self, max_cached_bytes: int = 16 * 1024 * MiB, prefetch: bool = True, max_arenas: int = 3,
-                 wait_timeout: float = 60.0) -> None:
+    def __init__(self, max_cached_bytes: int = 16 * 1024 * MiB, prefetch: bool = True, max_arenas: int | None = None,
+                 wait_timeout: float = 60.0, max_bytes: int | None = None, min_bytes: int = 2048 * MiB,
+                 budget_factor: float = 2.5, share_bytes: int = 512 * MiB) -> None:
         self.max_cached_bytes = max_cached_bytes
         self.prefetch = prefetch  # make the next arena ahead of need, on a background thread
-        self.max_arenas = max_arenas  # leases wait for a release beyond this many arenas (flat memory)
+        self.max_arenas = max_arenas  # leases wait for a release beyond this many arenas (None: no count limit)
+        self.max_bytes = max_bytes  # ... or beyond this many bytes of arenas (None: budget_factor x largest lease)
+        self.min_bytes = min_bytes  # the automatic byte budget is at least this
+        self.budget_factor = budget_factor
+        self.share_bytes = share_bytes  # size of the arenas that small leases share
+        self.largest_lease = 0
         self.wait_timeout = wait_timeout  # ... for at most this long, then make one more
         self.wait_seconds = 0.0  # time lease() waited for a release (backpressure)
         self.over_limit = 0  # arenas made past max_arenas after a timed-out wait
         self._making_here = 0
+        self._making_bytes = 0  # bytes of arenas being made (counted in the budget)
         self._lock = threading.Lock()
         self._made = threading.Condition(self._lock)
         self._making = False
         self._free: list[Arena] = []
         self._leased: dict[int, Arena] = {}
+        self._shared: dict[bool, Lease] = {}  # pin -> the open shared arena's lease
+        self._share_lock = threading.Lock()
         self.arenas_created = 0
         self.bytes_pinned_total = 0
         self.make_seconds = 0.0  # time spent making (mapping, pinning) arenas, on any thread
         self._closed = False
 
-    def lease(self, nbytes: int, pin: bool = False) -> Lease:
+    @property
+    def budget(self) -> int:
+        """Bytes of arenas (leased or free) beyond which a lease waits for a release."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return max(self.min_bytes, int(self.budget_factor * self.largest_lease))
+
+    def lease(self, nbytes: int, pin: bool = False, shared: bool = False) -> Lease | SubLease:
         """An arena of at least ``nbytes``; ``pin`` asks for CUDA page-locked memory (when CUDA works).
 
-        At most ``max_arenas`` arenas exist: when all are leased, this waits for one to come back (the
-        encoders set the pace; memory stays flat), up to ``wait_timeout`` seconds, after which it makes
-        one more rather than deadlock on a caller that keeps its arrays. When no free arena would be
-        left for another lease of this size, one more is made (and pinned) on a background thread, so
-        a steady stream of leases finds it ready instead of paying the pinning (about 0.7 s per GB) on
-        the caller's thread.
+        ``shared``: a lease of at most half of ``share_bytes`` is a region of the open shared arena (a
+        `SubLease`), which is leased like any other when a region does not fit in the open one.
+
+        When the arenas reach the budget (bytes, and ``max_arenas`` if set) and all are leased, this
+        waits for one to come back (the encoders set the pace; memory stays flat), up to
+        ``wait_timeout`` seconds, after which it makes one more rather than deadlock on a caller that
+        keeps its arrays. When no free arena would be left for another lease of this size, one more is
+        made (and pinned) on a background thread, so a steady stream of leases finds it ready instead of
+        paying the pinning (about 0.7 s per GB) on the caller's thread.
         """
         want = nbytes + _FIELD_ALIGN * 64
+        if shared and want <= self.share_bytes // 2:
+            with self._share_lock:
+                open_ = self._shared.get(pin)
+                if open_ is None or open_.room < want:
+                    self._shared.pop(pin, None)  # the pool moves on: the old arena returns once its regions die
+                    open_ = self._shared[pin] = self.lease(self.share_bytes - _FIELD_ALIGN * 64, pin)
+                return open_.sub(want)
+        size = _arena_size(want)
+        with self._lock:
+            self.largest_lease = max(self.largest_lease, want)
         t0 = time.perf_counter()
         make = False
         evicted: list[Arena] = []
@@ -221,17 +294,19 @@ class StagingPool:
                 arena = self._take_free(want, pin)
                 if arena is not None:
                     break
-                full = self._count_locked() >= self.max_arenas
+                full = self._full_locked(want)
                 if full and self._free:  # a free arena too small (or unpinned): unmap it to make room
                     evicted.append(self._free.pop(self._free.index(min(self._free, key=lambda a: a.size))))
                     continue
                 if not full and not self._making:
                     make = True
                     self._making_here += 1
+                    self._making_bytes += size
                     break
                 if time.perf_counter() - t0 > self.wait_timeout:
                     make = True
                     self._making_here += 1
+                    self._making_bytes += size
                     self.over_limit += 1
                     break
                 self._made.wait(timeout=0.5)  # a release or a background arena is on its way
@@ -248,19 +323,41 @@ class StagingPool:
             finally:
                 with self._lock:
                     self._making_here -= 1
+                    self._making_bytes -= size
         with self._lock:
             self.wait_seconds += waited if not make else 0.0
             self._leased[arena.id] = arena
-            if self.prefetch and self._take_free(want, pin, peek=True) is None and not self._making \
-                    and self._count_locked() < self.max_arenas \
-                    and self._reserved_locked() + arena.size <= self.max_cached_bytes:
-                self._making = True
-                threading.Thread(target=self._make_ahead, args=(arena.size, pin), daemon=True,
-                                 name="fastrecord-staging").start()
+            if self.prefetch and self._take_free(want, pin, peek=True) is None:
+                self._make_ahead_locked(arena.size, pin)
         return Lease(self, arena)
+
+    def reserve(self, nbytes: int, pin: bool = False) -> None:
+        """A lease of ``nbytes`` is coming (say, the first batch of episodes): make an arena for it now, on
+        a background thread, unless a free one fits (within the budget, which counts it)."""
+        want = nbytes + _FIELD_ALIGN * 64
+        with self._lock:
+            self.largest_lease = max(self.largest_lease, want)
+            if self._take_free(want, pin, peek=True) is None:
+                self._make_ahead_locked(_round_up(want, _ARENA_ALIGN), pin)
+
+    def _make_ahead_locked(self, size: int, pin: bool) -> None:
+        if self.prefetch and not self._making and not self._full_locked(size) \
+                and self._reserved_locked() + size <= self.max_cached_bytes:
+            self._making = True
+            self._making_bytes += _arena_size(size)
+            threading.Thread(target=self._make_ahead, args=(size, pin), daemon=True, name="fastrecord-staging").start()
 
     def _count_locked(self) -> int:
         return len(self._free) + len(self._leased) + int(self._making) + self._making_here
+
+    def _full_locked(self, want: int) -> bool:
+        """Would one more arena of ``want`` bytes exceed the budget (or the arena count)?"""
+        if self.max_arenas is not None and self._count_locked() >= self.max_arenas:
+            return True
+        if self._count_locked() == 0:
+            return False  # the first arena is always allowed, however large
+        in_flight = self._reserved_locked() + self._making_bytes
+        return in_flight + _arena_size(want) > self.budget
 
     def _take_free(self, want: int, pin: bool, peek: bool = False) -> Arena | None:
         fits = [a for a in self._free if a.size >= want and (a.pinned or not pin)]
@@ -273,7 +370,7 @@ class StagingPool:
 
     def _make(self, want: int, pin: bool) -> Arena:
         t0 = time.perf_counter()
-        arena = Arena(max(_round_up(want, _ARENA_ALIGN), _ARENA_ALIGN), pin)
+        arena = Arena(_arena_size(want), pin)
         _register(arena)
         with self._lock:
             self.make_seconds += time.perf_counter() - t0
@@ -292,6 +389,7 @@ class StagingPool:
         finally:
             with self._lock:
                 self._making = False
+                self._making_bytes -= _arena_size(size)
                 self._made.notify_all()
 
     def _reserved_locked(self) -> int:
@@ -333,6 +431,8 @@ class StagingPool:
 
     def close(self) -> None:
         """Unmap free arenas now; leased ones are unmapped when released. Idempotent."""
+        with self._share_lock:
+            self._shared.clear()  # the open shared arena returns once its regions die
         with self._lock:
             self._closed = True
             drop, self._free = self._free, []

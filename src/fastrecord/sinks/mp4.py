@@ -59,7 +59,8 @@ class Mp4Sink(Sink):
                 # hook, so that hook, which runs first, can still drain videos through it
                 from fastrecord.video.pool import default_encoder_pool
 
-                default_encoder_pool()
+                # started now (each imports PyAV in parallel), not when the first episodes are waiting
+                default_encoder_pool().start(min(self.workers, self.num_envs))
         self._video_id = run.counters.get("next_video_id", 0)
         n = self.workers
         self._pool = WorkerPool(self._encode, num_workers=n, max_pending=max(2 * n, self.num_envs + n), name="fastrecord-mp4")

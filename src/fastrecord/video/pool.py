@@ -165,7 +165,7 @@ class EncoderProcessPool:
         # frames not already in staging memory are copied into arenas of this pool's own: one per
         # video in flight, so no count limit (the callers' queue bounds them)
         self._own_staging = staging is None
-        self.staging = staging or _staging.StagingPool(max_arenas=1 << 30, prefetch=False, max_cached_bytes=1 << 30)
+        self.staging = staging or _staging.StagingPool(max_bytes=1 << 60, prefetch=False, max_cached_bytes=1 << 30)
         self._cond = threading.Condition()
         self._idle: list[_EncoderProcess] = []
         self._all: list[_EncoderProcess] = []
@@ -190,6 +190,8 @@ class EncoderProcessPool:
                 self._starting -= todo
                 self._all.extend(procs)
                 self._idle.extend(procs)
+                if procs:
+                    self._ensure_reaper()
                 self._cond.notify_all()
 
     @property
