@@ -199,3 +199,29 @@ def test_state_dict_round_trip_all_and_some_envs():
     env.set_state_dict({"actors": {"box": state["actors"]["box"][[1]]}}, env_idx=torch.tensor([1]))
     torch.testing.assert_close(env.pos[1], state["actors"]["box"][1, :3])
     torch.testing.assert_close(env.pos[[0, 2]], moved[[0, 2]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rgb_obs_mode_is_maniskills_rgb_observation(device):
+    """obs_mode='rgb': ManiSkill's rgb observation layout (PickCube-v1's keys), the camera showing what
+    render() shows, every leaf batched on the device; the spaces describe it."""
+    env = BatchedDoubleEnv(num_envs=3, max_episode_steps=5, device=device, bank=bank(frames=6), obs_mode="rgb")
+    obs, _ = env.reset(seed=0)
+    assert set(obs) == {"agent", "extra", "sensor_param", "sensor_data"}
+    assert set(obs["agent"]) == {"qpos", "qvel"} and set(obs["extra"]) == {"is_grasped", "tcp_pose", "goal_pos"}
+    assert set(obs["sensor_param"]["base_camera"]) == {"extrinsic_cv", "cam2world_gl", "intrinsic_cv"}
+    for _ in range(2):
+        obs, *_ = env.step(torch.zeros(3, 3, device=device))
+    rgb = obs["sensor_data"]["base_camera"]["rgb"]
+    assert rgb.shape == (3, 8, 6, 3) and rgb.dtype == torch.uint8 and rgb.device.type == device
+    assert torch.equal(rgb, env.render())
+    assert rgb[:, 0, 0, 0].tolist() == [2, 12, 22]  # clip e, frame 2
+    assert obs["sensor_param"]["base_camera"]["extrinsic_cv"].shape == (3, 3, 4)
+    assert obs["extra"]["is_grasped"].dtype == torch.bool and obs["extra"]["is_grasped"].shape == (3,)
+    assert env.single_observation_space["sensor_data"]["base_camera"]["rgb"].shape == (8, 6, 3)
+    assert env.observation_space["agent"]["qpos"].shape == (3, 9)
+
+
+def test_bad_obs_mode():
+    with pytest.raises(ValueError, match=r"obs_mode='rgbd' is unknown; BatchedDoubleEnv has \('state', 'rgb'\)"):
+        BatchedDoubleEnv(obs_mode="rgbd")

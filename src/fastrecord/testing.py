@@ -13,7 +13,11 @@ parts of its contract the recorder relies on:
   env has taken its episode's length in steps (ManiSkill's TimeLimit semantics on the GPU: no
   auto-reset, the caller resets);
 - ``render()`` returns ``[N, H, W, 3]`` uint8 on ``device`` in one call;
-- ``get_state_dict()`` returns ``{"actors": {...}, "articulations": {...}}`` of ``[N, D]`` tensors.
+- ``get_state_dict()`` returns ``{"actors": {...}, "articulations": {...}}`` of ``[N, D]`` tensors;
+- observations follow ``obs_mode``: ``"state"`` a flat ``[N, 4]`` tensor; ``"rgb"`` ManiSkill's dict of
+  an rgb observation (``agent/{qpos,qvel}``, ``extra/{tcp_pose,goal_pos,is_grasped}``,
+  ``sensor_param/<camera>/{extrinsic_cv,cam2world_gl,intrinsic_cv}``, ``sensor_data/<camera>/rgb``
+  ``[N, H, W, 3]`` uint8), the camera showing the same frames as ``render()``.
 
 It is the one double of tests, benchmark (``fastrecord bench``) and profiler (``scripts/profile_step.py``):
 
@@ -41,6 +45,7 @@ import numpy as np
 import torch
 
 EpisodeLengths = Sequence[int] | Callable[[int, int], int]
+OBS_MODES = ("state", "rgb")
 
 
 class BatchedDoubleEnv(gym.Env):
@@ -53,7 +58,8 @@ class BatchedDoubleEnv(gym.Env):
     def __init__(self, num_envs: int = 4, max_episode_steps: int = 8, size: int = 32, device: str | torch.device = "cpu",
                  success_step: list[int] | None = None, render_mode: str | None = "rgb_array", *,
                  bank: np.ndarray | torch.Tensor | None = None, sim_seconds: float = 0.0,
-                 episode_lengths: EpisodeLengths | None = None, fail_step: list[int] | None = None) -> None:
+                 episode_lengths: EpisodeLengths | None = None, fail_step: list[int] | None = None,
+                 obs_mode: str = "state", camera: str = "base_camera") -> None:
         """
         Args:
             num_envs: parallel envs ``N``.
@@ -67,7 +73,12 @@ class BatchedDoubleEnv(gym.Env):
             episode_lengths: per-env episode length: ``[N]`` ints, or ``f(env_idx, episode_seed) -> int``
                 called for each env at each of its resets; ``None``: ``max_episode_steps`` for all.
             fail_step: like ``success_step`` for ``info["fail"]``; 0 = never.
+            obs_mode: ``"state"`` (a ``[N, 4]`` tensor) or ``"rgb"`` (ManiSkill's rgb observation dict,
+                state leaves + ``sensor_data/<camera>/rgb``).
+            camera: the sensor camera's name under ``obs_mode="rgb"``.
         """
+        if obs_mode not in OBS_MODES:
+            raise ValueError(f"obs_mode={obs_mode!r} is unknown; BatchedDoubleEnv has {OBS_MODES} (ManiSkill's names)")
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.max_episode_steps = max_episode_steps
@@ -81,8 +92,8 @@ class BatchedDoubleEnv(gym.Env):
         self.sim_seconds = sim_seconds
         self.single_action_space = gym.spaces.Box(-1, 1, (3,), np.float32)
         self.action_space = gym.spaces.Box(-1, 1, (num_envs, 3), np.float32)
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (num_envs, 4), np.float32)
+        self.obs_mode = obs_mode
+        self.camera = camera
         self.pos = torch.zeros(num_envs, 3, device=self.device)
         self.elapsed_steps = torch.zeros(num_envs, dtype=torch.int32, device=self.device)
         self._episode_seed = np.zeros(num_envs, dtype=np.int64)
@@ -96,7 +107,10 @@ class BatchedDoubleEnv(gym.Env):
                 raise ValueError(f"bank has shape {list(bank.shape)} {bank.dtype}; BatchedDoubleEnv needs "
                                  f"[clips, frames, H, W, 3] uint8 (e.g. bench.gradient_clips(2, 11, 64, 64))")
             self.bank = bank.to(self.device)
-            self._clip = torch.arange(num_envs, device=self.device) % bank.shape[0]  # env e shows clip e % clips
+            # env e shows clip e % clips: frame (clip, t) is row clip * frames + t of the flat bank, so a
+            # render is one index_select (torch's CPU advanced indexing is far slower for image rows)
+            self._bank_rows = self.bank.view(-1, *self.bank.shape[2:])
+            self._clip_row = (torch.arange(num_envs, device=self.device) % bank.shape[0]) * bank.shape[1]
             self._last_frame = bank.shape[1] - 1
 
         self._length_fn: Callable[[int, int], int] | None = None
@@ -110,6 +124,8 @@ class BatchedDoubleEnv(gym.Env):
                                  f"give one length per env, or a function (env_idx, episode_seed) -> length")
             self._check_lengths(lengths, list(range(num_envs)))
             self._lengths[:] = torch.tensor(lengths, dtype=torch.int32)
+        self.single_observation_space = _space(self._obs(), batched=False)
+        self.observation_space = _space(self._obs(), batched=True)
 
     def _per_env(self, name: str, steps: list[int] | None) -> torch.Tensor:
         steps = [0] * self.num_envs if steps is None else list(steps)
@@ -129,8 +145,31 @@ class BatchedDoubleEnv(gym.Env):
         return self._lengths
 
     # ------------------------------------------------------------------ contract
-    def _obs(self) -> torch.Tensor:
-        return torch.cat([self.pos, self.elapsed_steps[:, None].float()], dim=1)
+    def _obs(self) -> torch.Tensor | dict[str, Any]:
+        flat = torch.cat([self.pos, self.elapsed_steps[:, None].float()], dim=1)
+        if self.obs_mode == "state":
+            return flat
+        n, dev = self.num_envs, self.device
+        qpos = torch.cat([self.pos, self.pos, self.elapsed_steps[:, None].float().expand(n, 3)], dim=1)  # [N, 9]
+        cam = torch.eye(4, device=dev).expand(n, 4, 4).clone()
+        cam[:, :3, 3] = self.pos
+        return {
+            "agent": {"qpos": qpos, "qvel": 0.1 * qpos},
+            "extra": {"is_grasped": self.elapsed_steps % 2 == 1,
+                      "tcp_pose": torch.cat([self.pos, torch.ones(n, 1, device=dev), torch.zeros(n, 3, device=dev)], dim=1),
+                      "goal_pos": -self.pos},
+            "sensor_param": {self.camera: {"extrinsic_cv": cam[:, :3, :4].contiguous(), "cam2world_gl": cam,
+                                           "intrinsic_cv": torch.eye(3, device=dev).expand(n, 3, 3).clone()}},
+            "sensor_data": {self.camera: {"rgb": self._frames()}},
+        }
+
+    def _frames(self) -> torch.Tensor:
+        if self.bank is None:
+            return frames_for(self.pos, self.elapsed_steps, self.size)
+        rows = self._clip_row + self.elapsed_steps.clamp(max=self._last_frame)
+        if self.device.type == "cpu":  # numpy: torch's CPU gather waits for its intra-op threads on busy cores
+            return torch.from_numpy(self._bank_rows.numpy()[rows.numpy()])
+        return self._bank_rows.index_select(0, rows)
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
         t0 = time.perf_counter()
@@ -171,10 +210,7 @@ class BatchedDoubleEnv(gym.Env):
     def render(self) -> torch.Tensor:
         t0 = time.perf_counter()
         self.render_calls += 1
-        if self.bank is None:
-            img = frames_for(self.pos, self.elapsed_steps, self.size)
-        else:
-            img = self.bank[self._clip, self.elapsed_steps.clamp(max=self._last_frame)]
+        img = self._frames()
         self.busy_seconds += time.perf_counter() - t0
         return img
 
@@ -189,6 +225,18 @@ class BatchedDoubleEnv(gym.Env):
             self.pos[:] = pos
         else:
             self.pos[torch.as_tensor(env_idx, device=self.device)] = pos
+
+
+def _space(obs: Any, batched: bool) -> gym.Space:
+    """The observation space of an observation (tree) of ``[N, ...]`` tensors."""
+    if isinstance(obs, dict):
+        return gym.spaces.Dict({k: _space(v, batched) for k, v in obs.items()})
+    shape = tuple(obs.shape) if batched else tuple(obs.shape[1:])
+    if obs.dtype == torch.uint8:
+        return gym.spaces.Box(0, 255, shape, np.uint8)
+    if obs.dtype == torch.bool:
+        return gym.spaces.Box(0, 1, shape, np.bool_)
+    return gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
 
 
 def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: torch.Tensor | int | None = None) -> torch.Tensor:
