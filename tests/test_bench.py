@@ -15,7 +15,7 @@ def test_bench_smoke_tiny_cpu(tmp_path):
 
     cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=4, batches=2, device="cpu", content="gradient",
                       workers=2, baseline_steps=2, sweep=("ultrafast:20",), sweep_episodes=2, ceiling_episodes=2,
-                      keepup_batches=1, skip=("realenv",), json=str(tmp_path / "bench.json"))
+                      keepup_batches=1, skip=("realenv", "coldstart", "cpueval"), json=str(tmp_path / "bench.json"))
     r = run_bench(cfg, log=lambda m: None)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["summary"]["speedup"] == pytest.approx(r["summary"]["speedup"])

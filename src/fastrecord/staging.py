@@ -328,7 +328,7 @@ class StagingPool:
             self.wait_seconds += waited if not make else 0.0
             self._leased[arena.id] = arena
             if self.prefetch and self._take_free(want, pin, peek=True) is None:
-                self._make_ahead_locked(arena.size, pin)
+                self._make_ahead_locked(_arena_size(want), pin)  # sized to the lease, not to a larger arena it took
         return Lease(self, arena)
 
     def reserve(self, nbytes: int, pin: bool = False) -> None:

@@ -68,6 +68,7 @@ class _StepTimers:
 
     def wrap(self, owner: Any, name: str, key: str) -> None:
         orig = getattr(owner, name)
+        own = name in getattr(owner, "__dict__", {})
 
         def timed(*a: Any, **k: Any) -> Any:
             t0 = time.perf_counter()
@@ -78,7 +79,7 @@ class _StepTimers:
                 self.n[key] = self.n.get(key, 0) + 1
 
         setattr(owner, name, timed)
-        self._undo.append((owner, name, orig))
+        self._undo.append((owner, name, orig if own else None))
 
     def clear(self) -> None:
         self.t.clear()
@@ -86,7 +87,10 @@ class _StepTimers:
 
     def restore(self) -> None:
         for owner, name, orig in reversed(self._undo):
-            setattr(owner, name, orig)
+            if orig is None:
+                delattr(owner, name)  # it was the class's: drop the instance's wrapper
+            else:
+                setattr(owner, name, orig)
         self._undo.clear()
 
 
@@ -332,8 +336,6 @@ def phase_coldstart(cfg: Any, bank: np.ndarray, device: torch.device, out: Path,
 
 def coldstart_main(arg: str, t_process: float) -> None:
     """The fresh process of the coldstart phase: imports, builds the source, records, writes JSON."""
-    import resource
-
     a = json.loads(arg)
     import fastrecord  # noqa: F401 - the import time is part of the set-up reported
     from fastrecord.commands.bench import MemoryMonitor
@@ -355,7 +357,7 @@ def coldstart_main(arg: str, t_process: float) -> None:
     r["setup_seconds"] = import_s + r["construct_seconds"]
     r["rate_incl_construct"] = r["frames"] / (r["seconds"] + r["construct_seconds"])
     r["host_rss_before_gib"] = rss_before / 2**30
-    r["host_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    r["host_peak_rss_gib"] = _status_bytes("VmHWM") / 2**30  # this process's high-water mark (not inherited)
     r["record_wall_seconds"] = time.perf_counter() - t0
     if device.type == "cuda":
         r["device_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
@@ -363,10 +365,14 @@ def coldstart_main(arg: str, t_process: float) -> None:
 
 
 def _rss_now() -> int:
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(key: str) -> int:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -396,12 +402,17 @@ def phase_cpueval(cfg: Any, device: torch.device, out: Path, workers: int) -> di
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1, 1, size=(steps + cfg.cpueval_episode_steps, n, *vec.single_action_space.shape)).astype(np.float32)
 
+    render_s = [0.0]
+
     def loop(env: Any, render_each: bool, k: int, offset: int = 0) -> float:
+        render_s[0] = 0.0
         t = time.perf_counter()
         for i in range(k):
             env.step(actions[offset + i])
             if render_each:
+                r0 = time.perf_counter()
                 vec.call("render")
+                render_s[0] += time.perf_counter() - r0
         return time.perf_counter() - t
 
     try:
@@ -421,10 +432,17 @@ def phase_cpueval(cfg: Any, device: torch.device, out: Path, workers: int) -> di
             timers = None
             if rec is not None:
                 rec.recorder.wait_until_done()
+                from fastrecord.buffer import EpisodeBuffer
+
                 timers = _StepTimers()
                 timers.wrap(rec.recorder, "on_step", "on_step")
                 timers.wrap(rec.recorder.view, "render", "render")
                 timers.wrap(rec.recorder, "finalize", "finalize")
+                timers.wrap(rec.recorder, "_write", "write (gather + hand-off)")
+                timers.wrap(EpisodeBuffer, "gather", "gather")
+                timers.wrap(EpisodeBuffer, "step", "buffer step")
+                timers.wrap(vec, "step", "vector env step")
+                timers.wrap(vec, "reset", "vector env reset")
             secs = loop(env, render_each, steps, offset=cfg.cpueval_episode_steps)
             drain = 0.0
             if rec is not None:
@@ -432,7 +450,8 @@ def phase_cpueval(cfg: Any, device: torch.device, out: Path, workers: int) -> di
                 rec.recorder.wait_until_done()
                 drain = time.perf_counter() - d0
             total = secs + drain
-            res[name] = dict(env_steps_per_s=n * steps / total, ms_per_step=1000 * secs / steps, drain_seconds=drain)
+            res[name] = dict(env_steps_per_s=n * steps / total, ms_per_step=1000 * secs / steps, drain_seconds=drain,
+                             render_ms_per_step=1000 * render_s[0] / steps)
             if timers is not None:
                 res[name]["split_ms_per_step"] = {k: 1000 * v / steps for k, v in timers.t.items()}
                 timers.restore()
