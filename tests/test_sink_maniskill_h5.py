@@ -109,9 +109,34 @@ def test_round_trip_two_writers_many_batches(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5", "run.json"]
     with h5py.File(h5) as f:  # ManiSkill's layout and compression
         rgb = f["traj_0/obs/sensor_data/base_camera/rgb"]
-        assert rgb.compression == "gzip" and rgb.compression_opts == 5 and rgb.chunks == (1, 8, 8, 3)
+        # gzip level 1 (the default), every frame in one chunk (episodes < 64 frames; 8 rows of 24 bytes < 2 KiB)
+        assert rgb.compression == "gzip" and rgb.compression_opts == 1 and rgb.chunks == rgb.shape
         assert f["traj_0/actions"].compression is None
         assert list(f["traj_0"]) == ["actions", "rewards", "terminated", "truncated", "success", "env_states", "obs"]
+
+
+def test_large_batches_are_spread_over_the_writers(tmp_path):
+    """A batch of 7 episodes with 3 writers becomes 3 parts (2 + 3 + 2 episodes), written in parallel and
+    listed in submission order; a batch of one episode is one part."""
+    h5 = tmp_path / "run.h5"
+    with TrajectoryWriter(h5, HEADER, num_writers=3, consolidate_on_close=False) as w:
+        w.submit([make_episode(i, 50 + i, frame=16) for i in range(7)])
+        w.submit([make_episode(7, 57, frame=16)])  # one episode: one part
+        w.wait_until_done()
+        parts = sorted(p.name for p in (tmp_path / "run.h5.parts").iterdir())
+        assert parts == [f"part_{k:06d}.h5" for k in range(4)]
+        sizes = []
+        for p in parts:
+            with h5py.File(tmp_path / "run.h5.parts" / p, "r") as f:
+                sizes.append(len(f))
+        assert sizes == [2, 3, 2, 1]
+    meta = json.loads(h5.with_suffix(".json").read_text())
+    assert [e["episode_seed"] for e in meta["episodes"]] == list(range(50, 58))
+    with h5py.File(h5, "r") as f:
+        for i in range(8):
+            want = make_episode(i, 50 + i, frame=16)
+            for path, data in want.datasets.items():
+                np.testing.assert_array_equal(f[f"traj_{i}/{path}"][:], data)
 
 
 def test_writer_processes_are_isolated(tmp_path):
@@ -348,16 +373,24 @@ def test_consolidate_keeps_complete_unindexed_parts(tmp_path):
 def test_recover_renumbers_around_a_lost_part(tmp_path):
     """A part lost in the middle (parallel writers, crash): the later parts' episodes move down to keep
     ids consecutive; index link names differ from their targets; the JSON ids are fixed to match."""
-    h5, seeds = _write_run(tmp_path, batches=5, num_writers=2)
-    (tmp_path / "run.h5.parts" / "part_000001.h5").unlink()  # episodes 2-4
-    assert recover(h5) == len(seeds) - 3
+    h5, seeds = _write_run(tmp_path, batches=5, num_writers=2)  # each batch spread over 2 parts
+    parts = tmp_path / "run.h5.parts"
+    with h5py.File(parts / "part_000001.h5") as f:
+        lost = [e["episode_seed"] for e in json.loads(f.attrs["fastrecord_episodes"])]
+    with h5py.File(parts / "part_000002.h5") as f:
+        next_group = next(iter(f))
+    (parts / "part_000001.h5").unlink()
+    kept = [s for s in seeds if s not in lost]
+    first = seeds.index(lost[0])  # the id the first episode of part 2 moves down to
+    assert recover(h5) == len(kept)
     episodes = check_file(h5)
-    assert [e["episode_seed"] for e in episodes] == seeds[:2] + seeds[5:]
+    assert [e["episode_seed"] for e in episodes] == kept
     with h5py.File(h5) as f:
-        link = f.get("traj_2", getlink=True)
+        link = f.get(f"traj_{first}", getlink=True)
         assert isinstance(link, h5py.ExternalLink)
-        assert (link.filename, link.path) == ("run.h5.parts/part_000002.h5", "/traj_5")
-    assert recover(h5) == len(seeds) - 3  # recovering again changes nothing
+        assert (link.filename, link.path) == ("run.h5.parts/part_000002.h5", f"/{next_group}")
+        assert next_group != f"traj_{first}"
+    assert recover(h5) == len(kept)  # recovering again changes nothing
     assert check_file(h5) == episodes
     consolidate(h5)
     assert check_file(h5) == episodes and self_contained(h5)

@@ -58,6 +58,9 @@ class RecordOptions:
     video_preset: str = _opt("ultrafast", "libx264 preset (ultrafast keeps up with GPU envs)", kw_only=True)
     video_workers: int | None = _opt(None, "background encoders (None: one per core, at most 16)", kw_only=True)
     trajectory_writers: int = _opt(1, "HDF5 writer processes (each compresses whole batches of episodes)", kw_only=True)
+    trajectory_compression: str = _opt(
+        "gzip:1", "compression of image observations in NAME.h5: 'gzip:1' ... 'gzip:9' (ManiSkill writes 'gzip:5'), "
+        "'lzf' or 'none' (README: Image observations on disk)", kw_only=True)
     buffer_capacity: int | None = _opt(None, "steps per env held on the device (None: max_episode_steps + 1; longer episodes grow it)", kw_only=True)
 
     def __post_init__(self) -> None:
@@ -101,6 +104,9 @@ class RecordOptions:
             raise ValueError(f"video_preset={self.video_preset!r} must be a preset name such as 'ultrafast'")
         _positive_int_or_none("video_workers", self.video_workers, 1, "e.g. 4, or None for one per core")
         _positive_int_or_none("trajectory_writers", self.trajectory_writers, 1, "e.g. 1 or 4", allow_none=False)
+        from fastrecord.sinks.maniskill_h5 import parse_compression  # the one list of choices, with the writer
+
+        parse_compression(self.trajectory_compression)
         _positive_int_or_none("buffer_capacity", self.buffer_capacity, 2,
                               "at least 2 (a reset slot and one step), or None for max_episode_steps + 1")
 

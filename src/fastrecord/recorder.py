@@ -95,7 +95,7 @@ class EpisodeRecorder:
                 header["source_type"] = opts.source_type
             if opts.source_desc is not None:
                 header["source_desc"] = opts.source_desc
-            own.append(ManiSkillH5Sink(header, writers=opts.trajectory_writers))
+            own.append(ManiSkillH5Sink(header, writers=opts.trajectory_writers, compression=opts.trajectory_compression))
         if opts.save_video:
             settings = check_video_settings(VideoSettings(codec=resolve_codec(opts.video_codec), crf=int(opts.video_crf),
                                                           preset=opts.video_preset, fps=opts.video_fps))
