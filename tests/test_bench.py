@@ -15,7 +15,8 @@ def test_bench_smoke_tiny_cpu(tmp_path):
 
     cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=4, batches=2, device="cpu", content="gradient",
                       workers=2, baseline_steps=2, sweep=("ultrafast:20",), sweep_episodes=2, ceiling_episodes=2,
-                      keepup_batches=1, skip=("realenv", "coldstart", "cpueval"), json=str(tmp_path / "bench.json"))
+                      keepup_batches=1, skip=("realenv", "coldstart", "cpueval"), json=str(tmp_path / "bench.json"), imageobs_content="gradient",
+                      imageobs_size=16, imageobs_episode_steps=4, imageobs_steps=9, imageobs_repeats=1)
     r = run_bench(cfg, log=lambda m: None)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["summary"]["speedup"] == pytest.approx(r["summary"]["speedup"])
@@ -28,6 +29,22 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     assert "slowdown" in r["keepup"] and "ring_write_device_ms" in r["micro"]
     table = format_table(r)
     assert "ratio fastrecord / ManiSkill" in table and "encode ceiling" in table
+    io = r["imageobs"]  # the same episodes (partial resets from the env) in both files, every env-step counted
+    assert io["same_episodes"] and io["fastrecord"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"] > 4
+    assert io["fastrecord"]["env_steps"] == io["maniskill"]["env_steps"] == 9 * 4
+    assert io["fastrecord"]["rgb_compression"] == "gzip:1" and io["maniskill"]["rgb_compression"] == "gzip:5"
+    assert io["ratio"] > 0 and io["fastrecord"]["setup_seconds"] > 0 and "imageobs: ratio" in table
+
+
+def test_bench_imageobs_options_are_checked():
+    from fastrecord.commands.bench import BenchConfig
+
+    with pytest.raises(ValueError, match="trajectory_compression='zstd' is unknown"):
+        BenchConfig(trajectory_compression="zstd")
+    with pytest.raises(ValueError, match="imageobs_content='video' is unknown"):
+        BenchConfig(imageobs_content="video")
+    with pytest.raises(ValueError, match="imageobs_episode_steps=1 must be at least 2"):
+        BenchConfig(imageobs_episode_steps=1)
 
 
 def test_bench_cli_rejects_unknown_phase():

@@ -43,11 +43,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrecord.commands import bench_paths
+from fastrecord.commands import bench_imageobs, bench_paths
 from fastrecord.commands.config import load_config
 from fastrecord.testing import BatchedDoubleEnv, psnr
 
-PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro", "staggered", "coldstart", "cpueval")
+PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro", "staggered", "coldstart", "cpueval", "imageobs")
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,13 @@ class BenchConfig:
     cpueval_size: int | None = None  # cpueval phase: human camera side (None: width)
     cpueval_steps: int = 10  # cpueval phase: measured steps per mode
     cpueval_episode_steps: int = 5  # cpueval phase: max_episode_steps (also the warm-up of each mode)
+    imageobs_size: int = 64  # imageobs phase: side of the square rgb observation (ManiSkill's default camera: 128)
+    imageobs_content: str = "maniskill"  # imageobs phase: maniskill (content_env's sensor camera) | gradient
+    imageobs_episode_steps: int = 50  # imageobs phase: longest episode (lengths from half of it, drawn by the env)
+    imageobs_steps: int = 200  # imageobs phase: measured parallel steps of each recorder
+    imageobs_repeats: int = 2  # imageobs phase: runs of each recorder, interleaved (the median is reported)
+    trajectory_writers: int = 2  # imageobs phase: fastrecord's HDF5 writer processes
+    trajectory_compression: str = "gzip:1"  # imageobs phase: fastrecord's image compression
     output_dir: str | None = None  # where videos go (None: a temporary directory, removed after)
     json: str | None = None  # write the results here
 
@@ -97,6 +104,7 @@ class BenchConfig:
                        batches="--batches", clips="--clips", variants="--variants", workers="--workers",
                        baseline_steps="--baseline-steps", keepup_batches="--keepup-batches", coldstart_episodes="--coldstart-episodes",
                        cpueval_envs="--cpueval-envs", cpueval_steps="--cpueval-steps", cpueval_episode_steps="--cpueval-episode-steps")
+        bench_imageobs.check_config(self)
         lo, hi = self.stagger_steps
         if not 1 <= lo <= hi:
             raise ValueError(f"stagger_steps={list(self.stagger_steps)} must be [lo, hi] with 1 <= lo <= hi (e.g. [30, 60])")
@@ -840,8 +848,10 @@ def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
                 r = bench_paths.phase_staggered(cfg, bank, device, out, workers, MemoryMonitor)
             elif phase == "coldstart":
                 r = bench_paths.phase_coldstart(cfg, bank, device, out, workers)
-            else:
+            elif phase == "cpueval":
                 r = bench_paths.phase_cpueval(cfg, device, out, workers)
+            else:
+                r = bench_imageobs.phase_imageobs(cfg, device, out, MemoryMonitor)
             r["phase_seconds"] = time.perf_counter() - t0
             results[phase] = r
             log(f"[bench] {phase}: {time.perf_counter() - t0:.1f}s {json.dumps(_short(r))}")
@@ -951,6 +961,7 @@ def format_table(r: dict[str, Any]) -> str:
             f"step p50 bare {re_['bare_step_ms_p50']:.2f} / fastrecord {re_['fastrecord_video_step_ms_p50']:.2f} ms, "
             f"reset {re_['fastrecord_video_reset_ms_mean']:.1f} ms")
     lines += bench_paths.table_rows(r)
+    lines += bench_imageobs.table_rows(r)
     if q:
         lines += ["", "| preset:crf | PSNR dB | frames/s, all workers | kbit/frame |", "| --- | --- | --- | --- |"]
         for x in q["rows"]:
@@ -972,6 +983,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset")
     p.add_argument("--crf", type=int)
     p.add_argument("--baseline-steps", type=int)
+    p.add_argument("--imageobs-size", type=int)
+    p.add_argument("--imageobs-steps", type=int)
+    p.add_argument("--trajectory-writers", type=int)
+    p.add_argument("--trajectory-compression")
     p.add_argument("--skip", help=f"comma-separated phases to skip: {','.join(PHASES)}")
     p.add_argument("--profile", action="store_const", const=True, help="sample the flat-out run with py-spy")
     p.add_argument("--output-dir")

@@ -1,0 +1,250 @@
+"""`fastrecord bench` phase ``imageobs``: trajectories with image observations (issue 9).
+
+  imageobs  ManiSkill's rgb observation (state leaves + ``sensor_data/base_camera/rgb``, ``imageobs_size``
+            square frames of the content env's sensor camera, or gradients), trajectory only (keep all, no
+            video), envs finishing at different steps: per-env lengths drawn by the env at each reset
+            (``imageobs_episode_steps / 2 .. imageobs_episode_steps``) and every third env succeeding
+            (terminating) early; only the finished envs are reset, with new seeds. The same source, seeds
+            and frames go through ManiSkill's ``RecordEpisode(save_trajectory=True, save_video=False)``
+            and ``fastrecord.RecordEpisode(save_trajectory=True, save_video=False)``, one after the other
+            in this process. Each: env-steps/s over ``imageobs_steps`` parallel steps up to everything on
+            disk (``close()`` included), the stepping thread's own milliseconds a step, set-up seconds
+            (construction + first reset), peak host RSS (+ writer processes' PSS) and device memory, file
+            size. The frames stay on the source's device (CUDA tensors on a GPU machine).
+
+Returns a dict that `fastrecord.commands.bench` stores under ``imageobs``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fastrecord.testing import BatchedDoubleEnv
+
+
+def check_config(cfg: Any) -> None:
+    """The imageobs fields of a `BenchConfig`; a bad value is a ValueError naming the fix."""
+    from fastrecord.commands.config import check_at_least
+    from fastrecord.sinks.maniskill_h5 import parse_compression
+
+    check_at_least(cfg, 1, imageobs_size="--imageobs-size", imageobs_steps="--imageobs-steps",
+                   imageobs_repeats="a --config file with imageobs_repeats:", trajectory_writers="--trajectory-writers")
+    check_at_least(cfg, 2, imageobs_episode_steps="a --config file with imageobs_episode_steps:")
+    if cfg.imageobs_content not in ("maniskill", "gradient"):
+        raise ValueError(f"imageobs_content={cfg.imageobs_content!r} is unknown; use 'maniskill' (the sensor camera "
+                         f"of content_env) or 'gradient' (synthetic)")
+    parse_compression(cfg.trajectory_compression)
+
+
+def sensor_clips(env_id: str, clips: int, frames: int, size: int, render_backend: str, seed: int = 0) -> np.ndarray:
+    """``[clips, frames, size, size, 3]`` uint8: a real task's sensor camera (``obs_mode="rgb"``, the first
+    camera, ``size x size``) under random actions: the frames an rgb observation holds."""
+    import mani_skill.envs  # noqa: F401
+
+    env = gym.make(env_id, num_envs=1, obs_mode="rgb", sim_backend="physx_cpu", render_backend=render_backend,
+                   sensor_configs=dict(width=size, height=size))
+    out = np.empty((clips, frames, size, size, 3), np.uint8)
+    try:
+        env.action_space.seed(seed)
+        for c in range(clips):
+            obs, _ = env.reset(seed=seed + c)
+            for t in range(frames):
+                if t:
+                    obs, *_ = env.step(env.action_space.sample())
+                cam = next(iter(obs["sensor_data"].values()))["rgb"]
+                out[c, t] = (cam.cpu().numpy() if isinstance(cam, torch.Tensor) else np.asarray(cam)).reshape(size, size, 3)
+    finally:
+        env.close()
+    return out
+
+
+def imageobs_lengths(max_steps: int) -> Callable[[int, int], int]:
+    """``f(env, episode_seed) -> length`` in ``max_steps // 2 .. max_steps``, drawn by the env at each reset."""
+    lo = max(1, max_steps // 2)
+
+    def length(env_idx: int, seed: int) -> int:
+        return lo + (env_idx * 7 + seed * 13) % (max_steps - lo + 1)
+
+    return length
+
+
+def imageobs_env(num_envs: int, bank: np.ndarray, device: torch.device) -> BatchedDoubleEnv:
+    """The source: rgb observations from ``bank`` (episodes as long as its clips at most), per-env lengths
+    from the env, every third env succeeding at two thirds of the longest episode."""
+    steps = bank.shape[1] - 1
+    success = [max(1, (2 * steps) // 3) if e % 3 == 2 else 0 for e in range(num_envs)]
+    return BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=steps, device=device, bank=bank, obs_mode="rgb",
+                            episode_lengths=imageobs_lengths(steps), success_step=success)
+
+
+def imageobs_loop(env: Any, num_envs: int, device: torch.device, steps: int) -> int:
+    """``steps`` parallel steps; the envs that finished (terminated or truncated) are reset alone, with new
+    seeds. Returns the episodes finished."""
+    action = torch.zeros(num_envs, 3, device=device)
+    finished, seed = 0, num_envs
+    for _ in range(steps):
+        _, _, term, trunc, _ = env.step(action)
+        done = torch.nonzero(term | trunc).reshape(-1).cpu().numpy()
+        if len(done):
+            env.reset(seed=list(range(seed, seed + len(done))), options={"env_idx": done})
+            seed += len(done)
+            finished += len(done)
+    return finished
+
+
+class _ChildrenPss:
+    """Samples the peak summed PSS of the processes ``pids()`` names (the HDF5 writers) every ``interval`` s."""
+
+    def __init__(self, pids: Callable[[], list[int]], interval: float = 0.5) -> None:
+        from fastrecord.commands.bench import _pss
+
+        self._pss = _pss
+        self.pids, self.interval, self.peak = pids, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bench-writers-pss")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, sum(self._pss(p) for p in self.pids()))
+
+    def __enter__(self) -> _ChildrenPss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _measure(make: Callable[[], Any], src: BatchedDoubleEnv, steps: int, device: torch.device, memory_monitor: type,
+             pids: Callable[[], list[int]] = list) -> dict[str, Any]:
+    """One recorder over ``steps`` parallel steps: set-up, loop, close (everything on disk), memory."""
+    from fastrecord.commands.bench import _rss
+
+    rss0 = _rss()
+    with memory_monitor(device) as mon, _ChildrenPss(pids) as writers:
+        t0 = time.perf_counter()
+        env = make()
+        env.reset(seed=list(range(src.num_envs)))
+        setup = time.perf_counter() - t0
+        busy0 = src.busy_seconds
+        t1 = time.perf_counter()
+        finished = imageobs_loop(env, src.num_envs, src.device, steps)
+        loop = time.perf_counter() - t1
+        own = loop - (src.busy_seconds - busy0)
+        t2 = time.perf_counter()
+        env.close()
+        close = time.perf_counter() - t2
+    env_steps = steps * src.num_envs
+    mem = mon.peaks()
+    mem["writers_pss_gib"] = writers.peak / 2**30
+    return dict(setup_seconds=setup, loop_seconds=loop, close_seconds=close, seconds=loop + close,
+                env_steps=env_steps, episodes_finished=finished,
+                env_steps_per_s=env_steps / (loop + close), loop_env_steps_per_s=env_steps / loop,
+                recorder_ms_per_step=1000 * own / steps, memory=mem, host_rss_growth_gib=(mon.peak_rss - rss0) / 2**30)
+
+
+def _file_stats(h5: Path) -> dict[str, Any]:
+    import h5py
+
+    out: dict[str, Any] = dict(file_mib=h5.stat().st_size / 2**20)
+    with h5py.File(h5, "r") as f:
+        out["episodes_in_file"] = len(f)
+        rgb = [f[k]["obs/sensor_data/base_camera/rgb"] for k in f]
+        raw = sum(d.size for d in rgb)
+        out["rgb_stored_fraction"] = sum(d.id.get_storage_size() for d in rgb) / max(raw, 1)
+        out["rgb_frames"] = sum(d.shape[0] for d in rgb)
+        out["rgb_chunks"] = list(rgb[0].chunks) if rgb and rgb[0].chunks else None
+        out["rgb_compression"] = f"{rgb[0].compression}:{rgb[0].compression_opts}" if rgb else None
+    return out
+
+
+def phase_imageobs(cfg: Any, device: torch.device, out: Path, memory_monitor: type) -> dict[str, Any]:
+    from fastrecord import RecordEpisode
+    from fastrecord.commands.bench import gradient_clips, make_bank
+
+    ms_record = importlib.import_module("mani_skill.utils.wrappers.record")
+    size, steps, frames = cfg.imageobs_size, cfg.imageobs_steps, cfg.imageobs_episode_steps + 1
+    t0 = time.perf_counter()
+    if cfg.imageobs_content == "maniskill":
+        clips = sensor_clips(cfg.content_env, cfg.clips, frames, size, "gpu" if device.type == "cuda" else "cpu")
+    else:
+        clips = gradient_clips(cfg.clips, frames, size, size)
+    bank = make_bank(clips, cfg.variants)
+    res: dict[str, Any] = dict(num_envs=cfg.num_envs, size=size, content=cfg.imageobs_content, steps=steps,
+                               episode_steps=[max(1, cfg.imageobs_episode_steps // 2), cfg.imageobs_episode_steps],
+                               device=str(device), trajectory_writers=cfg.trajectory_writers,
+                               trajectory_compression=cfg.trajectory_compression,
+                               source_seconds=time.perf_counter() - t0)
+    runs = [("maniskill", r) for r in range(cfg.imageobs_repeats)]
+    runs = [x for pair in zip(runs, [("fastrecord", r) for r in range(cfg.imageobs_repeats)]) for x in pair]
+    for name, rep in runs:  # interleaved: a loaded machine slows both alike
+        src = imageobs_env(cfg.num_envs, bank, device)
+        d = out / f"imageobs_{name}_{rep}"
+        holder: list[Any] = []
+        if name == "maniskill":
+            def make() -> Any:
+                return ms_record.RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False)
+        else:
+            def make() -> Any:
+                env = RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False,
+                                    trajectory_writers=cfg.trajectory_writers,
+                                    trajectory_compression=cfg.trajectory_compression)
+                holder.append(env)
+                return env
+
+        def pids() -> list[int]:
+            sink = holder[0].recorder.trajectory if holder else None
+            return sink.writer.pids if sink is not None and sink.writer is not None else []
+
+        r = _measure(make, src, steps, device, memory_monitor, pids)
+        r.update(_file_stats(d / "traj.h5"))
+        res.setdefault(f"{name}_runs", []).append(r)
+        shutil.rmtree(d, ignore_errors=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for name in ("maniskill", "fastrecord"):
+        rs = res[f"{name}_runs"]
+        res[name] = rs[int(np.argsort([r["env_steps_per_s"] for r in rs])[len(rs) // 2])]  # the median run
+    res["ratios"] = [f["env_steps_per_s"] / m["env_steps_per_s"] for m, f in zip(res["maniskill_runs"], res["fastrecord_runs"])]
+    res["ratio"] = float(np.median(res["ratios"]))
+    res["same_episodes"] = res["fastrecord"]["episodes_in_file"] == res["maniskill"]["episodes_in_file"]
+    return res
+
+
+def table_rows(r: dict[str, Any]) -> list[str]:
+    x = r.get("imageobs")
+    if not x:
+        return []
+    ms, fr = x["maniskill"], x["fastrecord"]
+
+    def mem(m: dict[str, Any]) -> str:
+        text = f"host {m['host_rss_gib']:.2f} GiB RSS"
+        if m.get("writers_pss_gib"):
+            text += f" + writers {m['writers_pss_gib']:.2f} GiB PSS"
+        if "device_torch_peak_gib" in m:
+            text += f", device {m['device_torch_peak_gib']:.2f} GiB (torch)"
+        return text
+
+    head = (f"{x['num_envs']} envs x {x['size']}x{x['size']} rgb + state ({x['content']}), episodes of "
+            f"{x['episode_steps'][0]}-{x['episode_steps'][1]} steps, partial resets")
+    rows = []
+    for label, m in (("ManiSkill RecordEpisode", ms), (f"fastrecord RecordEpisode ({x['trajectory_writers']} writers, "
+                                                      f"{x['trajectory_compression']})", fr)):
+        rows.append(f"| imageobs: {label}, {head} | {m['env_steps_per_s']:,.0f} env-steps/s to everything on disk "
+                    f"({m['episodes_in_file']} episodes, {m['file_mib']:.1f} MiB, rgb stored {m['rgb_stored_fraction']:.0%} of raw); "
+                    f"stepping thread {m['recorder_ms_per_step']:.1f} ms/step; close {m['close_seconds']:.2f} s; "
+                    f"set-up {m['setup_seconds']:.2f} s; peak {mem(m['memory'])} |")
+    rows.append(f"| imageobs: ratio fastrecord / ManiSkill | {x['ratio']:.2f}x (runs: "
+                f"{', '.join(f'{v:.2f}' for v in x['ratios'])}) |")
+    return rows
