@@ -212,8 +212,12 @@ class EpisodeRecorder:
         frames = buf.fields.get("frames")
         if frames is None or not shared_memory_supported():
             return
-        per_frame = frames[0, 0].numel() // 2 if self._yuv and frames.is_cuda else frames[0, 0].numel()
+        yuv = self._yuv and frames.is_cuda
+        per_frame = frames[0, 0].numel() // 2 if yuv else frames[0, 0].numel()
         default_staging_pool().reserve(self.num_envs * buf.capacity * per_frame, pin=frames.is_cuda)
+        if yuv and frames.shape[0] >= 3:  # the GPU conversion's first call (Triton's JIT) off the stepping thread too
+            threading.Thread(target=_warm_yuv420p, args=(frames[:3, :1].transpose(0, 1),), daemon=True,
+                             name="fastrecord-warm-yuv").start()
 
     def _ensure_buffer(self) -> EpisodeBuffer:
         if self.buffer is None:
@@ -430,6 +434,17 @@ class EpisodeRecorder:
         self.run.close(status="failed" if errors else "closed")
         if errors:
             raise errors[0]
+
+
+def _warm_yuv420p(frames: torch.Tensor) -> None:
+    """Convert a few frames once (the result is dropped) so that the first gather finds the kernel ready."""
+    try:
+        from fastrecord.staging import rgb_to_yuv420p
+
+        rgb_to_yuv420p(frames)
+        torch.cuda.synchronize(frames.device)
+    except Exception:  # noqa: BLE001 - only a warm-up: the first gather reports any real error
+        pass
 
 
 class _ExitHooks:
