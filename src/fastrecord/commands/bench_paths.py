@@ -64,6 +64,7 @@ class _StepTimers:
     def __init__(self) -> None:
         self.t: dict[str, float] = {}
         self.n: dict[str, int] = {}
+        self.first: dict[str, float] = {}  # the first call's seconds (cold start: what the first episodes wait for)
         self._undo: list[tuple[Any, str, Any]] = []
 
     def wrap(self, owner: Any, name: str, key: str) -> None:
@@ -75,8 +76,10 @@ class _StepTimers:
             try:
                 return orig(*a, **k)
             finally:
-                self.t[key] = self.t.get(key, 0.0) + time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.t[key] = self.t.get(key, 0.0) + dt
                 self.n[key] = self.n.get(key, 0) + 1
+                self.first.setdefault(key, dt)
 
         setattr(owner, name, timed)
         self._undo.append((owner, name, orig if own else None))
@@ -116,6 +119,11 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     timers.wrap(rec, "_write", "write (gather + hand-off)")
     timers.wrap(rec, "on_step", "on_step")
     timers.wrap(rec, "on_reset", "on_reset")
+    from fastrecord.buffer import EpisodeBuffer
+    from fastrecord.staging import StagingPool
+
+    timers.wrap(EpisodeBuffer, "gather", "gather")
+    timers.wrap(StagingPool, "lease", "staging lease")
     action = torch.zeros(n, 3, device=device)
     next_seed = n
     expected: dict[int, int] = {}  # episode id -> frames its video must have
@@ -240,6 +248,7 @@ def _measured(rec: Any, src: Any, pool: Any, timers: _StepTimers, per_step: list
         backpressure_wait_ms_per_step=1000 * blocked / n,
         step_ms_p50=1000 * statistics.median(per_step), step_ms_p99=1000 * float(np.percentile(per_step, 99)),
         split_ms_per_step={k: 1000 * v / n for k, v in timers.t.items()}, calls=dict(timers.n),
+        first_call_ms={k: 1000 * v for k, v in timers.first.items()},
         encoder_busy_fraction=stats.encode_seconds / (total_s * workers), encoder_jobs=stats.jobs,
         encoder_copied_bytes=stats.copied_bytes,
         staging=dict(arenas_created=staging.arenas_created, reserved_gib=staging.bytes_reserved / 2**30,
