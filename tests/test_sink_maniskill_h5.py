@@ -139,6 +139,33 @@ def test_large_batches_are_spread_over_the_writers(tmp_path):
                 np.testing.assert_array_equal(f[f"traj_{i}/{path}"][:], data)
 
 
+def test_small_batches_queued_behind_a_slow_one_share_a_part(tmp_path):
+    """While the writer compresses a large batch, one-episode batches queue up: the writer takes what is
+    queued together as one part (one file, one fsync); ids, order and values as submitted."""
+    from fastrecord.sinks.maniskill_h5 import _runs
+
+    big = make_episode(0, 40)
+    big.datasets["obs/sensor_data/base_camera/rgb"] = np.random.default_rng(0).integers(0, 256, (64, 256, 256, 3), dtype=np.uint8)
+    with TrajectoryWriter(tmp_path / "run.h5", HEADER, num_writers=1, consolidate_on_close=False, compression="gzip:9") as w:
+        w.submit([big])  # seconds of gzip 9 on noise
+        for i in range(1, 5):
+            w.submit([make_episode(i, 40 + i)])
+        w.wait_until_done()
+        # the big one alone or with the first small ones it found queued, the rest together: 2 parts
+        assert len(list((tmp_path / "run.h5.parts").iterdir())) == 2
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        assert len({f.get(f"traj_{i}", getlink=True).filename for i in range(5)}) == 2
+        for i in range(1, 5):
+            for path, data in make_episode(i, 40 + i).datasets.items():
+                np.testing.assert_array_equal(f[f"traj_{i}/{path}"][:], data)
+    assert [e["episode_seed"] for e in json.loads((tmp_path / "run.json").read_text())["episodes"]] == [40, 41, 42, 43, 44]
+    # which queued jobs share a part: consecutive numbers, all mergeable (not pieces of a spread batch), under the byte cap
+    one = [("traj_0", {"a": np.zeros(10, np.uint8)}, {})]
+    jobs = [(3, one, True), (4, one, True), (6, one, True), (7, one, False), (8, one, True), (9, one, True)]
+    assert [[j[0] for j in run] for run in _runs(jobs)] == [[3, 4], [6], [7], [8, 9]]
+    assert [[j[0] for j in run] for run in _runs(jobs, max_bytes=15)] == [[3], [4], [6], [7], [8], [9]]
+
+
 def test_writer_processes_are_isolated(tmp_path):
     """The writers import neither torch nor ManiSkill, and ignore SIGINT/SIGTERM (the parent closes them)."""
     w = TrajectoryWriter(tmp_path / "run.h5", HEADER)

@@ -71,6 +71,8 @@ class EpisodeBuffer:
         self.cursor = np.full(num_envs, -1, dtype=np.int64)
         self._bufs: dict[str, torch.Tensor] = {}
         self._flat: dict[str, torch.Tensor] = {}  # the same storage viewed as [capacity * num_envs, ...]
+        self._host: dict[str, np.ndarray | None] = {}  # the same storage as numpy, for CPU fields (see `step`)
+        self._rows = np.arange(num_envs)
         # per device: the flat slot of every env (cursor * num_envs + row), advanced by one add_ a step;
         # dropped whenever cursors move otherwise (resets, restarts) and rebuilt from `cursor`
         self._slots: dict[torch.device, torch.Tensor] = {}
@@ -101,6 +103,7 @@ class EpisodeBuffer:
     def _set(self, name: str, buf: torch.Tensor) -> None:
         self._bufs[name] = buf
         self._flat[name] = buf.view(-1, *buf.shape[2:])
+        self._host[name] = _host_view(buf)
 
     def _ensure_field(self, name: str, value: torch.Tensor) -> torch.Tensor:
         buf = self._bufs.get(name)
@@ -119,7 +122,7 @@ class EpisodeBuffer:
         """Drop fields no longer produced (e.g. after a reconfiguring full reset)."""
         for name in list(self._bufs):
             if name not in names:
-                del self._bufs[name], self._flat[name]
+                del self._bufs[name], self._flat[name], self._host[name]
 
     def _grow(self, min_capacity: int) -> None:
         """All fields get the larger capacity, or none does: every new tensor is allocated before any
@@ -192,14 +195,14 @@ class EpisodeBuffer:
                 value = value.to(buf.device, non_blocking=buf.is_cuda)
             if value.shape[0] != self.num_envs:
                 value = value.expand(self.num_envs, *buf.shape[2:])
-            if (dst := _host_view(buf)) is not None and (src := _host_view(value)) is not None:
+            if (dst := self._host[name]) is not None and (src := _host_view(value)) is not None:
                 # CPU leaves through numpy: torch's CPU kernels split image copies over its intra-op
                 # threads, which wait for cores the writer processes hold (index_copy_ of 8 envs x 64x64
                 # RGB: 0.6-6 ms a call; numpy: 0.01 ms)
                 if lo == hi:
                     dst[lo] = src
                 else:
-                    dst[self.cursor, np.arange(self.num_envs)] = src
+                    dst[self.cursor, self._rows] = src
             elif lo == hi:
                 buf[lo].copy_(value)
             else:
