@@ -392,8 +392,6 @@ def _status_bytes(key: str) -> int:
 def phase_cpueval(cfg: Any, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
     """make_eval_envs' CPU branch: one AsyncVectorEnv of ``cpueval_envs`` envs, wrapped as make_eval_envs
     wraps it (RecordEpisode outside the vector env, EvalVectorEnv above), one mode after the other."""
-    import gymnasium as gym
-
     from fastrecord import RecordEpisode
     from fastrecord.make_env import SOURCE_DESC, SOURCE_TYPE, EvalVectorEnv, _cpu_vector_env
 
