@@ -18,6 +18,9 @@ recorders see identical frames and the source costs almost nothing. Phases (each
   keepup    the same with a simulated step time so encoders keep up: bare loop vs recorded loop
   realenv   a real ManiSkill env (CPU simulation, GPU rendering where CUDA is present): bare vs recorded
   micro     device time of the ring write and of the yuv420p conversion
+  staggered per-env episode lengths drawn by the env, partial resets of the finished envs (`bench_paths`)
+  coldstart fresh processes recording their first episodes: set-up seconds, rate, peak memory
+  cpueval   make_eval_envs' CPU branch: videos with and without the overlay beside a step+render loop
 
 Output: a readable table on stdout and everything in JSON (``--json``).
 """
