@@ -315,11 +315,18 @@ def _recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, 
     return dict(header=header, episodes=episodes, links=links, next_part=next_part, skipped=skipped, self_contained=False)
 
 
-def _consolidate_here(h5_path: str, header: dict | None) -> dict[str, Any]:
-    """Recover, copy every listed episode into one self-contained ``NAME.h5``, then drop the parts."""
+def _consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict] | None = None) -> dict[str, Any]:
+    """Recover, copy every listed episode into one self-contained ``NAME.h5``, then drop the parts.
+
+    ``known`` = (links, JSON document): what a `TrajectoryWriter` that wrote every part knows; the parts are
+    then not read back first, and ``NAME.json`` is written after ``NAME.h5`` is swapped in (a crash in
+    between leaves the parts, from which `recover` rebuilds both)."""
     h5 = Path(h5_path)
-    _, parts_dir = _sibling_paths(h5)
-    state = _recover_here(h5_path, header, resume=False)
+    json_path, parts_dir = _sibling_paths(h5)
+    if known is not None:
+        state = dict(header=header or {}, episodes=known[1]["episodes"], links=known[0], skipped=[], self_contained=False)
+    else:
+        state = _recover_here(h5_path, header, resume=False)
     if state["self_contained"]:
         if parts_dir.is_dir() and not any(parts_dir.iterdir()):
             parts_dir.rmdir()
@@ -345,6 +352,8 @@ def _consolidate_here(h5_path: str, header: dict | None) -> dict[str, Any]:
         os.unlink(tmp)
         os._exit(0)
     os.replace(tmp, h5)
+    if known is not None:
+        atomic_write_json(json_path, known[1])
     # rename first: a crash while deleting must not leave a subset of the parts (the truth) behind
     doomed = parts_dir.with_name(parts_dir.name + ".deleting")
     os.replace(parts_dir, doomed)
@@ -577,7 +586,9 @@ class TrajectoryWriter:
                 self._publish(force=True, best_effort=failed)
             if self._failure is None and self._consolidate_on_close:
                 try:
-                    self._index.call("_consolidate_here", str(self.h5_path), self._header)
+                    with self._lock:  # every batch is written: the links and entries of every part
+                        known = (list(self._links), {**self._header, "episodes": list(self._committed)})
+                    self._index.call("_consolidate_here", str(self.h5_path), self._header, known)
                 except BaseException as e:  # noqa: BLE001 - raised below as a WorkerError
                     self._fail(self._explain(e, f"consolidating {self.h5_path.name}", self.h5_path.parent), e)
                     self.h5_path.with_name(self.h5_path.name + ".tmp").unlink(missing_ok=True)
