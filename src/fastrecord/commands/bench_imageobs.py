@@ -193,17 +193,17 @@ def phase_imageobs(cfg: Any, device: torch.device, out: Path, memory_monitor: ty
         d = out / f"imageobs_{name}_{rep}"
         holder: list[Any] = []
         if name == "maniskill":
-            def make() -> Any:
+            def make(src: Any = src, d: Path = d) -> Any:
                 return ms_record.RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False)
         else:
-            def make() -> Any:
+            def make(src: Any = src, d: Path = d, holder: list = holder) -> Any:
                 env = RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False,
                                     trajectory_writers=cfg.trajectory_writers,
                                     trajectory_compression=cfg.trajectory_compression)
                 holder.append(env)
                 return env
 
-        def pids() -> list[int]:
+        def pids(holder: list = holder) -> list[int]:
             sink = holder[0].recorder.trajectory if holder else None
             return sink.writer.pids if sink is not None and sink.writer is not None else []
 
