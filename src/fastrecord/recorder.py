@@ -336,10 +336,11 @@ class EpisodeRecorder:
         if len(rows):
             self.num_finished += len(rows)
             keep, first_id = self._keep_mask(rows), self.next_episode_id
+            ended = self.results.read(rows, buf)  # host reads first: after _write they would wait for its gather
             kept = rows[keep]
             if len(kept):
                 self._write(kept)
-            self.results.finished(rows, keep, first_id, buf, self._seeds, self._frames_ok)
+            self.results.finished(rows, keep, first_id, ended, self._seeds, self._frames_ok)
         self.results.start(env_idx)
         if split:
             buf.restart_from_last(env_idx)

@@ -82,10 +82,11 @@ class ResultsSink(Sink):
         if restart is not None and restart.any():
             self._returns[torch.as_tensor(np.flatnonzero(restart), device=self._returns.device)] = 0
 
-    def finished(self, rows: np.ndarray, kept: np.ndarray, first_id: int, buffer: Any, seeds: np.ndarray,
-                 frames_ok: np.ndarray) -> None:
-        """Episodes of ``rows`` ended (``kept`` mask; kept ones got ids ``first_id, first_id + 1, ...``),
-        read from the recorder's ``buffer`` before it moves on."""
+    def read(self, rows: np.ndarray, buffer: Any) -> dict[str, Any]:
+        """What the rows of the episodes of ``rows`` need from the recorder's ``buffer``, on the host.
+
+        The recorder calls this before it queues the episodes' frames: the reads wait for the device
+        work queued so far, which must not yet include the (large) gather of the frames."""
         lengths = buffer.cursor[rows].copy()
         last = buffer.read_last(["success", "terminated", "truncated"], rows)
         once = None
@@ -95,6 +96,13 @@ class ResultsSink(Sink):
             once = (flags.astype(bool) & (steps[None] >= 1) & (steps[None] <= lengths[:, None])).any(axis=1)
         returns = (self._returns[torch.as_tensor(rows, device=self._returns.device)].cpu().numpy()
                    if self._returns is not None else np.zeros(len(rows)))
+        return dict(lengths=lengths, last=last, once=once, returns=returns)
+
+    def finished(self, rows: np.ndarray, kept: np.ndarray, first_id: int, ended: dict[str, Any], seeds: np.ndarray,
+                 frames_ok: np.ndarray) -> None:
+        """Episodes of ``rows`` ended (``kept`` mask; kept ones got ids ``first_id, first_id + 1, ...``);
+        ``ended`` is what `read` took from the buffer before the episodes were queued."""
+        lengths, last, once, returns = ended["lengths"], ended["last"], ended["once"], ended["returns"]
         tiled_video = None
         if self.videos is not None and self.videos.layout != "per_env":
             now = self.run.counters.get("next_video_id", 0)
