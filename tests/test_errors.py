@@ -146,7 +146,7 @@ def test_writer_error_surfaces_and_keeps_what_was_written(tmp_path, monkeypatch)
     env.reset()  # 2 episodes finished and written
     env.wait_until_done()
 
-    def broken(path, frames, settings):
+    def broken(path, frames, settings, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(mp4_mod, "encode_mp4", broken)
