@@ -111,6 +111,9 @@ class EpisodeRecorder:
 
         self._seeds = np.zeros(self.num_envs, dtype=np.int64)
         self._reset_kwargs: list[dict] = [{} for _ in range(self.num_envs)]
+        # extra JSON entry fields of each env's next written episode, set by the caller (a replay's
+        # source_episode_id): in the part files from the start, so a crashed run's episodes keep them
+        self.episode_meta: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
         self._last_info: Any = None
         self._warned_state = False
@@ -354,6 +357,7 @@ class EpisodeRecorder:
                 elapsed_steps=t,
                 reset_kwargs=self._reset_kwargs[e],
             )
+            meta.update(self.episode_meta[e])
             for key in ("success", "fail"):
                 if key in datasets:
                     meta[key] = bool(datasets[key][-1])
