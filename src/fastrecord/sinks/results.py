@@ -83,9 +83,10 @@ class ResultsSink(Sink):
             self._returns[torch.as_tensor(np.flatnonzero(restart), device=self._returns.device)] = 0
 
     def finished(self, rows: np.ndarray, kept: np.ndarray, first_id: int, buffer: Any, seeds: np.ndarray,
-                 frames_ok: np.ndarray) -> None:
+                 frames_ok: np.ndarray, extra: Sequence[dict[str, Any] | None] | None = None) -> None:
         """Episodes of ``rows`` ended (``kept`` mask; kept ones got ids ``first_id, first_id + 1, ...``),
-        read from the recorder's ``buffer`` before it moves on."""
+        read from the recorder's ``buffer`` before it moves on. ``extra``: more fields per row (a sharded
+        run's ``global_index``/``source_rank``)."""
         lengths = buffer.cursor[rows].copy()
         last = buffer.read_last(["success", "terminated", "truncated"], rows)
         once = None
@@ -112,6 +113,8 @@ class ResultsSink(Sink):
                        success_once=None if once is None else bool(once[i]), terminated=flag("terminated", i),
                        truncated=flag("truncated", i), length=int(lengths[i]), **{"return": float(returns[i])},
                        video=None)
+            if extra is not None and extra[i]:
+                row.update(extra[i])
             stem = None
             if episode_id is not None and self.videos is not None and frames_ok[e]:
                 if tiled_video is not None:
