@@ -111,11 +111,10 @@ class EpisodeRecorder:
 
         self._seeds = np.zeros(self.num_envs, dtype=np.int64)
         self._reset_kwargs: list[dict] = [{} for _ in range(self.num_envs)]
-        # extra JSON fields of each env's episode in progress (set_episode_meta); None: not recorded
-        self._episode_meta: list[dict[str, Any] | None] = [{} for _ in range(self.num_envs)]
         # extra JSON entry fields of each env's next written episode, set by the caller (a replay's
         # source_episode_id): in the part files from the start, so a crashed run's episodes keep them
-        self.episode_meta: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        # None (set_episode_meta): the env's episode in progress is a spare one, neither written nor counted
+        self.episode_meta: list[dict[str, Any] | None] = [{} for _ in range(self.num_envs)]
         self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
         self._last_info: Any = None
         self._warned_state = False
@@ -224,8 +223,6 @@ class EpisodeRecorder:
             buf.retain_only(set(leaves) | {n for n in buf.fields if field_of(n).kind == "transition"})
         buf.start(env_idx, leaves)
         self.results.start(env_idx)
-        for e in env_idx:
-            self._episode_meta[e] = {}
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
         for e in env_idx:
@@ -262,7 +259,6 @@ class EpisodeRecorder:
             self._seeds[idx] = self.view.episode_seeds()[idx]
             for e in idx:
                 self._reset_kwargs[e] = {"seed": int(self._seeds[e])}
-                self._episode_meta[e] = {}
         self.elapsed_record_steps += 1
 
     def _overlay_scalars(self, rew: Any, info: Mapping) -> dict[str, Any]:
@@ -276,11 +272,12 @@ class EpisodeRecorder:
         return out
 
     def set_episode_meta(self, env_idx: Sequence[int] | np.ndarray, metas: Sequence[Mapping[str, Any] | None]) -> None:
-        """Extra JSON fields for the episodes in progress of ``env_idx`` (one mapping per env, e.g.
-        `fastrecord.shards.episode_meta`: ``global_index``, ``source_rank``): written into their
-        ``NAME.json`` entries and results rows. ``None`` for an env marks its episode in progress as not
-        to be recorded at all (neither written, nor counted, nor in the results: a spare env slot of a
-        sharded run). Call it after the reset that starts those episodes; a reset clears it."""
+        """Set `episode_meta` of ``env_idx``, checked: extra JSON fields (one mapping per env, e.g.
+        `fastrecord.shards.episode_meta`: ``global_index``, ``source_rank``) for the episodes those envs
+        write next, in their ``NAME.json`` entries and results rows. ``None`` for an env marks its episode
+        in progress as not to be recorded at all (neither written, nor counted, nor in the results: a
+        spare env slot of a sharded run). The values stay until set again (a reset does not clear them):
+        set them at each reset that starts a new episode."""
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         if len(env_idx) != len(metas):
             raise ValueError(f"set_episode_meta: {len(env_idx)} envs but {len(metas)} metas; give one mapping (or None) per env")
@@ -291,7 +288,7 @@ class EpisodeRecorder:
             if m is not None and reserved & set(m):
                 raise ValueError(f"set_episode_meta: keys {sorted(reserved & set(m))} are the recorder's own JSON fields; "
                                  f"use other names (e.g. global_index)")
-            self._episode_meta[e] = None if m is None else dict(m)
+            self.episode_meta[e] = None if m is None else dict(m)
 
     # ------------------------------------------------------------------ finishing episodes
     def _keep_mask(self, rows: np.ndarray) -> np.ndarray:
@@ -339,7 +336,7 @@ class EpisodeRecorder:
             return
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         rows = env_idx[buf.cursor[env_idx] >= 1]  # episodes without a step are not saved (as ManiSkill)
-        rows = rows[np.array([self._episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)]  # spare slots: dropped
+        rows = rows[np.array([self.episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)]  # spare slots: dropped
         if len(rows):
             self.num_finished += len(rows)
             keep, first_id = self._keep_mask(rows), self.next_episode_id
@@ -347,7 +344,7 @@ class EpisodeRecorder:
             if len(kept):
                 self._write(kept)
             self.results.finished(rows, keep, first_id, buf, self._seeds, self._frames_ok,
-                                  extra=[self._episode_meta[e] for e in rows])
+                                  extra=[self.episode_meta[e] for e in rows])
         self.results.start(env_idx)
         if split:
             buf.restart_from_last(env_idx)
@@ -382,8 +379,7 @@ class EpisodeRecorder:
                 elapsed_steps=t,
                 reset_kwargs=self._reset_kwargs[e],
             )
-            meta.update(self._episode_meta[e] or {})
-            meta.update(self.episode_meta[e])
+            meta.update(self.episode_meta[e] or {})
             for key in ("success", "fail"):
                 if key in datasets:
                     meta[key] = bool(datasets[key][-1])
