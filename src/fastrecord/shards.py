@@ -643,3 +643,84 @@ class DistributedRun:
             if dist.is_initialized():
                 dist.destroy_process_group()
         self._closed = True
+
+
+# ---------------------------------------------------------------------------------------------- devices and the loop
+_CUDA_SIM = ("physx_cuda", "cuda", "gpu")
+_CUDA_RENDER = ("sapien_cuda", "cuda", "gpu")
+
+
+def rank_backends(sim_backend: str, render_backend: str, info: RankInfo | None = None) -> tuple[str, str]:
+    """ManiSkill's ``sim_backend`` / ``render_backend`` for this rank: a CUDA backend without a device
+    number gets the rank's own GPU (``physx_cuda:LOCAL_RANK``, ``cuda:LOCAL_RANK``) when CUDA is present
+    and the run is distributed; CPU backends and explicit devices are left as given."""
+    info = info or rank_info()
+    if not info.distributed:
+        return sim_backend, render_backend
+    import torch
+
+    if not torch.cuda.is_available():
+        return sim_backend, render_backend
+    gpu = info.local_rank % max(torch.cuda.device_count(), 1)
+    torch.cuda.set_device(gpu)
+    if sim_backend in _CUDA_SIM:
+        sim_backend = f"{'physx_cuda' if sim_backend == 'gpu' else sim_backend}:{gpu}"
+    if render_backend in (*_CUDA_RENDER, "auto"):
+        render_backend = f"cuda:{gpu}"
+    return sim_backend, render_backend
+
+
+def record_schedule(env: Any, recorder: Any, schedule: EpisodeSchedule, act: Any, *,
+                    stop: Any = None, on_step: Any = None) -> int:
+    """Run ``schedule``'s episodes in ``env`` (the recorded env stack whose recorder is ``recorder``);
+    returns the env-steps taken.
+
+    Every env slot is reset by this loop with its episode's seed (``schedule.seeds``) when its episode
+    ends (terminated or truncated), and the recorder is told the slot's global episode right after
+    (`EpisodeRecorder.set_episode_meta`). ``env`` must not auto-reset: a ManiSkill env (batched or one
+    env; ``ManiSkillVectorEnv(auto_reset=False)`` on top is fine), partial resets through
+    ``options["env_idx"]``, or a gymnasium vector env with ``autoreset_mode=DISABLED`` (recorded by
+    `RecordVectorEpisode`), partial resets through ``options["reset_mask"]``. ``act(obs)`` gives the
+    batched action; if it has ``restart(slots, seeds)`` (`SeededRandomPolicy`) it is called at each
+    reset. ``stop()`` is checked between steps; ``on_step(schedule)`` after each step (progress).
+    """
+    import torch
+
+    from fastrecord.envs import VectorEnvView
+
+    n = schedule.num_envs
+    vector = isinstance(recorder.view, VectorEnvView)
+    restart = getattr(act, "restart", None)
+
+    def reset(slots: np.ndarray) -> Any:
+        metas = schedule.assign(slots)
+        seeds = [int(s) for s in schedule.seeds]
+        if n == 1:
+            obs, _ = env.reset(seed=seeds[0])
+        elif len(slots) == n:
+            obs, _ = env.reset(seed=seeds)
+        elif vector:
+            mask = np.zeros(n, dtype=bool)
+            mask[slots] = True
+            obs, _ = env.reset(seed=seeds, options={"reset_mask": mask})
+        else:
+            obs, _ = env.reset(seed=seeds, options={"env_idx": torch.as_tensor(slots)})
+        recorder.set_episode_meta(slots, metas)
+        if restart is not None:
+            restart(slots, schedule.seeds[slots])
+        return obs
+
+    def flags(x: Any) -> np.ndarray:
+        return (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)).reshape(-1).astype(bool)
+
+    steps = 0
+    obs = reset(np.arange(n))
+    while not schedule.done and not (stop is not None and stop()):
+        obs, _, terminated, truncated, _ = env.step(act(obs))
+        steps += n
+        ended = np.flatnonzero(flags(terminated) | flags(truncated))
+        if len(ended):
+            obs = reset(ended)
+        if on_step is not None:
+            on_step(schedule)
+    return steps
