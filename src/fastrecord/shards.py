@@ -551,16 +551,33 @@ class DistributedRun:
                 self._claim()
             except (ValueError, OSError) as e:
                 error = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
-        error = self._broadcast(error)
+        error, self.if_exists = self._broadcast((error, self.if_exists))
         if error is not None:
             self.close(status="failed")
             raise ValueError(error)
         return self
 
+    def _unfinished(self) -> bool:
+        """Whether the run directory holds this run, sharded, not closed (a rank was killed, or the run was
+        interrupted): the same command then resumes it instead of refusing."""
+        from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
+
+        before = read_manifest(self.output_dir / f"{self.name}{MANIFEST_SUFFIX}")
+        sharding = before.get("options", {}).get("sharding")
+        return (isinstance(sharding, dict) and before.get("status") != "closed"
+                and sharding.get("base_seed") == self.base_seed)
+
     def _claim(self) -> None:
         from fastrecord.sinks.base import RunDirectory
 
         sharding = sharding_options(self.info.world_size, self.base_seed, self.total)
+        if self.if_exists == "error" and self._unfinished():
+            import logging
+
+            logging.getLogger("fastrecord").warning(
+                "fastrecord: %s/%s is a sharded run that did not finish: resuming it (its shards keep what they "
+                "committed; the missing global episodes are recorded)", self.output_dir, self.name)
+            self.if_exists = "resume"
         run = RunDirectory(self.output_dir, self.name, self.if_exists,
                            options={**self.options, "sharding": sharding}).open()
         try:

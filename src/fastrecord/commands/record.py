@@ -260,14 +260,15 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
                 steps = shards.record_schedule(
                     env, rec, schedule, act, stop=(lambda: stop.requested) if stop is not None else None,
                     on_step=lambda sch: bar.update(len(sch.finished) - bar.n) if len(sch.finished) > bar.n else None)
-                if stop is not None and stop.requested:  # episodes in progress: not saved, a resume records them whole
-                    rec.set_episode_meta(np.arange(cfg.num_envs), [None] * cfg.num_envs)
                 rec.wait_until_done()
                 seconds = time.perf_counter() - t0
             finally:
                 bar.close()
         finally:
-            env.close()
+            try:  # episodes in progress (a stop, an error) are never saved: a resumed run records them whole
+                _recorder(env).set_episode_meta(np.arange(cfg.num_envs), [None] * cfg.num_envs)
+            finally:
+                env.close()
         failed = False
     finally:
         if failed:  # this rank cannot finish; torchrun stops the others
@@ -275,6 +276,10 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
     mine = ShardedSummary(run.rank, run.world_size, len(schedule.todo), len(schedule.finished), rec.num_episodes, steps,
                           seconds, startup, run.shard_dir, stop.name if stop is not None and stop.requested else None,
                           list(rec.results.rows))
+    if mine.interrupted:  # no end exchange: the other ranks may be gone (torchrun stops them all on a failure)
+        run.close(status="failed")
+        mine.ranks = [dataclasses.asdict(mine)]
+        return mine
     ranks, report = run.finish(dataclasses.asdict(mine) | {"shard_dir": str(mine.shard_dir)})
     run.close()
     mine.ranks, mine.report = ranks, report
@@ -283,6 +288,11 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
 
 def print_sharded(s: ShardedSummary, output_dir: str | Path) -> None:
     """Rank 0's summary of a sharded run: each rank, the results of all, the merge report."""
+    if s.interrupted:
+        print(f"rank {s.rank}: interrupted ({s.interrupted}) after {s.finished} of its {s.scheduled} episodes; the episodes "
+              f"in progress were not saved. Run the same command again to resume (then fastrecord merge "
+              f"{output_dir} if it was not joined)")
+        return
     if s.rank != 0:
         return
     for r in s.ranks:
