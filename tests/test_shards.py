@@ -321,3 +321,20 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
     assert "8 episodes from 2 shard(s)" in r.stdout
     assert_same_episodes(read_dataset(pickcube_runs[2][0] / "trajectory.h5"), read_dataset(out / "trajectory.h5"))
     assert json.loads((out / "trajectory.fastrecord.json").read_text())["status"] == "closed"
+
+
+@pytest.mark.slow
+def test_torchrun_evaluate_script(tmp_path):
+    """scripts/evaluate.py under torchrun: make_eval_envs(episodes=N) gives each rank its seeds; rank 0
+    prints every rank's results and joins the trajectories."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
+    r = torchrun(2, [str(script), "--episodes", "5", "--num-envs", "2", "--max-episode-steps", "10", "--width", "64",
+                     "--height", "64", "--keep", "all", "--save-trajectory", "--name", "ev", "--video-dir", str(tmp_path)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "results of 5 episodes" in r.stdout and "5 episodes from 2 shard(s)" in r.stdout
+    data = read_dataset(tmp_path / "ev.h5")
+    assert sorted(data) == list(range(5))
+    assert all(e["seed"] == g and e["rank"] == g % 2 and e["steps"] == 10 for g, e in data.items())
+    for rank, count in ((0, 3), (1, 2)):  # the last batch's spare episode is not recorded
+        shard = shards.shard_dir(tmp_path, "ev", rank)
+        assert len(list(shard.glob("*.mp4"))) == count

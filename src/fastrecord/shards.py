@@ -481,7 +481,7 @@ class DistributedRun:
         run.close()
     """
 
-    def __init__(self, output_dir: str | Path, name: str, *, total: int, base_seed: int, if_exists: str = "error",
+    def __init__(self, output_dir: str | Path, name: str | None, *, total: int, base_seed: int, if_exists: str = "error",
                  options: dict[str, Any] | None = None, timeout_s: float = 24 * 3600.0) -> None:
         from fastrecord.options import IF_EXISTS
 
@@ -489,8 +489,9 @@ class DistributedRun:
             raise ValueError(f"if_exists={if_exists!r} is unknown; use one of {IF_EXISTS}")
         if isinstance(total, bool) or not isinstance(total, int) or total < 1:
             raise ValueError(f"total={total!r} must be an integer >= 1 (the number of global episodes)")
-        if not name or any(c in name for c in "/\\\0"):
-            raise ValueError(f"name={name!r} must be a plain file name (the run's trajectory_name), e.g. 'trajectory'")
+        if name is not None and (not name or any(c in name for c in "/\\\0")):
+            raise ValueError(f"name={name!r} must be a plain file name (the run's trajectory_name), e.g. 'trajectory', "
+                             f"or None (rank 0 picks a unique timestamp and tells the others)")
         self.output_dir = Path(output_dir)
         self.name = name
         self.total = total
@@ -551,7 +552,7 @@ class DistributedRun:
                 self._claim()
             except (ValueError, OSError) as e:
                 error = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
-        error, self.if_exists = self._broadcast((error, self.if_exists))
+        error, self.if_exists, self.name = self._broadcast((error, self.if_exists, self.name))
         if error is not None:
             self.close(status="failed")
             raise ValueError(error)
@@ -571,7 +572,7 @@ class DistributedRun:
         from fastrecord.sinks.base import RunDirectory
 
         sharding = sharding_options(self.info.world_size, self.base_seed, self.total)
-        if self.if_exists == "error" and self._unfinished():
+        if self.name is not None and self.if_exists == "error" and self._unfinished():
             import logging
 
             logging.getLogger("fastrecord").warning(
@@ -580,6 +581,7 @@ class DistributedRun:
             self.if_exists = "resume"
         run = RunDirectory(self.output_dir, self.name, self.if_exists,
                            options={**self.options, "sharding": sharding}).open()
+        self.name = run.name  # a default name: the timestamp rank 0 claimed
         try:
             if run.resuming:
                 before = run.previous.get("options", {}).get("sharding")
@@ -741,3 +743,49 @@ def record_schedule(env: Any, recorder: Any, schedule: EpisodeSchedule, act: Any
         if on_step is not None:
             on_step(schedule)
     return steps
+
+
+class ShardedResets:
+    """Owns: a rank's `EpisodeSchedule` applied to resets that someone else drives (``make_eval_envs``:
+    the evaluation loop resets, and the env wrappers ask here for the seeds), the end of the rank's part
+    (`close`), and, on rank 0 after it, every rank's results rows and the merge report.
+
+    The wrapper that resets calls `seeds` (the full list of ``num_envs`` seeds, the resetting slots'
+    being their next global episodes'), resets, then `started`; `before_close` just before the recorder
+    closes (episodes in progress are not saved), `after_close` once it is closed (the end exchange).
+    """
+
+    def __init__(self, run: DistributedRun, num_envs: int) -> None:
+        self.run = run
+        self.num_envs = num_envs
+        self.schedule: EpisodeSchedule | None = None
+        self.recorder: Any = None
+        self.rows: list[dict[str, Any]] = []  # rank 0, after close: every rank's results rows
+        self.report: MergeReport | None = None  # rank 0, after close
+        self._done = False
+
+    def attach(self, recorder: Any) -> None:
+        """The rank's recorder is open (its shard claimed): plan the rank's episodes."""
+        self.recorder = recorder
+        self.schedule = self.run.plan(recorder, self.num_envs)
+
+    def seeds(self, slots: Sequence[int]) -> tuple[list[int], list[dict[str, int] | None]]:
+        metas = self.schedule.assign(slots)
+        return [int(s) for s in self.schedule.seeds], metas
+
+    def started(self, slots: Sequence[int], metas: Sequence[dict[str, int] | None]) -> None:
+        self.recorder.set_episode_meta(np.asarray(slots), list(metas))
+
+    def before_close(self) -> None:
+        if self.recorder is not None and not self.recorder._closed:
+            self.recorder.set_episode_meta(np.arange(self.num_envs), [None] * self.num_envs)
+
+    def after_close(self, failed: bool = False) -> None:
+        """The end exchange (once): rank 0 gathers the rows, merges, closes the run manifest."""
+        if self._done:
+            return
+        self._done = True
+        rows = list(self.recorder.results.rows) if self.recorder is not None else []
+        ranks, self.report = self.run.finish({"rows": rows}, failed=failed)
+        self.rows = [row for r in ranks for row in r.get("rows", [])] if self.run.rank == 0 else rows
+        self.run.close()
