@@ -261,6 +261,7 @@ class ReplayStates(gym.Wrapper):
         self._state_keys: set[str] | None = None
         self._last_step: tuple | None = None
         self._last_frame: Any = None
+        self._time_limit = self._direct_step_time_limit()
 
     @property
     def max_episode_steps(self) -> int | None:
@@ -333,12 +334,25 @@ class ReplayStates(gym.Wrapper):
     def step(self, action: Any):
         if self.n == 1 and not self._active.any() and self._last_step is not None:
             return self._last_step  # idle: the episode is over, hold still until the next plan
-        obs, rew, terminated, truncated, info = self.env.step(action)
-        self._t[self._active] += 1
         rows = [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
-        if rows:
+        if rows and self._time_limit is not False:
+            # BaseEnv.step without its observation and reward: they would be of the simulated state, which
+            # the recorded one replaces at once (for camera observations, a second render per step)
+            base = self.env.unwrapped
+            stepped = base._step_action(action)
+            base._elapsed_steps += 1
+            self._t[self._active] += 1
             self._set_states(rows)
-            obs, rew, terminated, info = self._observe(action, info)
+            obs, rew, terminated, info = self._observe(action if stepped is None else stepped, {})
+            limit = self._time_limit
+            truncated = (base.elapsed_steps >= limit if limit is not None
+                         else torch.zeros(self.n, dtype=torch.bool, device=self.device))  # as ManiSkill's TimeLimitWrapper
+        else:
+            obs, rew, terminated, truncated, info = self.env.step(action)
+            self._t[self._active] += 1
+            if rows:
+                self._set_states(rows)
+                obs, rew, terminated, info = self._observe(action, info)
         self._active &= self._t < np.array([p["length"] if p else 0 for p in self._plans])
         self._last_step = (obs, rew, terminated, truncated, info)
         return self._last_step
@@ -350,6 +364,21 @@ class ReplayStates(gym.Wrapper):
         return self._last_frame
 
     # -- internals
+    def _direct_step_time_limit(self) -> int | None | bool:
+        """Whether `step` may call BaseEnv's action step directly: only ManiSkill's TimeLimitWrapper (its
+        limit is returned, None: no limit) and gymnasium's checkers sit between this wrapper and the base
+        env. False where another wrapper (an action transform, gymnasium's own TimeLimit) must see each step."""
+        from mani_skill.utils.registration import TimeLimitWrapper
+
+        limit, env = None, self.env
+        while isinstance(env, gym.Wrapper):
+            if isinstance(env, TimeLimitWrapper):
+                limit = env._max_episode_steps
+            elif not isinstance(env, (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)):
+                return False
+            env = env.env
+        return limit
+
     def _set_states(self, rows: list[int]) -> None:
         base = self.env.unwrapped
         recorded = _tree_stack([_tree_index(self._plans[e]["states"], int(self._t[e])) for e in rows], self.device)
