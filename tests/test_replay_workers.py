@@ -111,6 +111,14 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Replayed 3 episodes" in r.stdout
 
+    # the finished replay again: refused without --overwrite; --resume finds nothing to do (no worker is started)
+    with pytest.raises(ValueError, match=r"already holds a run named .*--overwrite replaces that replay's files"):
+        replay(demo, tmp_path / "two", workers=2, num_envs=2)
+    s3, _, meta3 = replay(demo, tmp_path / "two", workers=2, num_envs=2, resume=True)
+    assert (s3.episodes, s3.skipped, s3.missing) == (0, 5, []) and meta3["episodes"] == meta2["episodes"]
+    with pytest.raises(ValueError, match=r"is a sharded replay .*resume it with --workers 2 or more"):
+        replay(demo, tmp_path / "two", workers=1, num_envs=1, resume=True)
+
 
 def run_cli(argv: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(SRC)}

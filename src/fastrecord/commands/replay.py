@@ -754,6 +754,12 @@ def _plan(cfg: ReplayConfig, traj: TrajectoryFile) -> _Plan:
     else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
         n = workers if (vector == "batched" or cfg.maniskill) else max(cores, workers)
     n = min(n, len(episodes))
+    if workers == 1 and not info.distributed and cfg.resume:
+        from fastrecord.shards import list_shards
+
+        if list_shards(out, name):  # its NAME.h5 only links into the shards: one process would resume the links
+            raise ValueError(f"{str(out / name)}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
+                             f"--workers 2 or more (or under torchrun), or pass --overwrite")
     per_worker = -(-n // workers)  # the largest share
     if vector == "auto":
         vector = "batched" if gpu_sim else ("async" if per_worker > 1 else "sync")
