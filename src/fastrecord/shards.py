@@ -32,7 +32,7 @@ The contract (stable: `fastrecord record` under torchrun, ``make_eval_envs`` and
   keep filter dropped, duplicates, and shards still recording or left by a crash (`MergeReport`).
 - **The run manifest.** ``DIR/NAME.fastrecord.json`` (a `fastrecord.sinks.RunDirectory` manifest) holds
   the arguments under ``options`` and the sharding under ``options["sharding"]``: ``world_size``,
-  ``base_seed``, ``total``, ``rule``; ``fastrecord`` is the version. `open_run` writes it (rank 0).
+  ``base_seed``, ``total``, ``rule``; ``fastrecord`` is the version. `DistributedRun.open` writes it (rank 0).
 - **Communication** (`DistributedRun`): once at the start (rank 0 applies ``if_exists`` to the run
   directory, every rank opens its shard, the ranks exchange which global episodes are already on disk)
   and once at the end (summaries; rank 0 merges). Never per step.
@@ -290,6 +290,10 @@ def _lock_held(shard: Path, name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- merge
+class NothingToMerge(ValueError):
+    """`merge` found no shard with a trajectory (no shard folders, or none has a readable ``NAME.json``)."""
+
+
 @dataclass
 class MergeReport:
     """What `merge` built and what it found missing. ``ok``: every expected global episode is present."""
@@ -377,7 +381,7 @@ def merge(run_dir: str | Path, name: str, consolidate: bool = False, *, expected
     shards = list_shards(run_dir, name)
     root = shards_root(run_dir, name)
     if not shards:
-        raise ValueError(f"{str(root)!r} holds no shard folders rank00000, rank00001, ...: nothing to merge. Pass the "
+        raise NothingToMerge(f"{str(root)!r} holds no shard folders rank00000, rank00001, ...: nothing to merge. Pass the "
                          f"run directory and the run's name (--name, default 'trajectory') of a sharded recording")
     if expected is None:
         sharding = read_manifest(run_dir / f"{name}{MANIFEST_SUFFIX}").get("options", {}).get("sharding", {})
@@ -419,7 +423,7 @@ def merge(run_dir: str | Path, name: str, consolidate: bool = False, *, expected
                 continue
             chosen[g] = (rank, e)
     if header is None:
-        raise ValueError(f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
+        raise NothingToMerge(f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
                          f"or nothing finished); there is nothing to join")
 
     order = sorted(chosen)
@@ -643,10 +647,11 @@ class DistributedRun:
             any_failed = any(s.get("failed") for s in summaries)
             try:
                 report = merge(self.output_dir, self.name, expected=self.total)
-            except ValueError as e:
-                if "no shard" not in str(e):
-                    self.close(status="failed")
-                    raise
+            except NothingToMerge:  # a run without trajectories (videos and results only): nothing to join
+                report = None
+            except BaseException:
+                self.close(status="failed")
+                raise
             self.close(status="failed" if any_failed else "closed")
         return summaries, report
 
