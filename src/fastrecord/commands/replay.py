@@ -1529,7 +1529,10 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         keep = "success" + (", not truncated" if cfg.discard_timeout else "") + (f", {cfg.max_retry} retries" if cfg.max_retry else "")
     elif cfg.maniskill and cfg.discard_timeout:
         keep = "not truncated"
-    if s.interrupted:
+    if s.interrupted and s.workers > 1:  # workers do not save what is in progress: re-running replays it whole
+        print(f"interrupted ({s.interrupted}): stopped after {s.episodes} episode{'s' if s.episodes != 1 else ''}; the "
+              f"replays in progress were not saved, running the same command again replays them")
+    elif s.interrupted:
         print(interrupted_line(s.interrupted, s.episodes, s.partial, keep) + " (partial replays)" * bool(s.partial))
     how = (f"converted to {cfg.target_control_mode}" if s.converted
            else f"by {'env states' if cfg.replay_by == 'states' else 'actions'}")
@@ -1538,8 +1541,8 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
     if s.skipped:
         print(f"resumed: {s.skipped} episodes were already replayed and kept")
     if s.missing:
-        print(f"missing: {len(s.missing)} input episodes are not in the output (input episodes {_ranges(s.missing)}); "
-              f"--resume replays them")
+        print(f"missing: {len(s.missing)} input episodes are not in the output (global indices, the positions in the input: "
+              f"{_ranges(s.missing)}); running the same command again replays them")
     if cfg.maniskill:  # ManiSkill's own last line, for scripts that read it
         print(f"Replayed {s.episodes} episodes, {s.kept}/{s.episodes}={s.kept / max(s.episodes, 1) * 100:.2f}% demos saved")
     if s.diverged:
