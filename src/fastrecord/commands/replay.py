@@ -1576,7 +1576,8 @@ def main_from_args(args: argparse.Namespace) -> int:
 
         info = rank_info()
         if info.distributed and info.rank != 0:  # rank 0 prints everyone's summary
-            print(f"rank {info.rank}: replayed {s.episodes} episodes into {s.output_dir}" + (f" ({s.interrupted})" if s.interrupted else ""))
+            stopped = f" ({s.interrupted})" if s.interrupted else ""
+            print(f"rank {info.rank}: replayed {s.episodes} episodes into {s.output_dir}{stopped}")
         else:
             print_summary(s, cfg)
         return stop.exit_code
