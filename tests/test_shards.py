@@ -338,3 +338,31 @@ def test_torchrun_evaluate_script(tmp_path):
     for rank, count in ((0, 3), (1, 2)):  # the last batch's spare episode is not recorded
         shard = shards.shard_dir(tmp_path, "ev", rank)
         assert len(list(shard.glob("*.mp4"))) == count
+
+
+def test_make_eval_envs_sharded_in_one_process(tmp_path, monkeypatch):
+    """make_eval_envs(episodes=3, seed=7) without torchrun (world size 1): the envs reset themselves with
+    seeds 7, 8, 9; the last batch's spare episode is not recorded; closing joins the shard."""
+    from fastrecord import make_eval_envs
+    from fastrecord.make_env import sharding_of
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    env_kwargs = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=4, control_mode="pd_ee_delta_pos",
+                      human_render_camera_configs=dict(width=64, height=64))
+    envs = make_eval_envs("PushCube-v1", 2, "physx_cpu", env_kwargs, dict(obs_horizon=2), video_dir=str(tmp_path),
+                          episodes=3, seed=7, record_kwargs=dict(save_trajectory=True, trajectory_name="ev"))
+    try:
+        envs.reset()
+        batches = 0
+        while batches < 2:  # the baseline's loop: all envs truncate together (ignore_terminations)
+            _, _, _, truncated, _ = envs.step(np.zeros((2, 4), dtype=np.float32))
+            batches += bool(np.asarray(truncated).any())
+    finally:
+        envs.close()
+    sharding = sharding_of(envs)
+    assert sharding.report.ok and sharding.report.episodes == 3
+    assert sorted(r["global_index"] for r in sharding.rows) == [0, 1, 2]
+    data = read_dataset(tmp_path / "ev.h5")
+    assert {g: (e["seed"], e["reset_kwargs"]["seed"], e["steps"]) for g, e in data.items()} == {g: (7 + g, 7 + g, 4) for g in range(3)}
+    assert len(list(shards.shard_dir(tmp_path, "ev", 0).glob("*.mp4"))) == 3
