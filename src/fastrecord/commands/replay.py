@@ -1331,9 +1331,7 @@ def _join(plan: _Plan) -> Any:
         return None
     try:
         return shards.merge(plan.out, plan.name, expected=len(plan.episodes))
-    except ValueError as e:
-        if "no shard" not in str(e):
-            raise
+    except shards.NothingToMerge:
         return None
 
 
