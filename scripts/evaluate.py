@@ -13,6 +13,12 @@ Examples (CPU machine: Mesa's lavapipe renders when there is no GPU):
     python scripts/evaluate.py --policy random --keep all --episodes 4
     python scripts/evaluate.py --keep all --log tensorboard       # then: tensorboard --logdir eval_videos/tensorboard
     python scripts/evaluate.py --sim-backend physx_cuda --num-envs 64 --episodes 256   # GPU machine
+    torchrun --standalone --nproc-per-node 4 scripts/evaluate.py --sim-backend physx_cuda --num-envs 64 \
+        --episodes 1024 --keep all --save-trajectory        # 4 GPUs: 256 episodes each, one joined dataset
+
+Under torchrun each rank evaluates its share of the global episodes (episode g: seed SEED + g, rank
+g % world size) on its own GPU and records into VIDEO_DIR/NAME.shards/rankNNNNN/; rank 0 prints the
+results of all ranks and joins the trajectories (with --save-trajectory) into VIDEO_DIR/NAME.h5 + .json.
 """
 
 from __future__ import annotations
@@ -118,12 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=128, help="video width")
     p.add_argument("--height", type=int, default=128, help="video height")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-trajectory", action="store_true", help="also record the trajectories (NAME.h5 + NAME.json)")
+    p.add_argument("--name", default=None, help="the run's name in VIDEO_DIR (default: a timestamp)")
+    p.add_argument("--if-exists", default="error", choices=["error", "overwrite", "resume"],
+                   help="VIDEO_DIR already holds a run of this --name: refuse, overwrite it, or resume it")
     p.add_argument("--log", choices=["tensorboard", "wandb"], default=None,
                    help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
                         "(VIDEO_DIR/tensorboard) or W&B (VIDEO_DIR/wandb); --keep all for the policy's success rate")
     args = p.parse_args(argv)
 
     from fastrecord import make_eval_envs  # the one-line switch from diffusion_policy.make_env
+    from fastrecord import shards
+    from fastrecord.make_env import sharding_of
     from fastrecord.system import use_lavapipe_if_no_gpu
 
     use_lavapipe_if_no_gpu()
@@ -135,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     other_kwargs = dict(obs_horizon=args.obs_horizon)
     t0 = time.perf_counter()
+    info = shards.rank_info()
+    record_kwargs = dict(save_trajectory=args.save_trajectory, trajectory_name=args.name, if_exists=args.if_exists)
+    sharded = dict(episodes=args.episodes, seed=args.seed) if info.distributed else {}
     envs = make_eval_envs(args.env_id, args.num_envs, args.sim_backend, env_kwargs, other_kwargs,
-                          video_dir=args.video_dir, keep=args.keep, log=args.log)
+                          video_dir=args.video_dir, keep=args.keep, log=args.log, record_kwargs=record_kwargs, **sharded)
+    episodes = len(shards.episodes_of(info.rank, info.world_size, args.episodes)) if sharded else args.episodes
     device = torch.device("cuda" if args.sim_backend != "physx_cpu" and torch.cuda.is_available() else "cpu")
     if args.policy == "scripted":
         agent = ScriptedAgent(args.act_horizon, args.noise, args.seed)
@@ -144,10 +160,22 @@ def main(argv: list[str] | None = None) -> int:
         envs.single_action_space.seed(args.seed)
         agent = RandomAgent(envs.single_action_space, args.act_horizon)
     try:
-        metrics = evaluate(args.episodes, agent, envs, device, args.sim_backend)
+        metrics = evaluate(episodes, agent, envs, device, args.sim_backend)
     finally:
         envs.close()
     seconds = time.perf_counter() - t0
+    sharding = sharding_of(envs)
+    if sharding is not None:  # rank 0 speaks for all ranks
+        if info.rank == 0:
+            from fastrecord.sinks.results import summary_lines
+
+            print(f"{info.world_size} ranks, {args.episodes} global episodes in {seconds:.1f} s (rank 0's time)")
+            for line in summary_lines(sharding.rows):
+                print(line)
+            for line in (sharding.report.lines() if sharding.report is not None else []):
+                print(line)
+            print(f"videos (keep={args.keep}) in {args.video_dir}/{sharding.run.name}.shards/rank*/")
+        return 0
     videos = sorted(Path(args.video_dir).glob("*.mp4")) if Path(args.video_dir).exists() else []
     print(f"{len(metrics.get('return', []))} episodes in {seconds:.1f} s")
     if args.video_dir:

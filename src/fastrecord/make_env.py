@@ -45,6 +45,8 @@ def make_eval_envs(
     keep: KeepFilter = "all",
     record_kwargs: dict[str, Any] | None = None,
     log: str | None = None,
+    episodes: int | None = None,
+    seed: int = 0,
 ):
     """Create vectorized environments for evaluation, recording every env's videos to ``video_dir``.
 
@@ -68,6 +70,15 @@ def make_eval_envs(
         log: also log each kept episode (success, length, running success rate, a few videos) to
             "tensorboard" (``video_dir/tensorboard/NAME``) or "wandb" (a W&B run, ``video_dir/wandb``);
             None logs nothing. Only kept episodes are logged: ``keep="all"`` for the policy's success rate.
+        episodes: a sharded evaluation (`fastrecord.shards`) of this many global episodes: episode g is
+            reset with seed ``seed + g`` and recorded by rank ``g % world_size`` into
+            ``video_dir/NAME.shards/rankNNNNN/``; the envs reset themselves with the rank's seeds (run
+            this rank's share, ``len(shards.episodes_of(rank, world, episodes))``, rounded up to whole
+            batches: the extra episodes are not recorded), and closing them joins the shards (rank 0:
+            ``video_dir/NAME.h5`` + ``NAME.json`` with ``save_trajectory=True``). Needed under torchrun,
+            where the rank's device is also picked (``physx_cuda:LOCAL_RANK``, ``cuda:LOCAL_RANK``).
+            None: the baseline's behaviour. ``sharding_of(envs)`` gives the rank's `ShardedResets`.
+        seed: the base seed of a sharded evaluation.
 
     Returns:
         CPU: a ``gym.vector.VectorEnv`` with the baseline's observations (``[num_envs, obs_horizon,
@@ -75,6 +86,16 @@ def make_eval_envs(
         an array of per-env final infos (each with ``"episode"`` metrics), as the baseline's
         ``evaluate`` reads it. GPU: a ``ManiSkillVectorEnv``, as the baseline.
     """
+    from fastrecord import shards
+
+    info = shards.rank_info()
+    if episodes is None and info.distributed and video_dir:
+        raise ValueError(f"make_eval_envs under torchrun (rank {info.rank} of {info.world_size}) needs episodes=N, the "
+                         f"number of evaluation episodes of all ranks together: each rank then runs its share with "
+                         f"seeds seed + g and records into its own shard of video_dir")
+    if episodes is not None and not video_dir:
+        raise ValueError(f"episodes={episodes!r} makes a sharded, recorded evaluation, which needs video_dir; pass "
+                         f"video_dir='eval_videos', or episodes=None")
     if "obs_horizon" not in other_kwargs:
         raise ValueError(f"other_kwargs={other_kwargs!r} lacks 'obs_horizon', the number of observations stacked; "
                          f"pass e.g. other_kwargs=dict(obs_horizon=2)")
@@ -93,11 +114,29 @@ def make_eval_envs(
         record_kwargs = {**(record_kwargs or {}), "sinks": sinks + [make_logger(log)]}
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
+    sharding = None
+    if episodes is not None:
+        given = env_kwargs.get("render_backend", "auto")
+        sim_backend, render = shards.rank_backends(sim_backend, given, info)
+        if render != given:  # the rank's GPU renders
+            env_kwargs = {**env_kwargs, "render_backend": render}
+        extra = dict(record_kwargs or {})
+        run = shards.DistributedRun(video_dir, extra.get("trajectory_name"), total=episodes, base_seed=seed,
+                                    if_exists=extra.get("if_exists", "error"),
+                                    options=dict(command="make_eval_envs", env_id=env_id, num_envs=num_envs,
+                                                 sim_backend=sim_backend, env_kwargs=repr(env_kwargs))).open()
+        record_kwargs = {**extra, "trajectory_name": run.name, "if_exists": run.shard_if_exists,
+                         "video_workers": extra.get("video_workers") or shards.default_workers(info)}
+        rec["output_dir"] = str(run.shard_dir)
+        sharding = shards.ShardedResets(run, num_envs)
+
     if sim_backend == "physx_cpu":
         envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers))
         if video_dir:
             envs = RecordEpisode(envs, **{**rec, "info_on_video": True, **(record_kwargs or {})})
-        return EvalVectorEnv(envs, num_stack)
+        if sharding is not None:
+            sharding.attach(envs.recorder)
+        return EvalVectorEnv(envs, num_stack, sharding=sharding)
 
     from mani_skill.utils.wrappers import FrameStack
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
@@ -108,6 +147,9 @@ def make_eval_envs(
         env = wrapper(env)
     if video_dir:  # below FrameStack: the recorder sees the env's own (unstacked) observations
         env = RecordEpisode(env, **{**rec, "save_video": True, "max_steps_per_video": max_episode_steps, **(record_kwargs or {})})
+    if sharding is not None:
+        sharding.attach(env.recorder)
+        env = _ScheduledResets(env, sharding)
     env = FrameStack(env, num_stack=num_stack)
     return ManiSkillVectorEnv(env, ignore_terminations=True, record_metrics=True)
 
@@ -159,6 +201,47 @@ class _CPUGymWrapper(CPUGymWrapper):
         return common.to_numpy(self.base_env.get_state_dict())
 
 
+class _ScheduledResets(gym.Wrapper):
+    """Resets of a batched ManiSkill env with a sharded evaluation's seeds (`fastrecord.shards.ShardedResets`):
+    every (auto-)reset of env slots gives them their next global episodes' seeds, then tags the recorder;
+    ``close`` ends the rank's part (the shards are joined on rank 0)."""
+
+    def __init__(self, env: gym.Env, sharding: Any) -> None:
+        super().__init__(env)
+        self.sharding = sharding
+
+    def reset(self, *, seed: Any = None, options: dict | None = None):
+        import torch
+
+        n = self.sharding.num_envs
+        idx = (options or {}).get("env_idx")
+        slots = np.arange(n) if idx is None else np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64).reshape(-1)
+        seeds, metas = self.sharding.seeds(slots)
+        obs, info = self.env.reset(seed=seeds if n > 1 else seeds[0], options=options)
+        self.sharding.started(slots, metas)
+        return obs, info
+
+    def close(self) -> None:
+        self.sharding.before_close()
+        failed = True
+        try:
+            self.env.close()
+            failed = False
+        finally:
+            self.sharding.after_close(failed=failed)
+
+
+def sharding_of(envs: Any) -> Any:
+    """The `fastrecord.shards.ShardedResets` of ``make_eval_envs(..., episodes=N)``'s envs (None if not sharded):
+    after ``close()``, rank 0's ``rows`` (every rank's results) and ``report`` (the merge)."""
+    cur = envs
+    while cur is not None:
+        if getattr(cur, "sharding", None) is not None:
+            return cur.sharding
+        cur = getattr(cur, "_env", None) or getattr(cur, "env", None)
+    return None
+
+
 def _tree_map(fn: Callable, *trees: Any) -> Any:
     if isinstance(trees[0], Mapping):
         return {k: _tree_map(fn, *(t[k] for t in trees)) for k in trees[0]}
@@ -201,9 +284,10 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
     envs that go on; masks ``_final_observation``/``_final_info``). ``info`` itself is the step's.
     """
 
-    def __init__(self, env: gym.vector.VectorEnv, num_stack: int) -> None:
+    def __init__(self, env: gym.vector.VectorEnv, num_stack: int, sharding: Any = None) -> None:
         super().__init__(env)
         self.num_stack = num_stack
+        self.sharding = sharding  # a sharded evaluation: resets take the rank's seeds (fastrecord.shards)
         self.single_observation_space = _stack_space(env.single_observation_space, num_stack)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, env.num_envs)
         self._frames: Any = None
@@ -234,9 +318,29 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
         mask = None if not options or options.get("reset_mask") is None else np.asarray(options["reset_mask"], dtype=bool)
-        obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
+        obs, info = self._reset(seed, None if options is None else dict(options), mask)
         self._fill(obs, None if mask is None or mask.all() else mask)
         return self._stacked(), info
+
+    def _reset(self, seed: Any, options: dict | None, mask: np.ndarray | None):
+        if self.sharding is None:
+            return self.env.reset(seed=seed, options=options)
+        slots = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
+        seeds, metas = self.sharding.seeds(slots)
+        out = self.env.reset(seed=seeds, options=options)
+        self.sharding.started(slots, metas)
+        return out
+
+    def close(self, **kwargs: Any) -> None:
+        if self.sharding is None:
+            return self.env.close(**kwargs)
+        self.sharding.before_close()
+        failed = True
+        try:
+            self.env.close(**kwargs)
+            failed = False
+        finally:
+            self.sharding.after_close(failed=failed)
 
     def step(self, actions: Any):
         obs, rew, terminated, truncated, info = self.env.step(actions)
@@ -250,7 +354,7 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
             for i in np.flatnonzero(done):
                 finals_obs[i] = _tree_map(lambda x: x[i], final_obs)
                 finals_info[i] = _env_info(info, i)
-            reset_obs, _ = self.env.reset(options={"reset_mask": done.copy()})
+            reset_obs, _ = self._reset(None, {"reset_mask": done.copy()}, done.copy())
             self._fill(reset_obs, done)
             info.update(final_observation=finals_obs, _final_observation=done.copy(),
                         final_info=finals_info, _final_info=done.copy())

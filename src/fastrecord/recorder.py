@@ -114,6 +114,10 @@ class EpisodeRecorder:
 
         self._seeds = np.zeros(self.num_envs, dtype=np.int64)
         self._reset_kwargs: list[dict] = [{} for _ in range(self.num_envs)]
+        # extra JSON entry fields of each env's next written episode, set by the caller (a replay's
+        # source_episode_id): in the part files from the start, so a crashed run's episodes keep them
+        # None (set_episode_meta): the env's episode in progress is a spare one, neither written nor counted
+        self.episode_meta: list[dict[str, Any] | None] = [{} for _ in range(self.num_envs)]
         self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
         self._last_info: Any = None
         self._staging_reserved = False
@@ -287,6 +291,25 @@ class EpisodeRecorder:
                 out[k] = v
         return out
 
+    def set_episode_meta(self, env_idx: Sequence[int] | np.ndarray, metas: Sequence[Mapping[str, Any] | None]) -> None:
+        """Set `episode_meta` of ``env_idx``, checked: extra JSON fields (one mapping per env, e.g.
+        `fastrecord.shards.episode_meta`: ``global_index``, ``source_rank``) for the episodes those envs
+        write next, in their ``NAME.json`` entries and results rows. ``None`` for an env marks its episode
+        in progress as not to be recorded at all (neither written, nor counted, nor in the results: a
+        spare env slot of a sharded run). The values stay until set again (a reset does not clear them):
+        set them at each reset that starts a new episode."""
+        env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
+        if len(env_idx) != len(metas):
+            raise ValueError(f"set_episode_meta: {len(env_idx)} envs but {len(metas)} metas; give one mapping (or None) per env")
+        reserved = {"episode_id", "episode_seed", "control_mode", "elapsed_steps", "reset_kwargs", "success", "fail"}
+        for e, m in zip(env_idx.tolist(), metas):
+            if not 0 <= e < self.num_envs:
+                raise ValueError(f"set_episode_meta: env index {e} is outside 0..{self.num_envs - 1}")
+            if m is not None and reserved & set(m):
+                raise ValueError(f"set_episode_meta: keys {sorted(reserved & set(m))} are the recorder's own JSON fields; "
+                                 f"use other names (e.g. global_index)")
+            self.episode_meta[e] = None if m is None else dict(m)
+
     # ------------------------------------------------------------------ finishing episodes
     def _keep_mask(self, rows: np.ndarray) -> np.ndarray:
         if self.keep == "all":
@@ -333,6 +356,7 @@ class EpisodeRecorder:
             return
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         rows = env_idx[buf.cursor[env_idx] >= 1]  # episodes without a step are not saved (as ManiSkill)
+        rows = rows[np.array([self.episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)]  # spare slots: dropped
         if len(rows):
             self.num_finished += len(rows)
             keep, first_id = self._keep_mask(rows), self.next_episode_id
@@ -340,7 +364,8 @@ class EpisodeRecorder:
             kept = rows[keep]
             if len(kept):
                 self._write(kept)
-            self.results.finished(rows, keep, first_id, ended, self._seeds, self._frames_ok)
+            self.results.finished(rows, keep, first_id, ended, self._seeds, self._frames_ok,
+                                  extra=[self.episode_meta[e] for e in rows])
         self.results.start(env_idx)
         if split:
             buf.restart_from_last(env_idx)
@@ -375,6 +400,7 @@ class EpisodeRecorder:
                 elapsed_steps=t,
                 reset_kwargs=self._reset_kwargs[e],
             )
+            meta.update(self.episode_meta[e] or {})
             for key in ("success", "fail"):
                 if key in datasets:
                     meta[key] = bool(datasets[key][-1])

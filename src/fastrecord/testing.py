@@ -177,7 +177,10 @@ class BatchedDoubleEnv(gym.Env):
         rows = np.arange(self.num_envs) if idx is None else np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64).reshape(-1)
         if seed is not None:
             seeds = np.atleast_1d(np.asarray(seed, dtype=np.int64))
-            self._episode_seed[rows] = seeds if len(seeds) == len(rows) else seeds[0] + np.arange(len(rows))
+            if len(seeds) == self.num_envs:  # ManiSkill: a list of num_envs seeds replaces every env's seed
+                self._episode_seed[:] = seeds
+            else:  # one seed per reset env, or a first seed counted up
+                self._episode_seed[rows] = seeds if len(seeds) == len(rows) else seeds[0] + np.arange(len(rows))
         dev_rows = torch.as_tensor(rows, device=self.device)
         start = [torch.rand(3, generator=torch.Generator().manual_seed(int(self._episode_seed[e]))) for e in rows]
         if start:

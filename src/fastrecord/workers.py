@@ -264,6 +264,9 @@ class IsolatedProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(child.fileno()), pkg_dir, module, str(os.getpid())],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
+                # a session of its own: a SIGTERM to the caller's process group (torchrun stopping a worker, a
+                # job scheduler's killpg) is the caller's to handle; it closes us, and its death ends our socket
+                start_new_session=True,
             )
         except BaseException:
             parent.close()

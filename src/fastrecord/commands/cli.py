@@ -1,9 +1,11 @@
-"""The ``fastrecord`` command: record, replay, bench, info, gallery.
+"""The ``fastrecord`` command: record, replay, bench, info, gallery, merge.
 
     fastrecord record PickCube-v1                     # record 4 episodes (CPU sim/render work)
     fastrecord record --help                          # every flag, with its default
     fastrecord info recordings                        # what a run holds (--json for machines)
     fastrecord gallery recordings                     # recordings/gallery.html: the videos, filterable
+    torchrun --standalone --nproc-per-node 2 -m fastrecord record PickCube-v1 --episodes 100   # sharded
+    fastrecord merge recordings                       # (re)join a sharded run's shards
     fastrecord --version
 
 Each subcommand lives in its own module with ``configure_parser(parser)`` and ``main_from_args(args)``.
@@ -41,6 +43,7 @@ SUBCOMMANDS = {
               "fastrecord.commands.bench:BenchConfig"),
     "info": ("fastrecord.commands.info", "summarize recorded runs: episodes, success, keys, shapes, sizes, status", None),
     "gallery": ("fastrecord.commands.gallery", "write DIR/gallery.html: the run's videos, labelled and filterable", None),
+    "merge": ("fastrecord.commands.merge", "join a sharded run's shards (torchrun) into one NAME.h5 + NAME.json", None),
 }
 
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda", "cuda", "gpu")  # ManiSkill's names (CUDA ones also as cuda:N)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from fastrecord.commands.cli import StopSignals
 from fastrecord.commands.config import IF_EXISTS_CHOICES, RecordConfig, load_config
 
@@ -62,8 +64,11 @@ def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
     return rec
 
 
-def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None):
-    """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs."""
+def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True):
+    """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
+
+    ``auto_reset=False`` (a sharded run: its loop resets each env with its episode's seed): the batched
+    env's ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``."""
     import gymnasium as gym
 
     import mani_skill.envs  # noqa: F401 - registers the tasks
@@ -98,12 +103,13 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None):
         except BaseException:
             env.close()
             raise
-        return ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
+        return ManiSkillVectorEnv(env, auto_reset=auto_reset, ignore_terminations=False)
 
     def thunk():
         return CPUGymWrapper(gym.make(cfg.env_id, **kwargs))
 
-    envs = gym.vector.SyncVectorEnv([thunk for _ in range(cfg.num_envs)])
+    mode = gym.vector.AutoresetMode.NEXT_STEP if auto_reset else gym.vector.AutoresetMode.DISABLED
+    envs = gym.vector.SyncVectorEnv([thunk for _ in range(cfg.num_envs)], autoreset_mode=mode)
     try:
         return RecordEpisode(envs, cfg.output_dir, **rec)
     except BaseException:
@@ -194,6 +200,114 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
                          startup, list(results.rows), results.path, finished_before_stop)
 
 
+@dataclass
+class ShardedSummary:
+    """One rank's part of a sharded `record` run; on rank 0 also every rank's part and the merge report."""
+
+    rank: int
+    world_size: int
+    scheduled: int  # global episodes this rank had to record (its share minus what the shards had)
+    finished: int  # of those, finished in this run
+    kept: int  # episodes written to this rank's shard in this run
+    env_steps: int
+    seconds: float
+    startup_seconds: float
+    shard_dir: Path
+    interrupted: str | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)  # this rank's results rows of this run
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # rank 0: every rank's summary
+    report: Any = None  # rank 0: fastrecord.shards.MergeReport
+
+
+def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None,
+                       sinks: list[Any] | None = None) -> ShardedSummary:
+    """`run_record` for a sharded run (launched by torchrun, any world size): global episode g (0 ..
+    ``cfg.episodes``-1) has seed ``cfg.seed + g`` and is recorded by rank ``g % world_size`` into
+    ``OUTPUT_DIR/NAME.shards/rankNNNNN/``; rank 0 then joins the shards into ``OUTPUT_DIR/NAME.h5`` +
+    ``NAME.json`` (`fastrecord.shards`). ``--if-exists resume`` skips the global episodes already on disk.
+    The random policy is seeded per episode (`SeededRandomPolicy`), so the dataset does not depend on the
+    world size. A stop signal ends the run between two steps; the episodes in progress are then not
+    saved (a resumed run records them whole)."""
+    import dataclasses
+
+    from fastrecord import shards
+
+    info = shards.rank_info()
+    sim, render = shards.rank_backends(cfg.sim_backend, _render_backend(cfg.render_backend), info)
+    args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    run = shards.DistributedRun(cfg.output_dir, cfg.trajectory_name, total=cfg.episodes, base_seed=cfg.seed,
+                                if_exists=cfg.if_exists, options={"command": "record", "args": args}).open()
+    failed = True
+    try:
+        shard_cfg = dataclasses.replace(
+            cfg, output_dir=str(run.shard_dir), if_exists=run.shard_if_exists, sim_backend=sim, render_backend=render,
+            video_workers=cfg.video_workers or shards.default_workers(info))
+        factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
+        t_start = time.perf_counter()
+        env = make_recorded_env(shard_cfg, sinks, auto_reset=False)
+        startup = time.perf_counter() - t_start
+        steps, seconds = 0, 0.0
+        try:
+            rec = _recorder(env)
+            schedule = run.plan(rec, cfg.num_envs)
+            act = (shards.SeededRandomPolicy(env.single_action_space, cfg.num_envs) if factory is None else factory(env))
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(schedule.todo), unit="episode", disable=not progress or run.rank != 0,
+                       dynamic_ncols=True, mininterval=1.0, desc=f"rank {run.rank}/{run.world_size}")
+            t0 = time.perf_counter()
+            try:
+                steps = shards.record_schedule(
+                    env, rec, schedule, act, stop=(lambda: stop.requested) if stop is not None else None,
+                    on_step=lambda sch: bar.update(len(sch.finished) - bar.n) if len(sch.finished) > bar.n else None)
+                rec.wait_until_done()
+                seconds = time.perf_counter() - t0
+            finally:
+                bar.close()
+        finally:
+            try:  # episodes in progress (a stop, an error) are never saved: a resumed run records them whole
+                _recorder(env).set_episode_meta(np.arange(cfg.num_envs), [None] * cfg.num_envs)
+            finally:
+                env.close()
+        failed = False
+    finally:
+        if failed:  # this rank cannot finish; torchrun stops the others
+            run.close(status="failed")
+    mine = ShardedSummary(run.rank, run.world_size, len(schedule.todo), len(schedule.finished), rec.num_episodes, steps,
+                          seconds, startup, run.shard_dir, stop.name if stop is not None and stop.requested else None,
+                          list(rec.results.rows))
+    if mine.interrupted:  # no end exchange: the other ranks may be gone (torchrun stops them all on a failure)
+        run.close(status="failed")
+        mine.ranks = [dataclasses.asdict(mine)]
+        return mine
+    ranks, report = run.finish(dataclasses.asdict(mine) | {"shard_dir": str(mine.shard_dir)})
+    run.close()
+    mine.ranks, mine.report = ranks, report
+    return mine
+
+
+def print_sharded(s: ShardedSummary, output_dir: str | Path) -> None:
+    """Rank 0's summary of a sharded run: each rank, the results of all, the merge report."""
+    if s.interrupted:
+        print(f"rank {s.rank}: interrupted ({s.interrupted}) after {s.finished} of its {s.scheduled} episodes; the episodes "
+              f"in progress were not saved. Run the same command again to resume (then fastrecord merge "
+              f"{output_dir} if it was not joined)")
+        return
+    if s.rank != 0:
+        return
+    for r in s.ranks:
+        rate = r["env_steps"] / r["seconds"] if r["seconds"] > 0 else 0.0
+        print(f"rank {r['rank']}: {r['finished']}/{r['scheduled']} scheduled episodes finished, {r['kept']} kept; "
+              f"{r['env_steps']} env-steps in {r['seconds']:.1f} s = {rate:.1f} env-steps/s (start-up {r['startup_seconds']:.1f} s)"
+              + (f"; interrupted ({r['interrupted']})" if r.get("interrupted") else ""))
+    rows = [row for r in s.ranks for row in r["results"]]
+    print_results(rows, len(rows), None)
+    if s.report is not None:
+        for line in s.report.lines():
+            print(line)
+    print(f"run directory: {output_dir} (shards in {Path(output_dir) / (s.shard_dir.parent.name)})")
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("env_id", nargs="?", help="ManiSkill task id (default PickCube-v1)")
     p.add_argument("--config", help="YAML preset filling RecordConfig (see configs/)")
@@ -230,6 +344,13 @@ def main_from_args(args: argparse.Namespace) -> int:
     cfg = load_config(RecordConfig, args.config, **opts)
     from fastrecord.sinks.loggers import log_sinks
 
+    from fastrecord.shards import rank_info
+
+    if rank_info().distributed:  # launched by torchrun: this process records one shard
+        with StopSignals("record") as stop:
+            s = run_record_sharded(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
+            print_sharded(s, cfg.output_dir)
+            return stop.exit_code
     with StopSignals("record") as stop:
         s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
         if s.interrupted:

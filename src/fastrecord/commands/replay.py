@@ -13,6 +13,8 @@ Examples:
     fastrecord replay demos/trajectory.h5 --by actions               # reports diverging episodes
     fastrecord replay demos/trajectory.h5 --count 10 --num-envs 2 --output-dir replayed --overwrite
     fastrecord replay demos/trajectory.h5 --config configs/replay_rgb.yaml
+    fastrecord replay demos/trajectory.h5 --obs-mode rgb --no-video --workers 16 --num-envs 16
+    torchrun --standalone --nproc-per-node 4 -m fastrecord replay demos/trajectory.h5 --obs-mode rgb
 
 Replay by env states (``--by states``, the default) sets every recorded state exactly: each step
 runs the physics from the recorded state (so contact-based checks such as grasping see real
@@ -21,7 +23,14 @@ Replay by actions (``--by actions``) resets with the episode seed and applies th
 episodes whose final success differs from the recorded one are reported.
 
 Episodes are renumbered in the order they finish; each output JSON episode names the episode it
-replays in ``source_episode_id``. Existing output files are never replaced without ``--overwrite``.
+replays in ``source_episode_id``. Existing output files are never replaced without ``--overwrite``;
+``--resume`` continues an interrupted replay, skipping the episodes it holds.
+
+``--workers N`` (default: see `default_workers`) splits the episodes over N spawned processes, each with
+its own envs and recorder writing a shard (`fastrecord.shards`: input episode ``g`` goes to worker
+``g % N``); the shards are joined at the end into ``NAME.h5`` (external links) + ``NAME.json``, in input
+order. Under torchrun each rank is one worker and rank 0 joins. A worker that fails or is killed does
+not stop the others; the error names it and the missing episodes, and re-running resumes.
 
 ManiSkill's command line works with the program's name changed: every flag of
 ``python -m mani_skill.trajectory.replay_trajectory`` (``--traj-path``, ``-o``, ``-c``, ``--save-traj``,
@@ -42,17 +51,22 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import os
+import signal
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
+import h5py
 import numpy as np
 import torch
 
@@ -91,6 +105,8 @@ class ReplayConfig:
     video_fps: float | None = None  # None: the task's control frequency
     video_codec: str = "auto"  # auto (h264_nvenc where usable, else libx264) | libx264 | any PyAV encoder
     overwrite: bool = False  # replace the output of an earlier run of this name (never the input)
+    resume: bool = False  # continue an earlier, interrupted replay of this name: episodes it holds are not replayed again
+    workers: int | None = None  # processes replaying a share of the episodes each, merged at the end (None: see default_workers)
     progress: bool = True  # show a progress bar
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs (override the file's)
     # ManiSkill's replay_trajectory flags, same meaning; `maniskill` switches to its defaults (see the module docstring)
@@ -112,7 +128,9 @@ class ReplayConfig:
         if self.keep is not None:
             check_choice(self, "keep", KEEP_CHOICES)
         check_choice(self, "render_mode", ("rgb_array", "sensors", "all"))
-        check_at_least(self, 1, count="--count", num_envs="--num-envs", width="--width", height="--height")
+        check_at_least(self, 1, count="--count", num_envs="--num-envs", width="--width", height="--height", workers="--workers")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume keeps the earlier replay's files and --overwrite deletes them; pass one")
         check_at_least(self, 0, max_retry="--max-retry")
         check_fps(self.video_fps)
         if self.use_first_env_state and self.replay_by == "states":
@@ -173,6 +191,9 @@ class ReplaySummary:
     results: list[dict[str, Any]] = field(default_factory=list)  # NAME.results.jsonl's rows: every replay, retries included
     results_path: Path | None = None
     converted: bool = False  # the actions were converted to another control mode (-c)
+    skipped: int = 0  # --resume: episodes the output already held, not replayed again
+    workers: int = 1  # processes that replayed a share each
+    missing: list[int] = field(default_factory=list)  # sharded: input episodes no shard holds (a worker stopped early)
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -240,6 +261,7 @@ class ReplayStates(gym.Wrapper):
         self._state_keys: set[str] | None = None
         self._last_step: tuple | None = None
         self._last_frame: Any = None
+        self._time_limit = self._direct_step_time_limit()
 
     @property
     def max_episode_steps(self) -> int | None:
@@ -312,12 +334,25 @@ class ReplayStates(gym.Wrapper):
     def step(self, action: Any):
         if self.n == 1 and not self._active.any() and self._last_step is not None:
             return self._last_step  # idle: the episode is over, hold still until the next plan
-        obs, rew, terminated, truncated, info = self.env.step(action)
-        self._t[self._active] += 1
         rows = [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
-        if rows:
+        if rows and self._time_limit is not False:
+            # BaseEnv.step without its observation and reward: they would be of the simulated state, which
+            # the recorded one replaces at once (for camera observations, a second render per step)
+            base = self.env.unwrapped
+            stepped = base._step_action(action)
+            base._elapsed_steps += 1
+            self._t[self._active] += 1
             self._set_states(rows)
-            obs, rew, terminated, info = self._observe(action, info)
+            obs, rew, terminated, info = self._observe(action if stepped is None else stepped, {})
+            limit = self._time_limit
+            truncated = (base.elapsed_steps >= limit if limit is not None
+                         else torch.zeros(self.n, dtype=torch.bool, device=self.device))  # as ManiSkill's TimeLimitWrapper
+        else:
+            obs, rew, terminated, truncated, info = self.env.step(action)
+            self._t[self._active] += 1
+            if rows:
+                self._set_states(rows)
+                obs, rew, terminated, info = self._observe(action, info)
         self._active &= self._t < np.array([p["length"] if p else 0 for p in self._plans])
         self._last_step = (obs, rew, terminated, truncated, info)
         return self._last_step
@@ -329,6 +364,21 @@ class ReplayStates(gym.Wrapper):
         return self._last_frame
 
     # -- internals
+    def _direct_step_time_limit(self) -> int | None | bool:
+        """Whether `step` may call BaseEnv's action step directly: only ManiSkill's TimeLimitWrapper (its
+        limit is returned, None: no limit) and gymnasium's checkers sit between this wrapper and the base
+        env. False where another wrapper (an action transform, gymnasium's own TimeLimit) must see each step."""
+        from mani_skill.utils.registration import TimeLimitWrapper
+
+        limit, env = None, self.env
+        while isinstance(env, gym.Wrapper):
+            if isinstance(env, TimeLimitWrapper):
+                limit = env._max_episode_steps
+            elif not isinstance(env, (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)):
+                return False
+            env = env.env
+        return limit
+
     def _set_states(self, rows: list[int]) -> None:
         base = self.env.unwrapped
         recorded = _tree_stack([_tree_index(self._plans[e]["states"], int(self._t[e])) for e in rows], self.device)
@@ -546,21 +596,79 @@ def run_replay(cfg: ReplayConfig, stop: StopSignals | None = None, sinks: list[A
     """Replay ``cfg.traj_path`` and record the replays; see the module docstring.
 
     With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the replay between two steps: the replays in
-    progress are saved as far as they got, the env is closed and the summary says so."""
+    progress are saved as far as they got, the env is closed and the summary says so. With more than
+    one worker (``cfg.workers``), worker processes replay a share of the episodes each and the shards
+    are merged at the end (see `_run_workers`)."""
     t0 = time.perf_counter()
     from fastrecord.sinks.base import OutputExistsError
 
     traj = open_trajectory(cfg.traj_path)
     try:
-        return _run(cfg, traj, t0, stop, sinks)
+        plan = _plan(cfg, traj)
+        if plan.distributed:
+            return _run_rank(plan, stop, sinks, t0)
+        if plan.workers > 1:
+            return _run_workers(plan, stop, sinks, t0)
+        return _run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0)
     except OutputExistsError as e:
-        raise OutputExistsError(f"{e} (fastrecord replay: --overwrite replaces that replay's files)") from None
+        raise OutputExistsError(f"{e} (fastrecord replay: --overwrite replaces that replay's files, --resume "
+                                f"continues it)") from None
     finally:
         traj.close()
 
 
-def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals | None,
-         sinks: list[Any] | None = None) -> ReplaySummary:
+@dataclass
+class _Plan:
+    """What a replay decided before making any env or file: the same in the caller and in every worker."""
+
+    cfg: ReplayConfig
+    traj: TrajectoryFile
+    episodes: list[dict[str, Any]]  # the input episodes to replay (the first --count)
+    env_id: str
+    kwargs: dict[str, Any]  # gym.make kwargs of the replay env
+    ori_kwargs: dict[str, Any]  # the env the actions were recorded in (conversion: ManiSkill's ori_env)
+    max_steps: int | None
+    sim_backend: str
+    gpu_sim: bool
+    source_mode: str | None  # the recorded control mode
+    convert: bool  # -c to another control mode
+    out: Path  # output directory
+    name: str  # output trajectory name
+    num_envs: int  # episodes side by side, over all workers
+    vector: str  # sync | async | batched
+    workers: int  # processes replaying a share each (1: this one)
+    distributed: bool = False  # a torchrun rank: the ranks are the workers (fastrecord.shards)
+
+    @property
+    def if_exists(self) -> str:
+        if self.cfg.resume:
+            return "resume"
+        return "overwrite" if (self.cfg.overwrite or self.cfg.maniskill) else "error"
+
+    def recorder_kwargs(self, out: Path, name: str, verdict: _Verdict, sinks: list[Any] | None, resume: bool = False):
+        """``control_freq -> RecordEpisode kwargs`` of one recorder writing ``out/name`` (``resume``: add to
+        what an earlier replay of that name left)."""
+        cfg, keep = self.cfg, self.cfg.keep_filter
+        if_exists = "resume" if resume else self.if_exists
+        how = (f"converted from {self.source_mode} to {cfg.target_control_mode}" if self.convert
+               else f"by {'env states' if cfg.replay_by == 'states' else 'actions'}")
+
+        def rec_kwargs(control_freq: int) -> dict[str, Any]:
+            return dict(
+                output_dir=str(out), save_trajectory=cfg.save_trajectory, trajectory_name=name, save_video=cfg.save_video,
+                save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=keep if keep is not None else verdict,
+                video_source=cfg.video_source, video_codec=cfg.video_codec,
+                record_reward=cfg.record_rewards if cfg.record_rewards is not None else not cfg.maniskill,
+                if_exists=if_exists, source_type="fastrecord-replay",
+                source_desc=f"fastrecord replay of {self.traj.h5_path.name} {how}",
+                sinks=list(sinks or []),  # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
+            )
+
+        return rec_kwargs
+
+
+def _plan(cfg: ReplayConfig, traj: TrajectoryFile) -> _Plan:
+    """Check the input and the options and decide the env, the output and the layout; raises ValueError."""
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     info = traj.env_info
@@ -595,7 +703,7 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals |
     convert = cfg.target_control_mode is not None and cfg.target_control_mode != source_mode
     if convert:
         _check_conversion(cfg, source_mode, by, gpu_sim)
-    ori_kwargs = dict(kwargs)  # the env the actions were recorded in (conversion: ManiSkill's ori_env)
+    ori_kwargs = dict(kwargs)
     if cfg.target_control_mode is not None:
         kwargs["control_mode"] = cfg.target_control_mode
     if cfg.obs_mode is not None:
@@ -625,56 +733,96 @@ def _run(cfg: ReplayConfig, traj: TrajectoryFile, t0: float, stop: StopSignals |
     new_h5 = out / f"{name}.h5"
     if new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
         raise ValueError(f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name")
-    keep = cfg.keep_filter
-    verdict = _Verdict()  # ManiSkill's rule, decided per replay by the loop that ends it
 
-    def rec_kwargs(control_freq: int) -> dict[str, Any]:
-        return dict(
-            output_dir=str(out), save_trajectory=cfg.save_trajectory, trajectory_name=name, save_video=cfg.save_video,
-            save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=keep if keep is not None else verdict,
-            video_source=cfg.video_source, video_codec=cfg.video_codec,
-            record_reward=cfg.record_rewards if cfg.record_rewards is not None else not cfg.maniskill,
-            if_exists="overwrite" if (cfg.overwrite or cfg.maniskill) else "error", source_type="fastrecord-replay",
-            source_desc=f"fastrecord replay of {traj.h5_path.name} " + (
-                f"converted from {source_mode} to {cfg.target_control_mode}" if convert
-                else f"by {'env states' if by == 'states' else 'actions'}"),
-            sinks=list(sinks or []),  # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
-        )
+    from fastrecord.shards import rank_info
+
+    info = rank_info()
+    if info.distributed and cfg.workers not in (None, 1):
+        raise ValueError(f"--workers {cfg.workers} under torchrun: the {info.world_size} ranks are the workers (each "
+                         f"replays its share); drop --workers, or run without torchrun")
+    vector = cfg.vector
+    cores = max(1, (os.cpu_count() or 1) // info.local_world_size)  # under torchrun the ranks of a host share its cores
+    workers = 1 if info.distributed else cfg.workers if cfg.workers is not None else default_workers(cfg, len(episodes), gpu_sim)
+    workers = min(workers, len(episodes))
+    if cfg.num_envs is not None:
+        n = cfg.num_envs
+        if n < workers:
+            raise ValueError(f"--workers {workers} with --num-envs {n}: each worker replays in envs of its own, so the "
+                             f"workers share the {n} envs; pass --num-envs {workers} or more, or --workers {n} or fewer")
+    elif gpu_sim:
+        n = GPU_DEFAULT_ENVS * workers
+    else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
+        n = workers if (vector == "batched" or cfg.maniskill) else max(cores, workers)
+    n = min(n, len(episodes))
+    if workers == 1 and not info.distributed and cfg.resume:
+        from fastrecord.shards import list_shards
+
+        if list_shards(out, name):  # its NAME.h5 only links into the shards: one process would resume the links
+            raise ValueError(f"{str(out / name)}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
+                             f"--workers 2 or more (or under torchrun), or pass --overwrite")
+    per_worker = -(-n // workers)  # the largest share
+    if vector == "auto":
+        vector = "batched" if gpu_sim else ("async" if per_worker > 1 else "sync")
+    if vector == "batched" and per_worker > 1 and by == "actions" and not cfg.use_first_env_state:
+        raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
+                         "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
+    if vector == "batched" and not gpu_sim and per_worker > 1:
+        raise ValueError(f"vector='batched' runs {per_worker} envs in one ManiSkill env, which needs GPU simulation; on the "
+                         f"CPU use vector='async' or 'sync' (or num_envs=1)")
+    if vector in ("sync", "async") and gpu_sim and not convert:
+        raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
+    plan = _Plan(cfg, traj, episodes, env_id, kwargs, ori_kwargs, max_steps, sim_backend, gpu_sim, source_mode, convert,
+                 out, name, n, vector, workers, info.distributed)
 
     from fastrecord.options import RecordOptions
 
-    RecordOptions(**{k: v for k, v in rec_kwargs(20).items() if k not in ("output_dir", "sinks")})  # bad values: before any env or file
+    rec = plan.recorder_kwargs(out, name, _Verdict(), None)(20)
+    RecordOptions(**{k: v for k, v in rec.items() if k not in ("output_dir", "sinks")})  # bad values: before any env or file
+    return plan
 
-    vector = cfg.vector
-    if cfg.num_envs is not None:
-        n = cfg.num_envs
-    elif gpu_sim:
-        n = GPU_DEFAULT_ENVS
-    else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
-        n = 1 if (vector == "batched" or cfg.maniskill) else (os.cpu_count() or 1)
-    n = min(n, len(episodes))
-    if vector == "auto":
-        vector = "batched" if gpu_sim else ("async" if n > 1 else "sync")
-    if vector == "batched" and n > 1 and by == "actions" and not cfg.use_first_env_state:
-        raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
-                         "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
-    if convert:
-        summary = _convert(cfg, traj, episodes, env_id, kwargs, ori_kwargs, max_steps, rec_kwargs, verdict, stop, t0)
+
+def _run_plan(plan: _Plan, episodes: list[dict[str, Any]], out: Path, name: str, n: int, stop: StopSignals | None,
+              sinks: list[Any] | None, t0: float, progress: Callable[[int], None] | None = None,
+              shard: tuple[int, list[int], bool] | None = None) -> ReplaySummary:
+    """Replay ``episodes`` (of ``plan.episodes``) in ``n`` envs into ``out/name``: the whole replay, or a
+    shard's (``shard``: its rank, the global index of each episode, whether the sharded run resumes). With
+    ``--resume``, or in a shard,
+    the episodes the output already holds (also in complete parts a crash left) are not replayed again."""
+    cfg = plan.cfg
+    if shard is not None:
+        from fastrecord import shards
+
+        tags = {int(ep["episode_id"]): shards.episode_meta(g, shard[0]) for ep, g in zip(episodes, shard[1])}
     else:
-        if vector == "batched":
-            if not gpu_sim and n > 1:
-                raise ValueError(f"vector='batched' runs {n} envs in one ManiSkill env, which needs GPU simulation; on the CPU "
-                                 f"use vector='async' or 'sync' (or num_envs=1)")
-            batch: _VectorBatch | _BatchedEnv = _BatchedEnv(make_replay_env(env_id, kwargs, max_steps, n, cpu_wrapper=False), rec_kwargs)
+        tags = {}
+    done = _replayed_sources(out, name) if (cfg.resume or shard is not None) else set()
+    todo = [ep for ep in episodes if int(ep["episode_id"]) not in done]
+    skipped = len(episodes) - len(todo)
+    if not todo:  # a resumed replay that is complete: nothing to make or write
+        return ReplaySummary(0, 0, 0, [], 0, 0.0, out, [], startup_seconds=time.perf_counter() - t0, skipped=skipped)
+    n = min(n, len(todo))
+    verdict = _Verdict()  # ManiSkill's rule, decided per replay by the loop that ends it
+    resume = cfg.resume or bool(done) or (shard is not None and shard[2])
+    rec_kwargs = plan.recorder_kwargs(out, name, verdict, sinks, resume=resume)
+
+    def meta(ep: Mapping[str, Any]) -> dict[str, Any]:  # the output entry names its input episode from the start
+        return {"source_episode_id": int(ep["episode_id"]), **tags.get(int(ep["episode_id"]), {})}
+
+    if plan.convert:
+        summary = _convert(cfg, plan.traj, todo, plan.env_id, plan.kwargs, plan.ori_kwargs, plan.max_steps, rec_kwargs,
+                           verdict, stop, t0, progress, meta)
+    else:
+        if plan.vector == "batched":
+            env = make_replay_env(plan.env_id, plan.kwargs, plan.max_steps, n, cpu_wrapper=False)
+            batch: _VectorBatch | _BatchedEnv = _BatchedEnv(env, rec_kwargs)
         else:
-            if gpu_sim:
-                raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
-            thunk = functools.partial(make_replay_env, env_id, kwargs, max_steps)
-            batch = _VectorBatch(thunk, n, vector == "async", rec_kwargs)
-        summary = _drive(cfg, traj, episodes, batch, verdict, stop, t0)
+            thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
+            batch = _VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs)
+        summary = _drive(cfg, plan.traj, todo, batch, verdict, stop, t0, progress, meta, save_partial=shard is None)
+    summary.skipped = skipped
     summary.output_dir = out
-    if cfg.save_trajectory and (out / f"{name}.json").exists():  # absent when interrupted before any episode
-        _name_sources(out / f"{name}.json", summary.source_episode_ids)
+    new_h5 = out / f"{name}.h5"
+    if cfg.save_trajectory and new_h5.with_suffix(".json").exists():  # absent when interrupted before any episode
         summary.files = [new_h5, new_h5.with_suffix(".json")] + summary.files
     summary.files.append(summary.results_path)
     return summary
@@ -704,7 +852,8 @@ def _check_conversion(cfg: ReplayConfig, source: str | None, by: str, gpu_sim: b
 
 def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_id: str, kwargs: dict[str, Any],
              ori_kwargs: dict[str, Any], max_steps: int | None, rec_kwargs: Any, verdict: _Verdict,
-             stop: StopSignals | None, t0: float) -> ReplaySummary:
+             stop: StopSignals | None, t0: float, progress: Callable[[int], None] | None = None,
+             meta: Callable[[Mapping[str, Any]], dict] | None = None) -> ReplaySummary:
     """``-c``: convert each episode's actions with ManiSkill's own code, one episode at a time, as its tool
     does in a CPU env: ``ori_env`` steps the recorded actions and the target env (recorded by fastrecord)
     follows it in the target control mode, several steps per recorded one where needed."""
@@ -730,7 +879,8 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
     diverged: list[Divergence] = []
     sources: list[int] = []
     successes = env_steps = done = 0
-    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress, dynamic_ncols=True, desc="convert")
+    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress or progress is not None, dynamic_ncols=True,
+               desc="convert")
     try:
         for ep in episodes:
             if stopping():
@@ -754,6 +904,7 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
                 last = ok or attempt == cfg.max_retry
                 verdict.value = ok
                 before = rec.num_episodes
+                rec.set_episode_meta([0], [meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}])
                 env.flush_trajectory()
                 if rec.num_episodes > before:
                     sources.append(int(ep["episode_id"]))
@@ -768,6 +919,8 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
                 tqdm.write(f"Episode {ep['episode_id']} is not replayed successfully. Skipping")
             bar.update(1)
             bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
+            if progress is not None:
+                progress(1)
         rec.wait_until_done()
     finally:
         bar.close()
@@ -782,7 +935,9 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
 
 
 def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: _VectorBatch | _BatchedEnv,
-           verdict: _Verdict, stop: StopSignals | None = None, t0: float | None = None) -> ReplaySummary:
+           verdict: _Verdict, stop: StopSignals | None = None, t0: float | None = None,
+           progress: Callable[[int], None] | None = None, meta: Callable[[Mapping[str, Any]], dict] | None = None,
+           save_partial: bool = True) -> ReplaySummary:
     """Keep every env busy: when an env's episode ends, flush it and start the next pending one there
     (ManiSkill's --max-retry: the same episode again, while it fails and retries are left).
 
@@ -808,8 +963,11 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
     successes = env_steps = partial = cut = done_count = 0
     rec = batch.recorder
 
-    def flush(e: int) -> None:
+    def flush(e: int, partial: bool = False) -> None:
         before = rec.num_episodes
+        ep = episodes[slot[e]]
+        tag = meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}
+        rec.set_episode_meta([e], [tag | {"partial": True} if partial else tag])  # --resume replays a partial one again
         batch.flush(e)
         if rec.num_episodes > before:
             sources.append(int(episodes[slot[e]]["episode_id"]))
@@ -834,7 +992,8 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
             plans.append(p)
         batch.start(np.asarray(envs), plans)
 
-    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress, dynamic_ncols=True, desc="replay")
+    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress or progress is not None, dynamic_ncols=True,
+               desc="replay")
     try:
         if not stopping():
             start(list(range(n)))
@@ -872,18 +1031,20 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
                 done_count += finished
                 bar.update(finished)
                 bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
+                if progress is not None:
+                    progress(finished)
                 refill = done[: len(pending)]
                 if refill:
                     start(refill)
-        if stopping():  # save the replays in progress as far as they got
+        if stopping():  # save the replays in progress as far as they got (a shard does not: re-running resumes them)
             for e in range(n):
                 if slot[e] is not None:
                     cut += 1
-                    if t[e] > 0:
+                    if t[e] > 0 and save_partial:
                         partial += 1
                         replayed = None if success is None else bool(success[e])
                         verdict.value = cfg.maniskill_keeps(replayed, bool(truncated[e]))
-                        flush(e)
+                        flush(e, partial=True)
         rec.wait_until_done()
     finally:
         bar.close()
@@ -893,14 +1054,372 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
                          startup_seconds=startup, results=list(rec.results.rows), results_path=rec.results.path)
 
 
-def _name_sources(json_path: Path, sources: list[int]) -> None:
-    """Record in the new JSON which input episode each output episode replays."""
-    from fastrecord.sinks.maniskill_h5 import atomic_write_json
+# ---------------------------------------------------------------------------------------------- workers
+MANY_CORES = 8  # from this many cores on, CPU-simulated replays run one worker process per env by default
 
-    meta = json.loads(json_path.read_text())
-    for ep, src in zip(meta["episodes"], sources):
-        ep["source_episode_id"] = src
-    atomic_write_json(json_path, meta)
+
+def default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool) -> int:
+    """``--workers`` when it is not given.
+
+    CPU simulation on a machine of ``MANY_CORES`` cores or more: one worker per env (``--num-envs``, by
+    default one per core), at most one per core and one per episode. Each worker then steps, renders and
+    records its own env in its own process, as each of ManiSkill's ``replay_trajectory -n N`` processes
+    does, and no observation crosses a process boundary before the HDF5 writer: a worker costs about one
+    core (env, rendering, recorder) plus its writer process's compression, so more workers than cores
+    only queue. Fewer cores (where every process competes for the same one or two), GPU simulation (one
+    batched env already runs every env in one process, on one GPU) or under torchrun (the ranks are the
+    workers): one process, as before sharding.
+    """
+    cores = os.cpu_count() or 1
+    if gpu_sim or cores < MANY_CORES:
+        return 1
+    return max(1, min(cfg.num_envs or cores, cores, episodes))
+
+
+def _replayed_sources(out: Path, name: str) -> set[int]:
+    """Input episode ids (``source_episode_id``) that an earlier replay into ``out/name`` finished: its
+    JSON's entries, the complete part files a crash left unlisted, and the replays the keep filter did
+    not keep (their results rows; replaying them again would drop them again). Partial replays (cut by
+    a signal) do not count. Reads only."""
+    from fastrecord.sinks.maniskill_h5 import EPISODES_ATTR, _complete_parts, _read_json, _sibling_paths
+    from fastrecord.sinks.results import read_results
+
+    json_path, parts_dir = _sibling_paths(out / f"{name}.h5")
+    entries = list((_read_json(json_path) or {}).get("episodes") or [])
+    for _, part in _complete_parts(parts_dir):
+        try:
+            with h5py.File(part, "r") as f:
+                entries += json.loads(f.attrs.get(EPISODES_ATTR, "[]"))
+        except (OSError, ValueError):  # unreadable: its episodes are replayed again
+            continue
+    results = out / f"{name}.results.jsonl"
+    if results.exists():
+        entries += [r for r in read_results(results) if r.get("episode_id") is None]
+    return {int(e["source_episode_id"]) for e in entries
+            if isinstance(e, dict) and "source_episode_id" in e and not e.get("partial")}
+
+
+class _WorkerStop(StopSignals):
+    """A replay worker's stop request: SIGTERM (the caller forwards its SIGINT/SIGTERM as one SIGTERM;
+    a terminal's Ctrl-C, sent to the whole process group, is ignored here), or the caller's death."""
+
+    def __init__(self, parent: int) -> None:
+        super().__init__("replay worker")
+        self.parent = parent
+
+    @property
+    def requested(self) -> bool:
+        if self.signum is None and os.getppid() != self.parent:
+            self.signum = signal.SIGTERM  # orphaned: stop, the shard keeps what is finished
+        return self.signum is not None
+
+    def __enter__(self) -> _WorkerStop:
+        super().__enter__()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return self
+
+
+@dataclass(frozen=True)
+class _Share:
+    """One worker's (or rank's) part of a sharded replay."""
+
+    rank: int
+    world: int
+    indices: list[int]  # global indices (positions in the input's episode list) still to replay, increasing
+    num_envs: int
+    out: Path  # the shard's folder: DIR/NAME.shards/rankNNNNN (a run named NAME)
+    resume: bool  # the sharded run resumes: a shard there is this rank's earlier work, added to
+
+
+def _shares(plan: _Plan, world: int, num_envs: int, done: set[int], resume: bool) -> list[_Share]:
+    """Each rank's global episodes (`fastrecord.shards`: ``g % world``) minus ``done`` (input episode ids
+    some shard holds), its envs (``num_envs`` split as evenly as possible) and its shard folder."""
+    from fastrecord import shards
+
+    total = len(plan.episodes)
+    out = []
+    for rank in range(world):
+        mine = [g for g in shards.episodes_of(rank, world, total) if int(plan.episodes[g]["episode_id"]) not in done]
+        envs = max(1, min(num_envs // world + (rank < num_envs % world), len(mine)))
+        out.append(_Share(rank, world, mine, envs, shards.shard_dir(plan.out, plan.name, rank), resume))
+    return out
+
+
+def _sharded_done(plan: _Plan) -> set[int]:
+    """Input episode ids that any shard folder of ``plan.name`` holds (also of an earlier world size)."""
+    from fastrecord import shards
+
+    done: set[int] = set()
+    for folder in shards.list_shards(plan.out, plan.name).values():
+        done |= _replayed_sources(folder, plan.name)
+    return done
+
+
+def _run_share(plan: _Plan, share: _Share, stop: StopSignals | None, t0: float,
+               progress: Callable[[int], None] | None) -> ReplaySummary:
+    """Replay one share into its shard (a worker process, or a torchrun rank)."""
+    mine = [plan.episodes[g] for g in share.indices]
+    return _run_plan(plan, mine, share.out, plan.name, share.num_envs, stop, None, t0, progress,
+                     shard=(share.rank, share.indices, share.resume))
+
+
+def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, parent: int) -> None:
+    """A replay worker process (spawned): the replay's own code path on its share; reports on ``messages``."""
+    import traceback
+
+    from fastrecord.commands.cli import quiet_third_party
+
+    quiet_third_party()
+    with _WorkerStop(parent) as stop:
+        try:
+            traj = open_trajectory(cfg.traj_path)
+            try:
+                plan = _plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs), traj)
+                s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)))
+            finally:
+                traj.close()
+        except BaseException as e:  # noqa: BLE001 - reported to the caller, which raises it
+            messages.put(("error", share.rank, type(e).__name__, str(e), isinstance(e, ValueError), traceback.format_exc()))
+            messages.close()
+            messages.join_thread()
+            raise SystemExit(1) from None
+    messages.put(("done", share.rank, s))
+    messages.close()
+    messages.join_thread()
+
+
+class ReplayWorkerError(RuntimeError):
+    """A replay worker process failed or died; the message names the worker, its share and the cause."""
+
+
+def _claim_sharded(plan: _Plan, world: int):
+    """The run directory's claim on ``NAME`` for a sharded replay (`fastrecord.sinks.RunDirectory` with
+    ``options["sharding"]``, as `fastrecord.shards.DistributedRun` makes it): ``--overwrite`` removes an
+    earlier replay of that name (its shards too), ``--resume`` keeps it; without either, an unfinished
+    sharded replay of that name (a worker was killed, the replay was interrupted) is resumed, anything
+    else is refused. Returns (the RunDirectory, whether it resumes)."""
+    from fastrecord import shards
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, RunDirectory, read_manifest
+
+    cfg = plan.cfg
+    if_exists = plan.if_exists
+    before = read_manifest(plan.out / f"{plan.name}{MANIFEST_SUFFIX}")
+    sharded_before = isinstance(before.get("options", {}).get("sharding"), dict)
+    if if_exists == "error" and sharded_before and before.get("status") != "closed":
+        print(f"resuming the unfinished sharded replay {plan.name!r} in {plan.out}", flush=True)
+        if_exists = "resume"
+    options = dict(traj_path=str(plan.traj.h5_path), obs_mode=cfg.obs_mode, by=cfg.replay_by, count=cfg.count,
+                   sharding=shards.sharding_options(world, 0, len(plan.episodes)))
+    run = RunDirectory(plan.out, plan.name, if_exists, options=options).open()
+    try:
+        if run.resuming and not sharded_before:
+            raise ValueError(f"{str(plan.out)!r} holds a replay named {plan.name!r} that was not sharded; resume it with "
+                             f"--workers 1 --resume, or pass --overwrite, another --trajectory-name or --output-dir")
+        run.add_file(shards.shards_root(plan.out, plan.name))
+        run.add_file(plan.out / f"{plan.name}.h5")
+        run.add_file(plan.out / f"{plan.name}.json")
+    except BaseException:
+        run.close(status="failed") if run.resuming else run.abandon()
+        raise
+    return run, run.resuming
+
+
+def _run_workers(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
+    """Split the episodes over ``plan.workers`` spawned processes, each with its own envs and recorder
+    writing its own shard (`fastrecord.shards`: ``DIR/NAME.shards/rankNNNNN/``), then merge the shards
+    into ``NAME.h5`` + ``NAME.json`` (`fastrecord.shards.merge`: episode ``g`` of the input is ``traj_g``).
+
+    Progress and results are gathered here. A worker's exception or death (a signal, the OOM killer)
+    does not stop the others: their shards are merged, the merge names the missing episodes, and then
+    a `ReplayWorkerError` (a ValueError where every worker refused a bad option or file) names the
+    worker and the cause; running the same command again replays only what is missing. A SIGINT or
+    SIGTERM of this process reaches each worker as one SIGTERM: they stop between two steps (the
+    replays in progress are not saved: re-running resumes them) and the shards are merged."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    from tqdm import tqdm
+
+    cfg, world = plan.cfg, plan.workers
+    if sinks:
+        raise ValueError(f"--log with --workers {world}: a logger takes the replays of one process; pass --workers 1")
+    run, resuming = _claim_sharded(plan, world)
+    failures: dict[int, str] = {}
+    value_errors: dict[int, str] = {}
+    summaries: dict[int, ReplaySummary] = {}
+    try:
+        shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming)
+        busy = [s for s in shares if s.indices]
+        ctx = mp.get_context("spawn")  # a fresh interpreter per worker: no CUDA context, threads or locks copied
+        messages = ctx.Queue()
+        procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid()),
+                                     name=f"fastrecord-replay-{s.rank}") for s in busy}
+        for p in procs.values():
+            p.start()
+        exited: dict[int, float] = {}
+        forwarded = False
+        bar = tqdm(total=sum(len(s.indices) for s in busy), unit="episode", disable=not cfg.progress, dynamic_ncols=True,
+                   desc=f"replay, {world} workers")
+        try:
+            while len(summaries) + len(failures) < len(busy):
+                if stop is not None and stop.requested and not forwarded:
+                    forwarded = True
+                    for p in procs.values():
+                        if p.exitcode is None:
+                            os.kill(p.pid, signal.SIGTERM)
+                try:
+                    msg = messages.get(timeout=0.2)
+                except queue_mod.Empty:
+                    now = time.monotonic()
+                    for r, p in procs.items():
+                        if p.exitcode is not None and r not in summaries and r not in failures:
+                            if now - exited.setdefault(r, now) > 2.0:  # its last message would have arrived by now
+                                failures[r] = f"{_exit_text(p.exitcode)} without a report"
+                    continue
+                kind, rank = msg[0], msg[1]
+                if kind == "progress":
+                    bar.update(msg[2])
+                elif kind == "done":
+                    summaries[rank] = msg[2]
+                elif kind == "error":
+                    _, _, etype, text, is_value_error, tb = msg
+                    failures[rank] = f"failed: {etype}: {text}"
+                    if is_value_error:
+                        value_errors[rank] = text
+                    else:
+                        failures[rank] += f"\n(worker {rank}'s traceback:\n{tb.rstrip()})"
+        finally:  # normally every worker has reported; after an exception here, stop them as for a signal
+            bar.close()
+            for p in procs.values():
+                if p.exitcode is None and not forwarded:
+                    os.kill(p.pid, signal.SIGTERM)
+            for p in procs.values():
+                p.join(timeout=120)
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+            messages.close()
+        if value_errors and len(value_errors) == len(failures) == len(busy):  # a bad option or file: every worker refused it
+            raise ValueError(value_errors[min(value_errors)])
+        summary = _summarize(plan, [summaries[r] for r in sorted(summaries)], _join(plan), stop, t0,
+                             scheduled=sum(len(s.indices) for s in shares))
+    except BaseException:
+        run.close(status="failed")
+        raise
+    interrupted = stop is not None and stop.requested
+    run.close(status="failed" if (failures or summary.missing or interrupted) else "closed")
+    if failures:
+        first = min(failures)
+        share = shares[first]
+        others = f" (and worker(s) {sorted(set(failures) - {first})})" if len(failures) > 1 else ""
+        missing = (f"; {len(summary.missing)} of {len(plan.episodes)} episodes are missing from {plan.out / plan.name}.h5 "
+                   f"(global indices {_ranges(summary.missing)})" if summary.missing else "")
+        raise ReplayWorkerError(
+            f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) {failures[first]}{others}"
+            f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
+            f"ones")
+    return summary
+
+
+def _join(plan: _Plan) -> Any:
+    """Join the shards into ``NAME.h5`` + ``NAME.json`` (`fastrecord.shards.merge`); its `MergeReport`, or
+    None when no shard has a trajectory to join (no trajectory written, or stopped before any episode)."""
+    from fastrecord import shards
+
+    if not plan.cfg.save_trajectory:
+        return None
+    try:
+        return shards.merge(plan.out, plan.name, expected=len(plan.episodes))
+    except shards.NothingToMerge:
+        return None
+
+
+def _summarize(plan: _Plan, done: list[ReplaySummary], report: Any, stop: StopSignals | None, t0: float,
+               scheduled: int) -> ReplaySummary:
+    """The summary of a sharded replay: the workers' (or ranks') summaries summed, the merge's outcome.
+    ``scheduled``: episodes the shards were given (the others were on disk already)."""
+    total = len(plan.episodes)
+    startup = max((s.startup_seconds for s in done), default=time.perf_counter() - t0)
+    files: list[Path] = []
+    sources: list[int] = []
+    missing: list[int] = []
+    if report is not None:
+        meta = json.loads(report.json_path.read_text())
+        sources = [int(e["source_episode_id"]) for e in meta["episodes"]]
+        missing = list(report.missing)
+        files = [report.h5_path, report.json_path]
+    elif plan.cfg.save_trajectory:
+        missing = list(range(total))
+    for s in done:
+        files += [f for f in s.files if f.suffix == ".mp4"]
+    files += [s.results_path for s in done if s.results_path is not None]
+    interrupted = stop.name if stop is not None and stop.requested else next((s.interrupted for s in done if s.interrupted), None)
+    return ReplaySummary(
+        episodes=sum(s.episodes for s in done), kept=sum(s.kept for s in done), successes=sum(s.successes for s in done),
+        diverged=sorted((d for s in done for d in s.diverged), key=lambda d: d.episode_id),
+        env_steps=sum(s.env_steps for s in done), seconds=time.perf_counter() - t0 - startup, output_dir=plan.out,
+        files=files, source_episode_ids=sources, interrupted=interrupted, partial=0, startup_seconds=startup,
+        results=[r for s in done for r in s.results], results_path=None, converted=any(s.converted for s in done),
+        skipped=total - scheduled + sum(s.skipped for s in done), workers=plan.workers, missing=missing)
+
+
+def _run_rank(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
+    """One torchrun rank of a sharded replay (`fastrecord.shards.DistributedRun`): rank 0 claims the run
+    directory, each rank replays its global episodes (``g % world_size``) that no shard holds into its
+    shard, and rank 0 merges once every rank is done. Returns this rank's summary (rank 0: everyone's,
+    and the merge's)."""
+    from fastrecord import shards
+
+    cfg = plan.cfg
+    if sinks:
+        raise ValueError("--log under torchrun: a logger takes the replays of one process; run without torchrun")
+    options = dict(traj_path=str(plan.traj.h5_path), obs_mode=cfg.obs_mode, by=cfg.replay_by, count=cfg.count)
+    run = shards.DistributedRun(plan.out, plan.name, total=len(plan.episodes), base_seed=0, if_exists=plan.if_exists,
+                                options=options).open()
+    try:
+        rank, world, resume = run.rank, run.world_size, run.if_exists == "resume"
+        done = _sharded_done(plan) if resume else set()
+        mine = [g for g in shards.episodes_of(rank, world, len(plan.episodes))
+                if int(plan.episodes[g]["episode_id"]) not in done]
+        share = _Share(rank, world, mine, max(1, min(plan.num_envs, len(mine))), run.shard_dir, resume)
+        plan.kwargs["sim_backend"], plan.kwargs["render_backend"] = shards.rank_backends(
+            plan.kwargs["sim_backend"], plan.kwargs["render_backend"])  # this rank's GPU, where there are GPUs
+        if not cfg.progress or rank == 0:
+            bar_cfg = plan
+        else:  # one progress bar: rank 0's
+            bar_cfg = dataclasses.replace(plan, cfg=dataclasses.replace(cfg, progress=False))
+        if mine:
+            s = _run_share(bar_cfg, share, stop, t0, None)
+        else:
+            s = ReplaySummary(0, 0, 0, [], 0, 0.0, share.out, [], startup_seconds=time.perf_counter() - t0)
+        s.workers = world
+        if s.interrupted:  # no end exchange: the other ranks may be gone (torchrun stops them all on a failure)
+            run.close(status="failed")
+            return s
+        everyone, report = run.finish({"replay": s})
+    except BaseException:
+        run.close(status="failed")
+        raise
+    run.close()
+    if rank != 0:
+        return s
+    summary = _summarize(plan, [x["replay"] for x in everyone], report, stop, t0,
+                         scheduled=len(plan.episodes) - len(done))
+    summary.workers = world
+    return summary
+
+
+def _ranges(ids: list[int]) -> str:
+    from fastrecord.shards import _ranges as ranges
+
+    return ranges(ids)
+
+
+def _exit_text(code: int | None) -> str:
+    from fastrecord.workers import exit_description
+
+    return exit_description(code)
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -928,6 +1447,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video-codec")
     p.add_argument("--overwrite", action="store_const", const=True,
                    help="replace the output of an earlier replay or recording of this name (never the input)")
+    p.add_argument("--resume", action="store_const", const=True,
+                   help="continue an earlier replay of this name that was interrupted or lost a worker: the episodes "
+                        "it holds are kept and not replayed again")
+    p.add_argument("--workers", type=int,
+                   help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
+                        f"at the end (default: one per env on CPU machines of {MANY_CORES}+ cores, else 1)")
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
@@ -1002,11 +1527,20 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         keep = "success" + (", not truncated" if cfg.discard_timeout else "") + (f", {cfg.max_retry} retries" if cfg.max_retry else "")
     elif cfg.maniskill and cfg.discard_timeout:
         keep = "not truncated"
-    if s.interrupted:
+    if s.interrupted and s.workers > 1:  # workers do not save what is in progress: re-running replays it whole
+        print(f"interrupted ({s.interrupted}): stopped after {s.episodes} episode{'s' if s.episodes != 1 else ''}; the "
+              f"replays in progress were not saved, running the same command again replays them")
+    elif s.interrupted:
         print(interrupted_line(s.interrupted, s.episodes, s.partial, keep) + " (partial replays)" * bool(s.partial))
     how = (f"converted to {cfg.target_control_mode}" if s.converted
            else f"by {'env states' if cfg.replay_by == 'states' else 'actions'}")
-    print(f"replayed {s.episodes} episodes {how}: {s.successes} successful, {s.kept} written (keep={keep})")
+    print(f"replayed {s.episodes} episodes {how}: {s.successes} successful, {s.kept} written (keep={keep})"
+          + (f" by {s.workers} workers" if s.workers > 1 else ""))
+    if s.skipped:
+        print(f"resumed: {s.skipped} episodes were already replayed and kept")
+    if s.missing:
+        print(f"missing: {len(s.missing)} input episodes are not in the output (global indices, the positions in the input: "
+              f"{_ranges(s.missing)}); running the same command again replays them")
     if cfg.maniskill:  # ManiSkill's own last line, for scripts that read it
         print(f"Replayed {s.episodes} episodes, {s.kept}/{s.episodes}={s.kept / max(s.episodes, 1) * 100:.2f}% demos saved")
     if s.diverged:
@@ -1031,6 +1565,17 @@ def main_from_args(args: argparse.Namespace) -> int:
     from fastrecord.sinks.loggers import log_sinks
 
     with StopSignals("replay") as stop:
-        s = run_replay(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
-        print_summary(s, cfg)
+        try:
+            s = run_replay(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
+        except ReplayWorkerError as e:  # the worker's cause and what is on disk, as one message (no traceback of ours)
+            print(f"fastrecord replay: error: {e}", file=sys.stderr)
+            return 1
+        from fastrecord.shards import rank_info
+
+        info = rank_info()
+        if info.distributed and info.rank != 0:  # rank 0 prints everyone's summary
+            stopped = f" ({s.interrupted})" if s.interrupted else ""
+            print(f"rank {info.rank}: replayed {s.episodes} episodes into {s.output_dir}{stopped}")
+        else:
+            print_summary(s, cfg)
         return stop.exit_code

@@ -115,7 +115,8 @@ class BackgroundSink(Sink):
 # ---------------------------------------------------------------------------------------------- run directory
 def run_files(output_dir: Path, name: str) -> list[Path]:
     """The files a run of ``name`` owns in ``output_dir`` that exist now (listed ones from its manifest too)."""
-    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", MANIFEST_SUFFIX)]
+    # NAME.shards/: the shards of a sharded run (fastrecord.shards), NAME.h5 + NAME.json then join them
+    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", ".shards", MANIFEST_SUFFIX)]
     listed = [output_dir / f for f in read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}").get("files", [])]
     root = output_dir.resolve()
     inside = [p for p in listed if isinstance(p, Path) and p.resolve().is_relative_to(root) and p.resolve() != root]

@@ -199,6 +199,59 @@ def _publish_here(h5_path: str, links: list[tuple[str, str, str]], doc: dict) ->
     atomic_write_json(json_path, doc)
 
 
+def _link_index_here(h5_path: str, links: list[tuple[str, str, str]], doc: dict) -> None:
+    """Swap in an index ``NAME.h5`` of external links (``links``: (name, file relative to the index's
+    folder, group in it)), then ``NAME.json``; both atomically. `fastrecord.shards.merge` uses it."""
+    h5 = Path(h5_path)
+    tmp = h5.with_name(h5.name + ".tmp")
+    with h5py.File(tmp, "w", track_order=True) as f:
+        for name, target_file, target in links:
+            f[name] = h5py.ExternalLink(target_file, f"/{target}")
+    _fsync(tmp)
+    if not parent_alive():
+        os.unlink(tmp)
+        os._exit(0)
+    os.replace(tmp, h5)
+    atomic_write_json(h5.with_suffix(".json"), doc)
+
+
+def _copy_index_here(h5_path: str, links: list[tuple[str, str, str]], doc: dict) -> None:
+    """Like `_link_index_here`, but copies every linked group into one self-contained ``NAME.h5`` (the
+    sources, external links included, are followed and left as they are)."""
+    h5 = Path(h5_path)
+    tmp = h5.with_name(h5.name + ".tmp")
+    with h5py.File(tmp, "w", track_order=True) as dst:
+        src, src_name = None, None
+        try:
+            for name, target_file, target in links:
+                if target_file != src_name:
+                    if src is not None:
+                        src.close()
+                    src, src_name = h5py.File(h5.parent / target_file, "r"), target_file
+                src.copy(src[target], dst, name=name)
+        finally:
+            if src is not None:
+                src.close()
+    _fsync(tmp)
+    if not parent_alive():
+        os.unlink(tmp)
+        os._exit(0)
+    os.replace(tmp, h5)
+    atomic_write_json(h5.with_suffix(".json"), doc)
+
+
+def _groups_here(h5_path: str) -> dict[str, Any]:
+    """What an existing ``NAME.h5`` holds: its top-level names and whether any is stored in the file
+    itself rather than as an external link (a consolidated file); ``{"error": text}`` if unreadable."""
+    try:
+        with h5py.File(h5_path, "r") as f:
+            names = list(f)
+            own = [k for k in names if not isinstance(f.get(k, getlink=True), h5py.ExternalLink)]
+    except OSError as e:
+        return {"error": str(e)}
+    return {"names": names, "self_contained": bool(own)}
+
+
 def _complete_parts(parts_dir: Path) -> list[tuple[int, Path]]:
     if not parts_dir.is_dir():
         return []

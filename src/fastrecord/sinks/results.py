@@ -99,9 +99,10 @@ class ResultsSink(Sink):
         return dict(lengths=lengths, last=last, once=once, returns=returns)
 
     def finished(self, rows: np.ndarray, kept: np.ndarray, first_id: int, ended: dict[str, Any], seeds: np.ndarray,
-                 frames_ok: np.ndarray) -> None:
+                 frames_ok: np.ndarray, extra: Sequence[dict[str, Any] | None] | None = None) -> None:
         """Episodes of ``rows`` ended (``kept`` mask; kept ones got ids ``first_id, first_id + 1, ...``);
-        ``ended`` is what `read` took from the buffer before the episodes were queued."""
+        ``ended`` is what `read` took from the buffer before the episodes were queued. ``extra``: more
+        fields per row (a sharded run's ``global_index``/``source_rank``)."""
         lengths, last, once, returns = ended["lengths"], ended["last"], ended["once"], ended["returns"]
         tiled_video = None
         if self.videos is not None and self.videos.layout != "per_env":
@@ -120,6 +121,8 @@ class ResultsSink(Sink):
                        success_once=None if once is None else bool(once[i]), terminated=flag("terminated", i),
                        truncated=flag("truncated", i), length=int(lengths[i]), **{"return": float(returns[i])},
                        video=None)
+            if extra is not None and extra[i]:
+                row.update(extra[i])
             stem = None
             if episode_id is not None and self.videos is not None and frames_ok[e]:
                 if tiled_video is not None:

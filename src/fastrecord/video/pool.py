@@ -81,7 +81,10 @@ def _worker_main(fd: int) -> None:
             except BaseException as e:  # noqa: BLE001 - sent to the parent, raised there
                 frames = None
                 reply = ("error", type(e).__name__, str(e), traceback.format_exc())
-            sock.send(pickle.dumps(reply))
+            try:
+                sock.send(pickle.dumps(reply))
+            except OSError:  # the parent died (SIGKILL) while we encoded: nobody to answer
+                break
         elif kind == "stop":
             break
     for mm in arenas.values():
@@ -101,6 +104,9 @@ class _EncoderProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(child.fileno()), pkg_dir],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
+                # a session of its own: a SIGTERM to the caller's process group (torchrun stopping a worker, a
+                # job scheduler's killpg) is the caller's to handle; it closes us, and its death ends our socket
+                start_new_session=True,
             )
         finally:
             child.close()

@@ -1,0 +1,232 @@
+"""fastrecord replay --workers: episodes split over worker processes, shards merged (fastrecord.shards).
+
+Real ManiSkill CPU envs (PickCube-v1, physx_cpu, lavapipe rendering), state -> rgb with 32x32 sensor
+cameras, short episodes recorded here with seeded random actions. Each worker is a spawned process
+that imports ManiSkill and builds its own env, so these cases take a minute or so each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+
+from conftest import CAMERA
+from fastrecord.commands.replay import ReplayConfig, ReplayWorkerError, default_workers, run_replay
+
+ENV_ID = "PickCube-v1"
+SENSORS = dict(sensor_configs=dict(width=32, height=32))
+NAME = "demo.rgb.pd_joint_delta_pos.physx_cpu"
+SRC = Path(__file__).parents[1] / "src"
+
+
+def record(out: Path, episodes: int, steps: int) -> Path:
+    """``episodes`` PickCube episodes of ``steps`` seeded random steps (truncated by the time limit)."""
+    import mani_skill.envs  # noqa: F401
+
+    from fastrecord import RecordEpisode
+
+    env = RecordEpisode(gym.make(ENV_ID, obs_mode="state", control_mode="pd_joint_delta_pos", render_mode="rgb_array",
+                                 sim_backend="physx_cpu", human_render_camera_configs=CAMERA, max_episode_steps=steps),
+                        str(out), trajectory_name="demo", save_video=False)
+    rng = np.random.default_rng(0)
+    for seed in range(episodes):
+        env.reset(seed=seed)
+        for _ in range(steps):
+            env.step(rng.uniform(-1, 1, size=(1, 8)).astype(np.float32))
+    env.close()
+    return out / "demo.h5"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    return record(tmp_path_factory.mktemp("demo"), episodes=5, steps=6)
+
+
+def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for k, v in group.items():
+        if isinstance(v, h5py.Group):
+            out |= leaves(v, f"{prefix}{k}/")
+        else:
+            out[prefix + k] = v[:]
+    return out
+
+
+def replay(src: Path, out: Path, **kw):
+    cfg = ReplayConfig(traj_path=str(src), output_dir=str(out), obs_mode="rgb", save_video=False, progress=False,
+                       env_kwargs=SENSORS, **kw)
+    s = run_replay(cfg)
+    return s, out / f"{NAME}.h5", json.loads((out / f"{NAME}.json").read_text())
+
+
+def assert_matches_input(src: Path, new_h5: Path, meta: dict) -> None:
+    """Every output episode holds its input episode's actions and env states (replayed by states)."""
+    with h5py.File(src) as f, h5py.File(new_h5) as g:
+        for ep in meta["episodes"]:
+            a, b = leaves(f[f"traj_{ep['source_episode_id']}"]), leaves(g[f"traj_{ep['episode_id']}"])
+            np.testing.assert_array_equal(b["actions"], a["actions"])
+            for k in a:
+                if k.startswith("env_states/"):
+                    np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
+            assert b["obs/sensor_data/base_camera/rgb"].shape == (ep["elapsed_steps"] + 1, 32, 32, 3)
+
+
+def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
+    """--workers 2: same episodes, in input order, as one process; each entry says where it came from;
+    ManiSkill's replay_trajectory reads the merged file (external links into the shards)."""
+    s1, h5_1, meta1 = replay(demo, tmp_path / "one", workers=1, num_envs=1)
+    s2, h5_2, meta2 = replay(demo, tmp_path / "two", workers=2, num_envs=2)
+    assert (s1.episodes, s1.kept, s2.episodes, s2.kept, s2.workers, s2.missing) == (5, 5, 5, 5, 2, [])
+    assert [e["source_episode_id"] for e in meta1["episodes"]] == [0, 1, 2, 3, 4]
+    assert [(e["episode_id"], e["source_episode_id"], e["global_index"], e["source_rank"]) for e in meta2["episodes"]] == \
+        [(g, g, g, g % 2) for g in range(5)]
+    assert sorted(p.name for p in (tmp_path / "two" / f"{NAME}.shards").iterdir()) == ["rank00000", "rank00001"]
+    with h5py.File(h5_1) as f, h5py.File(h5_2) as g:
+        assert sorted(f) == sorted(g) == [f"traj_{i}" for i in range(5)]
+        for k in range(5):
+            a, b = leaves(f[f"traj_{k}"]), leaves(g[f"traj_{k}"])
+            assert a.keys() == b.keys()
+            for key in a:
+                if a[key].dtype in (np.uint8, np.bool_) or key == "actions":
+                    np.testing.assert_array_equal(b[key], a[key], err_msg=key)  # rgb images: bit-exact
+                else:
+                    np.testing.assert_allclose(b[key], a[key], rtol=0, atol=1e-6, err_msg=key)
+    for x, y in zip(meta1["episodes"], meta2["episodes"]):
+        assert (x["episode_seed"], x["elapsed_steps"]) == (y["episode_seed"], y["elapsed_steps"])
+    assert_matches_input(demo, h5_2, meta2)
+
+    r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(h5_2),
+                        "--use-env-states", "--count", "3"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Replayed 3 episodes" in r.stdout
+
+    # the finished replay again: refused without --overwrite; --resume finds nothing to do (no worker is started)
+    with pytest.raises(ValueError, match=r"already holds a run named .*--overwrite replaces that replay's files"):
+        replay(demo, tmp_path / "two", workers=2, num_envs=2)
+    s3, _, meta3 = replay(demo, tmp_path / "two", workers=2, num_envs=2, resume=True)
+    assert (s3.episodes, s3.skipped, s3.missing) == (0, 5, []) and meta3["episodes"] == meta2["episodes"]
+    with pytest.raises(ValueError, match=r"is a sharded replay .*resume it with --workers 2 or more"):
+        replay(demo, tmp_path / "two", workers=1, num_envs=1, resume=True)
+
+
+def run_cli(argv: list[str], **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.Popen([sys.executable, "-m", "fastrecord", "replay", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_killed_worker_then_rerun_resumes(tmp_path):
+    """SIGKILL worker 1 once it has written an episode: the caller names it and the missing episodes, the
+    merge holds the rest; the same command again replays only what is missing."""
+    src = record(tmp_path / "in", episodes=8, steps=8)
+    config = tmp_path / "replay.yaml"
+    config.write_text(json.dumps({"env_kwargs": SENSORS}))  # YAML is a superset of JSON
+    out = tmp_path / "out"
+    argv = [str(src), "--output-dir", str(out), "--obs-mode", "rgb", "--no-video", "--workers", "2", "--num-envs", "2",
+            "--config", str(config), "--quiet"]
+    proc = run_cli(argv)
+    shard = out / f"{NAME}.shards" / "rank00001"
+    deadline = time.monotonic() + 600
+    while not list((shard / f"{NAME}.h5.parts").glob("part_*.h5")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = int((shard / f".{NAME}.lock").read_text().split()[1])  # "pid N on host": the worker holds its shard's lock
+    os.kill(pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "replay worker 1 of 2" in stderr and "SIGKILL" in stderr and "run the same command again" in stderr
+    first = json.loads((out / f"{NAME}.json").read_text())["episodes"]
+    held = [e["global_index"] for e in first]
+    assert {0, 2, 4, 6} <= set(held) and len(held) < 8  # worker 0's four, and what worker 1 had listed
+    assert f"of 8 episodes are missing" in stderr
+
+    proc = run_cli(argv)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "resuming the unfinished sharded replay" in stdout
+    meta = json.loads((out / f"{NAME}.json").read_text())
+    assert [e["global_index"] for e in meta["episodes"]] == list(range(8))
+    assert [e["source_episode_id"] for e in meta["episodes"]] == list(range(8))
+    assert_matches_input(src, out / f"{NAME}.h5", meta)
+    manifest = json.loads((out / f"{NAME}.fastrecord.json").read_text())
+    assert manifest["status"] == "closed" and manifest["options"]["sharding"]["world_size"] == 2
+
+
+def test_a_worker_exception_names_the_worker_and_cause(demo, tmp_path):
+    """Episode 1 (worker 1's) has actions of the wrong shape: worker 0's episodes are merged, and the error
+    names worker 1, the cause and the missing episodes."""
+    bad = tmp_path / "in" / "demo.h5"
+    bad.parent.mkdir()
+    with h5py.File(demo) as f, h5py.File(bad, "w") as g:
+        for k in f:
+            f.copy(f[k], g, name=k)
+        actions = g["traj_1/actions"][:]
+        del g["traj_1/actions"]
+        g["traj_1/actions"] = np.concatenate([actions, actions[:, :1]], axis=1)
+    bad.with_suffix(".json").write_text(demo.with_suffix(".json").read_text())
+    with pytest.raises(ReplayWorkerError, match=r"replay worker 1 of 2 .*failed: ValueError: .*traj_1/actions has shape "
+                                                r"\(6, 9\).*missing.*global indices 1, 3"):
+        replay(bad, tmp_path / "out", workers=2, num_envs=2)
+    meta = json.loads((tmp_path / "out" / f"{NAME}.json").read_text())
+    assert [e["global_index"] for e in meta["episodes"]] == [0, 2, 4]
+
+
+def test_bad_workers_values_are_refused(demo, tmp_path, capsys):
+    from fastrecord.commands.cli import main
+
+    def err(*argv: str) -> str:
+        assert main(["replay", str(demo), "--output-dir", str(tmp_path / "out"), *argv]) == 2
+        return capsys.readouterr().err
+
+    assert "workers=0 must be at least 1; pass --workers N with N >= 1" in err("--workers", "0")
+    assert "workers=-2 must be at least 1" in err("--workers", "-2")
+    assert "--workers 3 with --num-envs 2" in err("--workers", "3", "--num-envs", "2")
+    assert "pass --num-envs 3 or more, or --workers 2 or fewer" in err("--workers", "3", "--num-envs", "2")
+    assert "--resume keeps" in err("--resume", "--overwrite")
+    assert "--log with --workers 2" in err("--workers", "2", "--num-envs", "2", "--log", "tensorboard")
+    with pytest.raises(SystemExit):
+        main(["replay", str(demo), "--workers", "two"])
+    assert "argument --workers: invalid int value: 'two'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"workers='2' must be int or null, not str"):
+        ReplayConfig(traj_path=str(demo), workers="2")
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_default_workers(monkeypatch):
+    cfg = ReplayConfig(traj_path="x.h5")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert default_workers(cfg, 96, gpu_sim=False) == 1  # a small machine: one process
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_workers(cfg, 96, gpu_sim=False) == 16  # one worker per env, one env per core
+    assert default_workers(cfg, 5, gpu_sim=False) == 5  # at most one per episode
+    assert default_workers(ReplayConfig(traj_path="x.h5", num_envs=4), 96, gpu_sim=False) == 4
+    assert default_workers(cfg, 96, gpu_sim=True) == 1  # one batched GPU env holds every env
+
+
+def test_torchrun_ranks_replay_their_shares(demo, tmp_path):
+    """torchrun --standalone --nproc-per-node 2 -m fastrecord replay: each rank replays g % 2, rank 0 merges."""
+    config = tmp_path / "replay.yaml"
+    config.write_text(json.dumps({"env_kwargs": SENSORS}))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "fastrecord", "replay", str(demo), "--output-dir", str(out), "--obs-mode", "rgb",
+                        "--no-video", "--num-envs", "1", "--config", str(config), "--quiet"],
+                       env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rank 1: replayed 2 episodes" in r.stdout
+    assert re.search(r"replayed 5 episodes by env states: \d+ successful, 5 written \(keep=all\) by 2 workers", r.stdout)
+    meta = json.loads((out / f"{NAME}.json").read_text())
+    assert [(e["global_index"], e["source_rank"]) for e in meta["episodes"]] == [(g, g % 2) for g in range(5)]
+    assert_matches_input(demo, out / f"{NAME}.h5", meta)

@@ -1,0 +1,368 @@
+"""Sharded runs (fastrecord.shards): torchrun with 2 ranks (gloo, CPU) on PickCube-v1 and on the batched
+test double; every global episode exactly once with id g, the same dataset for world size 1 and 2, a
+rank killed with SIGKILL resumed by the same command, ManiSkill's replay tool and loaders on the joined
+file; the rules, the schedule and merge's refusals in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+
+from fastrecord import shards
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+WORKER = Path(__file__).with_name("shard_worker.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+# the PickCube recording every torchrun case below runs (world size varies): 8 global episodes; no videos, as
+# lavapipe takes 10-30 s per process to a first frame (the double's case checks each shard's videos)
+RECORD = ["-m", "fastrecord", "record", "PickCube-v1", "--episodes", "8", "--max-episode-steps", "12", "--width", "64",
+          "--height", "64", "--no-video", "--seed", "5"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def torchrun(nproc: int, args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*TORCHRUN, "--nproc-per-node", str(nproc), *args], capture_output=True, text=True,
+                          timeout=timeout, env=_env(), **kw)
+
+
+def read_dataset(h5_path: Path) -> dict[int, dict]:
+    """{episode_id: seed, reset kwargs, length, rank, actions, env states} read back from a joined pair."""
+    meta = json.loads(h5_path.with_suffix(".json").read_text())
+    out = {}
+    with h5py.File(h5_path, "r") as f:
+        for e in meta["episodes"]:
+            g = f[f"traj_{e['episode_id']}"]
+            states: dict[str, np.ndarray] = {}
+            g["env_states"].visititems(lambda k, v: states.__setitem__(k, v[:]) if isinstance(v, h5py.Dataset) else None)
+            out[e["episode_id"]] = dict(seed=e["episode_seed"], reset_kwargs=e["reset_kwargs"], steps=e["elapsed_steps"],
+                                        rank=e["source_rank"], global_index=e["global_index"], actions=g["actions"][:],
+                                        states=states, success=e.get("success"))
+    return out
+
+
+def assert_same_episodes(a: dict[int, dict], b: dict[int, dict]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        for key in ("seed", "reset_kwargs", "steps", "global_index", "success"):
+            assert a[k][key] == b[k][key], (k, key, a[k][key], b[k][key])
+        np.testing.assert_array_equal(a[k]["actions"], b[k]["actions"])
+        assert a[k]["states"].keys() == b[k]["states"].keys()
+        for leaf in a[k]["states"]:
+            np.testing.assert_array_equal(a[k]["states"][leaf], b[k]["states"][leaf], err_msg=f"episode {k} {leaf}")
+
+
+# ---------------------------------------------------------------------------------------------- rules, in-process
+def test_rank_info_from_torchrun_variables(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    assert shards.rank_info() == shards.RankInfo(0, 1, 0, 1)
+    assert not shards.rank_info().distributed
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    info = shards.rank_info()
+    assert info == shards.RankInfo(3, 4, 1, 2) and info.distributed
+    assert shards.default_workers(info) == max(1, min(16, (os.cpu_count() or 1) // 2))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert shards.rank_info().distributed  # torchrun with one process is a sharded run too
+    monkeypatch.setenv("RANK", "two")
+    with pytest.raises(ValueError, match=r"RANK='two' is not an integer"):
+        shards.rank_info()
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"rank 5 of world size 2"):
+        shards.rank_info()
+
+
+def test_episode_rule_and_schedule():
+    assert [shards.owner(g, 3) for g in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert list(shards.episodes_of(1, 3, 8)) == [1, 4, 7]
+    assert sorted(g for r in range(3) for g in shards.episodes_of(r, 3, 8)) == list(range(8))
+    assert shards.episode_seed(100, 7) == 107
+    assert shards.shard_dir("out", "demo", 2) == Path("out/demo.shards/rank00002")
+    with pytest.raises(ValueError, match=r"world_size=0 must be an integer >= 1"):
+        shards.owner(1, 0)
+    with pytest.raises(ValueError, match=r"rank=3 is outside 0..1"):
+        shards.episodes_of(3, 2, 10)
+    sch = shards.EpisodeSchedule([1, 4, 7], num_envs=2, rank=1, base_seed=10)
+    assert sch.assign([0, 1]) == [{"global_index": 1, "source_rank": 1}, {"global_index": 4, "source_rank": 1}]
+    assert sch.seeds.tolist() == [11, 14] and not sch.done
+    assert sch.assign([1]) == [{"global_index": 7, "source_rank": 1}] and sch.seeds.tolist() == [11, 17]
+    assert sch.assign([0, 1]) == [None, None]  # ran out: spare slots, not recorded
+    assert sch.done and sch.finished == [4, 1, 7]
+
+
+def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3) -> shards.EpisodeSchedule:
+    """A sharded run of world size 1 in this process (no torchrun): what shard_worker.py does per rank."""
+    from fastrecord import RecordEpisode
+    from fastrecord.testing import BatchedDoubleEnv
+
+    run = shards.DistributedRun(out, "double", total=total, base_seed=1000, if_exists=if_exists).open()
+    base = BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=9, episode_lengths=lambda e, seed: 2 + seed % 7)
+    env = RecordEpisode(base, run.shard_dir, trajectory_name="double", if_exists=run.shard_if_exists, save_video=False)
+    schedule = run.plan(env.recorder, num_envs)
+    shards.record_schedule(env, env.recorder, schedule, shards.SeededRandomPolicy(base.single_action_space, num_envs))
+    env.close()
+    run.finish({})
+    run.close()
+    return schedule
+
+
+def test_resume_extends_and_error_refuses_a_closed_run(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    first = _record_double(tmp_path, total=4)
+    assert sorted(first.finished) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"already holds a run named 'double'.*if_exists='resume'"):
+        _record_double(tmp_path, total=6)
+    again = _record_double(tmp_path, total=6, if_exists="resume")
+    assert sorted(again.finished) == [4, 5]  # the episodes on disk were skipped
+    data = read_dataset(tmp_path / "double.h5")
+    assert sorted(data) == list(range(6))
+    for g, ep in data.items():  # episode g: seed base + g, the seeded random policy's actions for that seed
+        assert ep["seed"] == 1000 + g == ep["reset_kwargs"]["seed"] and ep["global_index"] == g
+        assert ep["steps"] == 2 + (1000 + g) % 7
+        space = shards.SeededRandomPolicy(gym.spaces.Box(-1, 1, (3,), np.float32), 1)
+        space.restart([0], [1000 + g])
+        np.testing.assert_array_equal(ep["actions"], np.concatenate([space(None) for _ in range(ep["steps"])]))
+    manifest = json.loads((tmp_path / "double.fastrecord.json").read_text())
+    assert manifest["status"] == "closed"
+    assert manifest["options"]["sharding"] == dict(world_size=1, base_seed=1000, total=6, rule="g % world_size",
+                                                   shards="NAME.shards/rank{rank:05d}")
+
+
+def test_merge_reports_and_refuses(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ValueError, match=r"holds no shard folders.*nothing to merge"):
+        shards.merge(tmp_path, "double")
+    _record_double(tmp_path, total=5)
+    report = shards.merge(tmp_path, "double", expected=7)  # two more asked for than recorded
+    assert report.missing == [5, 6] and not report.ok and report.episodes == 5
+    assert any("missing: 2 global episodes (5-6)" in line for line in report.lines())
+    consolidated = shards.merge(tmp_path, "double", consolidate=True)
+    assert consolidated.ok and consolidated.consolidated
+    with h5py.File(tmp_path / "double.h5") as f:
+        assert all(not isinstance(f.get(k, getlink=True), h5py.ExternalLink) for k in f)
+        assert set(f) == {f"traj_{g}" for g in range(5)}
+    before = read_dataset(tmp_path / "double.h5")
+    relinked = shards.merge(tmp_path, "double")  # idempotent: back to the index, same episodes
+    assert relinked.ok
+    assert_same_episodes(before, read_dataset(tmp_path / "double.h5"))
+    # a shard of another env: refused, naming both ranks
+    other = shards.shard_dir(tmp_path, "double", 1)
+    shutil.copytree(shards.shard_dir(tmp_path, "double", 0), other)
+    doc = json.loads((other / "double.json").read_text())
+    doc["env_info"] = {"env_id": "Other-v0"}  # the double has no registered env_info: None
+    (other / "double.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"disagree on env_info: rank 0 has .* rank 1 has .*Other-v0"):
+        shards.merge(tmp_path, "double")
+    shutil.rmtree(other)
+    # a self-contained NAME.h5 holding episodes no shard has any more is never replaced
+    shards.merge(tmp_path, "double", consolidate=True)
+    shutil.rmtree(shards.shard_dir(tmp_path, "double", 0))
+    shards.shard_dir(tmp_path, "double", 0).mkdir()
+    (shards.shard_dir(tmp_path, "double", 0) / "double.json").write_text(json.dumps({**doc, "episodes": []}))
+    with pytest.raises(ValueError, match=r"self-contained file holding episodes 0-4 that no shard"):
+        shards.merge(tmp_path, "double")
+    assert len(read_dataset(tmp_path / "double.h5")) == 5
+
+
+def test_set_episode_meta_checks(tmp_path):
+    from fastrecord import RecordEpisode
+    from fastrecord.testing import BatchedDoubleEnv
+
+    env = RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, save_video=False)
+    try:
+        with pytest.raises(ValueError, match=r"2 envs but 1 metas"):
+            env.recorder.set_episode_meta([0, 1], [{}])
+        with pytest.raises(ValueError, match=r"keys \['episode_id'\] are the recorder's own"):
+            env.recorder.set_episode_meta([0], [{"episode_id": 3}])
+        with pytest.raises(ValueError, match=r"env index 5 is outside 0..1"):
+            env.recorder.set_episode_meta([5], [{}])
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+def test_torchrun_double_same_dataset_for_world_sizes_1_and_2(tmp_path):
+    results = {}
+    for world in (1, 2):
+        out = tmp_path / f"w{world}"
+        r = torchrun(world, [str(WORKER), str(out), "11", "3"])
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        assert sorted(line["rank"] for line in lines) == list(range(world))
+        for line in lines:  # each rank recorded exactly its share, g % world_size
+            assert line["finished"] == list(range(line["rank"], 11, world))
+        results[world] = read_dataset(out / "double.h5")
+        assert sorted(results[world]) == list(range(11))
+        assert [e["episode_id"] for e in json.loads((out / "double.json").read_text())["episodes"]] == list(range(11))
+        assert {g: e["rank"] for g, e in results[world].items()} == {g: g % world for g in range(11)}
+        for rank in range(world):  # each shard: a normal fastrecord run with its videos and results
+            shard = shards.shard_dir(out, "double", rank)
+            rows = [json.loads(x) for x in (shard / "double.results.jsonl").read_text().splitlines()]
+            assert sorted(r["global_index"] for r in rows) == list(range(rank, 11, world))
+            assert all((shard / r["video"]).exists() for r in rows)
+    assert_same_episodes(results[1], results[2])
+
+
+@pytest.fixture(scope="module")
+def pickcube_runs(tmp_path_factory):
+    """The PickCube recording (RECORD) by torchrun with 1 and with 2 ranks."""
+    base = tmp_path_factory.mktemp("pickcube")
+    runs = {}
+    for world in (1, 2):
+        out = base / f"w{world}"
+        t0 = time.perf_counter()
+        r = torchrun(world, [*RECORD, "--output-dir", str(out)])
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        runs[world] = (out, r.stdout, time.perf_counter() - t0)
+    return runs
+
+
+def test_torchrun_pickcube_world_sizes_1_and_2(pickcube_runs):
+    (out1, _, _), (out2, stdout, _) = pickcube_runs[1], pickcube_runs[2]
+    assert "8 episodes from 2 shard(s)" in stdout and "rank 1: 4/4 scheduled episodes finished" in stdout
+    one, two = read_dataset(out1 / "trajectory.h5"), read_dataset(out2 / "trajectory.h5")
+    assert sorted(two) == list(range(8))
+    assert {g: e["rank"] for g, e in two.items()} == {g: g % 2 for g in range(8)}
+    assert all(e["seed"] == 5 + g for g, e in two.items())
+    assert_same_episodes(one, two)
+    meta = json.loads((out2 / "trajectory.json").read_text())
+    assert meta["env_info"]["env_id"] == "PickCube-v1" and meta["env_info"]["max_episode_steps"] == 12
+    with h5py.File(out2 / "trajectory.h5") as f:  # the index: links into the shards, relative
+        link = f.get("traj_3", getlink=True)
+        assert isinstance(link, h5py.ExternalLink) and link.filename == "trajectory.shards/rank00001/trajectory.h5"
+    for rank in (0, 1):  # each shard: a normal run, closed, with its own results file
+        shard = shards.shard_dir(out2, "trajectory", rank)
+        assert json.loads((shard / "trajectory.fastrecord.json").read_text())["status"] == "closed"
+        rows = [json.loads(x) for x in (shard / "trajectory.results.jsonl").read_text().splitlines()]
+        assert [r["global_index"] for r in rows] == [rank, rank + 2, rank + 4, rank + 6]
+    manifest = json.loads((out2 / "trajectory.fastrecord.json").read_text())
+    assert manifest["status"] == "closed" and manifest["fastrecord"]
+    assert manifest["options"]["sharding"]["world_size"] == 2 and manifest["options"]["sharding"]["base_seed"] == 5
+    assert manifest["options"]["args"]["env_id"] == "PickCube-v1"
+
+
+def test_maniskill_reads_the_joined_dataset(pickcube_runs, tmp_path):
+    from mani_skill.trajectory.dataset import ManiSkillTrajectoryDataset
+    from mani_skill.utils.io_utils import load_json
+
+    out = pickcube_runs[2][0]
+    recorded = read_dataset(out / "trajectory.h5")
+    meta = load_json(str(out / "trajectory.json"))
+    assert [e["episode_id"] for e in meta["episodes"]] == list(range(8))
+    ds = ManiSkillTrajectoryDataset(str(out / "trajectory.h5"), load_count=-1, device="cpu")
+    assert len(ds) == sum(e["steps"] for e in recorded.values())
+    np.testing.assert_array_equal(np.asarray(ds[0]["action"]), recorded[0]["actions"][0])
+    # ManiSkill's replay tool, on a copy (it writes its output next to the input)
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("*.mp4"))
+    r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path",
+                        str(copy / "trajectory.h5"), "--use-env-states", "--save-traj", "--allow-failure", "-b", "physx_cpu"],
+                       capture_output=True, text=True, timeout=300, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Replayed 8 episodes" in r.stdout + r.stderr
+    replayed = next(copy.glob("trajectory.*.h5"))
+    with h5py.File(replayed) as f:
+        for g, e in recorded.items():
+            np.testing.assert_allclose(f[f"traj_{g}"]["actions"][:], e["actions"])
+
+
+def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
+    out = tmp_path / "run"
+    command = [*TORCHRUN, "--nproc-per-node", "2", *RECORD, "--output-dir", str(out)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    shard1 = shards.shard_dir(out, "trajectory", 1)
+    killed = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            doc = shards._read_json(shard1 / "trajectory.json")
+            if doc is not None and len(doc["episodes"]) >= 1:
+                killed = int((shard1 / ".trajectory.lock").read_text().split()[1])  # "pid N on HOST"
+                os.kill(killed, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed is not None, "rank 1 finished no episode in time"
+    assert proc.returncode != 0, output[-2000:]
+    left = len(shards._read_json(shard1 / "trajectory.json")["episodes"])
+    assert 1 <= left < 4, "rank 1 was killed after it had finished: nothing to resume"
+    report = shards.merge(out, "trajectory")  # merge reports, not fails
+    assert report.missing and report.crashed == [1]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "is a sharded run that did not finish: resuming it" in r.stderr
+    assert "8 episodes from 2 shard(s)" in r.stdout
+    assert_same_episodes(read_dataset(pickcube_runs[2][0] / "trajectory.h5"), read_dataset(out / "trajectory.h5"))
+    assert json.loads((out / "trajectory.fastrecord.json").read_text())["status"] == "closed"
+
+
+@pytest.mark.slow
+def test_torchrun_evaluate_script(tmp_path):
+    """scripts/evaluate.py under torchrun: make_eval_envs(episodes=N) gives each rank its seeds; rank 0
+    prints every rank's results and joins the trajectories."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
+    r = torchrun(2, [str(script), "--episodes", "5", "--num-envs", "2", "--max-episode-steps", "10", "--width", "64",
+                     "--height", "64", "--keep", "all", "--save-trajectory", "--name", "ev", "--video-dir", str(tmp_path)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "results of 5 episodes" in r.stdout and "5 episodes from 2 shard(s)" in r.stdout
+    data = read_dataset(tmp_path / "ev.h5")
+    assert sorted(data) == list(range(5))
+    assert all(e["seed"] == g and e["rank"] == g % 2 and e["steps"] == 10 for g, e in data.items())
+    for rank, count in ((0, 3), (1, 2)):  # the last batch's spare episode is not recorded
+        shard = shards.shard_dir(tmp_path, "ev", rank)
+        assert len(list(shard.glob("*.mp4"))) == count
+
+
+def test_make_eval_envs_sharded_in_one_process(tmp_path, monkeypatch):
+    """make_eval_envs(episodes=3, seed=7) without torchrun (world size 1): the envs reset themselves with
+    seeds 7, 8, 9; the last batch's spare episode is not recorded; closing joins the shard."""
+    from fastrecord import make_eval_envs
+    from fastrecord.make_env import sharding_of
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    env_kwargs = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=4, control_mode="pd_ee_delta_pos",
+                      human_render_camera_configs=dict(width=64, height=64))
+    envs = make_eval_envs("PushCube-v1", 2, "physx_cpu", env_kwargs, dict(obs_horizon=2), video_dir=str(tmp_path),
+                          episodes=3, seed=7, record_kwargs=dict(save_trajectory=True, trajectory_name="ev"))
+    try:
+        envs.reset()
+        batches = 0
+        while batches < 2:  # the baseline's loop: all envs truncate together (ignore_terminations)
+            _, _, _, truncated, _ = envs.step(np.zeros((2, 4), dtype=np.float32))
+            batches += bool(np.asarray(truncated).any())
+    finally:
+        envs.close()
+    sharding = sharding_of(envs)
+    assert sharding.report.ok and sharding.report.episodes == 3
+    assert sorted(r["global_index"] for r in sharding.rows) == [0, 1, 2]
+    data = read_dataset(tmp_path / "ev.h5")
+    assert {g: (e["seed"], e["reset_kwargs"]["seed"], e["steps"]) for g, e in data.items()} == {g: (7 + g, 7 + g, 4) for g in range(3)}
+    assert len(list(shards.shard_dir(tmp_path, "ev", 0).glob("*.mp4"))) == 3
