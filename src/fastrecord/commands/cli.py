@@ -269,6 +269,15 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.requested:
+            # stopping: files are still finished after the run (encoder and writer pools close at
+            # interpreter exit), so later signals are ignored until the process ends; SIG_IGN, not our
+            # handler, because Python's finalization resets its own handlers to SIG_DFL (a signal then
+            # would kill the process mid-close) but leaves an ignored signal ignored
+            for s in self._previous:
+                signal.signal(s, signal.SIG_IGN)
+            self._previous.clear()
+            return
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
