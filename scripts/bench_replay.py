@@ -53,11 +53,16 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
 
 
 def timed(argv: list[str], label: str) -> float:
+    """The command's wall time; fastrecord's own timeline lines (workers up / replaying / done, merge,
+    start-up) are printed under its label."""
     t0 = time.perf_counter()
     r = subprocess.run(argv, env=child_env(), capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"{label} failed ({' '.join(argv)}):\n{r.stderr[-3000:]}")
+    for line in r.stdout.splitlines():
+        if line.startswith(("workers (", "start-up", "speed:")):
+            print(f"  {label}: {line}", flush=True)
     return seconds
 
 

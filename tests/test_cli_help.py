@@ -36,6 +36,24 @@ def test_version(capsys):
     assert capsys.readouterr().out.startswith(f"fastrecord {__version__} (mani_skill 3.0.1")
 
 
+def test_import_fastrecord_is_light_and_exports_on_use():
+    """``import fastrecord`` imports neither torch nor ManiSkill (the exports load on first use), so a replay's
+    forkserver can import them while the caller does; every exported name resolves."""
+    code = ("import sys, fastrecord\n"
+            "assert not {'torch', 'mani_skill', 'gymnasium'} & set(sys.modules), sorted(sys.modules)\n"
+            "from fastrecord import RecordEpisode, make_eval_envs, WorkerError\n"
+            "assert 'mani_skill' in sys.modules\n"
+            "print(sorted(n for n in fastrecord.__all__ if getattr(fastrecord, n) is not None))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    import fastrecord
+
+    assert r.stdout.strip() == str(sorted(fastrecord.__all__))
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        fastrecord.Nope  # noqa: B018
+
+
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
     parser, _ = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

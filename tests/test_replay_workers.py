@@ -92,6 +92,8 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
     assert [(e["episode_id"], e["source_episode_id"], e["global_index"], e["source_rank"]) for e in meta2["episodes"]] == \
         [(g, g, g, g % 2) for g in range(5)]
     assert sorted(p.name for p in (tmp_path / "two" / f"{NAME}.shards").iterdir()) == ["rank00000", "rank00001"]
+    assert len(s2.worker_times) == 2 and s2.merge_seconds > 0  # the timeline the CLI prints
+    assert all(0 <= up <= replaying <= done for up, replaying, done in s2.worker_times), s2.worker_times
     with h5py.File(h5_1) as f, h5py.File(h5_2) as g:
         assert sorted(f) == sorted(g) == [f"traj_{i}" for i in range(5)]
         for k in range(5):
@@ -202,6 +204,25 @@ def test_bad_workers_values_are_refused(demo, tmp_path, capsys):
     with pytest.raises(ValueError, match=r"workers='2' must be int or null, not str"):
         ReplayConfig(traj_path=str(demo), workers="2")
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_the_cli_starts_the_forkserver_early_for_worker_replays(monkeypatch):
+    """`fastrecord replay` guesses from its command line alone whether it will start workers, and then starts
+    the forkserver (its imports) before its own imports."""
+    from fastrecord.commands.cli import _replay_workers_likely
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert _replay_workers_likely(["replay", "x.h5"])  # the default on 8+ cores
+    assert _replay_workers_likely(["replay", "x.h5", "--workers", "4"])
+    assert _replay_workers_likely(["replay", "x.h5", "--workers=2"])
+    assert not _replay_workers_likely(["replay", "x.h5", "--workers", "1"])
+    assert not _replay_workers_likely(["record", "PickCube-v1"])
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert not _replay_workers_likely(["replay", "x.h5"])
+    assert _replay_workers_likely(["replay", "x.h5", "--workers", "2"])
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun: the ranks are the workers
+    assert not _replay_workers_likely(["replay", "x.h5", "--workers", "2"])
 
 
 def test_default_workers(monkeypatch):

@@ -73,3 +73,73 @@ def test_backpressure_wait_is_counted():
             pool.submit(i)
         pool.wait_until_done()
         assert pool.blocked_seconds > 0.03
+
+
+def test_helper_processes_run_below_the_callers_priority(monkeypatch):
+    """Encoder and HDF5 writer processes take FASTRECORD_BACKGROUND_NICE (default 10, or SCHED_IDLE), so the
+    stepping process and a CPU vector env's sub-envs get the cores first; a bad value names the variable."""
+    import os
+
+    from fastrecord.video.pool import EncoderProcessPool
+    from fastrecord.workers import DEFAULT_NICE, IsolatedProcess, background_nice
+
+    def priority(pid: int) -> tuple[int, bool]:
+        deadline = time.monotonic() + 20  # the child lowers its priority first thing after its imports
+        while time.monotonic() < deadline:
+            nice = os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0)
+            idle = os.sched_getscheduler(pid) == os.SCHED_IDLE
+            if nice or idle:
+                break
+            time.sleep(0.05)
+        return nice, idle
+
+    monkeypatch.delenv("FASTRECORD_BACKGROUND_NICE", raising=False)
+    assert background_nice() == DEFAULT_NICE == 10
+    pool = EncoderProcessPool(1)
+    writer = IsolatedProcess("fastrecord.sinks.maniskill_h5")
+    try:
+        pool.start(1)
+        assert priority(pool.pids()[0]) == (min(10, 19 - os.getpriority(os.PRIO_PROCESS, 0)), False)
+        assert priority(writer.pid)[0] > 0
+    finally:
+        writer.stop()
+        pool.close()
+
+    monkeypatch.setenv("FASTRECORD_BACKGROUND_NICE", "idle")
+    pool = EncoderProcessPool(1)
+    try:
+        pool.start(1)
+        assert priority(pool.pids()[0])[1] is True
+    finally:
+        pool.close()
+
+    for bad in ("-3", "20", "low"):
+        monkeypatch.setenv("FASTRECORD_BACKGROUND_NICE", bad)
+        with pytest.raises(ValueError, match=r"FASTRECORD_BACKGROUND_NICE=.*0 .* 19, or 'idle'"):
+            background_nice()
+
+
+def test_forkserver_preloads_maniskill_once(tmp_path):
+    """Replay workers and CPU vector envs come from one forkserver that imported ManiSkill and fastrecord's
+    env code before forking (spawn imported them in every process). In a fresh process: the server is
+    one per process, and its preload is fixed when it starts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys\n"
+        "def probe():\n"
+        "    return sorted(m for m in ('mani_skill', 'torch', 'fastrecord.commands.replay') if m in sys.modules)\n"
+        "if __name__ == '__main__':\n"
+        "    from fastrecord.workers import forkserver_context\n"
+        "    ctx = forkserver_context()\n"
+        "    assert 'mani_skill' not in sys.modules  # the caller itself imported nothing heavy\n"
+        "    with ctx.Pool(1) as pool:\n"
+        "        print(pool.apply(probe))\n")
+    src = str(Path(__file__).parents[1] / "src")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": src})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "['fastrecord.commands.replay', 'mani_skill', 'torch']"

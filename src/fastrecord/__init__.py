@@ -2,15 +2,50 @@
 
     from fastrecord import RecordEpisode      # drop-in for mani_skill.utils.wrappers.RecordEpisode
     env = RecordEpisode(env, "videos", keep="success")
+
+The names below are imported on first use (PEP 562), so ``import fastrecord`` and the ``fastrecord``
+command start without torch and ManiSkill: the CLI's ``--help`` and ``--version`` answer at once, and
+``fastrecord replay --workers N`` starts its worker processes' imports while its own are still running.
 """
 
-from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
-from fastrecord.make_env import make_eval_envs
-from fastrecord.options import RecordOptions
-from fastrecord.record import RecordEpisode, RecordVectorEpisode
-from fastrecord.sinks import BackgroundSink, OutputExistsError, Sink
-from fastrecord.workers import WorkerError
+from __future__ import annotations
 
-__all__ = ["RecordEpisode", "RecordVectorEpisode", "RecordOptions", "make_eval_envs", "Sink", "BackgroundSink",
-           "EpisodeBuffer", "BufferTooLargeError", "OutputExistsError", "WorkerError"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "RecordEpisode": "fastrecord.record",
+    "RecordVectorEpisode": "fastrecord.record",
+    "RecordOptions": "fastrecord.options",
+    "make_eval_envs": "fastrecord.make_env",
+    "Sink": "fastrecord.sinks",
+    "BackgroundSink": "fastrecord.sinks",
+    "OutputExistsError": "fastrecord.sinks",
+    "EpisodeBuffer": "fastrecord.buffer",
+    "BufferTooLargeError": "fastrecord.buffer",
+    "WorkerError": "fastrecord.workers",
+}
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
+    from fastrecord.make_env import make_eval_envs
+    from fastrecord.options import RecordOptions
+    from fastrecord.record import RecordEpisode, RecordVectorEpisode
+    from fastrecord.sinks import BackgroundSink, OutputExistsError, Sink
+    from fastrecord.workers import WorkerError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastrecord' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -160,6 +160,9 @@ def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list
     mode = gym.vector.AutoresetMode.DISABLED  # EvalVectorEnv resets finished envs itself, after the recorder saw them
     if num_envs == 1:
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=mode)
+    from fastrecord.workers import forkserver_context
+
+    forkserver_context()  # the sub-envs start with ManiSkill imported (fastrecord.workers.FORKSERVER_PRELOAD)
     return gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode)
 
 

@@ -26,6 +26,46 @@ from typing import Any, Callable
 
 _SENTINEL = object()
 
+NICE_ENV = "FASTRECORD_BACKGROUND_NICE"
+DEFAULT_NICE = 10
+
+
+def background_nice() -> int:
+    """How much lower the CPU priority of fastrecord's helper processes (encoders, HDF5 writers) is than
+    the caller's: ``$FASTRECORD_BACKGROUND_NICE``, 0..19 (a niceness increment) or ``idle`` (Linux's
+    SCHED_IDLE: they run only on cores nothing else wants), default 10. Returned as an int: -1 is idle.
+
+    The stepping process and the simulation's processes (a CPU vector env's sub-envs) then get a core
+    first whenever they want one, and the background work uses what they leave: on the H200 machine,
+    16 encoder processes drawing the info overlay took CPU from 16 PickCube-v1 sub-envs (their steps and
+    resets slowed by a quarter). Unprivileged: it can only lower a priority; 0 leaves it alone."""
+    raw = os.environ.get(NICE_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_NICE
+    if raw.strip().lower() == "idle":
+        return -1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -2
+    if not 0 <= value <= 19:
+        raise ValueError(f"{NICE_ENV}={raw!r}: expected an integer from 0 (helper processes as urgent as the caller) to "
+                         f"19, or 'idle' (only CPU nothing else wants); unset it for the default {DEFAULT_NICE}")
+    return value
+
+
+def lower_priority(nice: int) -> None:
+    """In a helper process: add ``nice`` to its niceness, or (-1) take the SCHED_IDLE policy (where the
+    OS refuses, nothing changes)."""
+    try:
+        if nice == -1 and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif nice > 0:
+            os.nice(nice)
+    except OSError:
+        pass
+
+
 
 class WorkerError(RuntimeError):
     """A background job failed; the original exception is chained as ``__cause__``."""
@@ -121,6 +161,35 @@ class WorkerPool:
         self.close()
 
 
+# ---------------------------------------------------------------------------------------------- forkserver
+# Processes that run ManiSkill envs (replay workers, a CPU vector env's sub-envs) come from
+# multiprocessing's forkserver, with these modules imported once in the server: each process it forks
+# starts with torch, ManiSkill and fastrecord already imported (spawn re-imported them in every process:
+# about 5 s each, longer when 16 start together), and nothing of the caller (CUDA, threads, open files)
+# is copied, as with spawn. "__main__" is multiprocessing's own default: a user script's guarded main module,
+# so that wrappers or tasks defined there unpickle in the children.
+FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.commands.replay")
+MANY_CORES = 8  # from this many cores on, CPU-simulated replays run one worker process per env by default
+
+
+def forkserver_context() -> Any:
+    """multiprocessing's forkserver context, its server preloading `FORKSERVER_PRELOAD` (where the server
+    is not running yet; one server serves the whole process)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now (it imports its preload while the caller goes on with its own imports)."""
+    from multiprocessing import forkserver
+
+    forkserver_context()
+    forkserver.ensure_running()
+
+
 # ---------------------------------------------------------------------------------------------- processes
 # The child imports fastrecord.<module> without running fastrecord/__init__.py (nor the __init__ of
 # the packages between): bare package modules stand in for them. It ignores SIGINT (Ctrl-C is the parent's; the parent closes it) and SIGTERM, and
@@ -134,7 +203,7 @@ _BOOT = (
     "    pkg = types.ModuleType('.'.join(names[:i])); pkg.__path__ = [os.path.join(sys.argv[2], *names[1:i])]\n"
     "    sys.modules[pkg.__name__] = pkg\n"
     "from fastrecord.workers import _child_main\n"
-    "_child_main(int(sys.argv[1]), sys.argv[3], int(sys.argv[4]))\n"
+    "_child_main(int(sys.argv[1]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))\n"
 )
 _parent_pid: int | None = None  # in a child: the pid of the process that started it
 
@@ -195,7 +264,7 @@ def _rebuild_exception(d: dict[str, Any]) -> BaseException:
     return e
 
 
-def _child_main(fd: int, module: str, parent_pid: int) -> None:
+def _child_main(fd: int, module: str, parent_pid: int, nice: int = 0) -> None:
     """The child's loop: ``(function name, args)`` in, ``("ok", result)`` or ``("error", details)`` out.
 
     After an error the child reports, then leaves at once with ``os._exit``: a library that failed
@@ -208,6 +277,7 @@ def _child_main(fd: int, module: str, parent_pid: int) -> None:
 
     global _parent_pid
     _parent_pid = parent_pid
+    lower_priority(nice)
     conn = Connection(fd)
 
     def fatal(u: Any) -> None:
@@ -261,8 +331,9 @@ class IsolatedProcess:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pkg_dir = str(Path(__file__).resolve().parent)  # the fastrecord package
         try:
+            nice = background_nice()
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(child.fileno()), pkg_dir, module, str(os.getpid())],
+                [sys.executable, "-c", _BOOT, str(child.fileno()), pkg_dir, module, str(os.getpid()), str(nice)],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
                 # a session of its own: a SIGTERM to the caller's process group (torchrun stopping a worker, a
                 # job scheduler's killpg) is the caller's to handle; it closes us, and its death ends our socket

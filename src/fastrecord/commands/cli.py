@@ -303,10 +303,30 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Any]]:
     return parser, modules
 
 
+def _replay_workers_likely(argv: list[str]) -> bool:
+    """Whether ``argv`` is a ``replay`` that will start worker processes: ``--workers N`` with N > 1, or
+    no ``--workers`` on a machine of `fastrecord.workers.MANY_CORES` cores or more (the default there),
+    not under torchrun (the ranks are the workers). A cheap guess from the command line only: a wrong
+    guess costs an idle server process, or a later start."""
+    from fastrecord.workers import MANY_CORES
+
+    if not argv or argv[0] != "replay" or "WORLD_SIZE" in os.environ:
+        return False
+    for i, a in enumerate(argv):
+        value = a.split("=", 1)[1] if a.startswith("--workers=") else (argv[i + 1] if a == "--workers" and i + 1 < len(argv) else None)
+        if value is not None:
+            return value.isdigit() and int(value) > 1
+    return (os.cpu_count() or 1) >= MANY_CORES
+
+
 def main(argv: list[str] | None = None) -> int:
     from fastrecord.system import use_lavapipe_if_no_gpu
 
     use_lavapipe_if_no_gpu()
+    if _replay_workers_likely(sys.argv[1:] if argv is None else argv):
+        from fastrecord.workers import start_forkserver
+
+        start_forkserver()  # its imports (torch, ManiSkill) run on another core while ours run here
     quiet_third_party()
     parser, modules = build_parser()
     args = parser.parse_args(argv)

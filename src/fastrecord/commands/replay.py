@@ -74,6 +74,7 @@ from fastrecord.commands.cli import StopSignals
 from fastrecord.commands.config import check_at_least, check_choice, check_fps, check_types, load_config
 from fastrecord.envs import SubEnvAccess
 from fastrecord.episode import KEEP_CHOICES
+from fastrecord.workers import MANY_CORES, forkserver_context
 
 BY_CHOICES = ("states", "actions")
 CONVERTERS = ("pd_joint_pos", "pd_joint_delta_pos")  # control modes ManiSkill's conversion code starts from
@@ -194,6 +195,10 @@ class ReplaySummary:
     skipped: int = 0  # --resume: episodes the output already held, not replayed again
     workers: int = 1  # processes that replayed a share each
     missing: list[int] = field(default_factory=list)  # sharded: input episodes no shard holds (a worker stopped early)
+    # --workers: each worker's (started, replaying, done) in seconds since the replay began: its process up
+    # with its imports, its envs made, its share written; and the time the shards' merge took
+    worker_times: list[tuple[float, float, float]] = field(default_factory=list)
+    merge_seconds: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -478,6 +483,7 @@ class _VectorBatch:
         mode = gym.vector.AutoresetMode.DISABLED
         if asynchronous:
             thunk = functools.partial(_in_worker, thunk)
+            forkserver_context()  # its sub-envs start with ManiSkill imported
             envs = gym.vector.AsyncVectorEnv([thunk] * num_envs, context="forkserver", autoreset_mode=mode)
         else:
             envs = gym.vector.SyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
@@ -1055,7 +1061,6 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
 
 
 # ---------------------------------------------------------------------------------------------- workers
-MANY_CORES = 8  # from this many cores on, CPU-simulated replays run one worker process per env by default
 
 
 def default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool) -> int:
@@ -1109,9 +1114,17 @@ class _WorkerStop(StopSignals):
 
     @property
     def requested(self) -> bool:
-        if self.signum is None and os.getppid() != self.parent:
+        if self.signum is None and not self._caller_alive():
             self.signum = signal.SIGTERM  # orphaned: stop, the shard keeps what is finished
         return self.signum is not None
+
+    def _caller_alive(self) -> bool:
+        import multiprocessing as mp
+
+        caller = mp.parent_process()  # the caller, also when the forkserver forked us (our OS parent is the server)
+        if caller is not None and caller.pid == self.parent:
+            return caller.is_alive()
+        return os.getppid() == self.parent
 
     def __enter__(self) -> _WorkerStop:
         super().__enter__()
@@ -1165,8 +1178,11 @@ def _run_share(plan: _Plan, share: _Share, stop: StopSignals | None, t0: float,
 
 
 def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, parent: int) -> None:
-    """A replay worker process (spawned): the replay's own code path on its share; reports on ``messages``."""
+    """A replay worker process (forked by the forkserver): the replay's own code path on its share; reports
+    on ``messages``."""
     import traceback
+
+    entered = time.perf_counter() - t0  # perf_counter is the system's monotonic clock: the caller's t0 holds here
 
     from fastrecord.commands.cli import quiet_third_party
 
@@ -1184,6 +1200,7 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
             messages.close()
             messages.join_thread()
             raise SystemExit(1) from None
+    s.worker_times = [(entered, s.startup_seconds, s.startup_seconds + s.seconds)]
     messages.put(("done", share.rank, s))
     messages.close()
     messages.join_thread()
@@ -1236,7 +1253,6 @@ def _run_workers(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None,
     worker and the cause; running the same command again replays only what is missing. A SIGINT or
     SIGTERM of this process reaches each worker as one SIGTERM: they stop between two steps (the
     replays in progress are not saved: re-running resumes them) and the shards are merged."""
-    import multiprocessing as mp
     import queue as queue_mod
 
     from tqdm import tqdm
@@ -1251,7 +1267,7 @@ def _run_workers(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None,
     try:
         shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming)
         busy = [s for s in shares if s.indices]
-        ctx = mp.get_context("spawn")  # a fresh interpreter per worker: no CUDA context, threads or locks copied
+        ctx = forkserver_context()  # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
         messages = ctx.Queue()
         procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid()),
                                      name=f"fastrecord-replay-{s.rank}") for s in busy}
@@ -1302,8 +1318,12 @@ def _run_workers(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None,
             messages.close()
         if value_errors and len(value_errors) == len(failures) == len(busy):  # a bad option or file: every worker refused it
             raise ValueError(value_errors[min(value_errors)])
-        summary = _summarize(plan, [summaries[r] for r in sorted(summaries)], _join(plan), stop, t0,
+        m0 = time.perf_counter()
+        report = _join(plan)
+        merge_seconds = time.perf_counter() - m0
+        summary = _summarize(plan, [summaries[r] for r in sorted(summaries)], report, stop, t0,
                              scheduled=sum(len(s.indices) for s in shares))
+        summary.merge_seconds = merge_seconds
     except BaseException:
         run.close(status="failed")
         raise
@@ -1361,7 +1381,8 @@ def _summarize(plan: _Plan, done: list[ReplaySummary], report: Any, stop: StopSi
         env_steps=sum(s.env_steps for s in done), seconds=time.perf_counter() - t0 - startup, output_dir=plan.out,
         files=files, source_episode_ids=sources, interrupted=interrupted, partial=0, startup_seconds=startup,
         results=[r for s in done for r in s.results], results_path=None, converted=any(s.converted for s in done),
-        skipped=total - scheduled + sum(s.skipped for s in done), workers=plan.workers, missing=missing)
+        skipped=total - scheduled + sum(s.skipped for s in done), workers=plan.workers, missing=missing,
+        worker_times=[w for s in done for w in s.worker_times])
 
 
 def _run_rank(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
@@ -1555,7 +1576,20 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
     else:
         print("success matches the recording in every episode")
     print_results(s.results, len(s.results), s.results_path)
+    if s.worker_times:
+        print(worker_timeline(s))
     print_speed_and_files(s.env_steps, s.seconds, s.files, s.output_dir, s.startup_seconds)
+
+
+def worker_timeline(s: ReplaySummary) -> str:
+    """One line: when the workers were up, replaying and done (first-last, seconds since the replay began),
+    and the merge."""
+    def span(i: int) -> str:
+        lo, hi = min(w[i] for w in s.worker_times), max(w[i] for w in s.worker_times)
+        return f"{lo:.1f}-{hi:.1f} s"
+
+    return (f"workers ({len(s.worker_times)}): up (interpreter, imports) at {span(0)}, replaying from {span(1)} (envs made), "
+            f"done at {span(2)}; merge {s.merge_seconds:.1f} s")
 
 
 def main_from_args(args: argparse.Namespace) -> int:

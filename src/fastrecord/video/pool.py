@@ -27,6 +27,7 @@ import numpy as np
 
 from fastrecord import staging as _staging
 from fastrecord.video.encode import EncoderError, VideoSettings, _check_frames, _encode_here, check_video_settings
+from fastrecord.workers import background_nice
 
 _MSG_MAX = 1 << 20
 # The encoder process imports fastrecord.video without running fastrecord/__init__.py (which imports
@@ -37,15 +38,19 @@ _BOOT = (
     "if sys.path and sys.path[0] == '': sys.path.pop(0)\n"
     "pkg = types.ModuleType('fastrecord'); pkg.__path__ = [sys.argv[2]]; sys.modules['fastrecord'] = pkg\n"
     "from fastrecord.video.pool import _worker_main\n"
-    "_worker_main(int(sys.argv[1]))\n"
+    "_worker_main(int(sys.argv[1]), int(sys.argv[3]))\n"
 )
 
 
-def _worker_main(fd: int) -> None:
-    """Encoder process loop: map arenas, encode jobs, reply ('ok', wall s, cpu s, path written) or ('error', ...)."""
+def _worker_main(fd: int, nice: int = 0) -> None:
+    """Encoder process loop: map arenas, encode jobs, reply ('ok', wall s, cpu s, path written) or ('error', ...).
+    ``nice``: its priority below the caller's (`fastrecord.workers.background_nice`)."""
     import mmap
     import signal
 
+    from fastrecord.workers import lower_priority
+
+    lower_priority(nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     sock = socket.socket(fileno=fd)
     arenas: dict[int, mmap.mmap] = {}
@@ -102,7 +107,7 @@ class _EncoderProcess:
         pkg_dir = str(Path(__file__).resolve().parent.parent)  # the fastrecord package
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(child.fileno()), pkg_dir],
+                [sys.executable, "-c", _BOOT, str(child.fileno()), pkg_dir, str(background_nice())],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
                 # a session of its own: a SIGTERM to the caller's process group (torchrun stopping a worker, a
                 # job scheduler's killpg) is the caller's to handle; it closes us, and its death ends our socket
