@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import h5py
+import numpy as np
 import pytest
 
 from fastrecord.system import use_lavapipe_if_no_gpu
@@ -12,6 +14,17 @@ from fastrecord.system import use_lavapipe_if_no_gpu
 use_lavapipe_if_no_gpu()  # before SAPIEN creates a renderer
 
 CAMERA = dict(width=64, height=64)
+
+
+def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
+    """Every dataset under ``group``, read into memory, by its path relative to ``group`` ("obs/agent/qpos")."""
+    out: dict[str, np.ndarray] = {}
+    for k, v in group.items():
+        if isinstance(v, h5py.Group):
+            out |= leaves(v, f"{prefix}{k}/")
+        else:
+            out[prefix + k] = v[:]
+    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import CAMERA
+from conftest import CAMERA, leaves
 from fastrecord.commands.replay import ReplayConfig, run_replay
 from fastrecord.sinks.results import read_results
 from fastrecord.video import decode_mp4
@@ -65,16 +65,6 @@ def maniskill_file(tmp_path_factory) -> Path:
     from mani_skill.utils.wrappers import RecordEpisode
 
     return record(RecordEpisode, tmp_path_factory.mktemp("maniskill"), "ms_demo")
-
-
-def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for k, v in group.items():
-        if isinstance(v, h5py.Group):
-            out |= leaves(v, f"{prefix}{k}/")
-        else:
-            out[prefix + k] = v[:]
-    return out
 
 
 def replay(path: Path, out: Path, **kw) -> tuple:

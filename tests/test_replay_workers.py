@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import CAMERA
+from conftest import CAMERA, leaves
 from fastrecord.commands.replay import ReplayConfig, ReplayWorkerError, default_workers, run_replay
 
 ENV_ID = "PickCube-v1"
@@ -51,16 +51,6 @@ def record(out: Path, episodes: int, steps: int) -> Path:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
     return record(tmp_path_factory.mktemp("demo"), episodes=5, steps=6)
-
-
-def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for k, v in group.items():
-        if isinstance(v, h5py.Group):
-            out |= leaves(v, f"{prefix}{k}/")
-        else:
-            out[prefix + k] = v[:]
-    return out
 
 
 def replay(src: Path, out: Path, **kw):

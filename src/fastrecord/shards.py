@@ -56,6 +56,9 @@ from typing import Any
 
 import numpy as np
 
+# maniskill_h5 (h5py) is already loaded by `import fastrecord`: importing it here costs nothing
+from fastrecord.sinks.maniskill_h5 import _read_json
+
 SHARDS_SUFFIX = ".shards"  # DIR/NAME.shards/ holds the shards of run NAME
 RULE = "g % world_size"  # the episode -> rank rule, as written in the manifest
 _RANK_DIR = re.compile(r"^rank(\d{5,})$")
@@ -233,14 +236,6 @@ class EpisodeSchedule:
 
 
 # ---------------------------------------------------------------------------------------------- reading shards
-def _read_json(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
     try:

@@ -219,15 +219,23 @@ def _copy_index_here(h5_path: str, links: list[tuple[str, str, str]], doc: dict)
     """Like `_link_index_here`, but copies every linked group into one self-contained ``NAME.h5`` (the
     sources, external links included, are followed and left as they are)."""
     h5 = Path(h5_path)
+    _write_copies(h5, h5.parent, links)
+    atomic_write_json(h5.with_suffix(".json"), doc)
+
+
+def _write_copies(h5: Path, folder: Path, links: Sequence[tuple[str, str, str]]) -> None:
+    """Swap in ``h5`` (atomically) holding a copy of every group of ``links`` ((name, file in ``folder``,
+    group in it)); each source file is opened once per run of links into it and left as it is. If the
+    recording died meanwhile, exits without swapping it in (nobody will list the result)."""
     tmp = h5.with_name(h5.name + ".tmp")
     with h5py.File(tmp, "w", track_order=True) as dst:
         src, src_name = None, None
         try:
-            for name, target_file, target in links:
-                if target_file != src_name:
+            for name, source_file, target in links:
+                if source_file != src_name:
                     if src is not None:
                         src.close()
-                    src, src_name = h5py.File(h5.parent / target_file, "r"), target_file
+                    src, src_name = h5py.File(folder / source_file, "r"), source_file
                 src.copy(src[target], dst, name=name)
         finally:
             if src is not None:
@@ -237,7 +245,6 @@ def _copy_index_here(h5_path: str, links: list[tuple[str, str, str]], doc: dict)
         os.unlink(tmp)
         os._exit(0)
     os.replace(tmp, h5)
-    atomic_write_json(h5.with_suffix(".json"), doc)
 
 
 def _groups_here(h5_path: str) -> dict[str, Any]:
@@ -387,24 +394,7 @@ def _consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict
     if state["skipped"]:
         raise ValueError(f"not consolidating {h5}: part files {state['skipped']} cannot be used; the other parts are "
                          f"listed in {h5.name}. Move those files out of {parts_dir} and run consolidate again")
-    tmp = h5.with_name(h5.name + ".tmp")
-    with h5py.File(tmp, "w", track_order=True) as dst:
-        src, src_name = None, None
-        try:
-            for name, part, target in state["links"]:
-                if part != src_name:
-                    if src is not None:
-                        src.close()
-                    src, src_name = h5py.File(parts_dir / part, "r"), part
-                src.copy(src[target], dst, name=name)
-        finally:
-            if src is not None:
-                src.close()
-    _fsync(tmp)
-    if not parent_alive():
-        os.unlink(tmp)
-        os._exit(0)
-    os.replace(tmp, h5)
+    _write_copies(h5, parts_dir, state["links"])
     if known is not None:
         atomic_write_json(json_path, known[1])
     # rename first: a crash while deleting must not leave a subset of the parts (the truth) behind
