@@ -1,7 +1,5 @@
 """``python -m fastrecord ...`` is the ``fastrecord`` command."""
 
-import sys
+from fastrecord.commands.cli import entry
 
-from fastrecord.commands.cli import main
-
-sys.exit(main())
+entry()

@@ -1184,9 +1184,14 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
 
     entered = time.perf_counter() - t0  # perf_counter is the system's monotonic clock: the caller's t0 holds here
 
+    from tqdm import tqdm
+
     from fastrecord.commands.cli import quiet_third_party
 
     quiet_third_party()
+    # tqdm's default lock is a multiprocessing RLock: here a named semaphore of the forkserver's kind, which
+    # the resource tracker reported leaked at exit ("1 leaked semaphore"); the caller draws the progress bar
+    tqdm.set_lock(threading.RLock())
     with _WorkerStop(parent) as stop:
         try:
             traj = open_trajectory(cfg.traj_path)
