@@ -174,3 +174,25 @@ def test_gather_yuv420p_on_cuda_matches_cpu_conversion():
     out.wait_ready()
     diff = np.abs(out.view(np.ndarray).astype(int) - rgb_to_yuv420p(frames[[1, 2]], kernel="torch").numpy())
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # float rounding between the kernels
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_read_rows_reads_last_slots_whole_episodes_and_extras_at_once(device):
+    """The episode-end flags (last slot, whole episode) and extra tensors in one transfer: the values of
+    the buffer, for envs at different slots, in the order asked."""
+    n = 3
+    buf = EpisodeBuffer(n, 4)
+    flags = lambda *v: torch.tensor(v, device=device)  # noqa: E731
+    buf.start(np.arange(n), {"success": flags(False, False, False), "reward": torch.zeros(n, device=device)})
+    buf.step({"success": flags(False, True, False), "reward": torch.tensor([1.0, 2.0, 3.0], device=device)})
+    buf.start(np.array([1]), {"success": flags(False, False, False), "reward": torch.zeros(n, device=device)})  # env 1 anew
+    buf.step({"success": flags(True, True, False), "reward": torch.tensor([4.0, 5.0, 6.0], device=device)})
+    returns = torch.tensor([10.0, 20.0, 30.0], dtype=torch.float64, device=device)
+    got = buf.read_rows(np.array([2, 0, 1]), last=["success", "reward", "absent"], whole=["success"],
+                        extra={"returns": returns[[2, 0, 1]]})
+    assert sorted(got) == ["returns", "reward", "success", "whole/success"]
+    assert got["success"].tolist() == [False, True, True] and got["reward"].tolist() == [6.0, 4.0, 5.0]
+    assert got["whole/success"].shape == (3, 3)  # slots 0..max cursor (2); env 1 is at slot 1
+    assert got["whole/success"][:, :2].tolist() == [[False, False], [False, False], [False, True]]
+    assert got["whole/success"][:2, 2].tolist() == [False, True]
+    assert got["returns"].tolist() == [30.0, 10.0, 20.0] and all(isinstance(v, np.ndarray) for v in got.values())

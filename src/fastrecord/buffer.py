@@ -232,15 +232,40 @@ class EpisodeBuffer:
         self._slots.clear()
 
     # ------------------------------------------------------------------ reads
-    def read_last(self, names: list[str], env_idx: np.ndarray) -> dict[str, np.ndarray]:
-        """Small read: each named field at the current slot of ``env_idx`` (one sync)."""
-        out = {}
-        for n in names:
-            if (buf := self._bufs.get(n)) is not None:
+    def read_rows(self, env_idx: np.ndarray, last: Collection[str] = (), whole: Collection[str] = (),
+                  extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+        """Small reads for the episodes of ``env_idx`` in one device-to-host transfer (one sync per device
+        rather than one per read, each of which waited for all the device work queued so far):
+        ``last``: each field at the current slot (``[len(env_idx), ...]``, key = name); ``whole``: each
+        field's slots 0..max cursor (``[len(env_idx), max_len, ...]``, key ``"whole/" + name``); ``extra``:
+        more tensors, read as they are. Fields this buffer lacks are left out."""
+        env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
+        length = int(self.cursor[env_idx].max()) + 1 if len(env_idx) else 0
+        srcs: dict[str, torch.Tensor] = {}
+        for keys, prefix in ((last, ""), (whole, "whole/")):
+            for n in keys:
+                buf = self._bufs.get(n)
+                if buf is None:
+                    continue
                 rows = torch.as_tensor(env_idx, device=buf.device)
-                cur = torch.as_tensor(self.cursor[env_idx], device=buf.device)
-                out[n] = buf[cur, rows].cpu().numpy()
-        return out
+                if prefix:
+                    srcs[prefix + n] = buf[:length, rows].transpose(0, 1)
+                else:
+                    srcs[n] = buf[torch.as_tensor(self.cursor[env_idx], device=buf.device), rows]
+        srcs.update(extra or {})
+        out: dict[str, Any] = {}
+        devices = set()
+        for k, t in srcs.items():
+            if t.is_cuda:
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                devices.add(t.device)
+                out[k] = host
+            else:
+                out[k] = t.clone(memory_format=torch.contiguous_format)
+        for d in devices:
+            torch.cuda.current_stream(d).synchronize()
+        return {k: v.numpy() for k, v in out.items()}
 
     def gather(self, env_idx: np.ndarray, names: list[str] | None = None, *,
                yuv420p: Collection[str] = ()) -> dict[str, np.ndarray]:

@@ -311,7 +311,8 @@ class EpisodeRecorder:
             self.episode_meta[e] = None if m is None else dict(m)
 
     # ------------------------------------------------------------------ finishing episodes
-    def _keep_mask(self, rows: np.ndarray) -> np.ndarray:
+    def _keep_mask(self, rows: np.ndarray, ended: Mapping[str, Any]) -> np.ndarray:
+        """Which of ``rows`` are kept; ``ended``: `ResultsSink.read`'s host copy of the rows' flags."""
         if self.keep == "all":
             return np.ones(len(rows), dtype=bool)
         buf = self.buffer
@@ -334,11 +335,9 @@ class EpisodeRecorder:
                 f"keep={self.keep!r} needs info['success'] from the env, which this env does not report; use keep='all' or a callable"
             )
         if self.keep == "success_once":
-            flags = buf.gather(rows, names=["success"])["success"].reshape(len(rows), -1)
-            steps = np.arange(flags.shape[1])
-            valid = (steps[None] >= 1) & (steps[None] <= buf.cursor[rows][:, None])
-            return (flags & valid).any(axis=1)
-        last = {k: v.reshape(len(rows)).astype(bool) for k, v in buf.read_last(["success", "fail"], rows).items()}
+            return np.asarray(ended["once"], dtype=bool)
+        last = {k: np.asarray(ended["last"][k]).reshape(len(rows)).astype(bool) for k in ("success", "fail")
+                if k in ended["last"]}
         if self.keep == "success":
             return last["success"]
         # failure: the env reports fail at the end, or it did not succeed
@@ -359,8 +358,8 @@ class EpisodeRecorder:
         rows = rows[np.array([self.episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)]  # spare slots: dropped
         if len(rows):
             self.num_finished += len(rows)
-            keep, first_id = self._keep_mask(rows), self.next_episode_id
             ended = self.results.read(rows, buf)  # host reads first: after _write they would wait for its gather
+            keep, first_id = self._keep_mask(rows, ended), self.next_episode_id
             kept = rows[keep]
             if len(kept):
                 self._write(kept)

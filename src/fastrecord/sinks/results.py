@@ -88,14 +88,16 @@ class ResultsSink(Sink):
         The recorder calls this before it queues the episodes' frames: the reads wait for the device
         work queued so far, which must not yet include the (large) gather of the frames."""
         lengths = buffer.cursor[rows].copy()
-        last = buffer.read_last(["success", "terminated", "truncated"], rows)
+        extra = {} if self._returns is None else {"returns": self._returns[torch.as_tensor(rows, device=self._returns.device)]}
+        # one transfer for every flag the rows and the keep filter need (each read used to wait on its own sync)
+        got = buffer.read_rows(rows, last=["success", "terminated", "truncated", "fail"], whole=["success"], extra=extra)
+        last = {n: got[n] for n in ("success", "terminated", "truncated", "fail") if n in got}
         once = None
-        if "success" in buffer.fields:
-            flags = np.array(buffer.gather(rows, names=["success"])["success"]).reshape(len(rows), -1)
+        if "whole/success" in got:
+            flags = np.asarray(got["whole/success"]).reshape(len(rows), -1).astype(bool)
             steps = np.arange(flags.shape[1])
-            once = (flags.astype(bool) & (steps[None] >= 1) & (steps[None] <= lengths[:, None])).any(axis=1)
-        returns = (self._returns[torch.as_tensor(rows, device=self._returns.device)].cpu().numpy()
-                   if self._returns is not None else np.zeros(len(rows)))
+            once = (flags & (steps[None] >= 1) & (steps[None] <= lengths[:, None])).any(axis=1)
+        returns = got["returns"] if "returns" in got else np.zeros(len(rows))
         return dict(lengths=lengths, last=last, once=once, returns=returns)
 
     def finished(self, rows: np.ndarray, kept: np.ndarray, first_id: int, ended: dict[str, Any], seeds: np.ndarray,
