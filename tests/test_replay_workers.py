@@ -196,23 +196,24 @@ def test_bad_workers_values_are_refused(demo, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-def test_the_cli_starts_the_forkserver_early_for_worker_replays(monkeypatch):
-    """`fastrecord replay` guesses from its command line alone whether it will start workers, and then starts
-    the forkserver (its imports) before its own imports."""
-    from fastrecord.commands.cli import _replay_workers_likely
+def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
+    """`fastrecord replay` guesses from its command line alone whether it will fork processes (workers, or a
+    CPU vector env's sub-envs), and then starts the forkserver (its imports) before its own imports."""
+    from fastrecord.commands.cli import _replay_forks
 
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert _replay_workers_likely(["replay", "x.h5"])  # the default on 8+ cores
-    assert _replay_workers_likely(["replay", "x.h5", "--workers", "4"])
-    assert _replay_workers_likely(["replay", "x.h5", "--workers=2"])
-    assert not _replay_workers_likely(["replay", "x.h5", "--workers", "1"])
-    assert not _replay_workers_likely(["record", "PickCube-v1"])
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert not _replay_workers_likely(["replay", "x.h5"])
-    assert _replay_workers_likely(["replay", "x.h5", "--workers", "2"])
-    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun: the ranks are the workers
-    assert not _replay_workers_likely(["replay", "x.h5", "--workers", "2"])
+    assert _replay_forks(["replay", "x.h5"])  # by default one env per core (and one worker per env on 8+)
+    assert _replay_forks(["replay", "x.h5", "--workers", "4"])
+    assert _replay_forks(["replay", "x.h5", "--workers=2", "--num-envs", "2"])
+    assert _replay_forks(["replay", "x.h5", "--workers", "1", "-n", "4"])  # one process, 4 async sub-envs
+    assert not _replay_forks(["replay", "x.h5", "--workers", "1", "--num-envs", "1"])
+    assert not _replay_forks(["replay", "x.h5", "--num-envs=1"])
+    assert not _replay_forks(["replay", "x.h5", "--sim-backend", "physx_cuda"])  # one batched GPU env
+    assert not _replay_forks(["replay", "x.h5", "-b", "cuda:1", "-n", "64"])
+    assert _replay_forks(["replay", "x.h5", "-b", "cuda:1", "--workers", "2"])  # workers: batched envs each
+    assert not _replay_forks(["record", "PickCube-v1"])
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert not _replay_forks(["replay", "x.h5"])
 
 
 def test_default_workers(monkeypatch):

@@ -303,27 +303,41 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Any]]:
     return parser, modules
 
 
-def _replay_workers_likely(argv: list[str]) -> bool:
-    """Whether ``argv`` is a ``replay`` that will start worker processes: ``--workers N`` with N > 1, or
-    no ``--workers`` on a machine of `fastrecord.workers.MANY_CORES` cores or more (the default there),
-    not under torchrun (the ranks are the workers). A cheap guess from the command line only: a wrong
-    guess costs an idle server process, or a later start."""
-    from fastrecord.workers import MANY_CORES
-
-    if not argv or argv[0] != "replay" or "WORLD_SIZE" in os.environ:
-        return False
+def _flag(argv: list[str], *names: str) -> str | None:
+    """The value of the last ``--name VALUE`` / ``--name=VALUE`` of ``names`` in ``argv`` (None: absent)."""
+    value = None
     for i, a in enumerate(argv):
-        value = a.split("=", 1)[1] if a.startswith("--workers=") else (argv[i + 1] if a == "--workers" and i + 1 < len(argv) else None)
-        if value is not None:
-            return value.isdigit() and int(value) > 1
-    return (os.cpu_count() or 1) >= MANY_CORES
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif a.startswith(n + "="):
+                value = a.split("=", 1)[1]
+    return value
+
+
+def _replay_forks(argv: list[str]) -> bool:
+    """Whether ``argv`` is a ``replay`` that will fork processes from the forkserver: worker processes
+    (``--workers N``, N > 1) or the sub-envs of a CPU vector env (``--num-envs N``, N > 1; by default one
+    env per core), not the one batched env of GPU simulation. A cheap guess from the command line only:
+    a wrong guess costs an idle server process, or a later start."""
+    if not argv or argv[0] != "replay":
+        return False
+    workers, envs = _flag(argv, "--workers"), _flag(argv, "--num-envs", "-n")
+    if workers is not None and workers.isdigit() and int(workers) > 1:
+        return True
+    backend = _flag(argv, "--sim-backend", "-b")
+    if backend is not None and backend.split(":")[0] in CUDA_SIM:
+        return False
+    if envs is not None:
+        return envs.isdigit() and int(envs) > 1
+    return (os.cpu_count() or 1) > 1
 
 
 def main(argv: list[str] | None = None) -> int:
     from fastrecord.system import use_lavapipe_if_no_gpu
 
     use_lavapipe_if_no_gpu()
-    if _replay_workers_likely(sys.argv[1:] if argv is None else argv):
+    if _replay_forks(sys.argv[1:] if argv is None else argv):
         from fastrecord.workers import start_forkserver
 
         start_forkserver()  # its imports (torch, ManiSkill) run on another core while ours run here
