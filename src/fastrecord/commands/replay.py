@@ -26,10 +26,10 @@ Episodes are renumbered in the order they finish; each output JSON episode names
 replays in ``source_episode_id``. Existing output files are never replaced without ``--overwrite``;
 ``--resume`` continues an interrupted replay, skipping the episodes it holds.
 
-``--workers N`` (default: see `default_workers`) splits the episodes over N spawned processes, each with
-its own envs and recorder writing a shard (`fastrecord.shards`: input episode ``g`` goes to worker
-``g % N``); the shards are joined at the end into ``NAME.h5`` (external links) + ``NAME.json``, in input
-order. Under torchrun each rank is one worker and rank 0 joins. A worker that fails or is killed does
+``--workers N`` (default: see `default_workers`) splits the episodes over N processes (forked by the
+preloaded forkserver), each with its own envs and recorder writing a shard (`fastrecord.shards`: input
+episode ``g`` goes to worker ``g % N``); the shards are joined at the end into ``NAME.h5`` (external
+links) + ``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0 joins. A worker that fails or is killed does
 not stop the others; the error names it and the missing episodes, and re-running resumes.
 
 ManiSkill's command line works with the program's name changed: every flag of
@@ -1248,8 +1248,8 @@ def _claim_sharded(plan: _Plan, world: int):
 
 
 def _run_workers(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
-    """Split the episodes over ``plan.workers`` spawned processes, each with its own envs and recorder
-    writing its own shard (`fastrecord.shards`: ``DIR/NAME.shards/rankNNNNN/``), then merge the shards
+    """Split the episodes over ``plan.workers`` processes (forked by `fastrecord.workers.forkserver_context`),
+    each with its own envs and recorder writing its own shard (`fastrecord.shards`: ``DIR/NAME.shards/rankNNNNN/``), then merge the shards
     into ``NAME.h5`` + ``NAME.json`` (`fastrecord.shards.merge`: episode ``g`` of the input is ``traj_g``).
 
     Progress and results are gathered here. A worker's exception or death (a signal, the OOM killer)
