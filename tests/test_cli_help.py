@@ -181,3 +181,21 @@ def test_info_overlay_is_readable_at_128(make_env, tmp_path):
         assert rows.max() < 0.5 * 128, f"frame {t}: text reaches row {rows.max()} of 128"
         assert 0.02 < changed.mean() < 0.3, f"frame {t}: text covers {changed.mean():.0%} of the frame"
         assert diff[t, 64:].mean() < 3  # the lower half is the scene, untouched
+
+
+def test_version_and_help_start_without_torch():
+    """The parser configures only the subcommand asked for: ``--version``, the top-level help and a
+    subcommand's one-line list import neither torch nor ManiSkill."""
+    code = ("import sys\n"
+            "from fastrecord.commands.cli import main\n"
+            "try:\n"
+            "    main(sys.argv[1:])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('HEAVY', sorted({'torch', 'mani_skill'} & set(sys.modules)))\n")
+    for argv in (["--version"], ["--help"]):
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "HEAVY []" in r.stdout, (argv, r.stdout[-500:])
+    assert "replay" in r.stdout and "run a policy in N envs" in r.stdout  # every subcommand listed

@@ -283,13 +283,18 @@ class StopSignals:
         self._previous.clear()
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Any]]:
-    """The ``fastrecord`` parser and {subcommand: its module}."""
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Any]]:
+    """The ``fastrecord`` parser and {subcommand: its module}. ``only``: configure that subcommand alone
+    ("" none): the others are listed with their one-line help, and their modules (several import torch
+    and ManiSkill) are not imported, so ``fastrecord --version`` or ``fastrecord info`` start at once."""
     parser = argparse.ArgumentParser(prog="fastrecord", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     modules = {}
     for name, (module, help_, config) in SUBCOMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_)
+            continue
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
@@ -337,12 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     from fastrecord.system import use_lavapipe_if_no_gpu
 
     use_lavapipe_if_no_gpu()
-    if _replay_forks(sys.argv[1:] if argv is None else argv):
+    args_in = sys.argv[1:] if argv is None else argv
+    if _replay_forks(args_in):
         from fastrecord.workers import start_forkserver
 
         start_forkserver()  # its imports (torch, ManiSkill) run on another core while ours run here
     quiet_third_party()
-    parser, modules = build_parser()
+    command = next((a for a in args_in if not a.startswith("-")), "")
+    parser, modules = build_parser(only=command if command in SUBCOMMANDS else "")
     args = parser.parse_args(argv)
     try:
         if args.command in ("record", "replay"):
