@@ -66,7 +66,6 @@ def lower_priority(nice: int) -> None:
         pass
 
 
-
 class WorkerError(RuntimeError):
     """A background job failed; the original exception is chained as ``__cause__``."""
 
@@ -169,7 +168,6 @@ class WorkerPool:
 # is copied, as with spawn. "__main__" is multiprocessing's own default: a user script's guarded main module,
 # so that wrappers or tasks defined there unpickle in the children.
 FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.commands.replay")
-MANY_CORES = 8  # from this many cores on, CPU-simulated replays run one worker process per env by default
 
 
 def forkserver_context() -> Any:

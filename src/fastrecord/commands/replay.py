@@ -29,8 +29,9 @@ replays in ``source_episode_id``. Existing output files are never replaced witho
 ``--workers N`` (default: see `default_workers`) splits the episodes over N processes (forked by the
 preloaded forkserver), each with its own envs and recorder writing a shard (`fastrecord.shards`: input
 episode ``g`` goes to worker ``g % N``); the shards are joined at the end into ``NAME.h5`` (external
-links) + ``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0 joins. A worker that fails or is killed does
-not stop the others; the error names it and the missing episodes, and re-running resumes.
+links) + ``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0 joins. A
+worker that fails or is killed does not stop the others; the error names it and the missing episodes,
+and re-running resumes.
 
 ManiSkill's command line works with the program's name changed: every flag of
 ``python -m mani_skill.trajectory.replay_trajectory`` (``--traj-path``, ``-o``, ``-c``, ``--save-traj``,
@@ -74,7 +75,7 @@ from fastrecord.commands.cli import StopSignals
 from fastrecord.commands.config import check_at_least, check_choice, check_fps, check_types, load_config
 from fastrecord.envs import SubEnvAccess
 from fastrecord.episode import KEEP_CHOICES
-from fastrecord.workers import MANY_CORES, forkserver_context
+from fastrecord.workers import forkserver_context
 
 BY_CHOICES = ("states", "actions")
 CONVERTERS = ("pd_joint_pos", "pd_joint_delta_pos")  # control modes ManiSkill's conversion code starts from
@@ -1061,6 +1062,7 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
 
 
 # ---------------------------------------------------------------------------------------------- workers
+MANY_CORES = 8  # from this many cores on, CPU-simulated replays run one worker process per env by default
 
 
 def default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool) -> int:
@@ -1249,7 +1251,8 @@ def _claim_sharded(plan: _Plan, world: int):
 
 def _run_workers(plan: _Plan, stop: StopSignals | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
     """Split the episodes over ``plan.workers`` processes (forked by `fastrecord.workers.forkserver_context`),
-    each with its own envs and recorder writing its own shard (`fastrecord.shards`: ``DIR/NAME.shards/rankNNNNN/``), then merge the shards
+    each with its own envs and recorder writing its own shard (`fastrecord.shards`:
+    ``DIR/NAME.shards/rankNNNNN/``), then merge the shards
     into ``NAME.h5`` + ``NAME.json`` (`fastrecord.shards.merge`: episode ``g`` of the input is ``traj_g``).
 
     Progress and results are gathered here. A worker's exception or death (a signal, the OOM killer)
