@@ -6,6 +6,7 @@ trajectory only (no videos), with the same number of envs for every tool, wall t
 prints their ratios, measured in that repeat:
 
     python scripts/bench_replay.py                                  # 96 episodes x 50 steps, one env per core
+    python scripts/bench_replay.py --workers auto,16,8,4            # fastrecord's default layout and others
     python scripts/bench_replay.py --episodes 8 --num-envs 2 --repeat 2 --sensor-size 64   # a 2-core machine
     python scripts/bench_replay.py --traj demos/trajectory.h5 --num-envs 16
 
@@ -77,12 +78,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50, help="steps per recorded episode")
     p.add_argument("--sensor-size", type=int, help="record with square sensor cameras of this size (default: the task's)")
     p.add_argument("--num-envs", type=int, default=os.cpu_count() or 1, help="envs for every tool (default: one per core)")
-    p.add_argument("--workers", type=int, help="fastrecord's workers (default: --num-envs, one env each)")
+    p.add_argument("--workers", default="auto",
+                   help="fastrecord's workers: a number, several separated by commas (each is run), or auto "
+                        "(fastrecord's own default, see `fastrecord replay --help`)")
     p.add_argument("--by", choices=("states", "actions"), default="states")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--work-dir", help="where inputs and outputs go (default: a temporary folder, removed)")
     args = p.parse_args()
-    n, workers = args.num_envs, args.workers or args.num_envs
+    n = args.num_envs
+    layouts = [w.strip() for w in str(args.workers).split(",") if w.strip()]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_replay_"))
     try:
         src = Path(args.traj) if args.traj else record_input(work / "input", args.episodes, args.steps, args.sensor_size)
@@ -99,11 +103,12 @@ def main() -> None:
         shutil.copy(src.with_suffix(".json"), ms_src.with_suffix(".json"))
         ms = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(ms_src), "-o", "rgb",
               "--save-traj", "--allow-failure", "-n", str(n)] + (["--use-env-states"] if args.by == "states" else [])
-        runs = {f"fastrecord --workers {workers}": fr + ["--workers", str(workers), "--output-dir", str(work / "fr_workers")],
-                "fastrecord --workers 1": fr + ["--workers", "1", "--output-dir", str(work / "fr_one")],
-                f"ManiSkill -n {n}": ms}
-        outputs = {f"fastrecord --workers {workers}": work / "fr_workers" / "replayed.json",
-                   "fastrecord --workers 1": work / "fr_one" / "replayed.json"}
+        runs, outputs = {}, {}
+        for w in dict.fromkeys(layouts + ["1"]):  # each layout asked for, and one process
+            label = "fastrecord (its default --workers)" if w == "auto" else f"fastrecord --workers {w}"
+            runs[label] = fr + ([] if w == "auto" else ["--workers", w]) + ["--output-dir", str(work / f"fr_{w}")]
+            outputs[label] = work / f"fr_{w}" / "replayed.json"
+        runs[f"ManiSkill -n {n}"] = ms
         seconds: dict[str, list[float]] = {k: [] for k in runs}
         for r in range(args.repeat):
             for label, argv in runs.items():

@@ -162,14 +162,26 @@ def test_file_written_by_maniskill_record_episode_replays(maniskill_file, tmp_pa
     assert_same_episodes(maniskill_file, new_h5, meta, state_atol=1e-6)
 
 
-def test_rgb_rerecording_holds_the_images_the_env_renders(fastrecord_file, tmp_path):
-    """state -> rgb: each recorded image is what the env renders in the recorded state."""
+def test_rgb_rerecording_holds_the_images_the_env_renders(fastrecord_file, tmp_path, monkeypatch):
+    """state -> rgb: each recorded image is what the env renders in the recorded state. Two envs in one
+    process: their renders are submitted together (`ReplayStates.prepare`) and read after."""
     import mani_skill.envs  # noqa: F401
 
+    from fastrecord.commands import replay as replay_mod
+
+    observed = []
+    rendered_before = replay_mod._rendered
+
+    def counting(base):
+        observed.append(base)
+        return rendered_before(base)
+
+    monkeypatch.setattr(replay_mod, "_rendered", counting)
     sensors = dict(width=48, height=48)
-    s, new_h5, meta = replay(fastrecord_file, tmp_path, obs_mode="rgb", num_envs=1, count=2,
+    s, new_h5, meta = replay(fastrecord_file, tmp_path, obs_mode="rgb", num_envs=2, count=3,
                              video_source="sensor:base_camera", env_kwargs=dict(sensor_configs=sensors))
-    assert s.episodes == 2 and len(s.files) == 5  # h5, json, two videos from the sensor camera, results
+    assert s.episodes == 3 and len(s.files) == 6  # h5, json, three videos from the sensor camera, results
+    assert len(observed) == s.env_steps and len({id(b) for b in observed}) == 2  # every step took the prepared path
     env = gym.make(ENV_ID, **{**KW, "obs_mode": "rgb", "sensor_configs": sensors})
     try:
         env.reset(seed=0)

@@ -205,13 +205,19 @@ def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
     assert _replay_forks(["replay", "x.h5"])  # by default one env per core (and one worker per env on 8+)
     assert _replay_forks(["replay", "x.h5", "--workers", "4"])
     assert _replay_forks(["replay", "x.h5", "--workers=2", "--num-envs", "2"])
-    assert _replay_forks(["replay", "x.h5", "--workers", "1", "-n", "4"])  # one process, 4 async sub-envs
+    assert not _replay_forks(["replay", "x.h5", "--workers", "1", "-n", "4"])  # one process holds its 4 envs
+    assert _replay_forks(["replay", "x.h5", "--workers", "1", "-n", "8"])  # more: one sub-process each
+    assert _replay_forks(["replay", "x.h5", "--workers", "1", "-n", "2", "--vector", "async"])
     assert not _replay_forks(["replay", "x.h5", "--workers", "1", "--num-envs", "1"])
     assert not _replay_forks(["replay", "x.h5", "--num-envs=1"])
     assert not _replay_forks(["replay", "x.h5", "--sim-backend", "physx_cuda"])  # one batched GPU env
     assert not _replay_forks(["replay", "x.h5", "-b", "cuda:1", "-n", "64"])
     assert _replay_forks(["replay", "x.h5", "-b", "cuda:1", "--workers", "2"])  # workers: batched envs each
     assert not _replay_forks(["record", "PickCube-v1"])
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert not _replay_forks(["replay", "x.h5"])  # one process holds the 2 envs
+    assert _replay_forks(["replay", "x.h5", "-n", "6"])
+    assert not _replay_forks(["replay", "x.h5", "-n", "6", "--vector", "sync"])
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert not _replay_forks(["replay", "x.h5"])
 
@@ -221,9 +227,11 @@ def test_default_workers(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert default_workers(cfg, 96, gpu_sim=False) == 1  # a small machine: one process
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert default_workers(cfg, 96, gpu_sim=False) == 16  # one worker per env, one env per core
+    assert default_workers(cfg, 96, gpu_sim=False) == 16  # rendering on the CPU: one worker per env, one env per core
     assert default_workers(cfg, 5, gpu_sim=False) == 5  # at most one per episode
     assert default_workers(ReplayConfig(traj_path="x.h5", num_envs=4), 96, gpu_sim=False) == 4
+    assert default_workers(cfg, 96, gpu_sim=False, gpu_render=True) == 4  # on a GPU: 4 envs a worker
+    assert default_workers(ReplayConfig(traj_path="x.h5", num_envs=6), 96, gpu_sim=False, gpu_render=True) == 2
     assert default_workers(cfg, 96, gpu_sim=True) == 1  # one batched GPU env holds every env
 
 

@@ -156,7 +156,8 @@ def make_eval_envs(
 
 # ---------------------------------------------------------------------------------------------- CPU
 def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list) -> gym.vector.VectorEnv:
-    thunks = [_CpuThunk(env_id, seed, env_kwargs, wrappers) for seed in range(num_envs)]
+    # more than one: each sub-env in a process of its own (AsyncVectorEnv)
+    thunks = [_CpuThunk(env_id, seed, env_kwargs, wrappers, own_process=num_envs > 1) for seed in range(num_envs)]
     mode = gym.vector.AutoresetMode.DISABLED  # EvalVectorEnv resets finished envs itself, after the recorder saw them
     if num_envs == 1:
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=mode)
@@ -169,15 +170,19 @@ def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list
 class _CpuThunk:
     """Builds one CPU sub-env (picklable for the forkserver workers)."""
 
-    def __init__(self, env_id: str, seed: int, env_kwargs: dict, wrappers: list) -> None:
+    def __init__(self, env_id: str, seed: int, env_kwargs: dict, wrappers: list, own_process: bool = False) -> None:
         self.env_id, self.seed, self.env_kwargs, self.wrappers = env_id, seed, dict(env_kwargs), wrappers
+        self.own_process = own_process  # built in a sub-env process of fastrecord's, not in the caller's
 
     def __call__(self) -> gym.Env:
         import mani_skill.envs  # noqa: F401 - registers the tasks (worker processes too)
 
         from fastrecord.system import use_lavapipe_if_no_gpu
+        from fastrecord.workers import freeze_imports
 
         use_lavapipe_if_no_gpu()
+        if self.own_process:  # each of its resets reconfigures the scene (and collects garbage)
+            freeze_imports()
         env = gym.make(self.env_id, reconfiguration_freq=1, **self.env_kwargs)
         for wrapper in self.wrappers:
             env = wrapper(env)

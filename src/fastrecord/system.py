@@ -1,4 +1,4 @@
-"""Machine set-up helpers: pick a Vulkan driver SAPIEN can render with."""
+"""Machine set-up helpers: pick a Vulkan driver SAPIEN can render with; how long this process has run."""
 
 from __future__ import annotations
 
@@ -24,3 +24,16 @@ def use_lavapipe_if_no_gpu() -> str | None:
             os.environ["VK_ICD_FILENAMES"] = path
             return path
     return None
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: ``/proc/self/stat``'s start time against ``/proc/uptime``,
+    to a clock tick), interpreter start-up and imports included; None where ``/proc`` does not say."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return None

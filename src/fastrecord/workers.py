@@ -170,6 +170,14 @@ class WorkerPool:
 FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.commands.replay")
 
 
+# The layout of a replay of CPU-simulated envs (`fastrecord.commands.replay.default_workers`; here for the
+# CLI's early guess, which must not import torch): from MANY_CORES cores on, several worker processes by
+# default; a worker holds up to ENVS_PER_WORKER envs in its own process (their renders submitted together),
+# more go to sub-processes of one env each
+MANY_CORES = 8
+ENVS_PER_WORKER = 4
+
+
 def forkserver_context() -> Any:
     """multiprocessing's forkserver context, its server preloading `FORKSERVER_PRELOAD` (where the server
     is not running yet; one server serves the whole process)."""
@@ -178,6 +186,20 @@ def forkserver_context() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     return ctx
+
+
+def freeze_imports() -> None:
+    """Take every object alive now (what the process imported: torch, ManiSkill, SAPIEN) out of the garbage
+    collector's reach (``gc.freeze``), in processes fastrecord owns (its CLI, replay workers, CPU sub-envs).
+
+    ManiSkill calls ``gc.collect()`` whenever it builds or clears a scene (env creation, close, and each
+    reset of a CPU eval env, which reconfigures), to release GPU memory; a full collection walks every
+    tracked object, about 0.17 s a call on the 2-core machine once torch and ManiSkill are imported, two
+    per replay env. Frozen objects are skipped (and never freed: they live as long as the modules). Not for
+    a user's process: the library API does not call it."""
+    import gc
+
+    gc.freeze()
 
 
 def start_forkserver() -> None:

@@ -322,20 +322,27 @@ def _flag(argv: list[str], *names: str) -> str | None:
 
 def _replay_forks(argv: list[str]) -> bool:
     """Whether ``argv`` is a ``replay`` that will fork processes from the forkserver: worker processes
-    (``--workers N``, N > 1) or the sub-envs of a CPU vector env (``--num-envs N``, N > 1; by default one
-    env per core), not the one batched env of GPU simulation. A cheap guess from the command line only:
-    a wrong guess costs an idle server process, or a later start."""
+    (``--workers N``, N > 1; by default on machines of `MANY_CORES` cores) or the sub-envs of a CPU vector
+    env (``--vector async``, or more than `ENVS_PER_WORKER` envs in one process; ``--num-envs`` is by
+    default one per core), not the one batched env of GPU simulation. A cheap guess from the command line
+    only (`fastrecord.commands.replay` decides): a wrong guess costs an idle server process, or a later start."""
+    from fastrecord.workers import ENVS_PER_WORKER, MANY_CORES
+
     if not argv or argv[0] != "replay":
         return False
-    workers, envs = _flag(argv, "--workers"), _flag(argv, "--num-envs", "-n")
+    workers, envs, vector = _flag(argv, "--workers"), _flag(argv, "--num-envs", "-n"), _flag(argv, "--vector")
     if workers is not None and workers.isdigit() and int(workers) > 1:
         return True
     backend = _flag(argv, "--sim-backend", "-b")
-    if backend is not None and backend.split(":")[0] in CUDA_SIM:
+    if (backend is not None and backend.split(":")[0] in CUDA_SIM) or vector == "batched":
         return False
-    if envs is not None:
-        return envs.isdigit() and int(envs) > 1
-    return (os.cpu_count() or 1) > 1
+    cores = os.cpu_count() or 1
+    n = int(envs) if envs is not None and envs.isdigit() else (1 if envs is not None else cores)
+    if n <= 1:
+        return False
+    if workers is None and cores >= MANY_CORES:  # several workers (on a GPU: while n > ENVS_PER_WORKER)
+        return True
+    return vector == "async" or (vector != "sync" and n > ENVS_PER_WORKER)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -343,8 +343,11 @@ def main_from_args(args: argparse.Namespace) -> int:
     opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
     cfg = load_config(RecordConfig, args.config, **opts)
     from fastrecord.sinks.loggers import log_sinks
+    from fastrecord.workers import freeze_imports
 
     from fastrecord.shards import rank_info
+
+    freeze_imports()  # this process is the CLI's (see fastrecord.workers.freeze_imports)
 
     if rank_info().distributed:  # launched by torchrun: this process records one shard
         with StopSignals("record") as stop:

@@ -51,6 +51,7 @@ actions to another control mode with ManiSkill's own conversion code (``from_pd_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -75,7 +76,7 @@ from fastrecord.commands.cli import StopSignals
 from fastrecord.commands.config import check_at_least, check_choice, check_fps, check_types, load_config
 from fastrecord.envs import SubEnvAccess
 from fastrecord.episode import KEEP_CHOICES
-from fastrecord.workers import forkserver_context
+from fastrecord.workers import ENVS_PER_WORKER, MANY_CORES, forkserver_context, freeze_imports
 
 BY_CHOICES = ("states", "actions")
 CONVERTERS = ("pd_joint_pos", "pd_joint_delta_pos")  # control modes ManiSkill's conversion code starts from
@@ -200,6 +201,7 @@ class ReplaySummary:
     # with its imports, its envs made, its share written; and the time the shards' merge took
     worker_times: list[tuple[float, float, float]] = field(default_factory=list)
     merge_seconds: float = 0.0
+    process_age: float | None = None  # seconds from this process's start to the replay's (interpreter, imports)
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -268,6 +270,12 @@ class ReplayStates(gym.Wrapper):
         self._last_step: tuple | None = None
         self._last_frame: Any = None
         self._time_limit = self._direct_step_time_limit()
+        self._prepared: Any = None  # the action `prepare` took, until `step` observes it
+        # `prepare` submits the cameras' renders: only worth it where the observation has cameras, and only
+        # where BaseEnv computes it as ManiSkill 3.0 does (render, capture, read: `_rendered` skips the first two)
+        visual = getattr(getattr(base, "obs_mode_struct", None), "visual", None)
+        self._camera_obs = (self.n == 1 and visual is not None and any(vars(visual).values())
+                            and all(hasattr(base, a) for a in ("capture_sensor_data", "_hidden_objects", "scene")))
 
     @property
     def max_episode_steps(self) -> int | None:
@@ -335,30 +343,68 @@ class ReplayStates(gym.Wrapper):
             self._t[e] = 0
             self._active[e] = p is not None and p["length"] > 0
         self._last_step = None
+        self._prepared = None
         return obs, info
 
+    def prepare(self, action: Any) -> None:
+        """The first half of the next `step` (with the same action), for a vector env that holds several
+        single envs in one process (`_PreparedSyncVectorEnv`): simulate, set the recorded state and
+        submit the cameras' renders, without waiting for them. SAPIEN renders asynchronously, so the
+        renders of all of a process's envs then run together on the GPU before the first is read
+        (on the H200, 4 envs: 2.4 ms an env-step against 4.8 one after the other). Does nothing where
+        `step` would not take its direct path (by actions, idle, another wrapper below) or the
+        observation has no camera."""
+        if self._prepared is not None or not self._camera_obs:
+            return
+        if self.n == 1 and not self._active.any() and self._last_step is not None:
+            return
+        rows = [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
+        if not rows or self._time_limit is False:
+            return
+        base = self.env.unwrapped
+        stepped = self._advance(action, rows)
+        for obj in base._hidden_objects:  # as BaseEnv._get_obs_sensor_data, before its render
+            obj.hide_visual()
+        base.scene.update_render(update_sensors=True, update_human_render_cameras=False)
+        base.capture_sensor_data()
+        self._prepared = action if stepped is None else stepped
+
     def step(self, action: Any):
+        if self._prepared is not None:  # `prepare` simulated, set the state and rendered: observe
+            stepped, self._prepared = self._prepared, None
+            with _rendered(self.env.unwrapped):
+                obs, rew, terminated, info = self._observe(stepped, {})
+            return self._finish(obs, rew, terminated, info)
         if self.n == 1 and not self._active.any() and self._last_step is not None:
             return self._last_step  # idle: the episode is over, hold still until the next plan
         rows = [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
         if rows and self._time_limit is not False:
-            # BaseEnv.step without its observation and reward: they would be of the simulated state, which
-            # the recorded one replaces at once (for camera observations, a second render per step)
-            base = self.env.unwrapped
-            stepped = base._step_action(action)
-            base._elapsed_steps += 1
-            self._t[self._active] += 1
-            self._set_states(rows)
+            stepped = self._advance(action, rows)
             obs, rew, terminated, info = self._observe(action if stepped is None else stepped, {})
-            limit = self._time_limit
+            return self._finish(obs, rew, terminated, info)
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        self._t[self._active] += 1
+        if rows:
+            self._set_states(rows)
+            obs, rew, terminated, info = self._observe(action, info)
+        return self._finish(obs, rew, terminated, info, truncated)
+
+    def _advance(self, action: Any, rows: list[int]) -> Any:
+        """BaseEnv.step without its observation and reward: they would be of the simulated state, which
+        the recorded one replaces at once (for camera observations, a second render per step). Returns
+        the action as the env took it (None: as given)."""
+        base = self.env.unwrapped
+        stepped = base._step_action(action)
+        base._elapsed_steps += 1
+        self._t[self._active] += 1
+        self._set_states(rows)
+        return stepped
+
+    def _finish(self, obs: Any, rew: Any, terminated: Any, info: dict, truncated: Any = None) -> tuple:
+        if truncated is None:  # the direct path: ManiSkill's TimeLimitWrapper's flag
+            limit, base = self._time_limit, self.env.unwrapped
             truncated = (base.elapsed_steps >= limit if limit is not None
-                         else torch.zeros(self.n, dtype=torch.bool, device=self.device))  # as ManiSkill's TimeLimitWrapper
-        else:
-            obs, rew, terminated, truncated, info = self.env.step(action)
-            self._t[self._active] += 1
-            if rows:
-                self._set_states(rows)
-                obs, rew, terminated, info = self._observe(action, info)
+                         else torch.zeros(self.n, dtype=torch.bool, device=self.device))
         self._active &= self._t < np.array([p["length"] if p else 0 for p in self._plans])
         self._last_step = (obs, rew, terminated, truncated, info)
         return self._last_step
@@ -412,6 +458,24 @@ class ReplayStates(gym.Wrapper):
             terminated = torch.zeros(self.n, dtype=torch.bool, device=self.device)
         base._last_obs = obs
         return obs, reward, terminated, {**step_info, **info}
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _rendered(base: Any):
+    """Inside: ``base.get_obs`` reads the pictures `ReplayStates.prepare` rendered, without rendering again
+    (its scene's ``update_render`` and its ``capture_sensor_data`` do nothing)."""
+    scene = base.scene
+    base.capture_sensor_data = _noop
+    scene.update_render = _noop
+    try:
+        yield
+    finally:
+        del base.capture_sensor_data
+        del scene.update_render
 
 
 _TERMINATED, _TRUNCATED = "fastrecord_replay_terminated", "fastrecord_replay_truncated"
@@ -471,8 +535,22 @@ def _in_worker(thunk) -> gym.Env:
     group), so that the parent can stop the replay and still step and close its envs."""
     import signal
 
+    from fastrecord.workers import freeze_imports
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    freeze_imports()
     return thunk()
+
+
+class _PreparedSyncVectorEnv(gym.vector.SyncVectorEnv):
+    """A SyncVectorEnv of replay envs (one process) whose step first `ReplayStates.prepare`s every env
+    (simulate, set the state, submit the renders) and then steps them (read the pictures, observe):
+    the renders of all its envs overlap on the GPU instead of each waiting for its own."""
+
+    def step(self, actions: Any):
+        for env, action in zip(self.envs, gym.vector.utils.iterate(self.action_space, actions)):
+            env.get_wrapper_attr("prepare")(action)
+        return super().step(actions)
 
 
 class _VectorBatch:
@@ -487,7 +565,7 @@ class _VectorBatch:
             forkserver_context()  # its sub-envs start with ManiSkill imported
             envs = gym.vector.AsyncVectorEnv([thunk] * num_envs, context="forkserver", autoreset_mode=mode)
         else:
-            envs = gym.vector.SyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
+            envs = _PreparedSyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
         self.envs = envs
         self.num_envs = num_envs
         try:
@@ -608,15 +686,20 @@ def run_replay(cfg: ReplayConfig, stop: StopSignals | None = None, sinks: list[A
     are merged at the end (see `_run_workers`)."""
     t0 = time.perf_counter()
     from fastrecord.sinks.base import OutputExistsError
+    from fastrecord.system import process_age
 
+    age = process_age()
     traj = open_trajectory(cfg.traj_path)
     try:
         plan = _plan(cfg, traj)
         if plan.distributed:
-            return _run_rank(plan, stop, sinks, t0)
-        if plan.workers > 1:
-            return _run_workers(plan, stop, sinks, t0)
-        return _run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0)
+            summary = _run_rank(plan, stop, sinks, t0)
+        elif plan.workers > 1:
+            summary = _run_workers(plan, stop, sinks, t0)
+        else:
+            summary = _run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0)
+        summary.process_age = age
+        return summary
     except OutputExistsError as e:
         raise OutputExistsError(f"{e} (fastrecord replay: --overwrite replaces that replay's files, --resume "
                                 f"continues it)") from None
@@ -749,7 +832,9 @@ def _plan(cfg: ReplayConfig, traj: TrajectoryFile) -> _Plan:
                          f"replays its share); drop --workers, or run without torchrun")
     vector = cfg.vector
     cores = max(1, (os.cpu_count() or 1) // info.local_world_size)  # under torchrun the ranks of a host share its cores
-    workers = 1 if info.distributed else cfg.workers if cfg.workers is not None else default_workers(cfg, len(episodes), gpu_sim)
+    gpu_render = str(kwargs.get("render_backend")).lower() not in ("cpu", "sapien_cpu")
+    workers = (1 if info.distributed else cfg.workers if cfg.workers is not None
+               else default_workers(cfg, len(episodes), gpu_sim, gpu_render))
     workers = min(workers, len(episodes))
     if cfg.num_envs is not None:
         n = cfg.num_envs
@@ -769,7 +854,10 @@ def _plan(cfg: ReplayConfig, traj: TrajectoryFile) -> _Plan:
                              f"--workers 2 or more (or under torchrun), or pass --overwrite")
     per_worker = -(-n // workers)  # the largest share
     if vector == "auto":
-        vector = "batched" if gpu_sim else ("async" if per_worker > 1 else "sync")
+        # CPU envs: up to ENVS_PER_WORKER in this process, their renders submitted together (on 2 cores: one
+        # process holding 2 envs 36-38 s, the 2 in sub-processes 46 s); more in sub-processes, one each (on the
+        # H200 machine, 16 envs: 34.9 s in sub-processes, 39.2 s in one process)
+        vector = "batched" if gpu_sim else ("async" if per_worker > ENVS_PER_WORKER else "sync")
     if vector == "batched" and per_worker > 1 and by == "actions" and not cfg.use_first_env_state:
         raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
                          "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
@@ -1062,25 +1150,25 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
 
 
 # ---------------------------------------------------------------------------------------------- workers
-MANY_CORES = 8  # from this many cores on, CPU-simulated replays run one worker process per env by default
-
-
-def default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool) -> int:
+def default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool, gpu_render: bool = False) -> int:
     """``--workers`` when it is not given.
 
-    CPU simulation on a machine of ``MANY_CORES`` cores or more: one worker per env (``--num-envs``, by
-    default one per core), at most one per core and one per episode. Each worker then steps, renders and
-    records its own env in its own process, as each of ManiSkill's ``replay_trajectory -n N`` processes
-    does, and no observation crosses a process boundary before the HDF5 writer: a worker costs about one
-    core (env, rendering, recorder) plus its writer process's compression, so more workers than cores
-    only queue. Fewer cores (where every process competes for the same one or two), GPU simulation (one
-    batched env already runs every env in one process, on one GPU) or under torchrun (the ranks are the
-    workers): one process, as before sharding.
+    CPU simulation on a machine of ``MANY_CORES`` cores or more: the envs (``--num-envs``, by default one
+    per core) split into workers of ``ENVS_PER_WORKER`` envs where they render on a GPU, else one env
+    per worker; at most one worker per core and one per episode. Each worker steps, renders and records
+    its envs in its own process, and no observation crosses a process boundary before the HDF5 writer.
+    Measured on the H200 machine (16 cores, 96 PickCube episodes, 16 envs, 2026-12-03): 4 workers of 4
+    envs 21.7-23.6 s, 8 of 2 21.9-23.0 s, 16 of 1 26.1 s, 2 of 8 25.3 s, one process 34.9-39.2 s; fewer
+    processes also start their envs sooner (16 processes making envs together: 6-10 s; 4: 3 s). On the
+    CPU (lavapipe renders each env with the cores it finds) one env per worker. Fewer cores (where every
+    process competes for the same one or two), GPU simulation (one batched env already runs every env in
+    one process, on one GPU) or under torchrun (the ranks are the workers): one process.
     """
     cores = os.cpu_count() or 1
     if gpu_sim or cores < MANY_CORES:
         return 1
-    return max(1, min(cfg.num_envs or cores, cores, episodes))
+    per_worker = ENVS_PER_WORKER if gpu_render else 1
+    return max(1, min(-(-(cfg.num_envs or cores) // per_worker), cores, episodes))
 
 
 def _replayed_sources(out: Path, name: str) -> set[int]:
@@ -1191,6 +1279,7 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
     from fastrecord.commands.cli import quiet_third_party
 
     quiet_third_party()
+    freeze_imports()  # ManiSkill's gc.collect() at env creation and close then skips the imported modules
     # tqdm's default lock is a multiprocessing RLock: here a named semaphore of the forkserver's kind, which
     # the resource tracker reported leaked at exit ("1 leaked semaphore"); the caller draws the progress bar
     tqdm.set_lock(threading.RLock())
@@ -1481,7 +1570,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "it holds are kept and not replayed again")
     p.add_argument("--workers", type=int,
                    help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
-                        f"at the end (default: one per env on CPU machines of {MANY_CORES}+ cores, else 1)")
+                        f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
+                        f"on a GPU, one per env rendering on the CPU; else 1)")
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
@@ -1596,8 +1686,9 @@ def worker_timeline(s: ReplaySummary) -> str:
         lo, hi = min(w[i] for w in s.worker_times), max(w[i] for w in s.worker_times)
         return f"{lo:.1f}-{hi:.1f} s"
 
+    before = "" if s.process_age is None else f" (this process began it {s.process_age:.1f} s after its own start)"
     return (f"workers ({len(s.worker_times)}): up (interpreter, imports) at {span(0)}, replaying from {span(1)} (envs made), "
-            f"done at {span(2)}; merge {s.merge_seconds:.1f} s")
+            f"done at {span(2)}; merge {s.merge_seconds:.1f} s; seconds since the replay began{before}")
 
 
 def main_from_args(args: argparse.Namespace) -> int:
@@ -1606,6 +1697,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
     from fastrecord.sinks.loggers import log_sinks
 
+    freeze_imports()  # this process is the CLI's (see fastrecord.workers.freeze_imports)
     with StopSignals("replay") as stop:
         try:
             s = run_replay(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
