@@ -143,3 +143,23 @@ def test_forkserver_preloads_maniskill_once(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": src})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "['fastrecord.commands.replay', 'mani_skill', 'torch']"
+
+
+def test_processes_of_ours_freeze_their_imports(tmp_path):
+    """A replay's sub-env process (and the replay workers and CLI, through the same call) freezes the objects
+    its imports made (`fastrecord.workers.freeze_imports`), so that ManiSkill's gc.collect() at each scene
+    build skips them; importing fastrecord in a user's process freezes nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import gc\n"
+            "from fastrecord.commands.replay import _in_worker\n"
+            "before = gc.get_freeze_count()\n"
+            "after = _in_worker(gc.get_freeze_count)\n"
+            "print(before, after > 10000)\n")
+    src = str(Path(__file__).parents[1] / "src")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": src})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0", "True"]
