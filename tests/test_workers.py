@@ -146,9 +146,9 @@ def test_forkserver_preloads_maniskill_once(tmp_path):
 
 
 def test_processes_of_ours_freeze_their_imports(tmp_path):
-    """A replay's sub-env process (and the replay workers and CLI, through the same call) freezes the objects
-    its imports made (`fastrecord.workers.freeze_imports`), so that ManiSkill's gc.collect() at each scene
-    build skips them; importing fastrecord in a user's process freezes nothing."""
+    """A replay's sub-env process freezes the objects its imports made (`fastrecord.workers.freeze_imports`,
+    which replay workers and the CLI call too), so that ManiSkill's gc.collect() at each scene build skips
+    them; importing fastrecord in a user's process freezes nothing."""
     import subprocess
     import sys
     from pathlib import Path

@@ -354,11 +354,9 @@ class ReplayStates(gym.Wrapper):
         (on the H200, 4 envs: 2.4 ms an env-step against 4.8 one after the other). Does nothing where
         `step` would not take its direct path (by actions, idle, another wrapper below) or the
         observation has no camera."""
-        if self._prepared is not None or not self._camera_obs:
+        if self._prepared is not None or not self._camera_obs or self._idle():
             return
-        if self.n == 1 and not self._active.any() and self._last_step is not None:
-            return
-        rows = [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
+        rows = self._per_step_rows()
         if not rows or self._time_limit is False:
             return
         base = self.env.unwrapped
@@ -375,9 +373,9 @@ class ReplayStates(gym.Wrapper):
             with _rendered(self.env.unwrapped):
                 obs, rew, terminated, info = self._observe(stepped, {})
             return self._finish(obs, rew, terminated, info)
-        if self.n == 1 and not self._active.any() and self._last_step is not None:
-            return self._last_step  # idle: the episode is over, hold still until the next plan
-        rows = [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
+        if self._idle():
+            return self._last_step  # the episode is over: hold still until the next plan
+        rows = self._per_step_rows()
         if rows and self._time_limit is not False:
             stepped = self._advance(action, rows)
             obs, rew, terminated, info = self._observe(action if stepped is None else stepped, {})
@@ -388,6 +386,14 @@ class ReplayStates(gym.Wrapper):
             self._set_states(rows)
             obs, rew, terminated, info = self._observe(action, info)
         return self._finish(obs, rew, terminated, info, truncated)
+
+    def _idle(self) -> bool:
+        """A single env whose episode is over (it holds its last step until the next plan)."""
+        return self.n == 1 and not self._active.any() and self._last_step is not None
+
+    def _per_step_rows(self) -> list[int]:
+        """The envs playing an episode whose every recorded state is set."""
+        return [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
 
     def _advance(self, action: Any, rows: list[int]) -> Any:
         """BaseEnv.step without its observation and reward: they would be of the simulated state, which
@@ -534,8 +540,6 @@ def _in_worker(thunk) -> gym.Env:
     """An AsyncVectorEnv worker's env: the worker ignores Ctrl-C (a terminal sends it to the whole process
     group), so that the parent can stop the replay and still step and close its envs."""
     import signal
-
-    from fastrecord.workers import freeze_imports
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     freeze_imports()
@@ -1158,7 +1162,7 @@ def default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool, gpu_render:
     per worker; at most one worker per core and one per episode. Each worker steps, renders and records
     its envs in its own process, and no observation crosses a process boundary before the HDF5 writer.
     Measured on the H200 machine (16 cores, 96 PickCube episodes, 16 envs, 2026-12-03): 4 workers of 4
-    envs 21.7-23.6 s, 8 of 2 21.9-23.0 s, 16 of 1 26.1 s, 2 of 8 25.3 s, one process 34.9-39.2 s; fewer
+    envs 21.7-26.0 s, 8 of 2 21.9-23.0 s, 16 of 1 26.1 s, 2 of 8 25.3 s, one process 34.9-39.2 s; fewer
     processes also start their envs sooner (16 processes making envs together: 6-10 s; 4: 3 s). On the
     CPU (lavapipe renders each env with the cores it finds) one env per worker. Fewer cores (where every
     process competes for the same one or two), GPU simulation (one batched env already runs every env in
