@@ -11,7 +11,8 @@ import pytest
 
 
 def test_bench_smoke_tiny_cpu(tmp_path):
-    from fastrecord.commands.bench import BenchConfig, format_table, run_bench
+    from benchmarks.bench import format_table, run_bench
+    from benchmarks.config import BenchConfig
 
     cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=4, batches=2, device="cpu", content="gradient",
                       workers=2, baseline_steps=2, sweep=("ultrafast:20",), sweep_episodes=2, ceiling_episodes=2,
@@ -37,7 +38,7 @@ def test_bench_smoke_tiny_cpu(tmp_path):
 
 
 def test_bench_imageobs_options_are_checked():
-    from fastrecord.commands.bench import BenchConfig
+    from benchmarks.config import BenchConfig
 
     with pytest.raises(ValueError, match="trajectory_compression='zstd' is unknown"):
         BenchConfig(trajectory_compression="zstd")
@@ -48,14 +49,16 @@ def test_bench_imageobs_options_are_checked():
 
 
 def test_bench_cli_rejects_unknown_phase():
-    from fastrecord.commands.bench import BenchConfig, run_bench
+    from benchmarks.bench import run_bench
+    from benchmarks.config import BenchConfig
 
     with pytest.raises(ValueError, match="unknown phase"):
         run_bench(BenchConfig(skip=("warp",)))
 
 
 def test_bench_rejects_unknown_content():
-    from fastrecord.commands.bench import BenchConfig, run_bench
+    from benchmarks.bench import run_bench
+    from benchmarks.config import BenchConfig
 
     with pytest.raises(ValueError, match=r"content='video' is unknown; use 'maniskill'.*or 'gradient'"):
         run_bench(BenchConfig(content="video"))
