@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+import benchmarks
 from benchmarks import imageobs, paths, phases_encode, phases_realenv, phases_record
 from benchmarks.config import CONTENTS, PHASES, BenchConfig, bench_device, configure_parser, encoder_workers
 from fastrecord.commands.config import load_config
@@ -23,6 +24,8 @@ from fastrecord.testing import gradient_clips, make_bank, maniskill_clips
 
 
 def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
+    """Every phase of ``cfg`` not skipped, in `PHASES` order, on one clip bank; a line to ``log`` after each.
+    Returns {"config", "machine", "source", <phase>: its results, "summary"}, also written to ``cfg.json``."""
     unknown = set(cfg.skip) - set(PHASES)
     if unknown:
         raise ValueError(f"skip={sorted(unknown)}: unknown phase(s); phases are {PHASES}")
@@ -194,6 +197,7 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def main_from_args(args: argparse.Namespace) -> int:
+    """``fastrecord bench``: the flags over the --config file over `BenchConfig`; progress on stderr, the table on stdout."""
     opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func")}
     if opts.get("skip") is not None:
         opts["skip"] = tuple(s for s in opts["skip"].split(",") if s)
@@ -207,7 +211,7 @@ def main_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.bench [flags]``: the same flags and output as ``fastrecord bench``."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=benchmarks.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(p)
     try:
