@@ -19,8 +19,8 @@ import time
 import h5py
 import numpy as np
 
-from fastrecord.commands.bench_imageobs import sensor_clips
 from fastrecord.sinks.maniskill_h5 import COMPRESSIONS, _image_chunks, parse_compression
+from fastrecord.testing import sensor_clips
 
 
 def sweep(frames: np.ndarray, episodes: int, repeats: int, path: str) -> list[tuple[str, float, float, float]]:

@@ -1,4 +1,5 @@
-"""`fastrecord bench` at tiny shapes on CPU: every phase runs and reports, and bad arguments are refused.
+"""`fastrecord bench` (``benchmarks/`` of the checkout) at tiny shapes on CPU: every phase runs and reports,
+bad arguments are refused, and the command says what to do where the checkout is missing.
 
 (What the benchmark relies on is tested in its modules' files: test_staging.py, test_buffer.py,
 test_workers.py, test_video.py, and its source env, `BatchedDoubleEnv`, in test_testing.py.)"""
@@ -11,7 +12,8 @@ import pytest
 
 
 def test_bench_smoke_tiny_cpu(tmp_path):
-    from fastrecord.commands.bench import BenchConfig, format_table, run_bench
+    from benchmarks.bench import format_table, run_bench
+    from benchmarks.config import BenchConfig
 
     cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=4, batches=2, device="cpu", content="gradient",
                       workers=2, baseline_steps=2, sweep=("ultrafast:20",), sweep_episodes=2, ceiling_episodes=2,
@@ -37,7 +39,7 @@ def test_bench_smoke_tiny_cpu(tmp_path):
 
 
 def test_bench_imageobs_options_are_checked():
-    from fastrecord.commands.bench import BenchConfig
+    from benchmarks.config import BenchConfig
 
     with pytest.raises(ValueError, match="trajectory_compression='zstd' is unknown"):
         BenchConfig(trajectory_compression="zstd")
@@ -48,14 +50,49 @@ def test_bench_imageobs_options_are_checked():
 
 
 def test_bench_cli_rejects_unknown_phase():
-    from fastrecord.commands.bench import BenchConfig, run_bench
+    from benchmarks.bench import run_bench
+    from benchmarks.config import BenchConfig
 
     with pytest.raises(ValueError, match="unknown phase"):
         run_bench(BenchConfig(skip=("warp",)))
 
 
 def test_bench_rejects_unknown_content():
-    from fastrecord.commands.bench import BenchConfig, run_bench
+    from benchmarks.bench import run_bench
+    from benchmarks.config import BenchConfig
 
     with pytest.raises(ValueError, match=r"content='video' is unknown; use 'maniskill'.*or 'gradient'"):
         run_bench(BenchConfig(content="video"))
+
+
+def test_bench_command_without_the_checkout_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
+    """fastrecord installed without its source checkout: no benchmarks/ beside src/ to run."""
+    from fastrecord.commands import bench
+    from fastrecord.commands.cli import main
+
+    monkeypatch.setattr(bench, "BENCHMARKS", tmp_path / "benchmarks")
+    for argv in (["bench"], ["bench", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith("fastrecord bench: error: the benchmark is not installed with fastrecord") and \
+            "clone fastrecord's repository and run `fastrecord bench` from the checkout" in err, err
+
+
+def test_bench_help_imports_neither_torch_nor_the_benchmark_runner():
+    """`fastrecord bench --help` reads the flags from benchmarks/config.py alone: it answers at once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import fastrecord
+
+    env = {**os.environ, "PYTHONPATH": str(Path(fastrecord.__file__).resolve().parents[1])}  # this checkout's code
+    code = ("import sys\nfrom fastrecord.commands.cli import main\ntry:\n    main(['bench', '--help'])\n"
+            "except SystemExit as e:\n    assert e.code == 0\n"
+            "print(sorted(m for m in ('torch', 'mani_skill', 'benchmarks.bench', 'benchmarks.config') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "--trajectory-compression" in out and out.strip().splitlines()[-1] == "['benchmarks.config']"

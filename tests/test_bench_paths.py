@@ -7,7 +7,8 @@ import pytest
 
 
 def test_staggered_and_coldstart_phases_tiny_cpu(tmp_path):
-    from fastrecord.commands.bench import BenchConfig, format_table, run_bench
+    from benchmarks.bench import format_table, run_bench
+    from benchmarks.config import BenchConfig
 
     cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=6, batches=2, warmup_batches=1, device="cpu",
                       content="gradient", workers=2, stagger_steps=(3, 6), coldstart_episodes=6,
@@ -25,7 +26,7 @@ def test_staggered_and_coldstart_phases_tiny_cpu(tmp_path):
 
 
 def test_stagger_steps_are_checked():
-    from fastrecord.commands.bench import BenchConfig
+    from benchmarks.config import BenchConfig
 
     with pytest.raises(ValueError, match=r"stagger_steps=\[8, 3\] must be \[lo, hi\] with 1 <= lo <= hi"):
         BenchConfig(stagger_steps=(8, 3))

@@ -1,6 +1,7 @@
 """`BatchedDoubleEnv` keeps ManiSkill's GPU-parallel env contract (the recorder's tests, the benchmark and
 the profiler all stand on it): batched shapes and devices, partial resets, seeds, per-env truncation,
-clip-bank frames, success/fail flags."""
+clip-bank frames, success/fail flags; and the clip banks they share (`gradient_clips`, `make_bank`,
+`source_env`, `maniskill_clips`, `sensor_clips`)."""
 
 from __future__ import annotations
 
@@ -225,3 +226,48 @@ def test_rgb_obs_mode_is_maniskills_rgb_observation(device):
 def test_bad_obs_mode():
     with pytest.raises(ValueError, match=r"obs_mode='rgbd' is unknown; BatchedDoubleEnv has \('state', 'rgb'\)"):
         BatchedDoubleEnv(obs_mode="rgbd")
+
+
+# ---------------------------------------------------------------------------------------------- clip banks
+def test_gradient_clips_shape_and_seed():
+    from fastrecord.testing import gradient_clips
+
+    a = gradient_clips(2, 3, 8, 10)
+    assert a.shape == (2, 3, 8, 10, 3) and a.dtype == np.uint8
+    np.testing.assert_array_equal(a, gradient_clips(2, 3, 8, 10))  # a function of the seed
+    assert not np.array_equal(a, gradient_clips(2, 3, 8, 10, seed=1))
+    assert not np.array_equal(a[0, 0], a[0, 1]) and not np.array_equal(a[0], a[1])  # frames move, clips differ
+
+
+def test_make_bank_rolls_each_clip_sideways():
+    from fastrecord.testing import make_bank
+
+    clips = bank(clips=2, frames=3, w=6)
+    clips[..., 1] = np.arange(6, dtype=np.uint8)  # columns tell the shift
+    out = make_bank(clips, variants=3)
+    assert out.shape == (6, 3, 8, 6, 3) and out.flags.c_contiguous
+    for c in range(2):
+        for v in range(3):  # clip c, variant v at row c * variants + v, rolled by v * W / variants
+            np.testing.assert_array_equal(out[c * 3 + v], np.roll(clips[c], 2 * v, axis=2))
+
+
+def test_source_env_replays_the_bank_in_clip_long_episodes():
+    from fastrecord.testing import source_env
+
+    clips = bank(clips=2, frames=4)
+    env = source_env(clips, num_envs=3, device="cpu", sim_seconds=0.0)
+    env.reset(seed=0)
+    np.testing.assert_array_equal(env.render().numpy(), clips[[0, 1, 0], 0])
+    truncated = [env.step(torch.zeros(3, 3))[3].tolist() for _ in range(3)]
+    assert truncated == [[False] * 3, [False] * 3, [True] * 3]  # frames - 1 steps
+    np.testing.assert_array_equal(env.render().numpy(), clips[[0, 1, 0], 3])
+
+
+def test_maniskill_and_sensor_clips_are_frames_of_a_real_task():
+    """PickCube-v1 on the CPU at 16x16: the human camera (render) and the sensor camera (rgb observation)."""
+    from fastrecord.testing import maniskill_clips, sensor_clips
+
+    human = maniskill_clips("PickCube-v1", clips=1, frames=2, height=16, width=12, render_backend="cpu")
+    assert human.shape == (1, 2, 16, 12, 3) and human.dtype == np.uint8 and human.std() > 0
+    sensor = sensor_clips("PickCube-v1", clips=1, frames=2, size=16, render_backend="cpu")
+    assert sensor.shape == (1, 2, 16, 16, 3) and sensor.dtype == np.uint8 and sensor.std() > 0

@@ -167,6 +167,9 @@ def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list
     return gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode)
 
 
+cpu_vector_env = _cpu_vector_env  # public: make_eval_envs' CPU vector env alone (benchmarks/paths.py times it)
+
+
 class _CpuThunk:
     """Builds one CPU sub-env (picklable for the forkserver workers)."""
 

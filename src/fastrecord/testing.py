@@ -19,7 +19,8 @@ parts of its contract the recorder relies on:
   ``sensor_param/<camera>/{extrinsic_cv,cam2world_gl,intrinsic_cv}``, ``sensor_data/<camera>/rgb``
   ``[N, H, W, 3]`` uint8), the camera showing the same frames as ``render()``.
 
-It is the one double of tests, benchmark (``fastrecord bench``) and profiler (``scripts/profile_step.py``):
+It is the one double of tests, benchmark (``benchmarks/``, run by ``fastrecord bench``) and profiler
+(``benchmarks/profile_step.py``):
 
 - frames: by default deterministic functions of (env, state) (`frames_for`), so a test can recompute
   what was rendered and compare decoded video frames with it: a wrong env or a shifted frame changes
@@ -32,6 +33,11 @@ It is the one double of tests, benchmark (``fastrecord bench``) and profiler (``
 
 Per-env state lives in ``[N]`` tensors updated with masks: no Python loop over envs in ``step`` or
 ``render`` (``reset`` loops over the envs it resets to draw their start states and lengths).
+
+Clip banks for ``bank``: `gradient_clips` (synthetic), `maniskill_clips` (a real task's human camera),
+`sensor_clips` (a real task's sensor camera, the frames of an rgb observation), `make_bank` (shifted
+copies, so neighbouring envs differ), and `source_env` (the double replaying a bank). Picture checks:
+`psnr`, `frame_psnr`, `smooth_frames`.
 """
 
 from __future__ import annotations
@@ -105,7 +111,7 @@ class BatchedDoubleEnv(gym.Env):
             bank = torch.as_tensor(bank)
             if bank.ndim != 5 or bank.shape[-1] != 3 or bank.dtype != torch.uint8 or 0 in bank.shape:
                 raise ValueError(f"bank has shape {list(bank.shape)} {bank.dtype}; BatchedDoubleEnv needs "
-                                 f"[clips, frames, H, W, 3] uint8 (e.g. bench.gradient_clips(2, 11, 64, 64))")
+                                 f"[clips, frames, H, W, 3] uint8 (e.g. gradient_clips(2, 11, 64, 64))")
             self.bank = bank.to(self.device)
             # env e shows clip e % clips: frame (clip, t) is row clip * frames + t of the flat bank, so a
             # render is one index_select (torch's CPU advanced indexing is far slower for image rows)
@@ -259,6 +265,81 @@ def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: tor
     envs = torch.arange(n, device=pos.device) if env_idx is None else torch.as_tensor(env_idx, device=pos.device).expand(n)
     b = tri(envs.view(n, 1, 1) * 50 + x + y)
     return torch.stack([r.expand(n, size, size), g.expand(n, size, size), b.expand(n, size, size).float()], dim=-1).to(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- clip banks
+def gradient_clips(clips: int, frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """``[clips, frames, H, W, 3]`` uint8 smooth moving gradients (triangle waves: no wrap edges)."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(height, dtype=np.float32)[:, None]
+    x = np.arange(width, dtype=np.float32)[None, :]
+    out = np.empty((clips, frames, height, width, 3), np.uint8)
+
+    def tri(v: np.ndarray) -> np.ndarray:
+        return 255 - np.abs((v % 510) - 255)
+
+    for c in range(clips):
+        a = rng.uniform(0.5, 3.0, size=3)
+        for t in range(frames):
+            out[c, t, ..., 0] = tri(a[0] * x + 7 * t + 40 * c)
+            out[c, t, ..., 1] = tri(a[1] * y + 3 * t + 80)
+            out[c, t, ..., 2] = tri(a[2] * (x + y) / 2 + 5 * t)
+    return out
+
+
+def maniskill_clips(env_id: str, clips: int, frames: int, height: int, width: int, render_backend: str,
+                    seed: int = 0) -> np.ndarray:
+    """``[clips, frames, H, W, 3]`` uint8 from a real ManiSkill task's human camera under random actions
+    (CPU simulation, ``render_backend`` rendering); clip ``c`` is the episode of seed ``seed + c``."""
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+
+    env = gym.make(env_id, num_envs=1, obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                   render_backend=render_backend, human_render_camera_configs=dict(width=width, height=height))
+    return _roll_out(env, clips, frames, height, width, seed, lambda obs: env.render())
+
+
+def sensor_clips(env_id: str, clips: int, frames: int, size: int, render_backend: str, seed: int = 0) -> np.ndarray:
+    """``[clips, frames, size, size, 3]`` uint8: a real task's sensor camera (``obs_mode="rgb"``, the first
+    camera, ``size x size``) under random actions: the frames an rgb observation holds."""
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+
+    env = gym.make(env_id, num_envs=1, obs_mode="rgb", sim_backend="physx_cpu", render_backend=render_backend,
+                   sensor_configs=dict(width=size, height=size))
+    return _roll_out(env, clips, frames, size, size, seed, lambda obs: next(iter(obs["sensor_data"].values()))["rgb"])
+
+
+def _roll_out(env: gym.Env, clips: int, frames: int, height: int, width: int, seed: int,
+              frame_of: Callable[[Any], Any]) -> np.ndarray:
+    """``frames`` frames (``frame_of(obs)`` after the reset and after each random step) of ``clips``
+    episodes of ``env``, seeds ``seed, seed + 1, ...``; closes ``env``."""
+    out = np.empty((clips, frames, height, width, 3), np.uint8)
+    try:
+        env.action_space.seed(seed)
+        for c in range(clips):
+            obs, _ = env.reset(seed=seed + c)
+            for t in range(frames):
+                if t:
+                    obs, *_ = env.step(env.action_space.sample())
+                img = frame_of(obs)
+                out[c, t] = (img.cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)).reshape(height, width, 3)
+    finally:
+        env.close()
+    return out
+
+
+def make_bank(clips: np.ndarray, variants: int) -> np.ndarray:
+    """Each clip and ``variants - 1`` copies rolled sideways: ``[clips * variants, T, H, W, 3]``."""
+    w = clips.shape[3]
+    banks = [np.roll(clips, shift=(v * w) // max(variants, 1), axis=3) for v in range(variants)]
+    return np.ascontiguousarray(np.stack(banks, axis=1).reshape(-1, *clips.shape[1:]))
+
+
+def source_env(bank: np.ndarray, num_envs: int, device: str | torch.device, sim_seconds: float = 0.0) -> BatchedDoubleEnv:
+    """The benchmark's batched source: `BatchedDoubleEnv` replaying ``bank`` (env ``e`` shows clip
+    ``e % len(bank)``), episodes as long as the clips (``frames - 1`` steps), ``sim_seconds`` of emulated
+    simulation a step."""
+    return BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=bank.shape[1] - 1, device=device, bank=bank,
+                            sim_seconds=sim_seconds)
 
 
 # ---------------------------------------------------------------------------------------------- picture checks

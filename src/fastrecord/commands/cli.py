@@ -40,7 +40,7 @@ SUBCOMMANDS = {
     "replay": ("fastrecord.commands.replay", "replay saved trajectories: re-render videos, convert observation modes",
                "fastrecord.commands.replay:ReplayConfig"),
     "bench": ("fastrecord.commands.bench", "measure recording throughput against ManiSkill's RecordEpisode",
-              "fastrecord.commands.bench:BenchConfig"),
+              "benchmarks.config:BenchConfig"),  # the checkout's benchmarks/, loaded by commands/bench.py
     "info": ("fastrecord.commands.info", "summarize recorded runs: episodes, success, keys, shapes, sizes, status", None),
     "gallery": ("fastrecord.commands.gallery", "write DIR/gallery.html: the run's videos, labelled and filterable", None),
     "merge": ("fastrecord.commands.merge", "join a sharded run's shards (torchrun) into one NAME.h5 + NAME.json", None),

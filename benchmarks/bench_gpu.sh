@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs `fastrecord bench` on the lent GPU machine (device tool), from the project root there:
-#   carry: [".gpukit", ".whl"]   command: bash scripts/bench_gpu.sh [config] [extra bench flags...]
+#   carry: [".gpukit", ".whl"]   command: bash benchmarks/bench_gpu.sh [config] [extra bench flags...]
 # .gpukit comes from `bash ../shared/gpu/build-kit.sh`; .whl may hold py-spy's wheel for --profile
 # (python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux1_x86_64 -d .whl py-spy).
 # Results: $OUT/bench.json, $OUT/bench.txt (table), $OUT/bench.log, $OUT/pyspy_raw.txt.

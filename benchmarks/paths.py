@@ -14,7 +14,7 @@
              envs, no videos, every env's video with the info overlay (the branch's default) and with
              the overlay off, in env-steps/s, measured one after the other on one vector env.
 
-Each phase returns a dict that `fastrecord.commands.bench` stores under its name.
+Each phase returns a dict that `benchmarks.bench` stores under its name.
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastrecord.testing import BatchedDoubleEnv, psnr
+import fastrecord
+from benchmarks.config import BenchConfig
+from benchmarks.memory import MemoryMonitor, rss, status_bytes
+from benchmarks.phases_record import blocked_seconds, mp4_frames
+from benchmarks.profiling import StepTimers, cprofile_top
+from fastrecord.testing import BatchedDoubleEnv, psnr, source_env
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # the source checkout holding benchmarks/
 
 
 # ---------------------------------------------------------------------------------------------- staggered
@@ -54,49 +61,6 @@ def staggered_source(bank: np.ndarray, num_envs: int, device: torch.device, lo: 
                             episode_lengths=stagger_length_fn(lo, hi), success_step=success)
 
 
-def _synchronous_source(bank: np.ndarray, num_envs: int, device: torch.device) -> BatchedDoubleEnv:
-    return BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=bank.shape[1] - 1, device=device, bank=bank)
-
-
-class _StepTimers:
-    """Wall time inside a few recorder methods (the stepping thread's own work, split up)."""
-
-    def __init__(self) -> None:
-        self.t: dict[str, float] = {}
-        self.n: dict[str, int] = {}
-        self.first: dict[str, float] = {}  # the first call's seconds (cold start: what the first episodes wait for)
-        self._undo: list[tuple[Any, str, Any]] = []
-
-    def wrap(self, owner: Any, name: str, key: str) -> None:
-        orig = getattr(owner, name)
-        own = name in getattr(owner, "__dict__", {})
-
-        def timed(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return orig(*a, **k)
-            finally:
-                dt = time.perf_counter() - t0
-                self.t[key] = self.t.get(key, 0.0) + dt
-                self.n[key] = self.n.get(key, 0) + 1
-                self.first.setdefault(key, dt)
-
-        setattr(owner, name, timed)
-        self._undo.append((owner, name, orig if own else None))
-
-    def clear(self) -> None:
-        self.t.clear()
-        self.n.clear()
-
-    def restore(self) -> None:
-        for owner, name, orig in reversed(self._undo):
-            if orig is None:
-                delattr(owner, name)  # it was the class's: drop the instance's wrapper
-            else:
-                setattr(owner, name, orig)
-        self._undo.clear()
-
-
 def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_episodes: int, workers: int,
                     video: dict[str, Any], staggered: bool, check: bool = True, profile_steps: int = 0,
                     monitor: Any = None, bank: np.ndarray | None = None) -> dict[str, Any]:
@@ -114,7 +78,7 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     construct_s = time.perf_counter() - t_construct
     rec = env.recorder
     pool = default_encoder_pool()
-    timers = _StepTimers()
+    timers = StepTimers()
     timers.wrap(rec, "finalize", "finalize")
     timers.wrap(rec, "_write", "write (gather + hand-off)")
     timers.wrap(rec, "on_step", "on_step")
@@ -139,7 +103,7 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     env.reset(seed=list(range(n)))
     if measuring:
         pool.reset_stats()
-        t0, busy0, blocked0 = time.perf_counter(), src.busy_seconds, _blocked(rec)
+        t0, busy0, blocked0 = time.perf_counter(), src.busy_seconds, blocked_seconds(rec)
         first_episode = rec.next_episode_id
         if monitor is not None:
             monitor.__enter__()
@@ -183,7 +147,7 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
             timers.clear()
             measuring = True
             first_episode = rec.next_episode_id
-            t0, busy0, blocked0 = time.perf_counter(), src.busy_seconds, _blocked(rec)
+            t0, busy0, blocked0 = time.perf_counter(), src.busy_seconds, blocked_seconds(rec)
             if monitor is not None:
                 monitor.__enter__()
         elif measuring and finished >= warmup_episodes + episodes and prof is None:
@@ -206,14 +170,14 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     timers.restore()
     res.update(staggered=staggered, construct_seconds=construct_s, first_episode_out_seconds=t_first_out)
     if prof is not None:
-        res["cprofile_top"] = _cprofile_top(prof)
+        res["cprofile_top"] = cprofile_top(prof)
     # episodes still in progress are dropped, not written: they were not measured
     rec.close(flush=False)
     env.env.close()
     videos = {int(p.name.split("_env")[0]): p for p in out.glob("*.mp4")}
     res["videos_written"] = sum(1 for i in expected if i in videos)
     if check:
-        counts = {i: _frames_of(videos[i]) if i in videos else 0 for i in expected}
+        counts = {i: mp4_frames(videos[i]) if i in videos else 0 for i in expected}
         res["dropped_frames"] = int(sum(max(0, expected[i] - counts[i]) for i in expected))
         res["bad_videos"] = int(sum(counts[i] != expected[i] for i in expected))
         if bank is not None:
@@ -230,12 +194,12 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     return res
 
 
-def _measured(rec: Any, src: Any, pool: Any, timers: _StepTimers, per_step: list[float], steps: int, loop_s: float,
+def _measured(rec: Any, src: Any, pool: Any, timers: StepTimers, per_step: list[float], steps: int, loop_s: float,
               total_s: float, busy0: float, blocked0: float, episodes: int, frames: int, workers: int) -> dict[str, Any]:
     from fastrecord.staging import default_staging_pool
 
     staging = default_staging_pool()
-    blocked = _blocked(rec) - blocked0
+    blocked = blocked_seconds(rec) - blocked0
     stats = pool.reset_stats()
     busy = src.busy_seconds - busy0
     n = max(1, steps)
@@ -258,43 +222,17 @@ def _measured(rec: Any, src: Any, pool: Any, timers: _StepTimers, per_step: list
     )
 
 
-def _frames_of(path: Path) -> int:
-    import av
-
-    with av.open(str(path)) as c:
-        return c.streams.video[0].frames or sum(1 for _ in c.decode(video=0))
-
-
-def _blocked(rec: Any) -> float:
-    from fastrecord.staging import default_staging_pool
-
-    return rec.videos.blocked_seconds + default_staging_pool().wait_seconds
-
-
-def _cprofile_top(prof: Any, top: int = 25) -> list[tuple[str, int, float, float]]:
-    """(function, calls, own seconds, cumulative seconds), by own time."""
-    import pstats
-
-    st = pstats.Stats(prof)
-    rows = []
-    for (file, line, fn), (cc, nc, tt, ct, _) in st.stats.items():
-        rows.append((f"{Path(file).name}:{line}({fn})", int(nc), round(tt, 4), round(ct, 4)))
-    rows.sort(key=lambda r: -r[2])
-    return rows[:top]
-
-
-def _video_kwargs(cfg: Any) -> dict[str, Any]:
+def _video_kwargs(cfg: BenchConfig) -> dict[str, Any]:
     return dict(video_codec=cfg.codec, video_crf=cfg.crf, video_preset=cfg.preset)
 
 
-def phase_staggered(cfg: Any, bank: np.ndarray, device: torch.device, out: Path, workers: int,
-                    monitor_cls: Any) -> dict[str, Any]:
+def phase_staggered(cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
     lo, hi = cfg.stagger_steps
     episodes = cfg.stagger_episodes or cfg.batches * cfg.num_envs
     src = staggered_source(bank, cfg.num_envs, device, lo, hi)
     res = record_episodes(src, out / "staggered", episodes=episodes, warmup_episodes=cfg.warmup_batches * cfg.num_envs,
                           workers=workers, video=_video_kwargs(cfg), staggered=True, bank=bank,
-                          profile_steps=cfg.stagger_profile_steps if cfg.profile else 0, monitor=monitor_cls(device))
+                          profile_steps=cfg.stagger_profile_steps if cfg.profile else 0, monitor=MemoryMonitor(device))
     res["episode_steps_range"] = [lo, hi]
     from fastrecord.staging import default_staging_pool
 
@@ -313,7 +251,7 @@ def phase_staggered(cfg: Any, bank: np.ndarray, device: torch.device, out: Path,
 
 
 # ---------------------------------------------------------------------------------------------- coldstart
-def phase_coldstart(cfg: Any, bank: np.ndarray, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
+def phase_coldstart(cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
     """Two fresh processes (synchronous, staggered), each recording its first ``coldstart_episodes``."""
     out.mkdir(parents=True, exist_ok=True)
     bank_path = out / "coldstart_bank.npy"
@@ -325,12 +263,12 @@ def phase_coldstart(cfg: Any, bank: np.ndarray, device: torch.device, out: Path,
                         device=str(device), episodes=cfg.coldstart_episodes, workers=workers, video=_video_kwargs(cfg),
                         staggered=mode == "staggered", stagger_steps=list(cfg.stagger_steps),
                         result=str(out / f"coldstart_{mode}.json"))
-            env = dict(os.environ)
-            src_dir = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = src_dir + os.pathsep + env.get("PYTHONPATH", "")
+            env = dict(os.environ)  # the child imports this checkout's benchmarks and the fastrecord we run
+            env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), str(Path(fastrecord.__file__).resolve().parents[1]),
+                                                 env.get("PYTHONPATH", "")])
             t0 = time.perf_counter()
             p = subprocess.run([sys.executable, "-c", "import sys, time; t = time.time(); "
-                                "from fastrecord.commands.bench_paths import coldstart_main; coldstart_main(sys.argv[1], t)",
+                                "from benchmarks.paths import coldstart_main; coldstart_main(sys.argv[1], t)",
                                 json.dumps(args)], env=env, capture_output=True, text=True, timeout=cfg.coldstart_timeout)
             wall = time.perf_counter() - t0
             if p.returncode != 0:
@@ -346,18 +284,17 @@ def phase_coldstart(cfg: Any, bank: np.ndarray, device: torch.device, out: Path,
 def coldstart_main(arg: str, t_process: float) -> None:
     """The fresh process of the coldstart phase: imports, builds the source, records, writes JSON."""
     a = json.loads(arg)
-    import fastrecord  # noqa: F401 - the import time is part of the set-up reported
-    from fastrecord.commands.bench import MemoryMonitor
-
-    import_s = time.time() - t_process  # interpreter start not included: python -c measured from its first line
+    # the imports of this module (fastrecord, torch) are part of the set-up reported; the interpreter's
+    # start is not: python -c measured from its first line
+    import_s = time.time() - t_process
     device = torch.device(a["device"])
     bank = np.load(a["bank"])
     lo, hi = a["stagger_steps"]
     src = (staggered_source(bank, a["num_envs"], device, lo, hi) if a["staggered"]
-           else _synchronous_source(bank, a["num_envs"], device))
+           else source_env(bank, a["num_envs"], device))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    rss_before = _rss_now()
+    rss_before = rss()
     mon = MemoryMonitor(device)
     t0 = time.perf_counter()
     r = record_episodes(src, Path(a["out"]), episodes=a["episodes"], warmup_episodes=0, workers=a["workers"],
@@ -366,34 +303,19 @@ def coldstart_main(arg: str, t_process: float) -> None:
     r["setup_seconds"] = import_s + r["construct_seconds"]
     r["rate_incl_construct"] = r["frames"] / (r["seconds"] + r["construct_seconds"])
     r["host_rss_before_gib"] = rss_before / 2**30
-    r["host_peak_rss_gib"] = _status_bytes("VmHWM") / 2**30  # this process's high-water mark (not inherited)
+    r["host_peak_rss_gib"] = status_bytes("VmHWM") / 2**30  # this process's high-water mark (not inherited)
     r["record_wall_seconds"] = time.perf_counter() - t0
     if device.type == "cuda":
         r["device_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
     Path(a["result"]).write_text(json.dumps(r, default=str))
 
 
-def _rss_now() -> int:
-    return _status_bytes("VmRSS")
-
-
-def _status_bytes(key: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 # ---------------------------------------------------------------------------------------------- cpueval
-def phase_cpueval(cfg: Any, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
+def phase_cpueval(cfg: BenchConfig, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
     """make_eval_envs' CPU branch: one AsyncVectorEnv of ``cpueval_envs`` envs, wrapped as make_eval_envs
     wraps it (RecordEpisode outside the vector env, EvalVectorEnv above), one mode after the other."""
     from fastrecord import RecordEpisode
-    from fastrecord.make_env import SOURCE_DESC, SOURCE_TYPE, EvalVectorEnv, _cpu_vector_env
+    from fastrecord.make_env import SOURCE_DESC, SOURCE_TYPE, EvalVectorEnv, cpu_vector_env
 
     render = "gpu" if device.type == "cuda" else "cpu"
     size = cfg.cpueval_size or cfg.width
@@ -403,7 +325,7 @@ def phase_cpueval(cfg: Any, device: torch.device, out: Path, workers: int) -> di
               render_backend=render, human_render_camera_configs=dict(width=size, height=size),
               max_episode_steps=cfg.cpueval_episode_steps)
     t0 = time.perf_counter()
-    vec = _cpu_vector_env(cfg.cpueval_env, n, kw, [])
+    vec = cpu_vector_env(cfg.cpueval_env, n, kw, [])
     res: dict[str, Any] = dict(env_id=cfg.cpueval_env, num_envs=n, size=size, render_backend=render, steps=steps,
                                episode_steps=cfg.cpueval_episode_steps, start_seconds=time.perf_counter() - t0)
     rng = np.random.default_rng(0)
@@ -441,7 +363,7 @@ def phase_cpueval(cfg: Any, device: torch.device, out: Path, workers: int) -> di
                 rec.recorder.wait_until_done()
                 from fastrecord.buffer import EpisodeBuffer
 
-                timers = _StepTimers()
+                timers = StepTimers()
                 timers.wrap(rec.recorder, "on_step", "on_step")
                 timers.wrap(rec.recorder.view, "render", "render")
                 timers.wrap(rec.recorder, "finalize", "finalize")

@@ -1,9 +1,9 @@
 """Profile fastrecord's work on the stepping thread: where each millisecond of `EpisodeRecorder.on_step` goes.
 
-    python scripts/profile_step.py --num-envs 128 --size 512                 # batched source, render = one gather
-    python scripts/profile_step.py --num-envs 128 --size 512 --gap-ms 20     # idle gaps between steps (as a sim)
-    python scripts/profile_step.py --num-envs 128 --size 512 --busy 16       # 16 busy processes (as encoders)
-    python scripts/profile_step.py --real-env PickCube-v1 --size 512         # one real env (GPU render on CUDA)
+    python benchmarks/profile_step.py --num-envs 128 --size 512                 # batched source, render = one gather
+    python benchmarks/profile_step.py --num-envs 128 --size 512 --gap-ms 20     # idle gaps between steps (as a sim)
+    python benchmarks/profile_step.py --num-envs 128 --size 512 --busy 16       # 16 busy processes (as encoders)
+    python benchmarks/profile_step.py --real-env PickCube-v1 --size 512         # one real env (GPU render on CUDA)
 
 The batched source is `fastrecord.testing.BatchedDoubleEnv` replaying a clip bank, as in `fastrecord bench`
 (render is one gather on the device, its time summed in ``busy_seconds``).
@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 from fastrecord import RecordEpisode
-from fastrecord.commands.bench import gradient_clips
-from fastrecord.testing import BatchedDoubleEnv
+from fastrecord.testing import BatchedDoubleEnv, gradient_clips
 
 LABEL = "fastrecord.on_step"
 

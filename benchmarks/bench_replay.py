@@ -5,10 +5,10 @@ trajectory only (no videos), with the same number of envs for every tool, wall t
 (interpreter, imports and env creation included). Each repeat runs the three commands back to back and
 prints their ratios, measured in that repeat:
 
-    python scripts/bench_replay.py                                  # 96 episodes x 50 steps, one env per core
-    python scripts/bench_replay.py --workers auto,16,8,4            # fastrecord's default layout and others
-    python scripts/bench_replay.py --episodes 8 --num-envs 2 --repeat 2 --sensor-size 64   # a 2-core machine
-    python scripts/bench_replay.py --traj demos/trajectory.h5 --num-envs 16
+    python benchmarks/bench_replay.py                                  # 96 episodes x 50 steps, one env per core
+    python benchmarks/bench_replay.py --workers auto,16,8,4            # fastrecord's default layout and others
+    python benchmarks/bench_replay.py --episodes 8 --num-envs 2 --repeat 2 --sensor-size 64   # a 2-core machine
+    python benchmarks/bench_replay.py --traj demos/trajectory.h5 --num-envs 16
 
 fastrecord replays by env states (its default) and ManiSkill's tool with --use-env-states, so that both
 do the same work per step (set the recorded state, compute the observation); --by actions compares both

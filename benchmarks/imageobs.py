@@ -1,4 +1,4 @@
-"""`fastrecord bench` phase ``imageobs``: trajectories with image observations (issue 9).
+"""Benchmark phase ``imageobs``: trajectories with image observations (issue 9).
 
   imageobs  ManiSkill's rgb observation (state leaves + ``sensor_data/base_camera/rgb``, ``imageobs_size``
             square frames of the content env's sensor camera, or gradients), trajectory only (keep all, no
@@ -12,60 +12,24 @@
             (construction + first reset), peak host RSS (+ writer processes' PSS) and device memory, file
             size. The frames stay on the source's device (CUDA tensors on a GPU machine).
 
-Returns a dict that `fastrecord.commands.bench` stores under ``imageobs``.
+Returns a dict that `benchmarks.bench` stores under ``imageobs``.
 """
 
 from __future__ import annotations
 
 import importlib
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrecord.testing import BatchedDoubleEnv
-
-
-def check_config(cfg: Any) -> None:
-    """The imageobs fields of a `BenchConfig`; a bad value is a ValueError naming the fix."""
-    from fastrecord.commands.config import check_at_least
-    from fastrecord.sinks.maniskill_h5 import parse_compression
-
-    check_at_least(cfg, 1, imageobs_size="--imageobs-size", imageobs_steps="--imageobs-steps",
-                   imageobs_repeats="a --config file with imageobs_repeats:", trajectory_writers="--trajectory-writers")
-    check_at_least(cfg, 2, imageobs_episode_steps="a --config file with imageobs_episode_steps:")
-    if cfg.imageobs_content not in ("maniskill", "gradient"):
-        raise ValueError(f"imageobs_content={cfg.imageobs_content!r} is unknown; use 'maniskill' (the sensor camera "
-                         f"of content_env) or 'gradient' (synthetic)")
-    parse_compression(cfg.trajectory_compression)
-
-
-def sensor_clips(env_id: str, clips: int, frames: int, size: int, render_backend: str, seed: int = 0) -> np.ndarray:
-    """``[clips, frames, size, size, 3]`` uint8: a real task's sensor camera (``obs_mode="rgb"``, the first
-    camera, ``size x size``) under random actions: the frames an rgb observation holds."""
-    import mani_skill.envs  # noqa: F401
-
-    env = gym.make(env_id, num_envs=1, obs_mode="rgb", sim_backend="physx_cpu", render_backend=render_backend,
-                   sensor_configs=dict(width=size, height=size))
-    out = np.empty((clips, frames, size, size, 3), np.uint8)
-    try:
-        env.action_space.seed(seed)
-        for c in range(clips):
-            obs, _ = env.reset(seed=seed + c)
-            for t in range(frames):
-                if t:
-                    obs, *_ = env.step(env.action_space.sample())
-                cam = next(iter(obs["sensor_data"].values()))["rgb"]
-                out[c, t] = (cam.cpu().numpy() if isinstance(cam, torch.Tensor) else np.asarray(cam)).reshape(size, size, 3)
-    finally:
-        env.close()
-    return out
+from benchmarks.config import BenchConfig
+from benchmarks.memory import ChildrenPss, MemoryMonitor, rss
+from fastrecord.testing import BatchedDoubleEnv, gradient_clips, make_bank, sensor_clips
 
 
 def imageobs_lengths(max_steps: int) -> Callable[[int, int], int]:
@@ -102,37 +66,11 @@ def imageobs_loop(env: Any, num_envs: int, device: torch.device, steps: int) -> 
     return finished
 
 
-class _ChildrenPss:
-    """Samples the peak summed PSS of the processes ``pids()`` names (the HDF5 writers) every ``interval`` s."""
-
-    def __init__(self, pids: Callable[[], list[int]], interval: float = 0.5) -> None:
-        from fastrecord.commands.bench import _pss
-
-        self._pss = _pss
-        self.pids, self.interval, self.peak = pids, interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="bench-writers-pss")
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, sum(self._pss(p) for p in self.pids()))
-
-    def __enter__(self) -> _ChildrenPss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def _measure(make: Callable[[], Any], src: BatchedDoubleEnv, steps: int, device: torch.device, memory_monitor: type,
+def _measure(make: Callable[[], Any], src: BatchedDoubleEnv, steps: int, device: torch.device,
              pids: Callable[[], list[int]] = list) -> dict[str, Any]:
     """One recorder over ``steps`` parallel steps: set-up, loop, close (everything on disk), memory."""
-    from fastrecord.commands.bench import _rss
-
-    rss0 = _rss()
-    with memory_monitor(device) as mon, _ChildrenPss(pids) as writers:
+    rss0 = rss()
+    with MemoryMonitor(device) as mon, ChildrenPss(pids) as writers:
         t0 = time.perf_counter()
         env = make()
         env.reset(seed=list(range(src.num_envs)))
@@ -169,9 +107,10 @@ def _file_stats(h5: Path) -> dict[str, Any]:
     return out
 
 
-def phase_imageobs(cfg: Any, device: torch.device, out: Path, memory_monitor: type) -> dict[str, Any]:
+def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[str, Any]:
+    """ManiSkill's and fastrecord's RecordEpisode (trajectory only) over the same rgb-observation episodes,
+    ``imageobs_repeats`` runs each, interleaved; the median run of each and their ratios."""
     from fastrecord import RecordEpisode
-    from fastrecord.commands.bench import gradient_clips, make_bank
 
     ms_record = importlib.import_module("mani_skill.utils.wrappers.record")
     size, steps, frames = cfg.imageobs_size, cfg.imageobs_steps, cfg.imageobs_episode_steps + 1
@@ -207,7 +146,7 @@ def phase_imageobs(cfg: Any, device: torch.device, out: Path, memory_monitor: ty
             sink = holder[0].recorder.trajectory if holder else None
             return sink.writer.pids if sink is not None and sink.writer is not None else []
 
-        r = _measure(make, src, steps, device, memory_monitor, pids)
+        r = _measure(make, src, steps, device, pids)
         r.update(_file_stats(d / "traj.h5"))
         res.setdefault(f"{name}_runs", []).append(r)
         shutil.rmtree(d, ignore_errors=True)

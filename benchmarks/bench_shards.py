@@ -7,8 +7,8 @@ rank 0 merges. The driver runs world size 1, then 2, on the same global episodes
 env-frames/s (wall time of the recording loops, the merge included) and their ratio, after checking that
 the merged NAME.json holds episodes 0..N-1 once each:
 
-    python scripts/bench_shards.py --episodes 512 --num-envs 64 --size 512          # H200 machine: cuda
-    python scripts/bench_shards.py --episodes 16 --num-envs 4 --size 64 --device cpu  # a 2-core machine
+    python benchmarks/bench_shards.py --episodes 512 --num-envs 64 --size 512          # H200 machine: cuda
+    python benchmarks/bench_shards.py --episodes 16 --num-envs 4 --size 64 --device cpu  # a 2-core machine
 
 On one GPU both ranks share it (cuda:0); the encoder processes per rank are the cores divided by the
 ranks (the default). This measures the sharding's overhead and sharing, not a multi-GPU speed-up.
@@ -44,7 +44,7 @@ def rank_main(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     bank = rng.integers(0, 256, (4, 8, args.size, args.size, 3), dtype=np.uint8)  # 4 clips of 8 frames, looped
     run = DistributedRun(args.out, "shards", total=args.episodes, base_seed=0, if_exists="error",
-                         options={"script": "scripts/bench_shards.py"}).open()
+                         options={"script": "benchmarks/bench_shards.py"}).open()
     base = BatchedDoubleEnv(num_envs=args.num_envs, max_episode_steps=60, device=device, bank=bank,
                             episode_lengths=lambda env_idx, seed: 30 + seed % 21)
     env = RecordEpisode(base, run.shard_dir, trajectory_name="shards", if_exists=run.shard_if_exists,
