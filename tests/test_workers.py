@@ -255,3 +255,18 @@ def test_helper_process_takes_file_descriptors_and_one_way_requests(tmp_path):
         assert not proc.alive()
     finally:
         proc.stop()
+
+
+def test_no_import_circle_through_the_process_video_and_staging_modules():
+    """`scripts/import_cycles.py` reads every import of the package (function-level ones included): no
+    circle runs through the helper-process, worker, video, staging or buffer modules."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    spec = importlib.util.spec_from_file_location("import_cycles", root / "scripts" / "import_cycles.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ours = ("fastrecord.processes", "fastrecord.workers", "fastrecord.video", "fastrecord.staging", "fastrecord.buffer")
+    found = [c for c in mod.cycles(root / "src" / "fastrecord") if any(m.startswith(ours) for m in c)]
+    assert found == []
