@@ -216,9 +216,10 @@ def _child_main(fd: int, module: str, parent_pid: int, nice: int, keep_after_err
     def report(e: BaseException, leaving: bool) -> None:
         try:
             conn.send(("error", _describe_exception(e), leaving))
-        finally:
-            if leaving:
-                os._exit(1)
+        except BaseException:  # noqa: BLE001 - the parent is gone, or the report cannot be sent: leave
+            leaving = True
+        if leaving:
+            os._exit(1)
 
     if not keep_after_error:
         sys.unraisablehook = lambda u: report(u.exc_value, True)
@@ -246,7 +247,9 @@ def _child_main(fd: int, module: str, parent_pid: int, nice: int, keep_after_err
             try:
                 conn.send(("ok", result))
             except OSError:
-                break
+                break  # the parent is gone
+            except Exception as e:  # noqa: BLE001 - a result that does not pickle: nothing was sent
+                report(e, not keep_after_error)
     os._exit(0)
 
 
