@@ -158,7 +158,7 @@ def freeze_imports() -> None:
 
     ManiSkill calls ``gc.collect()`` whenever it builds or clears a scene (env creation, close, and each
     reset of a CPU eval env, which reconfigures), to release GPU memory; a full collection walks every
-    tracked object, about 0.17 s a call on the 2-core machine once torch and ManiSkill are imported, two
+    tracked object, about 0.17 s a call on a 2-core machine once torch and ManiSkill are imported, two
     per replay env. Frozen objects are skipped (and never freed: they live as long as the modules). Not for
     a user's process: the library API does not call it."""
     import gc

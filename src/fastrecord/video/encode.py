@@ -357,6 +357,6 @@ def decode_mp4(path: str | Path) -> np.ndarray:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
 
-# names other modules used before they were public
+# the private names of `nvenc_usable` and `use_processes`, for callers not moved to the public ones yet
 _nvenc_usable = nvenc_usable
 _use_processes = use_processes
