@@ -101,11 +101,11 @@ def _circle(group: list[str], graph: dict[str, set[str]]) -> list[str]:
         nxt = []
         for v in frontier:
             for w in sorted(graph[v] & members):
-                if w == start:
+                if w == start:  # back at the start: walk the path to v backwards
                     path = [v]
                     while path[-1] != start:
                         path.append(prev[path[-1]])
-                    return [start, *reversed(path[:-1]), start] if len(path) > 1 else [start, v, start]
+                    return [*reversed(path), start]
                 if w not in prev:
                     prev[w] = v
                     nxt.append(w)
