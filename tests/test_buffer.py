@@ -9,8 +9,9 @@ import torch
 
 from fastrecord import staging
 from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
-from fastrecord.staging import Yuv420Frames, locate, rgb_to_yuv420p
+from fastrecord.staging import locate
 from fastrecord.testing import smooth_frames
+from fastrecord.video.yuv import YUV420P, Yuv420Frames, rgb_to_yuv420p
 
 N = 3
 
@@ -149,7 +150,9 @@ def test_gather_returns_buffer_contents_in_staging_memory():
     assert out["obs/big"][0, 3, 0] == 2 * 40000 + 3
     if staging.shared_memory_supported():
         assert locate(out["frames"][1]) is not None  # encoder processes read it in place
-    # yuv420p is a CUDA-buffer option: on a CPU buffer the frames stay RGB
+    # transforms run on CUDA buffers: on a CPU buffer the frames stay RGB
+    plain = buf.gather(np.arange(3), transforms={"frames": YUV420P})["frames"]
+    assert not isinstance(plain, Yuv420Frames) and plain.shape == (3, 5, 32, 32, 3)
     assert not isinstance(buf.gather(np.arange(3), yuv420p=("frames",))["frames"], Yuv420Frames)
 
 
@@ -169,11 +172,15 @@ def test_gather_yuv420p_on_cuda_matches_cpu_conversion():
     gpu.start(np.arange(3), {"frames": frames[:, 0].cuda(), "obs/big": big})
     for t in range(1, 5):
         gpu.step({"frames": frames[:, t].cuda(), "obs/big": big})
-    out = gpu.gather(np.array([1, 2]), yuv420p=("frames",))["frames"]
+    out = gpu.gather(np.array([1, 2]), transforms={"frames": YUV420P})["frames"]
     assert isinstance(out, Yuv420Frames) and out.frame_size == (32, 32)
     out.wait_ready()
     diff = np.abs(out.view(np.ndarray).astype(int) - rgb_to_yuv420p(frames[[1, 2]], kernel="torch").numpy())
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # float rounding between the kernels
+    # the names-only form of callers not moved to transforms= gives the same
+    same = gpu.gather(np.array([1, 2]), yuv420p=("frames",))["frames"]
+    same.wait_ready()
+    np.testing.assert_array_equal(same.view(np.ndarray), out.view(np.ndarray))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -1,4 +1,4 @@
-"""Staging memory (leases of pinned shared-memory arenas, `locate`) and the RGB -> yuv420p conversion."""
+"""Staging memory (leases of pinned shared-memory arenas, `locate`)."""
 
 from __future__ import annotations
 
@@ -6,39 +6,14 @@ import gc
 import threading
 import time
 
-import av
 import numpy as np
 import pytest
 import torch
 
 from fastrecord import staging
-from fastrecord.staging import StagingPool, locate, rgb_to_yuv420p, yuv420p_to_rgb_numpy
-from fastrecord.testing import psnr, smooth_frames
+from fastrecord.staging import StagingPool, locate
 
 needs_shm = pytest.mark.skipif(not staging.shared_memory_supported(), reason="needs memfd + fd passing (Linux)")
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------- yuv420p
-def test_rgb_to_yuv420p_matches_libswscale_luma():
-    rgb = smooth_frames(2)
-    mine = rgb_to_yuv420p(torch.from_numpy(rgb)).numpy()
-    assert mine.shape == (2, 48, 48)
-    for i in range(2):
-        ref = av.VideoFrame.from_ndarray(rgb[i], format="rgb24").reformat(format="yuv420p").to_ndarray()
-        assert np.abs(ref[:32].astype(int) - mine[i, :32]).max() <= 1  # Y plane: rounding only
-        assert np.abs(ref[32:].astype(int) - mine[i, 32:]).mean() < 2  # chroma: another 2x2 filter
-    # as faithful as libswscale's own conversion (chroma subsampling loses the same detail)
-    sws = np.stack([av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p").to_ndarray() for f in rgb])
-    assert psnr(yuv420p_to_rgb_numpy(mine), rgb) >= psnr(yuv420p_to_rgb_numpy(sws), rgb) - 0.3
-
-
-def test_rgb_to_yuv420p_rejects_odd_sizes():
-    with pytest.raises(ValueError, match="even H and W"):
-        rgb_to_yuv420p(torch.zeros(1, 3, 4, 3, dtype=torch.uint8))
 
 
 # ---------------------------------------------------------------------------------------------- leases
@@ -164,3 +139,11 @@ def test_reserve_makes_an_arena_ahead_on_a_background_thread():
 # ---------------------------------------------------------------------------------------------- locate
 def test_locate_ignores_ordinary_arrays():
     assert locate(np.zeros((4, 4), np.uint8)) is None
+
+
+def test_moved_yuv_names_resolve_in_the_video_package():
+    from fastrecord.video import yuv
+
+    assert staging.Yuv420Frames is yuv.Yuv420Frames and staging.rgb_to_yuv420p is yuv.rgb_to_yuv420p
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        staging.nothing

@@ -1,6 +1,6 @@
-"""Video encoding (fastrecord.video.encode) and encoder processes (fastrecord.video.pool): settings
-checked up front, encodes in a thread and in encoder processes, fractional frame rates, publishing that
-never replaces a file, codec auto-selection with its fallback."""
+"""Video encoding (fastrecord.video.encode), encoder processes (fastrecord.video.pool) and the RGB -> yuv420p
+conversion (fastrecord.video.yuv): settings checked up front, encodes in a thread and in encoder processes,
+fractional frame rates, publishing that never replaces a file, codec auto-selection with its fallback."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from fastrecord import staging
-from fastrecord.staging import Yuv420Frames, rgb_to_yuv420p
 from fastrecord.video import (
     EncoderError,
     EncoderProcessPool,
@@ -26,6 +25,7 @@ from fastrecord.video import (
     resolve_codec,
 )
 from fastrecord.video import encode as video_mod
+from fastrecord.video.yuv import Yuv420Frames, rgb_to_yuv420p, yuv420p_to_rgb_numpy
 from fastrecord.testing import psnr, smooth_frames
 
 needs_shm = pytest.mark.skipif(not staging.shared_memory_supported(), reason="needs memfd + fd passing (Linux)")
@@ -42,6 +42,25 @@ def encoder_pool():
     yield pool
     if pool is not None:
         pool.close()
+
+
+# ---------------------------------------------------------------------------------------------- yuv420p
+def test_rgb_to_yuv420p_matches_libswscale_luma():
+    rgb = smooth_frames(2)
+    mine = rgb_to_yuv420p(torch.from_numpy(rgb)).numpy()
+    assert mine.shape == (2, 48, 48)
+    for i in range(2):
+        ref = av.VideoFrame.from_ndarray(rgb[i], format="rgb24").reformat(format="yuv420p").to_ndarray()
+        assert np.abs(ref[:32].astype(int) - mine[i, :32]).max() <= 1  # Y plane: rounding only
+        assert np.abs(ref[32:].astype(int) - mine[i, 32:]).mean() < 2  # chroma: another 2x2 filter
+    # as faithful as libswscale's own conversion (chroma subsampling loses the same detail)
+    sws = np.stack([av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p").to_ndarray() for f in rgb])
+    assert psnr(yuv420p_to_rgb_numpy(mine), rgb) >= psnr(yuv420p_to_rgb_numpy(sws), rgb) - 0.3
+
+
+def test_rgb_to_yuv420p_rejects_odd_sizes():
+    with pytest.raises(ValueError, match="even H and W"):
+        rgb_to_yuv420p(torch.zeros(1, 3, 4, 3, dtype=torch.uint8))
 
 
 # ---------------------------------------------------------------------------------------------- encoders
@@ -73,8 +92,10 @@ def test_encoder_process_matches_thread_encode_and_reads_staging_in_place(tmp_pa
 @needs_shm
 def test_encoder_process_errors_surface_in_the_caller(tmp_path):
     with EncoderProcessPool(max_processes=1) as enc:
-        with pytest.raises(FileNotFoundError, match="encoder process"):
+        with pytest.raises(FileNotFoundError, match="No such file") as info:
             enc.encode(tmp_path / "missing" / "x.mp4", smooth_frames(2), VideoSettings())
+        assert info.value.errno == errno.ENOENT
+        assert "raised in the encoder process" in info.value.__notes__[0] and "encode_here" in info.value.remote_traceback
         # the process survived its job's error and still works
         enc.encode(tmp_path / "ok.mp4", smooth_frames(2), VideoSettings())
         assert (tmp_path / "ok.mp4").exists()
@@ -84,17 +105,17 @@ def test_encoder_process_errors_surface_in_the_caller(tmp_path):
 def test_dead_encoder_process_raises_encoder_error_and_is_replaced(tmp_path, monkeypatch):
     with EncoderProcessPool(max_processes=1) as enc:
         enc.start(1)
-        p = enc._idle[0]
+        p = enc._idle[0].process
         p.proc.kill()
         p.proc.wait()
         # an idle process found dead is replaced before use
         enc.encode(tmp_path / "a.mp4", smooth_frames(2), VideoSettings())
         # one that dies during a job fails that job with EncoderError, and is replaced afterwards
-        q = enc._idle[0]
+        q = enc._idle[0].process
         q.proc.kill()
         q.proc.wait()
         monkeypatch.setattr(type(q), "alive", lambda self: True)
-        with pytest.raises(EncoderError, match="died"):
+        with pytest.raises(EncoderError, match=r"the encoder process \(pid \d+\) was killed by signal SIGKILL \(9\) while encoding .*b\.mp4"):
             enc.encode(tmp_path / "b.mp4", smooth_frames(2), VideoSettings())
         monkeypatch.undo()
         enc.encode(tmp_path / "c.mp4", smooth_frames(2), VideoSettings())
@@ -281,13 +302,13 @@ def fresh_codec_cache(monkeypatch):
 
 def test_auto_codec_falls_back_to_libx264_when_nvenc_cannot_encode(monkeypatch, fresh_codec_cache):
     monkeypatch.setattr(video_mod, "codec_available", lambda name: True)  # a build with NVENC compiled in
-    monkeypatch.setattr(video_mod, "_nvenc_usable", lambda: False)  # ... on a GPU without an encoder (H200)
+    monkeypatch.setattr(video_mod, "nvenc_usable", lambda: False)  # ... on a GPU without an encoder (H200)
     assert resolve_codec("auto") == "libx264"
 
 
 def test_auto_codec_picks_nvenc_where_it_encodes(monkeypatch, fresh_codec_cache):
     monkeypatch.setattr(video_mod, "codec_available", lambda name: True)
-    monkeypatch.setattr(video_mod, "_nvenc_usable", lambda: True)
+    monkeypatch.setattr(video_mod, "nvenc_usable", lambda: True)
     assert resolve_codec("auto") == "h264_nvenc"
 
 
@@ -302,7 +323,7 @@ def test_auto_codec_on_this_machine_is_usable(fresh_codec_cache):
 def test_nvenc_probe_is_false_without_nvenc():
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine may have NVENC")
-    assert video_mod._nvenc_usable() is False
+    assert video_mod.nvenc_usable() is False
 
 
 def _pil_overlay(frames: np.ndarray, overlay) -> np.ndarray:

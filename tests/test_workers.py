@@ -163,3 +163,110 @@ def test_processes_of_ours_freeze_their_imports(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": src})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["0", "True"]
+
+
+# ---------------------------------------------------------------------------------------------- helper processes
+def test_helper_process_calls_by_name_and_by_reference_and_reraises_errors():
+    """One child-process layer: calls by a function name of the served module or by a module-level function
+    of any fastrecord module; a child's builtin exception is raised here with its type, errno and traceback;
+    by default the child is gone after an error."""
+    from fastrecord.processes import IsolatedProcess, RemoteError
+    from fastrecord.video.encode import codec_available, resolve_codec
+
+    proc = IsolatedProcess("fastrecord.video.encode", "the probe process")
+    try:
+        assert proc.call("resolve_codec", "libx264") == "libx264"
+        assert proc.call(codec_available, "libx264") is True  # another module's function, by reference
+        with pytest.raises(TypeError, match="module-level function of a fastrecord module"):
+            proc.call(lambda: None)
+        with pytest.raises(KeyError) as info:
+            proc.call("_checked.__getitem__", "missing")  # a dotted name resolves too
+        assert info.value.args == ("missing",)
+        assert "raised in the probe process (pid" in info.value.__notes__[0] and "KeyError" in info.value.remote_traceback
+        assert proc.poll() == 1 and not proc.alive()
+    finally:
+        proc.stop()
+    proc.stop()  # idempotent
+    with pytest.raises(RuntimeError, match="on a stopped process"):
+        proc.call(resolve_codec, "libx264")
+
+    keeper = IsolatedProcess("fastrecord.video.encode", "the keeper", keep_after_error=True)
+    try:
+        with pytest.raises(FileNotFoundError) as info:
+            keeper.call("_publish", "/nonexistent/a.part", "/nonexistent/a.mp4")
+        assert info.value.errno == 2
+        assert keeper.call("resolve_codec", "libx264") == "libx264"  # it served the next call
+        with pytest.raises(RemoteError, match=r"UnknownCodecError: .*nope"):  # not a builtin type
+            keeper.call("av.codec.Codec", "nope", "w")
+    finally:
+        keeper.stop()
+
+
+def _unknown_codec() -> None:
+    """Not a fastrecord function: refused by reference (only fastrecord modules are resolved in the child)."""
+
+
+def test_helper_process_refuses_foreign_functions_and_reports_a_dead_child():
+    import os
+    import signal
+
+    from fastrecord.processes import ChildDied, IsolatedProcess
+
+    proc = IsolatedProcess("fastrecord.video.encode", "the victim")
+    try:
+        with pytest.raises(TypeError, match="_unknown_codec"):
+            proc.call(_unknown_codec)
+        assert proc.call("codec_available", "libx264") is True
+        os.kill(proc.pid, signal.SIGKILL)
+        with pytest.raises(ChildDied, match=r"the victim \(pid \d+\) was killed by signal SIGKILL \(9\)") as info:
+            proc.call("codec_available", "libx264")
+        assert info.value.returncode == -9
+        with pytest.raises(ChildDied, match="was killed"):
+            proc.notify("codec_available", "libx264")
+    finally:
+        proc.stop()
+    with pytest.raises(ValueError, match="serves a fastrecord module"):
+        IsolatedProcess("os")
+
+
+def test_helper_process_takes_file_descriptors_and_one_way_requests(tmp_path):
+    """``fds=`` passes descriptors (the encoder pool's staging arenas) to a one-way request; a failed one-way
+    request ends the child and is raised by the next call."""
+    import os
+
+    from fastrecord.processes import IsolatedProcess
+    from fastrecord.video import pool
+
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 4096)
+    proc = IsolatedProcess("fastrecord.video.pool", "the mapper", keep_after_error=True)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            proc.notify(pool.map_arena, 7, 4096, fds=[fd])
+        finally:
+            os.close(fd)
+        assert proc.call("_arenas.__len__") == 1
+        proc.notify(pool.forget_arena, 7)
+        assert proc.call("_arenas.__len__") == 0
+        proc.notify(pool.map_arena, 8, 4096)  # no descriptor: a TypeError there
+        with pytest.raises(TypeError, match="fd"):
+            proc.call("_arenas.__len__")
+        assert not proc.alive()
+    finally:
+        proc.stop()
+
+
+def test_no_import_circle_through_the_process_video_and_staging_modules():
+    """`scripts/import_cycles.py` reads every import of the package (function-level ones included): no
+    circle runs through the helper-process, worker, video, staging or buffer modules."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    spec = importlib.util.spec_from_file_location("import_cycles", root / "scripts" / "import_cycles.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ours = ("fastrecord.processes", "fastrecord.workers", "fastrecord.video", "fastrecord.staging", "fastrecord.buffer")
+    found = [c for c in mod.cycles(root / "src" / "fastrecord") if any(m.startswith(ours) for m in c)]
+    assert found == []

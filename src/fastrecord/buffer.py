@@ -14,18 +14,39 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from fastrecord.staging import Yuv420Frames, default_staging_pool, rgb_to_yuv420p, shared_memory_supported
+from fastrecord.staging import default_staging_pool, shared_memory_supported
 
 GiB = 1024**3
 
 
 class BufferTooLargeError(MemoryError):
     """The episode buffer would not fit in the memory of its device."""
+
+
+class LeafTransform(Protocol):
+    """A conversion of a recorded leaf on its device, done by `EpisodeBuffer.gather` before the copy to the
+    host (e.g. `fastrecord.video.yuv.YUV420P`: RGB frames to yuv420p, half the bytes to copy).
+
+    ``accepts(buf)``: whether the leaf's buffer ``[capacity, envs, *leaf]`` can be converted; ``shape``:
+    the converted leaf's shape from ``leaf``; ``dtype``: its numpy dtype; ``transform(part)``: ``[envs,
+    steps, *leaf]`` tensor -> ``[envs, steps, *shape(leaf)]`` tensor on the same device; ``wrap(host,
+    ready)``: the host array (``ready``: the CUDA event of its asynchronous copy) -> what gather returns.
+    """
+
+    dtype: np.dtype
+
+    def accepts(self, buf: torch.Tensor) -> bool: ...
+
+    def shape(self, leaf_shape: tuple[int, ...]) -> tuple[int, ...]: ...
+
+    def __call__(self, part: torch.Tensor) -> torch.Tensor: ...
+
+    def wrap(self, host: np.ndarray, ready: Any) -> np.ndarray: ...
 
 
 def flatten_tree(tree: Mapping | torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
@@ -268,6 +289,7 @@ class EpisodeBuffer:
         return {k: v.numpy() for k, v in out.items()}
 
     def gather(self, env_idx: np.ndarray, names: list[str] | None = None, *,
+               transforms: Mapping[str, LeafTransform] | None = None,
                yuv420p: Collection[str] = ()) -> dict[str, np.ndarray]:
         """Copy the episodes in progress of ``env_idx`` to host memory in one batch.
 
@@ -277,11 +299,18 @@ class EpisodeBuffer:
         The arrays live in reusable staging memory (`fastrecord.staging`: pinned once, shared with
         encoder processes), which returns to its pool when the last array viewing it is collected.
 
-        ``yuv420p`` names uint8 ``[..., H, W, 3]`` RGB fields (even H and W, CUDA buffer) to return as
-        `Yuv420Frames` ``[len(env_idx), max_len, H * 3 // 2, W]``: converted on the GPU and copied
-        asynchronously on a side stream (half the bytes of RGB); their ``wait_ready()`` blocks until the
-        copy has landed, and `encode_mp4` does that itself. Other fields are ready on return.
+        ``transforms`` (``{name: LeafTransform}``) converts fields on their device first: those on CUDA that
+        the transform accepts, in gathers that go through staging memory; other fields come back as they
+        are, so a transform is for consumers that take both forms (the encoders take RGB frames and
+        `fastrecord.video.yuv.YUV420P`'s yuv420p). A converted field is copied asynchronously on a side
+        stream; what ``wrap`` makes of it must wait for the copy's event before it is read
+        (`Yuv420Frames.wait_ready`, which `encode_mp4` calls). Other fields are ready on return.
+        ``yuv420p`` (names) is ``transforms={name: YUV420P}`` for each name, for callers not moved yet.
         """
+        if yuv420p:
+            from fastrecord.video.yuv import YUV420P
+
+            transforms = {**{n: YUV420P for n in yuv420p}, **(transforms or {})}
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         length = int(self.cursor[env_idx].max()) + 1
         whole = len(env_idx) == self.num_envs and bool((env_idx == np.arange(self.num_envs)).all())
@@ -296,30 +325,31 @@ class EpisodeBuffer:
             cols = slice(lo, hi) if whole else rows[buf.device][lo:hi]
             return buf[:length, cols].transpose(0, 1)
 
-        yuv = {n for n in yuv420p if n in selected and selected[n].is_cuda and _yuv_eligible(selected[n])}
+        converted = {n: t for n, t in (transforms or {}).items()
+                     if n in selected and selected[n].is_cuda and t.accepts(selected[n])}
         layout: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         for name, buf in selected.items():
-            if name in yuv:
-                h, w = buf.shape[-3:-1]
-                layout[name] = ((len(env_idx), length, *buf.shape[2:-3], h * 3 // 2, w), np.dtype(np.uint8))
+            if name in converted:
+                t = converted[name]
+                layout[name] = ((len(env_idx), length, *t.shape(tuple(buf.shape[2:]))), np.dtype(t.dtype))
             elif (dt := _numpy_dtype(buf.dtype)) is not None:
                 layout[name] = ((len(env_idx), length, *buf.shape[2:]), dt)
         total = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize + 4096 for s, dt in layout.values())
         if total < _STAGING_MIN_BYTES or not shared_memory_supported():
-            yuv, layout = set(), {}
+            converted, layout = {}, {}
         # small gathers (a few episodes ending at one step) share an arena with the next ones
         lease = default_staging_pool().lease(total, pin=cuda, shared=True) if layout else None
 
         out: dict[str, np.ndarray] = {}
         pending: list[torch.Tensor] = []
-        for name, buf in selected.items():  # plain fields first: one sync covers them, not the conversion
-            if name in yuv:
+        for name, buf in selected.items():  # plain fields first: one sync covers them, not the conversions
+            if name in converted:
                 continue
             if name in layout:
                 dst = lease.array(*layout[name])
                 if (host := _host_view(buf)) is not None:  # CPU: one numpy copy (see `step`)
-                    # one copy per episode of its contiguous frames: np.take of the swapped view first
-                    # copied the whole buffer (0.45 s for 16 envs x 51 frames x 256x256, this: 0.04 s)
+                    # one copy per episode of its contiguous frames: np.take of the swapped view would copy
+                    # the whole buffer first (0.45 s for 16 envs x 51 frames x 256x256, this: 0.04 s)
                     for i, e in enumerate(env_idx.tolist()):
                         np.copyto(dst[i], host[:length, e])
                     out[name] = dst
@@ -350,26 +380,29 @@ class EpisodeBuffer:
             if isinstance(v, torch.Tensor):
                 out[name] = v.numpy()
         del pending
-        for name in yuv:
-            out[name] = self._gather_yuv(selected[name], lease.array(*layout[name]), part)
-            lease.arena.pending = out[name].ready  # a reuse of the arena waits for this copy
+        for name, t in converted.items():
+            dst = lease.array(*layout[name])
+            ready = self._gather_converted(selected[name], t, dst, part)
+            lease.arena.pending = ready  # a reuse of the arena waits for this copy
+            out[name] = t.wrap(dst, ready)
         return {n: out[n] for n in selected if n in out}
 
-    def _gather_yuv(self, buf: torch.Tensor, dst: np.ndarray, part: Any) -> Yuv420Frames:
-        """Convert on the current stream, copy to ``dst`` on a side stream, in chunks of envs."""
+    def _gather_converted(self, buf: torch.Tensor, transform: LeafTransform, dst: np.ndarray, part: Any) -> Any:
+        """Convert on the current stream, copy to ``dst`` on a side stream, in chunks of envs; returns the
+        CUDA event of the copy's end."""
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(buf.device)
         current = torch.cuda.current_stream(buf.device)
-        for lo, hi in _chunks(dst.shape[0], buf[0, 0].numel() * dst.shape[1]):
-            yuv = rgb_to_yuv420p(part(buf, lo, hi))
+        for lo, hi in _chunks(dst.shape[0], buf[0, 0].numel() * buf.element_size() * dst.shape[1]):
+            done = transform(part(buf, lo, hi))
             self._copy_stream.wait_stream(current)
             with torch.cuda.stream(self._copy_stream):
-                torch.from_numpy(dst[lo:hi]).copy_(yuv, non_blocking=True)
-            yuv.record_stream(self._copy_stream)  # the allocator must not reuse it before the copy ends
-            del yuv
+                torch.from_numpy(dst[lo:hi]).copy_(done, non_blocking=True)
+            done.record_stream(self._copy_stream)  # the allocator must not reuse it before the copy ends
+            del done
         ready = torch.cuda.Event(blocking=True)  # waiters sleep rather than spin (encoders need the cores)
         ready.record(self._copy_stream)
-        return Yuv420Frames(dst, ready=ready)
+        return ready
 
 
 _STAGING_MIN_BYTES = 1024 * 1024  # smaller gathers (flags for the keep filter) skip the staging pool
@@ -380,10 +413,6 @@ def _chunks(n: int, bytes_per_env: int) -> list[tuple[int, int]]:
     """``(lo, hi)`` ranges over ``n`` envs of at most `_CHUNK_BYTES` each (at least one env)."""
     step = max(1, _CHUNK_BYTES // max(1, bytes_per_env))
     return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
-
-
-def _yuv_eligible(buf: torch.Tensor) -> bool:
-    return buf.dtype == torch.uint8 and buf.ndim >= 5 and buf.shape[-1] == 3 and buf.shape[-3] % 2 == 0 and buf.shape[-2] % 2 == 0
 
 
 def _host_view(t: torch.Tensor) -> np.ndarray | None:

@@ -1,21 +1,19 @@
-"""MP4 encoding with PyAV (libav's H.264 encoders), in encoder processes.
+"""MP4 encoding with PyAV (libav's H.264 encoders) in this process: settings, their validation, encode,
+publish, decode.
 
 We use PyAV directly rather than imageio's ffmpeg subprocess: no pipe copy of every frame, the codec is
-checked up front, and the encoder's threads and options are ours to set.
-
-`encode_mp4` is called from writer threads. By default (``VideoSettings.executor="auto"`` on Linux) the
-encode itself runs in a helper process of `EncoderProcessPool`: threads of one process share the GIL,
-which held 16 threads of libx264 ultrafast near 2,200 frames/s on a 16-core machine where 16 processes
-encode 7,000. The frames are not pickled: they live in staging memory that the encoder process maps
-(`fastrecord.staging`), so a job message is a file name, an offset and a shape. Frames given as
-`Yuv420Frames` (converted on the GPU) skip the encoder's colour conversion.
+checked up front, and the encoder's threads and options are ours to set. `encode_here` encodes in the
+calling thread; `fastrecord.video.pool.encode_mp4` picks where to encode (an encoder process of
+`EncoderProcessPool` by default on Linux, which calls `encode_here` there, or the calling thread).
+Frames given as `Yuv420Frames` (converted on the GPU) skip the encoder's colour conversion.
 
 `check_video_settings` validates every setting up front (names, ranges, then one trial encode in memory)
 so that a bad value fails where it is given, not later in a background encoder. A finished video is
-published without replacing anything: a name already taken gets ``_1``, ``_2``, ... (`encode_mp4`
+published without replacing anything: a name already taken gets ``_1``, ``_2``, ... (`encode_here`
 returns the path written).
 
-This module imports only numpy, PyAV and `fastrecord.staging` (encoder processes import it).
+This module imports only numpy, PyAV, `fastrecord.staging` and `fastrecord.video.yuv` (encoder processes
+import it).
 """
 
 from __future__ import annotations
@@ -34,8 +32,8 @@ from typing import Any
 import av
 import numpy as np
 
-from fastrecord import staging as _staging
-from fastrecord.staging import Yuv420Frames
+from fastrecord.staging import shared_memory_supported
+from fastrecord.video.yuv import Yuv420Frames
 
 # encoders tried, in order, when codec="auto": NVENC where the GPU has one, libx264 otherwise
 _AUTO_CODECS = ("h264_nvenc", "libx264")
@@ -70,7 +68,7 @@ def codec_available(name: str) -> bool:
     return True
 
 
-def _nvenc_usable() -> bool:
+def nvenc_usable() -> bool:
     """NVENC is compiled into some libav builds but needs an NVIDIA GPU with an encoder: encode frames."""
     try:
         ctx = av.codec.CodecContext.create("h264_nvenc", "w")
@@ -96,7 +94,7 @@ def resolve_codec(name: str) -> str:
     if name == "auto":
         if name not in _resolved:
             for c in _AUTO_CODECS:
-                if codec_available(c) and (c != "h264_nvenc" or _nvenc_usable()):
+                if codec_available(c) and (c != "h264_nvenc" or nvenc_usable()):
                     _resolved[name] = c
                     break
             else:
@@ -119,7 +117,7 @@ def _even(img: np.ndarray) -> np.ndarray:
     return np.pad(img, pad, mode="edge")
 
 
-def _check_frames(frames: Any) -> str:
+def check_frames(frames: Any) -> str:
     """The pixel format of ``frames`` ('rgb24' or 'yuv420p'), or ValueError."""
     if isinstance(frames, Yuv420Frames):
         if frames.ndim != 3 or frames.dtype != np.uint8 or frames.shape[1] % 3 or frames.shape[2] % 2:
@@ -183,7 +181,7 @@ def _field_errors(s: VideoSettings) -> str | None:
         return f"video_pix_fmt={s.pix_fmt!r} is not one {s.codec} encodes; use one of {', '.join(formats)} (e.g. {formats[0]!r})"
     if s.executor not in EXECUTORS:
         return f"video_executor={s.executor!r} is unknown; use one of {', '.join(EXECUTORS)} (e.g. 'auto')"
-    if s.executor == "process" and not _staging.shared_memory_supported():
+    if s.executor == "process" and not shared_memory_supported():
         return "video_executor='process' needs Linux (memfd and fd passing); use executor='thread' or 'auto'"
     return None
 
@@ -268,7 +266,7 @@ def _encode_to(target: str | io.BytesIO, frames: np.ndarray, settings: VideoSett
         container.mux(stream.encode())  # flush the encoder
 
 
-def _encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: str, overlay: Any = None) -> Path:
+def encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: str, overlay: Any = None) -> Path:
     """Encode in this thread to a temporary file, then publish it at ``path`` or the next free name
     (`_publish`); returns the path written. A failed encode leaves no temporary file behind.
     ``overlay`` (an `Overlay`, rgb24 frames only) is drawn on a copy of the frames first."""
@@ -340,41 +338,25 @@ def _publish(tmp: Path, path: Path) -> Path:
 _wrap = getattr(av.VideoFrame, "from_numpy_buffer", av.VideoFrame.from_ndarray)
 
 
-def _use_processes(settings: VideoSettings) -> bool:
+def use_processes(settings: VideoSettings) -> bool:
+    """Whether `encode_mp4` encodes with these settings in an encoder process (``executor`` "process", or
+    "auto" where shared memory works) rather than in the calling thread; ValueError for a bad executor."""
     if settings.executor not in EXECUTORS:
         raise ValueError(f"video_executor={settings.executor!r} is unknown; use one of {', '.join(EXECUTORS)} (e.g. 'auto')")
     if settings.executor == "thread":
         return False
-    supported = _staging.shared_memory_supported()
+    supported = shared_memory_supported()
     if settings.executor == "process" and not supported:
         raise ValueError("video_executor='process' needs Linux (memfd and fd passing); use executor='thread' or 'auto'")
     return supported
-
-
-def encode_mp4(path: str | Path, frames: np.ndarray, settings: VideoSettings,
-               pool: Any = None, overlay: Any = None) -> Path:
-    """Encode ``frames`` ([T, H, W, 3] uint8 RGB, or `Yuv420Frames`) to an MP4 at ``path``; return the path
-    written: ``path``, or ``STEM_1.mp4``, ``STEM_2.mp4``, ... where that name is taken (never replaced).
-
-    The file appears atomically (written under a temporary name, then linked into place), so a killed
-    process never leaves a truncated video behind. ``settings`` go through `check_video_settings` (cached).
-    Blocks until the file is written; the encode runs in an encoder process (``pool``, by default the
-    process-wide `default_encoder_pool`) unless ``settings.executor="thread"``. ``overlay`` (a
-    `fastrecord.video.overlay.Overlay`, with RGB frames) is drawn there too, not in the caller.
-    """
-    path = Path(path)
-    fmt = _check_frames(frames)
-    settings = check_video_settings(settings)
-    if _use_processes(settings):
-        from fastrecord.video.pool import default_encoder_pool
-
-        return (pool or default_encoder_pool()).encode(path, frames, settings, overlay=overlay)
-    if fmt == "yuv420p":
-        frames = frames.plain()
-    return _encode_here(path, frames, settings, fmt, overlay)
 
 
 def decode_mp4(path: str | Path) -> np.ndarray:
     """Decode every frame of a video to [T, H, W, 3] uint8 RGB."""
     with av.open(str(path)) as container:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+# the private names of `nvenc_usable` and `use_processes`, for callers not moved to the public ones yet
+_nvenc_usable = nvenc_usable
+_use_processes = use_processes

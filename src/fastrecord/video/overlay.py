@@ -153,8 +153,8 @@ def draw_overlay(frames: np.ndarray, overlay: Any, font: str | None = None) -> n
     """A copy of ``frames`` ``[T, H, W, 3]`` uint8 with each frame's info drawn on it (``overlay``: an
     `Overlay`, or a per-frame sequence of dicts with ``font`` given).
 
-    The picture of PIL's ``ImageDraw.text`` on a dark RGBA band alpha-composited over the frame (what this
-    function drew with PIL until it was measured), computed with numpy from cached glyph masks: per pixel
+    The picture of PIL's ``ImageDraw.text`` on a dark RGBA band alpha-composited over the frame (drawing with
+    PIL for every frame is slower), computed with numpy from cached glyph masks: per pixel
     of the band, with text coverage ``m``, the band's colour is ``m * green`` and its alpha
     ``a = (110 + 145 m) / 255``, over the frame: ``band * a + frame * (1 - a)``."""
     font_path = font or getattr(overlay, "font", None)
