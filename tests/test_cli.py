@@ -313,3 +313,14 @@ def test_sigterm_stops_record_like_ctrl_c(tmp_path):
 def test_ctrl_c_twice_stops_record_and_keeps_files_whole(tmp_path):
     result, out, seen = _interrupt(tmp_path, [signal.SIGINT, signal.SIGINT])
     _check_interrupted(result, out, seen, "SIGINT", 130)
+
+
+def test_record_presets_load():
+    """Every `fastrecord record` preset in configs/ fills RecordConfig (run options and recording options)."""
+    from fastrecord.commands.config import RecordConfig, load_config
+
+    presets = [p for p in sorted((REPO / "configs").glob("*.yaml")) if "fastrecord record --config" in p.read_text()]
+    assert len(presets) >= 3
+    for p in presets:
+        cfg = load_config(RecordConfig, p)
+        assert cfg.episodes >= 1 and cfg.record.trajectory_name == "trajectory", p
