@@ -171,12 +171,15 @@ def _actions(out: Path) -> dict[int, tuple]:
 SMALL = ["--max-episode-steps", "3", "--width", "32", "--height", "32", "--no-video"]
 
 
-def test_resume_after_a_stopped_run_continues_seeds_and_tops_up_to_the_total(tmp_path):
+def test_resume_after_a_stopped_run_continues_seeds_and_tops_up_to_the_total(tmp_path, capsys):
     out = tmp_path / "rec"
     argv = ["record", "PushCube-v1", *SMALL, "--seed", "100", "--output-dir", str(out)]
     assert main(argv + ["--episodes", "2"]) == 0  # a run of 5 that stopped after 2
     assert _seeds(out) == {0: 100, 1: 101}
+    capsys.readouterr()
     assert main(argv + ["--episodes", "5", "--if-exists", "resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "resumed: 2 of the run's 5 episodes were on disk, 3 to record" in printed and "episodes: 3 finished" in printed
     assert _seeds(out) == {g: 100 + g for g in range(5)}
     assert main(argv + ["--episodes", "5", "--if-exists", "resume"]) == 0  # complete: nothing added
     assert _seeds(out) == {g: 100 + g for g in range(5)}
@@ -324,3 +327,16 @@ def test_record_presets_load():
     for p in presets:
         cfg = load_config(RecordConfig, p)
         assert cfg.episodes >= 1 and cfg.record.trajectory_name == "trajectory", p
+
+
+def test_resume_after_a_crash_continues_the_seed_sequence(tmp_path, capsys):
+    """A run killed with SIGKILL, then the same command with --if-exists resume: the episodes the crash left
+    are kept, the run goes on with the next global episodes (seed --seed + g), no start state twice."""
+    result, out, seen = _interrupt(tmp_path, [signal.SIGKILL])
+    assert result.returncode == -signal.SIGKILL
+    total = seen + 2
+    assert main(["record", "PickCube-v1", "--episodes", str(total), "--max-episode-steps", "3", "--width", "64",
+                 "--height", "64", "--output-dir", str(out), "--if-exists", "resume"]) == 0
+    seeds = _seeds(out)
+    assert len(seeds) >= total and sorted(seeds) == list(range(len(seeds))), seeds
+    assert all(seed == g for g, seed in seeds.items()), seeds

@@ -127,6 +127,9 @@ def test_single_schedule_continues_the_run_on_disk(tmp_path):
     assert sch.seeds.tolist() == [8, 9]
     with pytest.raises(ValueError, match=r"recorded with seed 5 and this command has seed 6; .* pass --seed 5"):
         shards.single_schedule(tmp_path, "t", total=6, base_seed=6, num_envs=2)
+    (tmp_path / "u.json").write_text(json.dumps({"episodes": [{"episode_id": 0, "episode_seed": 0}]}))
+    with pytest.raises(ValueError, match=r"1 of its episodes have no global_index .* --if-exists overwrite"):
+        shards.single_schedule(tmp_path, "u", total=2, base_seed=0, num_envs=1)
 
 
 def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3) -> shards.EpisodeSchedule:

@@ -247,16 +247,22 @@ def single_schedule(run_dir: str | Path, name: str, *, total: int, base_seed: in
     opened the run (a resumed run has then recovered its complete parts).
 
     Raises ValueError when the run on disk was recorded with another base seed (its episodes' seeds
-    minus their global indices), since global episode g has seed ``base_seed + g``."""
+    minus their global indices), since global episode g has seed ``base_seed + g``, and when it holds
+    episodes without a global index (recorded by `RecordEpisode` directly): their seeds are unknown."""
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise ValueError(f"total={total!r} must be an integer >= 1 (the number of episodes in the run)")
     try:
         doc = json.loads((Path(run_dir) / f"{name}.json").read_text())
     except (OSError, ValueError):
         doc = None
-    entries = doc.get("episodes", []) if isinstance(doc, dict) else []
+    entries = [e for e in doc.get("episodes", []) if isinstance(e, dict)] if isinstance(doc, dict) else []
+    untagged = sum("global_index" not in e for e in entries)
+    if untagged:
+        raise ValueError(f"cannot resume run {name!r} in {str(run_dir)!r}: {untagged} of its episodes have no global_index "
+                         f"(recorded by RecordEpisode in Python or an older fastrecord), so which seeds it holds is unknown; "
+                         f"record into another --output-dir or --trajectory-name, or pass --if-exists overwrite")
     bases = {int(e["episode_seed"]) - int(e["global_index"]) for e in entries
-             if isinstance(e, dict) and isinstance(e.get("episode_seed"), int) and isinstance(e.get("global_index"), int)}
+             if isinstance(e.get("episode_seed"), int) and isinstance(e.get("global_index"), int)}
     if bases and bases != {int(base_seed)}:
         before = min(bases)
         raise ValueError(f"cannot resume run {name!r} in {str(run_dir)!r}: it was recorded with seed {before} and this "

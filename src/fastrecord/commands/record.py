@@ -48,6 +48,7 @@ class RecordSummary:
     results: list[dict[str, Any]] = field(default_factory=list)  # NAME.results.jsonl's rows of this run
     results_path: Path | None = None
     finished_in_run: int = 0  # episodes that ended while the run stepped (the bar's count); later rows ended at close
+    scheduled: int = 0  # episodes of the run this command had to record (the rest were on disk: --if-exists resume)
 
 
 def _render_backend(name: str) -> str:
@@ -67,8 +68,9 @@ def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
 def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True):
     """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
 
-    ``auto_reset=False`` (a sharded run: its loop resets each env with its episode's seed): the batched
-    env's ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``."""
+    ``auto_reset=False`` (what `run_record` and `run_record_sharded` use: their loop,
+    `fastrecord.shards.record_schedule`, resets each env with its episode's seed): the batched env's
+    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``."""
     import gymnasium as gym
 
     import mani_skill.envs  # noqa: F401 - registers the tasks
@@ -211,7 +213,7 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     files.append(results.path)
     return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files,
                          stop.name if stop is not None and stop.requested else None, finished_before_stop,
-                         startup, list(results.rows), results.path, finished_before_stop)
+                         startup, list(results.rows), results.path, finished_before_stop, len(schedule.todo))
 
 
 @dataclass
@@ -369,6 +371,9 @@ def main_from_args(args: argparse.Namespace) -> int:
         s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
         if s.interrupted:
             print(interrupted_line(s.interrupted, s.finished_before_stop, s.episodes - s.finished_before_stop, cfg.record.keep))
+        if s.scheduled < cfg.episodes:
+            print(f"resumed: {cfg.episodes - s.scheduled} of the run's {cfg.episodes} episodes were on disk, "
+                  f"{s.scheduled} to record")
         print(f"episodes: {s.episodes} finished, {s.kept} kept, {s.successes} successful")
         print_results(s.results, s.finished_in_run, s.results_path)
         print_speed_and_files(s.env_steps, s.seconds, s.files, cfg.output_dir, s.startup_seconds)
