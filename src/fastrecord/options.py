@@ -2,13 +2,15 @@
 
 The wrappers (`RecordEpisode`, `RecordVectorEpisode`) take exactly these arguments after ``env`` and
 ``output_dir`` (ManiSkill's positional order first, fastrecord's additions keyword-only), their
-signature and docstring are derived from this class, and the CLI fills the same fields. Every value is
-checked when the options are built, before anything touches the disk; a bad value raises a
-`ValueError` naming the value, the allowed values and the fix.
+signature and docstring are derived from this class, and the command-line flags of ``fastrecord record``
+and ``scripts/evaluate.py`` are generated from its field metadata (`add_record_flags`: help, default,
+choices). Every value is checked when the options are built, before anything touches the disk; a bad
+value raises a `ValueError` naming the value, the allowed values and the fix.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import math
@@ -202,7 +204,7 @@ def _value_type(f: dataclasses.Field) -> Callable[[str], Any]:
     return float if text.startswith("float") else int if text.startswith("int") else str
 
 
-def add_record_flags(parser: Any, *, include: typing.Iterable[str] | None = None, exclude: typing.Iterable[str] = (),
+def add_record_flags(parser: argparse.ArgumentParser, *, include: typing.Iterable[str] | None = None, exclude: typing.Iterable[str] = (),
                      defaults: typing.Mapping[str, Any] | None = None, help: typing.Mapping[str, str] | None = None,
                      title: str | None = "recording options (fastrecord.RecordOptions)") -> list[str]:
     """Add one flag per `RecordOptions` field to ``parser`` (an ``argparse.ArgumentParser``): the fields
@@ -248,6 +250,6 @@ def add_record_flags(parser: Any, *, include: typing.Iterable[str] | None = None
     return added
 
 
-def given_options(args: Any, names: typing.Iterable[str]) -> dict[str, Any]:
+def given_options(args: argparse.Namespace, names: typing.Iterable[str]) -> dict[str, Any]:
     """{name: value} of the flags among ``names`` that ``args`` (an ``argparse.Namespace``) was given."""
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
