@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fastrecord.options import add_record_flags, given_options
+
 
 def push_cube_policy(obs: np.ndarray) -> np.ndarray:
     """A scripted PushCube-v1 policy for ``obs_mode="state"``, ``control_mode="pd_ee_delta_pos"``.
@@ -120,18 +122,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--obs-horizon", type=int, default=2)
     p.add_argument("--act-horizon", type=int, default=4)
     p.add_argument("--video-dir", default="eval_videos")
-    p.add_argument("--keep", default="success", choices=["all", "success", "success_once", "failure"])
     p.add_argument("--width", type=int, default=128, help="video width")
     p.add_argument("--height", type=int, default=128, help="video height")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-trajectory", action="store_true", help="also record the trajectories (NAME.h5 + NAME.json)")
     p.add_argument("--name", default=None, help="the run's name in VIDEO_DIR (default: a timestamp)")
-    p.add_argument("--if-exists", default="error", choices=["error", "overwrite", "resume"],
-                   help="VIDEO_DIR already holds a run of this --name: refuse, overwrite it, or resume it")
     p.add_argument("--log", choices=["tensorboard", "wandb"], default=None,
                    help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
                         "(VIDEO_DIR/tensorboard) or W&B (VIDEO_DIR/wandb); --keep all for the policy's success rate")
+    # every other recording option (--keep, --if-exists, --video-crf, ...), from fastrecord.RecordOptions;
+    # make_eval_envs decides the info overlay and the video pieces (the baseline's videos)
+    recording = add_record_flags(p, exclude=("save_trajectory", "trajectory_name", "info_on_video", "max_steps_per_video"),
+                                 defaults={"keep": "success"})
     args = p.parse_args(argv)
+    keep = args.keep or "success"
 
     from fastrecord import make_eval_envs  # the one-line switch from diffusion_policy.make_env
     from fastrecord import shards
@@ -148,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     other_kwargs = dict(obs_horizon=args.obs_horizon)
     t0 = time.perf_counter()
     info = shards.rank_info()
-    record_kwargs = dict(save_trajectory=args.save_trajectory, trajectory_name=args.name, if_exists=args.if_exists)
+    given = {k: v for k, v in given_options(args, recording).items() if k != "keep"}
+    record_kwargs = dict(save_trajectory=args.save_trajectory, trajectory_name=args.name, **given)
     sharded = dict(episodes=args.episodes, seed=args.seed) if info.distributed else {}
     envs = make_eval_envs(args.env_id, args.num_envs, args.sim_backend, env_kwargs, other_kwargs,
-                          video_dir=args.video_dir, keep=args.keep, log=args.log, record_kwargs=record_kwargs, **sharded)
+                          video_dir=args.video_dir, keep=keep, log=args.log, record_kwargs=record_kwargs, **sharded)
     episodes = len(shards.episodes_of(info.rank, info.world_size, args.episodes)) if sharded else args.episodes
     device = torch.device("cuda" if args.sim_backend != "physx_cpu" and torch.cuda.is_available() else "cpu")
     if args.policy == "scripted":
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(line)
             for line in (sharding.report.lines() if sharding.report is not None else []):
                 print(line)
-            print(f"videos (keep={args.keep}) in {args.video_dir}/{sharding.run.name}.shards/rank*/")
+            print(f"videos (keep={keep}) in {args.video_dir}/{sharding.run.name}.shards/rank*/")
         return 0
     videos = sorted(Path(args.video_dir).glob("*.mp4")) if Path(args.video_dir).exists() else []
     print(f"{len(metrics.get('return', []))} episodes in {seconds:.1f} s")
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
     for k, v in sorted(metrics.items()):
         print(f"  {k}: {float(np.mean(v)):.3f}")
-    print(f"videos (keep={args.keep}): {len(videos)} in {args.video_dir}/")
+    print(f"videos (keep={keep}): {len(videos)} in {args.video_dir}/")
     for v in videos[:8]:
         print(f"  {v.name}")
     if args.log:

@@ -77,9 +77,12 @@ BAD_INPUTS = [
     (["record", "--episodes", "0"], r"episodes=0 must be at least 1; pass --episodes N"),
     (["record", "--width", "-64"], r"width=-64 must be at least 1; pass --width N"),
     (["record", "--height", "-1"], r"height=-1 must be at least 1; pass --height N"),
-    (["record", "--video-fps", "0"], r"video_fps=0(\.0)? must be a positive number of frames per second; pass --video-fps 30"),
+    (["record", "--video-fps", "0"], r"video_fps=0(\.0)? must be a positive number of frames per second .*the --video-fps flag"),
     (["record", "--video-fps", "-30"], r"video_fps=-30(\.0)? must be a positive number"),
-    (["record", "--video-workers", "0"], r"video_workers=0 must be at least 1"),
+    (["record", "--video-workers", "0"], r"video_workers=0 must be an integer >= 1"),
+    (["record", "--trajectory-compression", "gzip:11"], r"trajectory_compression='gzip:11'.*the --trajectory-compression flag"),
+    (["record", "--buffer-capacity", "1"], r"buffer_capacity=1 must be an integer >= 2"),
+    (["record", "--config", "{bad_crf}"], r"video_crf='high' must be an integer .*video_crf: in the --config file"),
     (["record", "--video-codec", ""], r"video_codec='' must be an encoder name"),  # the wrapper's own check
     (["record", "--config", "{tmp}/nope.yaml"], r"config file '.*nope\.yaml' does not exist; pass the path of a YAML preset"),
     (["record", "--config", "{bad_yaml}"], r"config file '.*bad\.yaml' is not valid YAML at line 3, column \d+: .*flow sequence from line 2"),
@@ -108,6 +111,7 @@ def test_mistakes_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, monkey
         not_mapping=_write(tmp_path / "list.yaml", "- PickCube-v1\n- 2\n"),
         unknown=_write(tmp_path / "unknown.yaml", "env: PickCube-v1\n"),
         wrong_type=_write(tmp_path / "type.yaml", "num_envs: two\n"),
+        bad_crf=_write(tmp_path / "crf.yaml", "video_crf: high\n"),
     )
     out = tmp_path / "out"
     monkeypatch.chdir(tmp_path)  # a default output dir would land here
@@ -135,14 +139,110 @@ def test_if_exists_error_refuses_and_leaves_the_run_alone(tmp_path, capsys):
     assert err.startswith("fastrecord record: error: ") and len(err.strip().splitlines()) == 1, err
     assert "trajectory" in err and "overwrite" in err and "Traceback" not in err
     assert {p: p.read_bytes() for p in out.iterdir()} == before
-    # --if-exists overwrite replaces it; resume adds after it
+    # --if-exists overwrite replaces it; resume records the episodes of --episodes (the total) it lacks
     assert main(argv + ["--if-exists", "overwrite"]) == 0
     assert len(json.loads((out / "trajectory.json").read_text())["episodes"]) == 1
-    assert main(argv + ["--if-exists", "resume"]) == 0
+    assert main(argv + ["--if-exists", "resume"]) == 0  # it has its 1 episode: nothing to add
+    assert len(json.loads((out / "trajectory.json").read_text())["episodes"]) == 1
+    assert main(argv[:3] + ["2"] + argv[4:] + ["--if-exists", "resume"]) == 0
     eps = json.loads((out / "trajectory.json").read_text())["episodes"]
     assert [e["episode_id"] for e in eps] == [0, 1]
     with h5py.File(out / "trajectory.h5") as f:
         assert sorted(f) == ["traj_0", "traj_1"]
+
+
+# ---------------------------------------------------------------------------------------------- seeds and resume
+def _seeds(out: Path) -> dict[int, int]:
+    """{global episode: its reset seed} of the run in ``out`` (episode_seed and reset_kwargs agree)."""
+    eps = json.loads((out / "trajectory.json").read_text())["episodes"]
+    for e in eps:
+        assert e["reset_kwargs"]["seed"] == e["episode_seed"], e
+    return {e["global_index"]: e["episode_seed"] for e in eps}
+
+
+def _actions(out: Path) -> dict[int, tuple]:
+    """{global episode: (actions, cube poses)} read back from the run in ``out``."""
+    eps = json.loads((out / "trajectory.json").read_text())["episodes"]
+    with h5py.File(out / "trajectory.h5") as f:
+        return {e["global_index"]: (f[f"traj_{e['episode_id']}/actions"][()],
+                                    f[f"traj_{e['episode_id']}/env_states/actors/cube"][()]) for e in eps}
+
+
+SMALL = ["--max-episode-steps", "3", "--width", "32", "--height", "32", "--no-video"]
+
+
+def test_resume_after_a_stopped_run_continues_seeds_and_tops_up_to_the_total(tmp_path, capsys):
+    out = tmp_path / "rec"
+    argv = ["record", "PushCube-v1", *SMALL, "--seed", "100", "--output-dir", str(out)]
+    assert main(argv + ["--episodes", "2"]) == 0  # a run of 5 that stopped after 2
+    assert _seeds(out) == {0: 100, 1: 101}
+    capsys.readouterr()
+    assert main(argv + ["--episodes", "5", "--if-exists", "resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "resumed: 2 of the run's 5 episodes were on disk, 3 to record" in printed and "episodes: 3 finished" in printed
+    assert _seeds(out) == {g: 100 + g for g in range(5)}
+    assert main(argv + ["--episodes", "5", "--if-exists", "resume"]) == 0  # complete: nothing added
+    assert _seeds(out) == {g: 100 + g for g in range(5)}
+
+
+def test_resume_with_another_seed_is_refused(tmp_path, capsys):
+    out = tmp_path / "rec"
+    argv = ["record", "PushCube-v1", *SMALL, "--episodes", "1", "--output-dir", str(out)]
+    assert main(argv + ["--seed", "3"]) == 0
+    capsys.readouterr()
+    assert main(argv + ["--seed", "4", "--episodes", "2", "--if-exists", "resume"]) == 2
+    assert "it was recorded with seed 3 and this command has seed 4; episode g has seed base + g, so pass --seed 3" in (
+        capsys.readouterr().err)
+    assert _seeds(out) == {0: 3}
+
+
+def test_same_command_same_dataset_with_or_without_torchrun(tmp_path):
+    """The random policy is seeded per episode: two runs of one command, and a sharded run of world size 1
+    (what torchrun runs), record the same actions and states for each global episode."""
+    from fastrecord.commands.config import load_config
+    from fastrecord.commands.record import RecordConfig, run_record_sharded
+
+    argv = ["record", "PushCube-v1", *SMALL, "--num-envs", "2", "--episodes", "3"]
+    assert main(argv + ["--output-dir", str(tmp_path / "a")]) == 0
+    assert main(argv + ["--output-dir", str(tmp_path / "b")]) == 0
+    a, b = _actions(tmp_path / "a"), _actions(tmp_path / "b")
+    assert sorted(a) == sorted(b) == [0, 1, 2]
+    cfg = load_config(RecordConfig, None, env_id="PushCube-v1", num_envs=2, episodes=3, max_episode_steps=3, width=32,
+                      height=32, save_video=False, output_dir=str(tmp_path / "sharded"))
+    run_record_sharded(cfg, progress=False)
+    c = _actions(tmp_path / "sharded")
+    for g in range(3):
+        for x, y, z in zip(a[g], b[g], c[g]):
+            assert x.shape[0] >= 1 and (x == y).all() and (x == z).all(), g
+
+
+def test_every_recording_option_is_a_flag_and_a_config_key(tmp_path):
+    """Each RecordOptions field (bar the callables and the source metadata) has a `record` flag and a
+    config key, and reaches the wrapper."""
+    import dataclasses
+
+    from fastrecord.commands.cli import build_parser
+    from fastrecord.commands.config import RecordConfig, load_config
+    from fastrecord.commands.record import recorder_kwargs
+    from fastrecord.options import CLI_EXCLUDED, RecordOptions, flag_of
+
+    names = [f.name for f in dataclasses.fields(RecordOptions) if f.name not in CLI_EXCLUDED]
+    assert {"trajectory_compression", "video_crf", "video_preset", "trajectory_writers", "info_on_video",
+            "max_steps_per_video", "buffer_capacity"} <= set(names)
+    parser, _ = build_parser("record")
+    args = parser.parse_args(["record", "--video-crf", "30", "--video-preset", "fast", "--trajectory-writers", "2",
+                              "--trajectory-compression", "lzf", "--info-on-video", "--max-steps-per-video", "9",
+                              "--buffer-capacity", "16", "--no-video", "--keep", "success"])
+    cfg = load_config(RecordConfig, None, **{n: getattr(args, n) for n in names})
+    rec = recorder_kwargs(cfg)
+    assert (rec["video_crf"], rec["video_preset"], rec["trajectory_writers"], rec["trajectory_compression"],
+            rec["info_on_video"], rec["max_steps_per_video"], rec["buffer_capacity"], rec["save_video"], rec["keep"]) == (
+        30, "fast", 2, "lzf", True, 9, 16, False, "success")
+    assert flag_of("save_video") == "--no-video" and flag_of("save_trajectory") == "--no-trajectory"
+    yaml_cfg = tmp_path / "c.yaml"
+    yaml_cfg.write_text("video_crf: 31\ntrajectory_compression: gzip:5\nepisodes: 2\n")
+    cfg = load_config(RecordConfig, yaml_cfg)
+    assert (cfg.record.video_crf, cfg.record.trajectory_compression, cfg.episodes) == (31, "gzip:5", 2)
 
 
 # ---------------------------------------------------------------------------------------------- signals
@@ -216,3 +316,27 @@ def test_sigterm_stops_record_like_ctrl_c(tmp_path):
 def test_ctrl_c_twice_stops_record_and_keeps_files_whole(tmp_path):
     result, out, seen = _interrupt(tmp_path, [signal.SIGINT, signal.SIGINT])
     _check_interrupted(result, out, seen, "SIGINT", 130)
+
+
+def test_record_presets_load():
+    """Every `fastrecord record` preset in configs/ fills RecordConfig (run options and recording options)."""
+    from fastrecord.commands.config import RecordConfig, load_config
+
+    presets = [p for p in sorted((REPO / "configs").glob("*.yaml")) if "fastrecord record --config" in p.read_text()]
+    assert len(presets) >= 3
+    for p in presets:
+        cfg = load_config(RecordConfig, p)
+        assert cfg.episodes >= 1 and cfg.record.trajectory_name == "trajectory", p
+
+
+def test_resume_after_a_crash_continues_the_seed_sequence(tmp_path, capsys):
+    """A run killed with SIGKILL, then the same command with --if-exists resume: the episodes the crash left
+    are kept, the run goes on with the next global episodes (seed --seed + g), no start state twice."""
+    result, out, seen = _interrupt(tmp_path, [signal.SIGKILL])
+    assert result.returncode == -signal.SIGKILL
+    total = seen + 2
+    assert main(["record", "PickCube-v1", "--episodes", str(total), "--max-episode-steps", "3", "--width", "64",
+                 "--height", "64", "--output-dir", str(out), "--if-exists", "resume"]) == 0
+    seeds = _seeds(out)
+    assert len(seeds) >= total and sorted(seeds) == list(range(len(seeds))), seeds
+    assert all(seed == g for g, seed in seeds.items()), seeds

@@ -75,6 +75,10 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
             module, _, cls = config.partition(":")
             fields = {f.name: f for f in dataclasses.fields(getattr(importlib.import_module(module), cls))
                       if f.default is not dataclasses.MISSING and f.default not in ("", ())}
+        if name == "record":  # its recording flags are RecordOptions' fields
+            from fastrecord.options import RecordOptions
+
+            fields |= {f.name: f for f in dataclasses.fields(RecordOptions)}
         formatter = p._get_formatter()
         for action in p._actions:
             if isinstance(action, argparse._HelpAction) or (config and action.dest not in fields):
@@ -87,7 +91,12 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
 
 @pytest.mark.parametrize("argv, expected", [
     (["record", "--help"], ["--num-envs NUM_ENVS", "(default: 1)", "where the .h5/.json and the MP4s go (default:",
-                            "--control-mode CONTROL_MODE None: the task's default", "--video-workers VIDEO_WORKERS encoder threads (None: one per core, at most 16)", "(default: save_video=True)"]),
+                            "--control-mode CONTROL_MODE None: the task's default",
+                            "--video-workers VIDEO_WORKERS background encoder processes (None: one per core, at most 16)",
+                            "--no-video write no MP4 videos: the trajectory only (sets save_video=False; default save_video=True)",
+                            "--no-trajectory write no trajectory", "--video-crf VIDEO_CRF", "(default: 23)",
+                            "--trajectory-compression TRAJECTORY_COMPRESSION", "--if-exists {error,overwrite,resume}",
+                            "--trajectory-name TRAJECTORY_NAME NAME of the trajectory pair", "(default: trajectory)"]),
     (["replay", "--help"], ["(default: auto)", "--keep {all,success,success_once,failure}"]),
     (["bench", "--help"], ["fastrecord's constant rate factor (default: 23)", "(default: ultrafast)"]),
     (["info", "--help"], ["--json", "(default: False)", "fastrecord info recordings --json"]),
@@ -102,6 +111,8 @@ def test_help_texts(capsys, argv, expected):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for piece in expected:
         assert " ".join(piece.split()) in text, piece
+    if argv[0] == "record":  # the old help read as the opposite of the flag, and said threads for processes
+        assert "(default: save_video=True)" not in text and "thread" not in text
 
 
 # ---------------------------------------------------------------------------------------------- one-line errors

@@ -112,6 +112,26 @@ def test_episode_rule_and_schedule():
     assert sch.done and sch.finished == [4, 1, 7]
 
 
+def test_single_schedule_continues_the_run_on_disk(tmp_path):
+    """An unsharded run (``fastrecord record`` without torchrun) resumes with the global episodes its
+    NAME.json and results file lack: the seed sequence goes on and ``total`` is the run's size."""
+    sch = shards.single_schedule(tmp_path, "t", total=3, base_seed=5, num_envs=2)  # a new run: all of them
+    assert sch.todo == [0, 1, 2] and sch.assign([0, 1]) == [{"global_index": 0}, {"global_index": 1}]
+    assert sch.seeds.tolist() == [5, 6]
+    kept = [{"episode_id": i, "episode_seed": 5 + g, "global_index": g} for i, g in enumerate((0, 2))]
+    (tmp_path / "t.json").write_text(json.dumps({"episodes": kept}))
+    (tmp_path / "t.results.jsonl").write_text(json.dumps({"episode_id": None, "global_index": 1}) + "\n")  # not kept
+    sch = shards.single_schedule(tmp_path, "t", total=6, base_seed=5, num_envs=2)
+    assert sch.todo == [3, 4, 5]
+    sch.assign([0, 1])
+    assert sch.seeds.tolist() == [8, 9]
+    with pytest.raises(ValueError, match=r"recorded with seed 5 and this command has seed 6; .* pass --seed 5"):
+        shards.single_schedule(tmp_path, "t", total=6, base_seed=6, num_envs=2)
+    (tmp_path / "u.json").write_text(json.dumps({"episodes": [{"episode_id": 0, "episode_seed": 0}]}))
+    with pytest.raises(ValueError, match=r"1 of its episodes have no global_index .* --if-exists overwrite"):
+        shards.single_schedule(tmp_path, "u", total=2, base_seed=0, num_envs=1)
+
+
 def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3) -> shards.EpisodeSchedule:
     """A sharded run of world size 1 in this process (no torchrun): what shard_worker.py does per rank."""
     from fastrecord import RecordEpisode

@@ -2,16 +2,19 @@
 
 The wrappers (`RecordEpisode`, `RecordVectorEpisode`) take exactly these arguments after ``env`` and
 ``output_dir`` (ManiSkill's positional order first, fastrecord's additions keyword-only), their
-signature and docstring are derived from this class, and the CLI fills the same fields. Every value is
-checked when the options are built, before anything touches the disk; a bad value raises a
-`ValueError` naming the value, the allowed values and the fix.
+signature and docstring are derived from this class, and the command-line flags of ``fastrecord record``
+and ``scripts/evaluate.py`` are generated from its field metadata (`add_record_flags`: help, default,
+choices). Every value is checked when the options are built, before anything touches the disk; a bad
+value raises a `ValueError` naming the value, the allowed values and the fix.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import math
+import typing
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,44 +22,56 @@ from typing import Any, Literal
 
 from fastrecord.episode import KEEP_CHOICES, KeepFilter
 
-IF_EXISTS = ("error", "overwrite", "resume")
-VIDEO_LAYOUTS = ("per_env", "tiled")
+IfExists = Literal["error", "overwrite", "resume"]
+VideoLayout = Literal["per_env", "tiled"]
+IF_EXISTS: tuple[str, ...] = typing.get_args(IfExists)  # the choices, declared once (the type above)
+VIDEO_LAYOUTS: tuple[str, ...] = typing.get_args(VideoLayout)
 
 
-def _opt(default: Any, help: str, *, kw_only: bool = False) -> Any:
-    return field(default=default, kw_only=kw_only, metadata={"help": help})
+def _opt(default: Any, help: str, *, kw_only: bool = False, flag: str | None = None, off: str | None = None,
+         choices: tuple[str, ...] | None = None) -> Any:
+    """A field with its metadata: ``help``; for the CLI (`add_record_flags`) the ``flag`` when it is not
+    ``--name-with-dashes`` (or ``--no-...`` for a boolean that defaults to True), ``off`` (what that
+    ``--no-...`` flag does) and the ``choices`` of a string option."""
+    meta = {"help": help, "flag": flag, "off": off, "choices": choices}
+    return field(default=default, kw_only=kw_only, metadata=meta)
 
 
 @dataclass(frozen=True)
 class RecordOptions:
     # ManiSkill's arguments, same meaning, defaults and positional order as
     # mani_skill.utils.wrappers.RecordEpisode (after env, output_dir)
-    save_trajectory: bool = _opt(True, "write NAME.h5 + NAME.json in ManiSkill's trajectory format")
+    save_trajectory: bool = _opt(True, "write NAME.h5 + NAME.json in ManiSkill's trajectory format", flag="--no-trajectory",
+                                 off="write no trajectory (no NAME.h5 + NAME.json): videos only")
     trajectory_name: str | None = _opt(None, "NAME of the trajectory pair and run manifest (None: a timestamp, made unique)")
-    save_video: bool = _opt(True, "write MP4 videos")
+    save_video: bool = _opt(True, "write MP4 videos", flag="--no-video", off="write no MP4 videos: the trajectory only")
     info_on_video: bool = _opt(False, "draw reward and info scalars on each frame")
-    save_on_reset: bool = _opt(True, "save the episode in progress at reset and close (False: only flush_* saves)")
+    save_on_reset: bool = _opt(True, "save the episode in progress at reset and close (False: only flush_* saves)",
+                               off="save episodes only through flush_* calls (the CLI makes none: nothing is saved)")
     save_video_trigger: Callable[[int], bool] | None = _opt(None, "fn(elapsed_record_steps) -> capture frames of this step?")
     max_steps_per_video: int | None = _opt(None, "split each video into pieces of at most this many steps (the trajectory is not split)")
     clean_on_close: bool = _opt(True, "accepted for compatibility (episode ids are always consecutive)")
-    record_reward: bool = _opt(True, "write rewards")
-    record_env_state: bool = _opt(True, "write env states (needed to replay from states)")
+    record_reward: bool = _opt(True, "write rewards", off="write no rewards")
+    record_env_state: bool = _opt(True, "write env states (needed to replay from states)",
+                                  off="write no env states (the episodes can then be replayed from actions only)")
     video_fps: float = _opt(30, "frames per second of the videos (a positive number; 7.5 and 29.97 work)")
     render_substeps: bool = _opt(False, "not supported: frames are captured once per env step")
     avoid_overwriting_video: bool = _opt(False, "accepted for compatibility: fastrecord never overwrites a video (a taken name gets _1, _2, ...)")
     source_type: str | None = _opt(None, "JSON source_type (e.g. 'motionplanning')")
     source_desc: str | None = _opt(None, "JSON source_desc")
     # fastrecord's additions (keyword-only)
-    keep: KeepFilter = _opt("all", f"which finished episodes are written: one of {KEEP_CHOICES} or a callable(final_info) -> bool", kw_only=True)
-    if_exists: Literal["error", "overwrite", "resume"] = _opt(
+    keep: KeepFilter = _opt("all", f"which finished episodes are written: one of {KEEP_CHOICES} or a callable(final_info) -> bool",
+                            kw_only=True, choices=KEEP_CHOICES)
+    if_exists: IfExists = _opt(
         "error", "when output_dir already holds a run of this trajectory_name: 'error' (refuse), 'overwrite' "
-        "(delete that run's files first), 'resume' (keep them and add episodes after them)", kw_only=True)
-    video_layout: Literal["per_env", "tiled"] = _opt("per_env", "one MP4 per env episode, or 'tiled' (ManiSkill's layout)", kw_only=True)
+        "(delete that run's files first), 'resume' (keep them and add episodes after them)", kw_only=True, choices=IF_EXISTS)
+    video_layout: VideoLayout = _opt("per_env", "one MP4 per env episode, or 'tiled' (ManiSkill's layout)", kw_only=True,
+                                     choices=VIDEO_LAYOUTS)
     video_source: str = _opt("render", "'render' (the human render camera) or 'sensor:<camera>' (an RGB camera of the observation)", kw_only=True)
     video_codec: str = _opt("auto", "'auto' (h264_nvenc where it encodes, else libx264) or a PyAV video encoder", kw_only=True)
     video_crf: int = _opt(23, "constant rate factor (lower is better quality; libx264: 0-51)", kw_only=True)
     video_preset: str = _opt("ultrafast", "libx264 preset (ultrafast keeps up with GPU envs)", kw_only=True)
-    video_workers: int | None = _opt(None, "background encoders (None: one per core, at most 16)", kw_only=True)
+    video_workers: int | None = _opt(None, "background encoder processes (None: one per core, at most 16)", kw_only=True)
     trajectory_writers: int = _opt(1, "HDF5 writer processes (each compresses whole batches of episodes)", kw_only=True)
     trajectory_compression: str = _opt(
         "gzip:1", "compression of image observations in NAME.h5: 'gzip:1' ... 'gzip:9' (ManiSkill writes 'gzip:5'), "
@@ -80,9 +95,7 @@ class RecordOptions:
         if self.save_video_trigger is not None and not callable(self.save_video_trigger):
             raise ValueError(f"save_video_trigger={self.save_video_trigger!r} must be a callable(elapsed_steps) -> bool, or None")
         _positive_int_or_none("max_steps_per_video", self.max_steps_per_video, 1, "e.g. 50, or None to keep each episode in one video")
-        fps = self.video_fps
-        if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or fps <= 0:
-            raise ValueError(f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, or 7.5)")
+        check_video_fps(self.video_fps)
         for name in ("source_type", "source_desc"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
@@ -119,6 +132,15 @@ class RecordOptions:
         return out
 
 
+def check_video_fps(fps: Any, allow_none: bool = False) -> None:
+    """Raise ValueError unless ``fps`` is a positive, finite number of frames per second (None too, with
+    ``allow_none``: replay's "the task's control frequency"). The one check of every fps option."""
+    if fps is None and allow_none:
+        return
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or fps <= 0:
+        raise ValueError(f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, 7.5 or 29.97)")
+
+
 def _np_bool() -> type:
     import numpy as np
 
@@ -153,3 +175,81 @@ def wrapper_signature(*, vector: bool, method: bool) -> inspect.Signature:
         params.append(P(f.name, kind, default=f.default, annotation=f.type))
     params.append(P("sinks", P.KEYWORD_ONLY, default=(), annotation="Sequence[fastrecord.sinks.Sink]"))
     return inspect.Signature(params)
+
+
+# ---------------------------------------------------------------------------------------------- the CLI's flags
+# Fields no command line can fill: callables, and ManiSkill's source metadata (the command sets it).
+CLI_EXCLUDED = ("save_video_trigger", "source_type", "source_desc")
+
+
+def cli_option_names() -> tuple[str, ...]:
+    """The `RecordOptions` fields a command line or a YAML config can set (all but `CLI_EXCLUDED`)."""
+    return tuple(f.name for f in dataclasses.fields(RecordOptions) if f.name not in CLI_EXCLUDED)
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of option ``name``: ``--no-video`` for ``save_video``, ``--video-fps`` for
+    ``video_fps``, ``--no-record-reward`` for ``record_reward`` (a boolean that defaults to True)."""
+    f = {f.name: f for f in dataclasses.fields(RecordOptions)}.get(name)
+    if f is None or name in CLI_EXCLUDED:
+        raise ValueError(f"{name!r} is not a recording option with a flag; use one of {cli_option_names()}")
+    if f.metadata["flag"]:
+        return f.metadata["flag"]
+    dashed = name.replace("_", "-")
+    return f"--no-{dashed}" if f.default is True else f"--{dashed}"
+
+
+def _value_type(f: dataclasses.Field) -> Callable[[str], Any]:
+    text = str(f.type)
+    return float if text.startswith("float") else int if text.startswith("int") else str
+
+
+def add_record_flags(parser: argparse.ArgumentParser, *, include: typing.Iterable[str] | None = None, exclude: typing.Iterable[str] = (),
+                     defaults: typing.Mapping[str, Any] | None = None, help: typing.Mapping[str, str] | None = None,
+                     title: str | None = "recording options (fastrecord.RecordOptions)") -> list[str]:
+    """Add one flag per `RecordOptions` field to ``parser`` (an ``argparse.ArgumentParser``): the fields
+    of `cli_option_names`, only those in ``include`` if given, minus ``exclude``. Returns the fields added.
+
+    Each flag stores into the field's name and defaults to None ("not given": a --config file or the
+    dataclass fills the value), so the values are validated once, by `RecordOptions`. The help is the
+    field's, with the default the command uses (``defaults`` overrides the field's, e.g. a CLI's
+    ``trajectory_name="trajectory"``; ``help`` replaces a field's text); a string option with declared
+    choices gets them (`IF_EXISTS`, `VIDEO_LAYOUTS`, `KEEP_CHOICES`). A boolean that defaults to True
+    becomes an off switch (``--no-video`` sets ``save_video=False``), one that defaults to False an on
+    switch (``--info-on-video``)."""
+    names = cli_option_names()
+    if include is not None:
+        include = list(include)
+        unknown = [n for n in include if n not in names]
+        if unknown:
+            raise ValueError(f"include={unknown} are not recording options with a flag; use names from {names}")
+        names = tuple(n for n in names if n in include)
+    skip = set(exclude)
+    defaults, help = dict(defaults or {}), dict(help or {})
+    fields = {f.name: f for f in dataclasses.fields(RecordOptions)}
+    group = parser.add_argument_group(title) if title else parser
+    added = []
+    for name in names:
+        if name in skip:
+            continue
+        f = fields[name]
+        default = defaults.get(name, f.default)
+        text = help.get(name, f.metadata["help"]).replace("%", "%%")
+        if f.default is True:  # an off switch
+            off = f.metadata["off"] or text
+            group.add_argument(flag_of(name), dest=name, action="store_const", const=False, default=None,
+                               help=f"{off} (sets {name}=False; default {name}={default})")
+        elif f.default is False:
+            group.add_argument(flag_of(name), dest=name, action="store_const", const=True, default=None,
+                               help=f"{text} (sets {name}=True; default {name}={default})")
+        else:
+            shown = "" if "default" in text.lower() else f" (default: {default})".replace("%", "%%")
+            group.add_argument(flag_of(name), dest=name, type=_value_type(f), choices=f.metadata["choices"], default=None,
+                               help=f"{text}{shown}")
+        added.append(name)
+    return added
+
+
+def given_options(args: argparse.Namespace, names: typing.Iterable[str]) -> dict[str, Any]:
+    """{name: value} of the flags among ``names`` that ``args`` (an ``argparse.Namespace``) was given."""
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}

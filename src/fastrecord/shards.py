@@ -197,10 +197,11 @@ class EpisodeSchedule:
 
     ``todo`` are the global indices to record (`episodes_of` minus what the shards have committed).
     `assign(slots)` gives the next episodes to env slots that are about to be reset; slots left without
-    one (the schedule ran out) run spare episodes that are not recorded (their meta is None).
+    one (the schedule ran out) run spare episodes that are not recorded (their meta is None). ``rank``
+    None: an unsharded run (`single_schedule`), whose episodes carry ``global_index`` only.
     """
 
-    def __init__(self, todo: Sequence[int], num_envs: int, rank: int, base_seed: int) -> None:
+    def __init__(self, todo: Sequence[int], num_envs: int, rank: int | None, base_seed: int) -> None:
         self.todo = [int(g) for g in todo]
         self._queue = deque(self.todo)
         self.num_envs = num_envs
@@ -231,8 +232,44 @@ class EpisodeSchedule:
             self.current[e] = g
             if g is not None:
                 self.seeds[e] = episode_seed(self.base_seed, g)
-            metas.append(None if g is None else episode_meta(g, self.rank))
+            if g is None:
+                metas.append(None)
+            else:
+                metas.append(episode_meta(g, self.rank) if self.rank is not None else {"global_index": g})
         return metas
+
+
+def single_schedule(run_dir: str | Path, name: str, *, total: int, base_seed: int, num_envs: int) -> EpisodeSchedule:
+    """The schedule of an unsharded run (one process records global episodes ``0 .. total-1`` into
+    ``run_dir/NAME.h5`` itself, as ``fastrecord record`` without torchrun): the episodes its ``NAME.json``
+    and results file do not have (`committed_global_indices`; all of them in a new run), so a resumed
+    run continues the seed sequence and ``total`` is the run's size. Call it once the recorder has
+    opened the run (a resumed run has then recovered its complete parts).
+
+    Raises ValueError when the run on disk was recorded with another base seed (its episodes' seeds
+    minus their global indices), since global episode g has seed ``base_seed + g``, and when it holds
+    episodes without a global index (recorded by `RecordEpisode` directly): their seeds are unknown."""
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"total={total!r} must be an integer >= 1 (the number of episodes in the run)")
+    try:
+        doc = json.loads((Path(run_dir) / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        doc = None
+    entries = [e for e in doc.get("episodes", []) if isinstance(e, dict)] if isinstance(doc, dict) else []
+    untagged = sum("global_index" not in e for e in entries)
+    if untagged:
+        raise ValueError(f"cannot resume run {name!r} in {str(run_dir)!r}: {untagged} of its episodes have no global_index "
+                         f"(recorded by RecordEpisode in Python or an older fastrecord), so which seeds it holds is unknown; "
+                         f"record into another --output-dir or --trajectory-name, or pass --if-exists overwrite")
+    bases = {int(e["episode_seed"]) - int(e["global_index"]) for e in entries
+             if isinstance(e.get("episode_seed"), int) and isinstance(e.get("global_index"), int)}
+    if bases and bases != {int(base_seed)}:
+        before = min(bases)
+        raise ValueError(f"cannot resume run {name!r} in {str(run_dir)!r}: it was recorded with seed {before} and this "
+                         f"command has seed {base_seed}; episode g has seed base + g, so pass --seed {before} "
+                         f"(or record into another --output-dir or --trajectory-name)")
+    done = committed_global_indices(run_dir, name)
+    return EpisodeSchedule([g for g in range(total) if g not in done], num_envs, None, base_seed)
 
 
 # ---------------------------------------------------------------------------------------------- reading shards

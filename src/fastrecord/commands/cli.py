@@ -104,7 +104,8 @@ def document_defaults(parser: argparse.ArgumentParser, config: str | None) -> No
             action.help = text
             continue
         if isinstance(action, argparse._StoreConstAction) and isinstance(f.default, bool):
-            action.help = f"{text} (default: {action.dest}={f.default})".lstrip()
+            # what the switch sets, then the default: "(default: save_video=True)" alone read as the flag's value
+            action.help = f"{text} (sets {action.dest}={action.const}; default {action.dest}={f.default})".lstrip()
         elif f.default == "" or f.default == ():
             action.help = text
         else:

@@ -16,24 +16,30 @@ from typing import Any, TypeVar
 
 import yaml
 
+from fastrecord.options import RecordOptions, check_video_fps, cli_option_names, flag_of
+
 T = TypeVar("T")
 
-IF_EXISTS_CHOICES = ("error", "overwrite", "resume")
+# The recording options' values where the CLI's differ from the library's (one NAME, not a timestamp).
+RECORD_DEFAULTS: dict[str, Any] = {"trajectory_name": "trajectory"}
+
+
+def _default_record() -> RecordOptions:
+    return RecordOptions(**RECORD_DEFAULTS)
 
 
 @dataclass(frozen=True)
 class RecordConfig:
+    """A `fastrecord record` run: the run's own options (task, envs, episodes, policy, backends, camera,
+    seed) and ``record``, the recording options (`fastrecord.RecordOptions`, declared and validated
+    there only). A YAML preset and the flags give both kinds as flat keys (``episodes: 8``,
+    ``video_crf: 28``); `from_values` sorts them."""
+
     env_id: str = "PickCube-v1"  # ManiSkill task to record
     num_envs: int = 1  # parallel envs (GPU sim: one batched env; CPU sim: a vector env of processes)
-    episodes: int = 4  # stop after this many finished episodes (kept or not)
-    policy: str = "random"  # "random" or "module:factory"; factory(env) returns act(obs) -> action
+    episodes: int = 4  # episodes in the run, in total: a resumed run (--if-exists resume) records the missing ones
+    policy: str = "random"  # "random" (seeded per episode) or "module:factory"; factory(env) returns act(obs) -> action
     output_dir: str = "recordings"  # where the .h5/.json and the MP4s go
-    trajectory_name: str = "trajectory"  # base name of the .h5/.json pair
-    if_exists: str = "error"  # output_dir already holds a recording: error | overwrite | resume
-    keep: str = "all"  # all | success | success_once | failure
-    save_video: bool = True  # write MP4s
-    save_trajectory: bool = True  # write the HDF5/JSON trajectory pair
-    video_layout: str = "per_env"  # per_env | tiled
     sim_backend: str = "physx_cpu"  # physx_cpu | physx_cuda (GPU simulation needs a CUDA machine)
     render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
     obs_mode: str = "state"  # ManiSkill observation mode recorded in the trajectory
@@ -41,22 +47,42 @@ class RecordConfig:
     width: int = 256  # human render camera width
     height: int = 256  # human render camera height
     max_episode_steps: int | None = None  # None: the task's default
-    seed: int = 0  # first episode seed (env i starts at seed + i)
-    video_fps: float = 30  # frames per second of the MP4s (a positive number; 7.5 and 29.97 work)
-    video_codec: str = "auto"  # auto (h264_nvenc where usable, else libx264) | libx264 | any PyAV encoder
-    video_workers: int | None = None  # encoder threads (None: one per core, at most 16)
+    seed: int = 0  # episode g (0, 1, ...) is reset with seed + g
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs
+    record: RecordOptions = field(default_factory=_default_record)  # the recording options (flat keys in YAML and flags)
 
     def __post_init__(self) -> None:
         check_types(self)
         check_at_least(self, 1, num_envs="--num-envs", episodes="--episodes", width="--width", height="--height",
-                       max_episode_steps="--max-episode-steps", video_workers="--video-workers")
-        check_fps(self.video_fps)
-        check_choice(self, "if_exists", IF_EXISTS_CHOICES)
-        check_choice(self, "keep", ("all", "success", "success_once", "failure"))
-        check_choice(self, "video_layout", ("per_env", "tiled"))
-        if not (self.save_video or self.save_trajectory):
+                       max_episode_steps="--max-episode-steps")
+        if not (self.record.save_video or self.record.save_trajectory):
             raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory")
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """Every key a YAML preset (or a flag) may set: the run's own and `cli_option_names`."""
+        return [f.name for f in dataclasses.fields(cls) if f.name != "record"] + list(cli_option_names())
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> RecordConfig:
+        """The config of flat ``values`` (YAML keys and flags): recording options go to `RecordOptions`,
+        which checks them; its error then also names the flag and the config key."""
+        recording = {k: v for k, v in values.items() if k in cli_option_names()}
+        own = {k: v for k, v in values.items() if k not in recording}
+        try:
+            record = RecordOptions(**{**RECORD_DEFAULTS, **recording})
+        except ValueError as e:
+            name = str(e).split("=", 1)[0]
+            if name not in cli_option_names():
+                raise
+            raise ValueError(f"{e} (the {flag_of(name)} flag, or {name}: in the --config file)") from None
+        return cls(**own, record=record)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat, JSON-friendly values (a run manifest's ``args``)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "record"}
+        rec = self.record.as_dict()
+        return own | {k: rec[k] for k in cli_option_names()}
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -71,9 +97,11 @@ def check_at_least(cfg: Any, minimum: int, **flags: str) -> None:
 
 
 def check_fps(fps: float | None) -> None:
-    if fps is not None and not (0 < fps < float("inf")):
-        raise ValueError(f"video_fps={fps!r} must be a positive number of frames per second; pass --video-fps 30 "
-                         f"(or 7.5, 29.97), or fix video_fps in the --config file")
+    """`fastrecord.options.check_video_fps` (None allowed), naming the flag and the config key."""
+    try:
+        check_video_fps(fps, allow_none=True)
+    except ValueError as e:
+        raise ValueError(f"{e} (the --video-fps flag, or video_fps: in the --config file)") from None
 
 
 def check_choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
@@ -165,10 +193,12 @@ def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) 
     if path is not None:
         values.update(_read_yaml(path))
     values.update({k: v for k, v in overrides.items() if v is not None})
-    names = {f.name for f in dataclasses.fields(cls)}
+    option_names = getattr(cls, "option_names", None)  # a config with nested options lists its flat keys
+    names = set(option_names()) if option_names else {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names, key=str)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; valid options: {sorted(names)}")
-    cfg = cls(**values)
+    from_values = getattr(cls, "from_values", None)
+    cfg = from_values(values) if from_values else cls(**values)
     check_types(cfg)  # also for configs without checks of their own
     return cfg

@@ -5,7 +5,13 @@ Examples:
     fastrecord record PushCube-v1 --num-envs 4 --episodes 16 --keep success
     fastrecord record PickCube-v1 --config configs/pickcube_cpu.yaml
     fastrecord record PickCube-v1 --policy fastrecord.policies:pick_cube_policy --keep success
-    fastrecord record PickCube-v1 --output-dir recordings --if-exists resume   # add episodes to a recording
+    fastrecord record PickCube-v1 --output-dir recordings --if-exists resume   # record what the run lacks
+    fastrecord record PickCube-v1 --no-video --trajectory-compression gzip:5 --video-crf 28
+
+Episode g of a run (0 .. --episodes - 1) is reset with seed --seed + g and the random policy is seeded
+per episode, so the same command records the same dataset, with or without torchrun; --if-exists resume
+records the episodes of --episodes the run does not have yet (a crashed or stopped run continues where it
+ended). Every recording option of `fastrecord.RecordOptions` has a flag and a config key of the same name.
 
 Ctrl-C or SIGTERM stops the run between two steps: the episodes in progress are saved, the summary is
 printed, and the exit status is 130 (SIGINT) or 143 (SIGTERM).
@@ -14,6 +20,7 @@ printed, and the exit status is 130 (SIGINT) or 143 (SIGTERM).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import time
 from dataclasses import dataclass, field
@@ -23,7 +30,8 @@ from typing import Any, Callable
 import numpy as np
 
 from fastrecord.commands.cli import StopSignals
-from fastrecord.commands.config import IF_EXISTS_CHOICES, RecordConfig, load_config
+from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig, load_config
+from fastrecord.options import add_record_flags, cli_option_names
 
 
 @dataclass
@@ -40,6 +48,7 @@ class RecordSummary:
     results: list[dict[str, Any]] = field(default_factory=list)  # NAME.results.jsonl's rows of this run
     results_path: Path | None = None
     finished_in_run: int = 0  # episodes that ended while the run stepped (the bar's count); later rows ended at close
+    scheduled: int = 0  # episodes of the run this command had to record (the rest were on disk: --if-exists resume)
 
 
 def _render_backend(name: str) -> str:
@@ -51,24 +60,17 @@ def _render_backend(name: str) -> str:
 
 
 def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
-    """The wrapper's arguments, checked here (`RecordOptions`) before any env or file is made."""
-    from fastrecord.options import RecordOptions
-
-    rec = dict(
-        save_trajectory=cfg.save_trajectory, trajectory_name=cfg.trajectory_name, save_video=cfg.save_video,
-        video_fps=cfg.video_fps, keep=cfg.keep, if_exists=cfg.if_exists, video_layout=cfg.video_layout,
-        video_codec=cfg.video_codec, video_workers=cfg.video_workers, source_type="fastrecord",
-        source_desc=f"fastrecord record, policy {cfg.policy}",
-    )
-    RecordOptions(**rec)  # raises ValueError naming the bad value
-    return rec
+    """The wrapper's arguments: ``cfg.record`` (checked when the config was built) and the source metadata."""
+    opts = dataclasses.replace(cfg.record, source_type="fastrecord", source_desc=f"fastrecord record, policy {cfg.policy}")
+    return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
 
 
 def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True):
     """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
 
-    ``auto_reset=False`` (a sharded run: its loop resets each env with its episode's seed): the batched
-    env's ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``."""
+    ``auto_reset=False`` (what `run_record` and `run_record_sharded` use: their loop,
+    `fastrecord.shards.record_schedule`, resets each env with its episode's seed): the batched env's
+    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``."""
     import gymnasium as gym
 
     import mani_skill.envs  # noqa: F401 - registers the tasks
@@ -148,46 +150,60 @@ def _recorder(env: Any):
 
 def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None,
                sinks: list[Any] | None = None) -> RecordSummary:
-    """Record ``cfg.episodes`` episodes. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between
+    """Record episodes 0 .. ``cfg.episodes``-1 of the run: episode g is reset with seed ``cfg.seed + g``
+    and the random policy is seeded per episode (`fastrecord.shards.SeededRandomPolicy`), so the same
+    command records the same dataset, with or without torchrun. A resumed run (``--if-exists resume``)
+    records the episodes its NAME.json and results file do not have yet (`fastrecord.shards.single_schedule`):
+    ``cfg.episodes`` is the run's total. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between
     two steps: the env is closed, which saves the episodes in progress, and the summary says so."""
     from tqdm import tqdm
 
-    factory = policy_factory(cfg.policy)
+    from fastrecord import shards
+
+    factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
     t_start = time.perf_counter()
-    env = make_recorded_env(cfg, sinks)
+    env = make_recorded_env(cfg, sinks, auto_reset=False)
     startup = time.perf_counter() - t_start
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
     n = cfg.num_envs
     steps = 0
     finished_before_stop = 0
-    bar = tqdm(total=cfg.episodes, unit="episode", disable=not progress, dynamic_ncols=True, mininterval=1.0)
     t0 = time.perf_counter()
     seconds = None
     try:
         rec = _recorder(env)
-        act = factory(env)
-        if not stopping():
-            obs, _ = env.reset(seed=[cfg.seed + i for i in range(n)] if n > 1 else cfg.seed)
-        while not stopping() and rec.num_finished < cfg.episodes:
-            obs, *_ = env.step(act(obs))
-            steps += n
-            if rec.num_finished > bar.n:
-                bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{steps / (time.perf_counter() - t0):.0f}", refresh=False)
-                bar.total = max(bar.total, rec.num_finished)  # N envs: several may end at the last step
-                bar.update(rec.num_finished - bar.n)
+        schedule = shards.single_schedule(cfg.output_dir, cfg.record.trajectory_name, total=cfg.episodes,
+                                          base_seed=cfg.seed, num_envs=n)
+        act = shards.SeededRandomPolicy(env.single_action_space, n) if factory is None else factory(env)
+        bar = tqdm(total=len(schedule.todo), unit="episode", disable=not progress, dynamic_ncols=True, mininterval=1.0)
+
+        stepped = [0]  # env-steps so far, for the bar's rate
+
+        def on_step(sch: shards.EpisodeSchedule) -> None:
+            stepped[0] += n
+            if len(sch.finished) > bar.n:
+                bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{stepped[0] / (time.perf_counter() - t0):.0f}",
+                                refresh=False)
+                bar.update(len(sch.finished) - bar.n)
+
+        t0 = time.perf_counter()
+        try:
+            if not stopping():
+                steps = shards.record_schedule(env, rec, schedule, act, stop=stopping, on_step=on_step)
+        finally:
+            bar.close()
         finished_before_stop = rec.num_finished
         if not stopping():
             rec.wait_until_done()
             seconds = time.perf_counter() - t0
     finally:
-        bar.close()
         env.close()  # an interrupted run: saves the episodes in progress (save_on_reset)
     if seconds is None:
         seconds = time.perf_counter() - t0
     successes = 0
-    json_path = Path(cfg.output_dir) / f"{cfg.trajectory_name}.json"
+    json_path = Path(cfg.output_dir) / f"{cfg.record.trajectory_name}.json"
     files = sorted(rec.video_paths)
-    if cfg.save_trajectory and json_path.exists():
+    if cfg.record.save_trajectory and json_path.exists():
         import json
 
         episodes = json.loads(json_path.read_text())["episodes"]  # with --if-exists resume, earlier runs' first
@@ -197,7 +213,7 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     files.append(results.path)
     return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files,
                          stop.name if stop is not None and stop.requested else None, finished_before_stop,
-                         startup, list(results.rows), results.path, finished_before_stop)
+                         startup, list(results.rows), results.path, finished_before_stop, len(schedule.todo))
 
 
 @dataclass
@@ -228,20 +244,18 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
     The random policy is seeded per episode (`SeededRandomPolicy`), so the dataset does not depend on the
     world size. A stop signal ends the run between two steps; the episodes in progress are then not
     saved (a resumed run records them whole)."""
-    import dataclasses
-
     from fastrecord import shards
 
     info = shards.rank_info()
     sim, render = shards.rank_backends(cfg.sim_backend, _render_backend(cfg.render_backend), info)
-    args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    run = shards.DistributedRun(cfg.output_dir, cfg.trajectory_name, total=cfg.episodes, base_seed=cfg.seed,
-                                if_exists=cfg.if_exists, options={"command": "record", "args": args}).open()
+    run = shards.DistributedRun(cfg.output_dir, cfg.record.trajectory_name, total=cfg.episodes, base_seed=cfg.seed,
+                                if_exists=cfg.record.if_exists, options={"command": "record", "args": cfg.as_dict()}).open()
     failed = True
     try:
-        shard_cfg = dataclasses.replace(
-            cfg, output_dir=str(run.shard_dir), if_exists=run.shard_if_exists, sim_backend=sim, render_backend=render,
-            video_workers=cfg.video_workers or shards.default_workers(info))
+        shard_record = dataclasses.replace(cfg.record, if_exists=run.shard_if_exists,
+                                           video_workers=cfg.record.video_workers or shards.default_workers(info))
+        shard_cfg = dataclasses.replace(cfg, output_dir=str(run.shard_dir), sim_backend=sim, render_backend=render,
+                                        record=shard_record)
         factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
         t_start = time.perf_counter()
         env = make_recorded_env(shard_cfg, sinks, auto_reset=False)
@@ -315,14 +329,6 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--episodes", type=int)
     p.add_argument("--policy", help="'random' or 'module:factory'")
     p.add_argument("--output-dir")
-    p.add_argument("--trajectory-name")
-    p.add_argument("--if-exists", choices=IF_EXISTS_CHOICES,
-                   help="output_dir already holds a recording of this name: error (default), overwrite it, or resume "
-                        "(add episodes after it)")
-    p.add_argument("--keep", choices=["all", "success", "success_once", "failure"])
-    p.add_argument("--video-layout", choices=["per_env", "tiled"])
-    p.add_argument("--no-video", dest="save_video", action="store_const", const=False)
-    p.add_argument("--no-trajectory", dest="save_trajectory", action="store_const", const=False)
     p.add_argument("--sim-backend")
     p.add_argument("--render-backend")
     p.add_argument("--obs-mode")
@@ -331,12 +337,19 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int)
     p.add_argument("--max-episode-steps", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--video-fps", type=float)
-    p.add_argument("--video-codec")
-    p.add_argument("--video-workers", type=int)
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
                         "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
+    add_record_flags(p, defaults=RECORD_DEFAULTS, help=RECORD_HELP)
+
+
+# Where `record`'s meaning of a recording option is narrower than the library's.
+RECORD_HELP = {
+    "trajectory_name": "NAME of the trajectory pair (NAME.h5 + NAME.json), run manifest and results file",
+    "if_exists": "when output_dir already holds a run of this NAME: 'error' (refuse), 'overwrite' (delete that run's "
+                 "files first), 'resume' (keep them and record the episodes of --episodes it lacks, with their seeds)",
+    "keep": "which finished episodes are written",
+}
 
 
 def main_from_args(args: argparse.Namespace) -> int:
@@ -357,7 +370,10 @@ def main_from_args(args: argparse.Namespace) -> int:
     with StopSignals("record") as stop:
         s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
         if s.interrupted:
-            print(interrupted_line(s.interrupted, s.finished_before_stop, s.episodes - s.finished_before_stop, cfg.keep))
+            print(interrupted_line(s.interrupted, s.finished_before_stop, s.episodes - s.finished_before_stop, cfg.record.keep))
+        if s.scheduled < cfg.episodes:
+            print(f"resumed: {cfg.episodes - s.scheduled} of the run's {cfg.episodes} episodes were on disk, "
+                  f"{s.scheduled} to record")
         print(f"episodes: {s.episodes} finished, {s.kept} kept, {s.successes} successful")
         print_results(s.results, s.finished_in_run, s.results_path)
         print_speed_and_files(s.env_steps, s.seconds, s.files, cfg.output_dir, s.startup_seconds)
