@@ -1,10 +1,12 @@
 """Records forever until killed; prints 'finished N' once N episodes are durable on disk.
 
-Used by test_crash.py:  python crash_worker.py OUT_DIR {maniskill|double}
+Used by test_crash.py:  python crash_worker.py OUT_DIR {maniskill|double} [signals]
+(``signals``: call `fastrecord.install_signal_handlers` first, as the ``fastrecord`` command does)
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ use_lavapipe_if_no_gpu()
 
 import torch  # noqa: E402
 
+import fastrecord  # noqa: E402
 from fastrecord import RecordEpisode  # noqa: E402
 
 
@@ -47,4 +50,7 @@ def main(out: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what a program started from a shell has
+    if sys.argv[3:] == ["signals"]:
+        fastrecord.install_signal_handlers()
     main(sys.argv[1], sys.argv[2])
