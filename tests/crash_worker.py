@@ -39,14 +39,17 @@ def main(out: str, kind: str) -> None:
     env = RecordEpisode(env, out, trajectory_name="crash")
     n = env.unwrapped.num_envs
     seed = 0
-    while True:
-        env.reset(seed=seed)
-        seed += 1
-        for _ in range(steps):
-            env.step(torch.as_tensor(env.action_space.sample()).reshape(n, -1))
-        env.reset(seed=seed)  # ends the episodes: they go to the writers
-        env.wait_until_done()
-        print(f"finished {env.recorder.num_episodes}", flush=True)
+    try:  # a script's usual shape: SIGKILL (and SIGTERM without the opt-in) skip the finally
+        while True:
+            env.reset(seed=seed)
+            seed += 1
+            for _ in range(steps):
+                env.step(torch.as_tensor(env.action_space.sample()).reshape(n, -1))
+            env.reset(seed=seed)  # ends the episodes: they go to the writers
+            env.wait_until_done()
+            print(f"finished {env.recorder.num_episodes}", flush=True)
+    finally:
+        env.close()
 
 
 if __name__ == "__main__":

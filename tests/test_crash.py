@@ -106,8 +106,8 @@ def test_consolidate_after_a_crash(tmp_path):
 
 
 def test_sigterm_in_a_library_users_process_kills_it_and_keeps_finished_episodes(tmp_path):
-    """Without the opt-in SIGTERM does what it does to any Python program (exit -15, no exit hooks); every
-    episode reported durable is still readable."""
+    """Without the opt-in SIGTERM does what it does to any Python program (exit -15, no ``finally``, no
+    exit hooks); every episode reported durable is still readable."""
     codes: list[int] = []
     durable = record_then_kill(tmp_path, "double", min_finished=8, extra_s=0.3, sig=signal.SIGTERM, codes=codes)
     assert codes == [-signal.SIGTERM]
@@ -115,8 +115,8 @@ def test_sigterm_in_a_library_users_process_kills_it_and_keeps_finished_episodes
 
 
 def test_sigterm_after_the_opt_in_closes_the_run(tmp_path):
-    """With `install_signal_handlers` SIGTERM is SystemExit(143): the exit hook closes the recorder, so the
-    trajectory is consolidated and the run marked closed."""
+    """With `install_signal_handlers` SIGTERM is SystemExit(143): the script's ``finally`` closes the env, so
+    the trajectory is consolidated and the run marked closed."""
     codes: list[int] = []
     durable = record_then_kill(tmp_path, "double", min_finished=8, extra_s=0.3, sig=signal.SIGTERM, opt_in=True,
                                codes=codes)
