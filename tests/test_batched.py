@@ -319,3 +319,22 @@ def test_info_overlay_drawn_in_encoder_processes_matches_maniskills_text(tmp_pat
 
         ref_path = encode_mp4(tmp_path / f"ref{e}.mp4", ref, VideoSettings(executor="thread"))
         assert psnr(ours, decode_mp4(ref_path)).min() > 45  # what this process draws, drawn by the encoder process
+
+
+def test_both_views_are_env_views_and_reset_only_the_given_envs():
+    """`EnvView`: the recorder's one way to read an env; the views say how a partial reset is asked for."""
+    import gymnasium as gym
+
+    from fastrecord.envs import EnvView, ManiSkillView, VectorEnvView
+
+    batched = ManiSkillView(BatchedDoubleEnv(num_envs=3))
+    assert isinstance(batched, EnvView) and batched.per_env_seeds and not batched.unbatched
+    assert batched.partial_reset_options([0, 2])["env_idx"].tolist() == [0, 2]
+    assert not ManiSkillView(BatchedDoubleEnv(num_envs=1)).per_env_seeds  # one env: the caller's reset kwargs
+    vector = gym.vector.SyncVectorEnv([lambda: BatchedDoubleEnv(num_envs=1)] * 3)
+    try:
+        view = VectorEnvView(vector)
+        assert isinstance(view, EnvView) and view.per_env_seeds
+        assert view.partial_reset_options([1])["reset_mask"].tolist() == [False, True, False]
+    finally:
+        vector.close()

@@ -1,4 +1,6 @@
-"""A recording process killed with SIGKILL leaves every finished episode readable and replayable."""
+"""A recording process killed with SIGKILL leaves every finished episode readable and replayable; SIGTERM
+does the same in a library user's process (fastrecord leaves its signals alone) and closes the run where
+the process opted in (`fastrecord.install_signal_handlers`, as the ``fastrecord`` command does)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,15 @@ import pytest
 WORKER = Path(__file__).with_name("crash_worker.py")
 
 
-def record_then_kill(out: Path, kind: str, min_finished: int, extra_s: float) -> int:
-    """Start the worker, wait until ``min_finished`` episodes are durable, go on ``extra_s``, SIGKILL.
+def record_then_kill(out: Path, kind: str, min_finished: int, extra_s: float, sig: int = signal.SIGKILL,
+                     opt_in: bool = False, codes: list[int] | None = None) -> int:
+    """Start the worker, wait until ``min_finished`` episodes are durable, go on ``extra_s``, send ``sig``.
 
-    Returns how many episodes the worker had reported durable before the kill.
+    Returns how many episodes the worker had reported durable before the kill; appends the worker's exit
+    status to ``codes``. ``opt_in``: the worker calls `fastrecord.install_signal_handlers` first.
     """
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(out), kind], stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, str(WORKER), str(out), kind] + (["signals"] if opt_in else [])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     finished = 0
     try:
         deadline = time.monotonic() + 300
@@ -39,8 +44,10 @@ def record_then_kill(out: Path, kind: str, min_finished: int, extra_s: float) ->
             if line.startswith("finished"):
                 finished = int(line.split()[1])
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=120)
+    if codes is not None:
+        codes.append(code)
     return finished
 
 
@@ -96,3 +103,46 @@ def test_consolidate_after_a_crash(tmp_path):
         assert all(f.get(k, getlink=True).__class__ is h5py.HardLink for k in f)
         for k, v in obs.items():
             np.testing.assert_array_equal(f[k]["obs"][:], v)
+
+
+def test_sigterm_in_a_library_users_process_kills_it_and_keeps_finished_episodes(tmp_path):
+    """Without the opt-in SIGTERM does what it does to any Python program (exit -15, no ``finally``, no
+    exit hooks); every episode reported durable is still readable."""
+    codes: list[int] = []
+    durable = record_then_kill(tmp_path, "double", min_finished=8, extra_s=0.3, sig=signal.SIGTERM, codes=codes)
+    assert codes == [-signal.SIGTERM]
+    check_readable(tmp_path, at_least=durable)
+
+
+def test_sigterm_after_the_opt_in_closes_the_run(tmp_path):
+    """With `install_signal_handlers` SIGTERM is SystemExit(143): the script's ``finally`` closes the env, so
+    the trajectory is consolidated and the run marked closed."""
+    codes: list[int] = []
+    durable = record_then_kill(tmp_path, "double", min_finished=8, extra_s=0.3, sig=signal.SIGTERM, opt_in=True,
+                               codes=codes)
+    assert codes == [143]
+    check_readable(tmp_path, at_least=durable)
+    assert not (tmp_path / "crash.h5.parts").exists()
+    assert json.loads((tmp_path / "crash.fastrecord.json").read_text())["status"] == "closed"
+
+
+def test_recording_leaves_the_process_signal_handlers_alone(tmp_path):
+    import fastrecord
+    from fastrecord import RecordEpisode
+    from fastrecord.testing import BatchedDoubleEnv
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        env = RecordEpisode(BatchedDoubleEnv(num_envs=2, max_episode_steps=2), tmp_path, save_video=False)
+        env.close()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert fastrecord.install_signal_handlers() is True  # the opt-in: only over the default
+        with pytest.raises(SystemExit) as exit_:
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        assert exit_.value.code == 143
+        mine = lambda signum, frame: None  # noqa: E731 - a handler the program installed itself
+        signal.signal(signal.SIGTERM, mine)
+        assert fastrecord.install_signal_handlers() is False and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)

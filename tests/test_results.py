@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+import gymnasium as gym
+
 from fastrecord import RecordEpisode
-from fastrecord.sinks.results import rate_text, read_results, summary_lines, wilson_interval
+from fastrecord.sinks import EpisodeEnded, Sink
+from fastrecord.sinks.results import finite_row, rate_text, read_results, summary_lines, wilson_interval
 from fastrecord.testing import BatchedDoubleEnv
 
 
@@ -126,3 +129,79 @@ def test_record_cli_prints_results_and_startup(tmp_path, capsys):
     assert "results of 2 episodes: success 0.00 [0.00, 0.66] (0/2)" in printed
     assert "mean length 3.0 steps" in printed and "start-up (env creation):" in printed
     assert f"results: {out / 'trajectory.results.jsonl'}" in printed
+
+
+def strict_rows(path) -> list[dict]:
+    """The rows of a results file read by a strict JSON parser: NaN, Infinity and -Infinity refused."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+class NanRewards(gym.Wrapper):
+    """Env 1's rewards are NaN, env 2's +inf (a corrupted or diverging env); env 0's are finite."""
+
+    def step(self, action):
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        rew = rew.clone().double()
+        rew[1], rew[2] = float("nan"), float("inf")
+        return obs, rew, terminated, truncated, info
+
+
+def test_results_are_strict_json_with_non_finite_returns(tmp_path):
+    """NaN or infinite returns are written as null and the row names them; the file parses strictly."""
+    env = RecordEpisode(NanRewards(BatchedDoubleEnv(num_envs=3, max_episode_steps=4)), str(tmp_path), trajectory_name="run",
+                        save_video=False, save_trajectory=False)
+    env.reset(seed=[0, 1, 2])
+    for _ in range(4):
+        env.step(torch.zeros(3, 3))
+    env.close()
+    rows = strict_rows(tmp_path / "run.results.jsonl")
+    assert rows == env.recorder.results.rows
+    assert [r["return"] is None for r in rows] == [False, True, True]
+    assert [r.get("non_finite") for r in rows] == [None, ["return"], ["return"]]
+    assert np.isfinite(rows[0]["return"])
+    line = summary_lines(rows)[1]
+    assert line == f"mean length 4.0 steps, mean return {rows[0]['return']:.3f} (2 non-finite, left out)"
+    assert finite_row({"a": [1.0, float("-inf")], "b": {"c": float("nan")}, "d": 2}) == {
+        "a": [1.0, None], "b": {"c": None}, "d": 2, "non_finite": ["a", "b"]}
+
+
+class Outcomes(Sink):
+    """A user's sink that keeps what it receives: kept episodes and every episode's outcome."""
+
+    wants_datasets = False
+
+    def __init__(self) -> None:
+        self.submitted: list[int] = []
+        self.ended: list[EpisodeEnded] = []
+
+    def submit(self, episodes):
+        self.submitted += [ep.episode_id for ep in episodes]
+
+    def episodes_ended(self, ended):
+        assert all(ev.episode_id in self.submitted for ev in ended if ev.kept)  # submitted first
+        self.ended += list(ended)
+
+
+def test_every_sink_gets_an_event_for_every_finished_episode(tmp_path):
+    """With keep='success' a sink receives only kept episodes, but an `EpisodeEnded` for each: the same
+    outcome as the results rows."""
+    sink = Outcomes()
+    double = BatchedDoubleEnv(num_envs=3, max_episode_steps=4, success_step=[2, 0, 3])
+    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", keep="success", sinks=[sink], save_video=False)
+    env.reset(seed=[10, 11, 12])
+    for _ in range(4):
+        env.step(torch.ones(3, 3))
+    env.close()
+    rows = read_results(tmp_path / "run.results.jsonl")
+    assert len(sink.ended) == len(rows) == 3 and sink.submitted == [0, 1]
+    assert [ev.kept for ev in sink.ended] == [True, False, True]
+    assert [(ev.episode_id, ev.env_idx, ev.seed, ev.length, ev.success, ev.success_once, ev.terminated, ev.truncated)
+            for ev in sink.ended] == [(r["episode_id"], r["env_idx"], r["seed"], r["length"], r["success"],
+                                       r["success_once"], r["terminated"], r["truncated"]) for r in rows]
+    np.testing.assert_allclose([ev.episode_return for ev in sink.ended], [r["return"] for r in rows])
+    assert [ev.fail for ev in sink.ended] == [False] * 3  # the double reports fail, never set here
+    assert [ev.has_frames for ev in sink.ended] == [False] * 3  # no frame sink: no frames captured

@@ -196,7 +196,9 @@ SCRIPT = textwrap.dedent("""
     from fastrecord.system import use_lavapipe_if_no_gpu
     use_lavapipe_if_no_gpu()
     import gymnasium as gym, mani_skill.envs
+    import fastrecord
     from fastrecord import RecordEpisode
+    fastrecord.install_signal_handlers()  # SIGTERM -> SystemExit: the opt-in the fastrecord command makes
     env = gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
                    human_render_camera_configs=dict(width=64, height=64), max_episode_steps=4)
     env = RecordEpisode(env, sys.argv[1], trajectory_name="t")

@@ -371,3 +371,30 @@ def test_overlay_from_cached_glyphs_is_pils_picture(size):
     diff = np.abs(ours.astype(int) - pil.astype(int)).max(-1)
     assert (diff > 2).sum() <= 0.002 * diff.size and np.array_equal(ours[0], frames[0])
     assert diff[:, size // 2 :].max() == 0  # below the band: untouched
+
+
+# ---------------------------------------------------------------------------------------------- names
+@pytest.mark.parametrize("episode_id, env_idx, success, part, name", [
+    (3, 1, True, None, "3_env1_success.mp4"),
+    (3, 1, False, None, "3_env1_failure.mp4"),
+    (12, 0, None, None, "12_env0.mp4"),
+    (7, 2, True, 1, "7_env2_success_part1.mp4"),
+    (7, 2, None, 0, "7_env2_part0.mp4"),
+])
+def test_video_names_round_trip(episode_id, env_idx, success, part, name):
+    from fastrecord.sinks.mp4 import video_name
+    from fastrecord.sinks.video_names import VideoName, parse_video_name
+
+    assert video_name(episode_id, env_idx, success, part) == name
+    expect = VideoName(episode_id, env_idx, success, part)
+    assert parse_video_name(name) == parse_video_name(name[:-4]) == expect
+    assert parse_video_name(name[:-4] + "_2.mp4") == expect  # a taken name's suffix
+
+
+def test_tiled_and_foreign_video_names():
+    from fastrecord.sinks.video_names import VideoName, parse_video_name, tiled_video_name
+
+    assert tiled_video_name(4) == "4.mp4" and parse_video_name("4.mp4") == VideoName(4)
+    assert not parse_video_name("4.mp4").per_env
+    for other in ("clip.mp4", "3_env.mp4", "3_envx_success.mp4", "env1_3.mp4", "3_env1_maybe.mp4"):
+        assert parse_video_name(other) is None, other

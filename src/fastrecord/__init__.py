@@ -26,11 +26,13 @@ _EXPORTS = {
     "EpisodeBuffer": "fastrecord.buffer",
     "BufferTooLargeError": "fastrecord.buffer",
     "WorkerError": "fastrecord.workers",
+    "install_signal_handlers": "fastrecord.exits",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
+    from fastrecord.exits import install_signal_handlers
     from fastrecord.make_env import make_eval_envs
     from fastrecord.options import RecordOptions
     from fastrecord.record import RecordEpisode, RecordVectorEpisode

@@ -1,14 +1,16 @@
 """Views that read any supported env as batched tensors, so the recorder has one code path.
 
-`ManiSkillView` reads a ManiSkill env (``num_envs >= 1``: GPU-parallel or a single CPU env, the latter
-possibly under ``CPUGymWrapper``); `VectorEnvView` reads a gymnasium vector env of ManiSkill CPU envs
-(Sync or Async), turning its tuples of per-env results into batched tensors.
+`EnvView` is what the recorder (and the sharded loop) needs of an env; every difference between env kinds
+lives in a view. `ManiSkillView` reads a ManiSkill env (``num_envs >= 1``: GPU-parallel or a single CPU
+env, the latter possibly under ``CPUGymWrapper``); `VectorEnvView` reads a gymnasium vector env of
+ManiSkill CPU envs (Sync or Async), turning its tuples of per-env results into batched tensors. A new env
+kind is a new view.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -59,6 +61,48 @@ class SubEnvAccess:
         self.env.unwrapped.set_attr(name, values)
 
 
+@runtime_checkable
+class EnvView(Protocol):
+    """What the recorder reads from an env, batched: every leaf has a leading dim of ``num_envs``."""
+
+    num_envs: int
+    device: torch.device
+    unbatched: bool  # the env takes and returns single-env values (no env dim): the view adds it
+    render_mode: str | None
+    single_action_space: Any
+
+    @property
+    def per_env_seeds(self) -> bool:
+        """Each env's episode has its own seed (its reset kwargs say ``seed=<that env's seed>``); False: one
+        env, whose reset kwargs are kept as the caller gave them (ManiSkill's JSON)."""
+        ...
+
+    @property
+    def control_mode(self) -> str | None: ...
+
+    def batch(self, x: Any) -> Any:
+        """A tree of per-step values as tensors with the env dim (on the device they come from)."""
+        ...
+
+    def render(self) -> Any:
+        """Every env's frame: ``[num_envs, H, W, 3]``."""
+        ...
+
+    def state_dict(self, refresh: bool = False) -> dict: ...
+
+    def episode_seeds(self) -> np.ndarray:
+        """The seed of each env's current episode, ``[num_envs]`` (or ``[1]`` for one shared seed)."""
+        ...
+
+    def partial_reset_options(self, env_idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """The ``reset(options=...)`` that resets only the envs ``env_idx``."""
+        ...
+
+    def env_info(self) -> dict | None: ...
+
+    def max_episode_steps(self) -> int | None: ...
+
+
 class ManiSkillView:
     """Reads a ManiSkill env through its wrapper chain (``env``) and its ``BaseEnv`` (``base``)."""
 
@@ -84,6 +128,13 @@ class ManiSkillView:
             cur = cur.env
         self.render_mode = self.base.render_mode
         self.single_action_space = self.base.single_action_space
+
+    @property
+    def per_env_seeds(self) -> bool:
+        return self.num_envs > 1
+
+    def partial_reset_options(self, env_idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        return {"env_idx": torch.as_tensor(np.asarray(env_idx, dtype=np.int64))}
 
     def batch(self, x: Any) -> Any:
         return to_batched(x, None, self.unbatched)
@@ -127,6 +178,13 @@ class VectorEnvView:
                 self.render_mode = envs.get_attr("render_mode")[0]
             except Exception:  # noqa: BLE001 - reported as "no render mode" by the recorder
                 self.render_mode = None
+
+    per_env_seeds = True  # sub-envs are separate envs, each reset with its own seed
+
+    def partial_reset_options(self, env_idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[np.asarray(env_idx, dtype=np.int64)] = True
+        return {"reset_mask": mask}
 
     def batch(self, x: Any) -> Any:
         return to_batched(x, None, False)

@@ -1,12 +1,14 @@
 """What a recording is made of, declared once, and the hand-off of a finished episode to sinks.
 
 `FIELDS` is the schema of recorded quantities (reset, step and flush all loop over it); `EpisodeData`
-is one finished env episode on the host, the unit every sink (`fastrecord.sinks`) receives.
+is one kept, finished env episode on the host, the unit every sink (`fastrecord.sinks`) receives through
+``submit``; `EpisodeEnded` is the outcome of every finished episode, kept or not, which every sink
+receives through ``episodes_ended`` (results, loggers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,3 +63,29 @@ class EpisodeData:
     overlay: Sequence[dict[str, Any]] | None = field(default=None)  # per-frame info for info_on_video (an Overlay)
 
 
+
+
+@dataclass(frozen=True)
+class EpisodeEnded:
+    """The outcome of one finished env episode, kept or not: what the recorder knows of it when it ends.
+
+    Kept episodes reach the sinks as `EpisodeData` (``submit``) first, then as this event
+    (``episodes_ended``), in the same call of the recorder.
+    """
+
+    env_idx: int
+    episode_id: int | None  # its id in NAME.h5/NAME.json and its video name; None: not kept (the keep filter)
+    length: int  # steps taken
+    seed: int  # the episode's seed
+    episode_return: float  # the sum of its rewards (float64; NaN/inf if the env gave such rewards)
+    success: bool | None  # at the last step; None: the env reports no success
+    success_once: bool | None  # at any step
+    fail: bool | None  # at the last step; None: the env reports no fail
+    terminated: bool | None  # the last step's flags (both False: ended from outside, e.g. in progress at close)
+    truncated: bool | None
+    has_frames: bool = False  # every frame of the episode was captured (a video sink wrote its video)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # extra fields set by the caller (set_episode_meta)
+
+    @property
+    def kept(self) -> bool:
+        return self.episode_id is not None

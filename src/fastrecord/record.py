@@ -19,14 +19,14 @@ import torch
 
 from fastrecord.envs import ManiSkillView, SubEnvAccess, VectorEnvView
 from fastrecord.options import RecordOptions, options_help, wrapper_signature
-from fastrecord.recorder import EpisodeRecorder, _np
+from fastrecord.recorder import EpisodeRecorder, to_numpy
 from fastrecord.sinks.base import Sink
 
 
 def _env_idx(options: Mapping | None, num_envs: int, key: str) -> np.ndarray:
     if options is None or options.get(key) is None:
         return np.arange(num_envs)
-    v = _np(options[key])
+    v = to_numpy(options[key])
     return np.flatnonzero(v) if v.dtype == np.bool_ else v.astype(np.int64).reshape(-1)
 
 
@@ -50,7 +50,7 @@ class _H5FileHandle:
         return str(self._rec.trajectory.writer.h5_path)
 
     def close(self) -> None:
-        if not self._rec._closed:
+        if not self._rec.closed:
             self._rec.wait_until_done()
 
 
@@ -88,7 +88,7 @@ class _RecorderMixin:
 
     @property
     def save_video(self) -> bool:
-        return self._rec._capturing()
+        return self._rec.capturing()
 
     @property
     def _elapsed_record_steps(self) -> int:
@@ -129,7 +129,7 @@ class _RecorderMixin:
         fastrecord records each env episode's trajectory and video together, so this also flushes the
         videos of those envs. ``save=False`` drops them.
         """
-        idx = np.arange(self._rec.num_envs) if env_idxs_to_flush is None else _np(env_idxs_to_flush).reshape(-1)
+        idx = np.arange(self._rec.num_envs) if env_idxs_to_flush is None else to_numpy(env_idxs_to_flush).reshape(-1)
         if save:
             self._rec.finalize(idx, split=True)
         else:
@@ -204,7 +204,7 @@ class RecordEpisode(_RecorderMixin, gym.Wrapper):
 def _plain(options: Mapping | None) -> dict | None:
     if options is None:
         return None
-    return {k: (_np(v) if isinstance(v, torch.Tensor) else v) for k, v in options.items()}
+    return {k: (to_numpy(v) if isinstance(v, torch.Tensor) else v) for k, v in options.items()}
 
 
 class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper):
@@ -244,7 +244,7 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         obs, rew, terminated, truncated, info = self.env.step(actions)
         restart = self._pending_restart.copy() if self._autoreset else None
         self._rec.on_step(actions, obs, rew, terminated, truncated, info, restart=restart)
-        done = np.logical_or(_np(terminated), _np(truncated))
+        done = np.logical_or(to_numpy(terminated), to_numpy(truncated))
         if self._autoreset:
             self._pending_restart = done
             if done.any():

@@ -4,17 +4,15 @@ Per parallel step the recorder renders once (all envs in one call), writes every
 `EpisodeBuffer` with one copy per leaf, and copies nothing to the host. When envs' episodes end (reset,
 auto-reset, close) it decides which to keep from two small flags, copies the kept ones to the host in
 one batch, and hands them to its sinks (`fastrecord.sinks`: ManiSkill's trajectory files, MP4 videos,
-yours). It sees envs only through a view (`fastrecord.envs`), so one code path serves any number of envs.
+yours), built from the options by `fastrecord.sinks.build_sinks`. Every finished episode, kept or not,
+also reaches every sink as an `EpisodeEnded` (its length, flags, return and seed). It sees envs only
+through a view (`fastrecord.envs.EnvView`), so one code path serves any number and kind of envs.
 """
 
 from __future__ import annotations
 
-import atexit
 import copy
-import signal
-import sys
 import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,19 +21,18 @@ import numpy as np
 import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
-from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, VectorEnvView
-from fastrecord.episode import EpisodeData, field_of
+from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
+from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
+from fastrecord.exits import close_at_exit, forget_at_exit
 from fastrecord.options import RecordOptions
-from fastrecord.sinks.results import ResultsSink
 from fastrecord.sinks.base import RunDirectory, Sink
-from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
-from fastrecord.sinks.mp4 import Mp4Sink
+from fastrecord.sinks.factory import build_sinks
 from fastrecord.staging import default_staging_pool, shared_memory_supported
-from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
 from fastrecord.video.overlay import Overlay, maniskill_font
 
 
-def _np(x: Any) -> np.ndarray:
+def to_numpy(x: Any) -> np.ndarray:
+    """``x`` (a tensor on any device, an array or a scalar) as a numpy array."""
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
@@ -49,14 +46,13 @@ def _with_env_dim(action: Any, space: Any) -> Any:
 
 
 class EpisodeRecorder:
-    """Owns: the `EpisodeBuffer`, the sinks, the `RunDirectory`, episode ids, per-env episode metadata
-    (seed, reset kwargs) and the keep filter.
+    """Owns: the `EpisodeBuffer`, the sinks (made by `build_sinks`), the `RunDirectory`, episode ids,
+    per-env episode metadata (seed, reset kwargs, running return) and the keep filter.
 
-    Env-agnostic: it sees envs only through a view (`ManiSkillView` / `VectorEnvView`).
+    Env-agnostic: it sees envs only through an `EnvView`.
     """
 
-    def __init__(self, view: ManiSkillView | VectorEnvView, output_dir: str | Path, options: RecordOptions,
-                 sinks: Sequence[Sink] = ()) -> None:
+    def __init__(self, view: EnvView, output_dir: str | Path, options: RecordOptions, sinks: Sequence[Sink] = ()) -> None:
         opts = options
         if opts.save_video and opts.video_source == "render" and view.render_mode not in IMAGE_RENDER_MODES:
             raise ValueError(
@@ -64,9 +60,6 @@ class EpisodeRecorder:
                 f"render_mode='rgb_array' (or one of {IMAGE_RENDER_MODES}), pass video_source='sensor:<camera>', "
                 f"or set save_video=False."
             )
-        for s in sinks:
-            if not isinstance(s, Sink):
-                raise ValueError(f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink (subclass it and implement submit)")
         self.options = opts
         self.view = view
         self.num_envs = view.num_envs
@@ -86,26 +79,9 @@ class EpisodeRecorder:
         self.buffer: EpisodeBuffer | None = None
 
         # every check that can fail runs before the first file is touched
-        own: list[Sink] = []
-        if opts.save_trajectory:
-            from mani_skill import get_commit_info
-
-            header: dict[str, Any] = dict(env_info=view.env_info(), commit_info=get_commit_info())
-            if opts.source_type is not None:
-                header["source_type"] = opts.source_type
-            if opts.source_desc is not None:
-                header["source_desc"] = opts.source_desc
-            own.append(ManiSkillH5Sink(header, writers=opts.trajectory_writers, compression=opts.trajectory_compression))
-        if opts.save_video:
-            settings = check_video_settings(VideoSettings(codec=resolve_codec(opts.video_codec), crf=int(opts.video_crf),
-                                                          preset=opts.video_preset, fps=opts.video_fps))
-            own.append(Mp4Sink(settings, layout=opts.video_layout, num_envs=self.num_envs, workers=opts.video_workers,
-                               max_steps_per_video=opts.max_steps_per_video, info_on_video=opts.info_on_video))
-        self.sinks: list[Sink] = own + list(sinks)
-        self.trajectory: ManiSkillH5Sink | None = own[0] if opts.save_trajectory else None
-        self.videos: Mp4Sink | None = own[-1] if opts.save_video else None
-        self.results = ResultsSink(self.videos)  # NAME.results.jsonl: every finished episode, kept or not
-        self.sinks.append(self.results)  # last: it names the videos the sinks before it wrote
+        built = build_sinks(opts, view, sinks)
+        self.sinks: list[Sink] = built.all
+        self.trajectory, self.videos, self.results = built.trajectory, built.videos, built.results
         # what the sinks need recorded
         self._record_data = any(s.wants_datasets for s in self.sinks)
         frame_sinks = [s for s in self.sinks if s.wants_frames]
@@ -113,6 +89,7 @@ class EpisodeRecorder:
         self._yuv = bool(frame_sinks) and all(s.accepts_yuv420p for s in frame_sinks)
 
         self._seeds = np.zeros(self.num_envs, dtype=np.int64)
+        self._returns: torch.Tensor | None = None  # each env's running return (float64, where rewards come from)
         self._reset_kwargs: list[dict] = [{} for _ in range(self.num_envs)]
         # extra JSON entry fields of each env's next written episode, set by the caller (a replay's
         # source_episode_id): in the part files from the start, so a crashed run's episodes keep them
@@ -144,10 +121,11 @@ class EpisodeRecorder:
         # episode ids continue where a resumed run stopped
         self.first_episode_id = self.trajectory.next_episode_id if self.trajectory else self.run.counters.get("episodes", 0)
         self.next_episode_id = self.first_episode_id
-        _exit_hooks.add(self)
+        close_at_exit(self)
 
     # ------------------------------------------------------------------ capture
-    def _capturing(self) -> bool:
+    def capturing(self) -> bool:
+        """Whether this step's frames are captured (a frame sink exists and ``save_video_trigger`` agrees)."""
         if not self._record_frames:
             return False
         return self.save_video_trigger is None or bool(self.save_video_trigger(self.elapsed_record_steps))
@@ -232,7 +210,7 @@ class EpisodeRecorder:
     def on_reset(self, obs: Any, env_idx: np.ndarray, reset_kwargs: dict[str, Any]) -> None:
         """Episodes of ``env_idx`` begin: record their slot 0 (reset obs, state, frame)."""
         self._raise_if_failed()
-        capture = self._capturing()
+        capture = self.capturing()
         self._frames_ok[env_idx] = capture
         data = self._collect(obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs)
         leaves = self._leaves(data)
@@ -242,12 +220,12 @@ class EpisodeRecorder:
         buf.start(env_idx, leaves)
         if not self._staging_reserved:
             self._reserve_staging(buf)
-        self.results.start(env_idx)
+        self._zero_returns(env_idx)
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
         for e in env_idx:
             kw = copy.deepcopy(reset_kwargs)
-            if self.num_envs > 1 or isinstance(self.view, VectorEnvView):  # per-env episodes: the env's own seed
+            if self.view.per_env_seeds:  # per-env episodes: the env's own seed
                 kw = {k: v for k, v in kw.items() if k != "options"} | {"seed": int(self._seeds[e])}
             self._reset_kwargs[e] = kw
 
@@ -255,7 +233,7 @@ class EpisodeRecorder:
                 restart: np.ndarray | None = None) -> None:
         """Every env took one step (``restart`` envs were auto-reset instead: their data is a slot 0)."""
         self._raise_if_failed()
-        capture = self._capturing()
+        capture = self.capturing()
         if not capture:
             self._frames_ok[:] = False
         elif restart is not None:
@@ -273,7 +251,7 @@ class EpisodeRecorder:
             data["overlay"] = self._overlay_scalars(rew, info)
         self._last_info = info
         self.buffer.step(self._leaves(data), restart)
-        self.results.step(self.view.batch(rew), restart)
+        self._add_rewards(self.view.batch(rew), restart)
         if restart is not None and restart.any():
             idx = np.flatnonzero(restart)
             self._seeds[idx] = self.view.episode_seeds()[idx]
@@ -290,6 +268,19 @@ class EpisodeRecorder:
             if a.ndim <= 1 and (a.ndim == 0 or a.shape[0] == self.num_envs or self.view.unbatched):
                 out[k] = v
         return out
+
+    def _zero_returns(self, env_idx: np.ndarray) -> None:
+        if self._returns is not None:
+            self._returns[torch.as_tensor(np.asarray(env_idx), device=self._returns.device)] = 0
+
+    def _add_rewards(self, rew: Any, restart: np.ndarray | None) -> None:
+        """Add a step's rewards ``[N]`` (``restart`` envs were auto-reset instead: theirs start at 0)."""
+        rew = torch.as_tensor(rew).reshape(-1)
+        if self._returns is None:
+            self._returns = torch.zeros(rew.shape[0], dtype=torch.float64, device=rew.device)
+        self._returns += rew.to(self._returns.device, torch.float64)
+        if restart is not None and restart.any():
+            self._zero_returns(np.flatnonzero(restart))
 
     def set_episode_meta(self, env_idx: Sequence[int] | np.ndarray, metas: Sequence[Mapping[str, Any] | None]) -> None:
         """Set `episode_meta` of ``env_idx``, checked: extra JSON fields (one mapping per env, e.g.
@@ -312,7 +303,7 @@ class EpisodeRecorder:
 
     # ------------------------------------------------------------------ finishing episodes
     def _keep_mask(self, rows: np.ndarray, ended: Mapping[str, Any]) -> np.ndarray:
-        """Which of ``rows`` are kept; ``ended``: `ResultsSink.read`'s host copy of the rows' flags."""
+        """Which of ``rows`` are kept; ``ended``: `_read_ended`'s host copy of the rows' flags."""
         if self.keep == "all":
             return np.ones(len(rows), dtype=bool)
         buf = self.buffer
@@ -322,7 +313,7 @@ class EpisodeRecorder:
             for e in rows:
                 final = {}
                 for k, v in info.items():
-                    a = _np(v) if not isinstance(v, Mapping) else v
+                    a = to_numpy(v) if not isinstance(v, Mapping) else v
                     if isinstance(a, np.ndarray) and a.ndim >= 1 and a.shape[0] == self.num_envs and not self.view.unbatched:
                         final[k] = a[e]
                     else:
@@ -336,13 +327,46 @@ class EpisodeRecorder:
             )
         if self.keep == "success_once":
             return np.asarray(ended["once"], dtype=bool)
-        last = {k: np.asarray(ended["last"][k]).reshape(len(rows)).astype(bool) for k in ("success", "fail")
-                if k in ended["last"]}
+        last = ended["last"]
         if self.keep == "success":
             return last["success"]
         # failure: the env reports fail at the end, or it did not succeed
         failed = last.get("fail", np.zeros(len(rows), dtype=bool))
         return failed | ~last["success"] if "success" in last else failed
+
+    def _read_ended(self, rows: np.ndarray) -> dict[str, Any]:
+        """What the keep filter and the `EpisodeEnded` events of ``rows`` need from the buffer, on the host.
+
+        Called before the episodes' frames are queued: the reads wait for the device work queued so far,
+        which must not yet include the (large) gather of the frames."""
+        buf = self.buffer
+        lengths = buf.cursor[rows].copy()
+        extra = {} if self._returns is None else {"returns": self._returns[torch.as_tensor(rows, device=self._returns.device)]}
+        # one transfer for every flag the events and the keep filter need
+        got = buf.read_rows(rows, last=["success", "terminated", "truncated", "fail"], whole=["success"], extra=extra)
+        last = {n: np.asarray(got[n]).reshape(len(rows)).astype(bool) for n in ("success", "terminated", "truncated", "fail")
+                if n in got}
+        once = None
+        if "whole/success" in got:
+            flags = np.asarray(got["whole/success"]).reshape(len(rows), -1).astype(bool)
+            steps = np.arange(flags.shape[1])
+            once = (flags & (steps[None] >= 1) & (steps[None] <= lengths[:, None])).any(axis=1)
+        returns = np.asarray(got["returns"], dtype=np.float64) if "returns" in got else np.zeros(len(rows))
+        return dict(lengths=lengths, last=last, once=once, returns=returns)
+
+    def _events(self, rows: np.ndarray, keep: np.ndarray, first_id: int, ended: dict[str, Any]) -> list[EpisodeEnded]:
+        """The `EpisodeEnded` of each of ``rows`` (kept ones got ids ``first_id, first_id + 1, ...``)."""
+        last, once, ids = ended["last"], ended["once"], iter(range(first_id, first_id + int(keep.sum())))
+
+        def flag(name: str, i: int) -> bool | None:
+            return bool(last[name][i]) if name in last else None
+
+        return [EpisodeEnded(env_idx=e, episode_id=next(ids) if keep[i] else None, length=int(ended["lengths"][i]),
+                             seed=int(self._seeds[e]), episode_return=float(ended["returns"][i]), success=flag("success", i),
+                             success_once=None if once is None else bool(once[i]), fail=flag("fail", i),
+                             terminated=flag("terminated", i), truncated=flag("truncated", i),
+                             has_frames=bool(self._frames_ok[e]), meta=dict(self.episode_meta[e] or {}))
+                for i, e in enumerate(rows.tolist())]
 
     def finalize(self, env_idx: np.ndarray, split: bool = False) -> None:
         """End the episodes in progress of ``env_idx``: keep, copy and queue them, or drop them.
@@ -358,14 +382,15 @@ class EpisodeRecorder:
         rows = rows[np.array([self.episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)]  # spare slots: dropped
         if len(rows):
             self.num_finished += len(rows)
-            ended = self.results.read(rows, buf)  # host reads first: after _write they would wait for its gather
+            ended = self._read_ended(rows)  # host reads first: after _write they would wait for its gather
             keep, first_id = self._keep_mask(rows, ended), self.next_episode_id
             kept = rows[keep]
             if len(kept):
                 self._write(kept)
-            self.results.finished(rows, keep, first_id, ended, self._seeds, self._frames_ok,
-                                  extra=[self.episode_meta[e] for e in rows])
-        self.results.start(env_idx)
+            events = self._events(rows, keep, first_id, ended)
+            for s in self.sinks:
+                s.episodes_ended(events)
+        self._zero_returns(env_idx)
         if split:
             buf.restart_from_last(env_idx)
         else:
@@ -419,6 +444,10 @@ class EpisodeRecorder:
         return self.next_episode_id - self.first_episode_id
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def video_paths(self) -> list[Path]:
         return self.videos.files if self.videos is not None else []
 
@@ -451,7 +480,7 @@ class EpisodeRecorder:
         except BaseException as e:  # noqa: BLE001 - still close the sinks, then re-raise
             errors.append(e)
         self._closed = True
-        _exit_hooks.discard(self)
+        forget_at_exit(self)
         for s in self.sinks:
             try:
                 s.close()
@@ -471,51 +500,3 @@ def _warm_yuv420p(frames: torch.Tensor) -> None:
         torch.cuda.synchronize(frames.device)
     except Exception:  # noqa: BLE001 - only a warm-up: the first gather reports any real error
         pass
-
-
-class _ExitHooks:
-    """Recorders still open when the interpreter exits (a script that never calls ``close()``): their
-    finished episodes are written before it exits, as ManiSkill's wrapper writes each one at its reset.
-    Episodes in progress are not saved (as ManiSkill, which saves them only in ``close()``)."""
-
-    def __init__(self) -> None:
-        self._open: weakref.WeakSet[EpisodeRecorder] = weakref.WeakSet()
-        self._registered = False
-
-    def add(self, rec: EpisodeRecorder) -> None:
-        self._open.add(rec)
-        if not self._registered:
-            self._registered = True
-            atexit.register(self._at_exit)
-            _terminate_like_interrupt()
-
-    def discard(self, rec: EpisodeRecorder) -> None:
-        self._open.discard(rec)
-
-    def _at_exit(self) -> None:
-        for rec in list(self._open):
-            try:
-                rec.close(flush=False)
-            except BaseException as e:  # noqa: BLE001 - report, and let the other recorders close
-                print(f"fastrecord: closing a recorder at exit failed: {type(e).__name__}: {e}", file=sys.stderr)
-
-
-_exit_hooks = _ExitHooks()
-
-
-def _terminate_like_interrupt() -> None:
-    """SIGTERM (kill, docker stop, a job scheduler) ends a Python program at once, skipping every
-    ``finally`` and exit hook: recordings in flight would be lost. Where nobody handles SIGTERM, make it
-    raise SystemExit(143) in the main thread instead, so ``with``/``finally`` blocks and the exit hook
-    close the recorders. A handler the program installed itself is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    except (ValueError, OSError):  # not the main interpreter, or signals unavailable
-        pass
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)

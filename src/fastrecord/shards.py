@@ -742,10 +742,7 @@ def record_schedule(env: Any, recorder: Any, schedule: EpisodeSchedule, act: Any
     """
     import torch
 
-    from fastrecord.envs import VectorEnvView
-
     n = schedule.num_envs
-    vector = isinstance(recorder.view, VectorEnvView)
     restart = getattr(act, "restart", None)
 
     def reset(slots: np.ndarray) -> Any:
@@ -755,12 +752,8 @@ def record_schedule(env: Any, recorder: Any, schedule: EpisodeSchedule, act: Any
             obs, _ = env.reset(seed=seeds[0])
         elif len(slots) == n:
             obs, _ = env.reset(seed=seeds)
-        elif vector:
-            mask = np.zeros(n, dtype=bool)
-            mask[slots] = True
-            obs, _ = env.reset(seed=seeds, options={"reset_mask": mask})
         else:
-            obs, _ = env.reset(seed=seeds, options={"env_idx": torch.as_tensor(slots)})
+            obs, _ = env.reset(seed=seeds, options=recorder.view.partial_reset_options(slots))
         recorder.set_episode_meta(slots, metas)
         if restart is not None:
             restart(slots, schedule.seeds[slots])
@@ -814,7 +807,7 @@ class ShardedResets:
         self.recorder.set_episode_meta(np.asarray(slots), list(metas))
 
     def before_close(self) -> None:
-        if self.recorder is not None and not self.recorder._closed:
+        if self.recorder is not None and not self.recorder.closed:
             self.recorder.set_episode_meta(np.arange(self.num_envs), [None] * self.num_envs)
 
     def after_close(self, failed: bool = False) -> None:

@@ -347,9 +347,11 @@ def _replay_forks(argv: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fastrecord.exits import install_signal_handlers
     from fastrecord.system import use_lavapipe_if_no_gpu
 
     use_lavapipe_if_no_gpu()
+    install_signal_handlers()  # SIGTERM outside a run loop: SystemExit(143), so open writers still close
     args_in = sys.argv[1:] if argv is None else argv
     if _replay_forks(args_in):
         from fastrecord.workers import start_forkserver

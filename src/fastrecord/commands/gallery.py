@@ -25,11 +25,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
+from fastrecord.sinks.video_names import parse_video_name
 
 FILTERS = ("all", "success", "failure")
-# fastrecord's per-env names; _k: a taken name got a suffix; _partK: max_steps_per_video pieces
-_FASTRECORD_NAME = re.compile(r"^(?P<episode>\d+)_env(?P<env>\d+)(?:_(?P<outcome>success|failure))?(?:_part(?P<part>\d+))?(?:_\d+)?$")
-_NUMBERED_NAME = re.compile(r"^(?P<episode>\d+)$")  # ManiSkill's RecordEpisode, and fastrecord's tiled layout
 
 
 @dataclass
@@ -79,13 +77,13 @@ def collect(root: Path, page: Path) -> list[Tile]:
         doc = meta.get(run) if run else None
         tile = Tile(video, quote(os.path.relpath(video, page.parent).replace(os.sep, "/")), "unknown", run=run,
                     env_id=((doc or {}).get("env_info") or {}).get("env_id"))
-        if m := _FASTRECORD_NAME.match(video.stem):
-            tile.episode_id, tile.env_idx = int(m["episode"]), int(m["env"])
-            tile.part = int(m["part"]) if m["part"] else None
-            if m["outcome"]:
-                tile.outcome = m["outcome"]
-        elif (m := _NUMBERED_NAME.match(video.stem)) and doc is not None:
-            tile.episode_id = int(m["episode"])
+        name = parse_video_name(video.name)
+        if name is not None and name.per_env:
+            tile.episode_id, tile.env_idx, tile.part = name.number, name.env_idx, name.part
+            if name.success is not None:
+                tile.outcome = "success" if name.success else "failure"
+        elif name is not None and doc is not None:  # ManiSkill's {k}.mp4 (and tiled videos): the JSON says
+            tile.episode_id = name.number
         if tile.outcome == "unknown" and doc is not None and tile.episode_id is not None:
             ep = next((e for e in doc["episodes"] if e.get("episode_id") == tile.episode_id), None)
             if ep is not None and "success" in ep:

@@ -1,7 +1,9 @@
 """The output seam: `Sink` (where finished episodes go) and `RunDirectory` (who owns the files).
 
-A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`) to each of its sinks.
-fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`); a user's sink is
+A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`) to each of its sinks,
+and the outcome of every finished episode, kept or not (`fastrecord.episode.EpisodeEnded`), too.
+fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `results.ResultsSink`,
+the loggers), built from the options by `fastrecord.sinks.factory.build_sinks`; a user's sink is
 passed to the wrapper as ``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new
 module in this package.
 
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastrecord.episode import EpisodeData
+from fastrecord.episode import EpisodeData, EpisodeEnded
 from fastrecord.workers import WorkerPool
 
 log = logging.getLogger("fastrecord")
@@ -49,7 +51,9 @@ class Sink:
 
     Lifecycle: ``open(run)`` once (after the run directory is claimed), ``submit(episodes)`` for each
     batch of kept episodes (on the stepping thread: return quickly or block for backpressure, never drop),
-    ``raise_if_failed()`` before each step, ``wait_until_done()``, ``close()`` (idempotent, re-raises).
+    then ``episodes_ended(ended)`` with the outcome of every episode of that batch, kept or not (the same
+    call of the recorder; optional), ``raise_if_failed()`` before each step, ``wait_until_done()``,
+    ``close()`` (idempotent, re-raises).
 
     ``wants_frames``: episodes carry ``frames`` (``[T+1, H, W, 3]`` uint8, or `Yuv420Frames` if
     ``accepts_yuv420p`` and every frame sink accepts them). ``wants_datasets``: episodes carry the
@@ -65,6 +69,10 @@ class Sink:
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
         raise NotImplementedError
+
+    def episodes_ended(self, ended: Sequence[EpisodeEnded]) -> None:
+        """Episodes ended (kept ones have an ``episode_id`` and were submitted just before); on the
+        stepping thread. The default ignores them."""
 
     def raise_if_failed(self) -> None:
         pass

@@ -3,16 +3,17 @@
 Per finished, kept episode, at step = its episode id, both log under ``TAG/`` (default ``eval/``):
 
 - ``success`` (0/1) and ``success_rate`` (running, over the episodes this sink logged) when the env
-  reports success. Only kept episodes reach a sink: with ``keep="success"`` the rate is 1; use
-  ``keep="all"`` for the policy's rate;
+  reports success. Only kept episodes are logged (they have an id): with ``keep="success"`` the rate is
+  1; use ``keep="all"`` for the policy's rate;
 - ``episode_length``;
-- ``return`` (sum of rewards) when rewards are recorded: the trajectory is saved, or ``log_return=True``;
+- ``return`` (the sum of the rewards);
 - ``video``: the episode's frames, for the 1st, (k+1)-th, (2k+1)-th ... episode this sink receives
   (``video_every=k``) until ``max_videos`` videos (None: no limit; 0: no videos, and nothing is rendered
   for the logger).
 
-Writes run on one background thread (`BackgroundSink`: the stepping thread waits only when the queue is
-full; an error reaches it as `fastrecord.WorkerError`). Files go into the run directory and are listed in
+The scalars come from the recorder's `EpisodeEnded` events (``episodes_ended``), the frames from the kept
+episodes (``submit``, just before). Writes run on one background thread (the stepping thread waits only
+when the queue is full; an error reaches it as `fastrecord.WorkerError`). Files go into the run directory and are listed in
 its manifest: TensorBoard ``output_dir/tensorboard/NAME/events.out.tfevents.*``, W&B
 ``output_dir/wandb/<its run folder>/``.
 
@@ -33,8 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from fastrecord.episode import EpisodeData
-from fastrecord.sinks.base import BackgroundSink, RunDirectory, Sink
+from collections.abc import Sequence
+
+from fastrecord.episode import EpisodeData, EpisodeEnded
+from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.workers import WorkerPool
 
 LOGGERS = ("tensorboard", "wandb")
 
@@ -62,12 +66,11 @@ def make_logger(name: str, **kwargs: Any) -> Sink:
     raise ValueError(f"log={name!r} is not a logger; use one of {', '.join(map(repr, LOGGERS))}, or None to log nothing")
 
 
-class _EpisodeLogger(BackgroundSink):
-    """Owns: the running counts (episodes, successes, videos) and the choice of the episodes whose video
-    is logged. A backend implements ``_start(run)`` (on the caller's thread, in ``open``), ``_log(step,
-    scalars, video)`` (on the writer thread) and ``_finish(failed)``."""
-
-    workers = 1  # one writer thread: episodes are logged in order (the running rate, W&B's step order)
+class _EpisodeLogger(Sink):
+    """Owns: the writer thread, the running counts (episodes, successes, videos), the choice of the
+    episodes whose video is logged and their frames until their episode's event arrives. A backend
+    implements ``_start(run)`` (on the caller's thread, in ``open``), ``_log(step, scalars, video)`` (on
+    the writer thread) and ``_finish(failed)``."""
 
     def __init__(self, tag: str, max_videos: int | None, video_every: int, fps: float | None, log_return: bool) -> None:
         if not isinstance(tag, str) or not tag.strip("/"):
@@ -82,49 +85,71 @@ class _EpisodeLogger(BackgroundSink):
         self.max_videos = max_videos
         self.video_every = video_every
         self.fps = fps
+        self.log_return = log_return  # accepted for compatibility: the return is always logged
         self.wants_frames = max_videos != 0
-        self.wants_datasets = bool(log_return)  # the rewards ride with the trajectory arrays
+        self.wants_datasets = False  # everything logged but the video comes with the EpisodeEnded events
         self.accepts_yuv420p = False  # frames arrive as [T+1, H, W, 3] RGB
-        self.episodes = 0  # episodes logged
+        self.episodes = 0  # episodes received (kept ones)
         self.successes = 0  # of those with a success flag, the successful ones
         self.judged = 0  # episodes with a success flag
-        self.videos = 0  # videos logged
+        self.videos = 0  # videos chosen for logging
+        self._frames: dict[int, np.ndarray] = {}  # episode id -> frames, from submit to episodes_ended
         self._files: list[Path] = []
+        self._pool: WorkerPool | None = None
         self._finished = False
 
     def open(self, run: RunDirectory) -> None:
-        super().open(run)  # the writer thread
+        super().open(run)
         if self.fps is None:
             self.fps = float(run.options.get("video_fps") or 30)
+        # one writer thread: episodes are logged in order (the running rate, W&B's step order)
+        self._pool = WorkerPool(self._write, num_workers=1, max_pending=2, name=f"fastrecord-{type(self).__name__}")
         try:
             self._start(run)
         except BaseException:
             self._pool.close()
             raise
 
-    def write(self, episode: EpisodeData) -> None:
-        scalars: dict[str, float] = {"episode_length": float(episode.elapsed_steps)}
-        if "success" in episode.meta:
-            ok = bool(episode.meta["success"])
-            self.judged += 1
-            self.successes += ok
-            scalars["success"] = float(ok)
-            scalars["success_rate"] = self.successes / self.judged
-        if "rewards" in episode.datasets:
-            scalars["return"] = float(np.sum(episode.datasets["rewards"], dtype=np.float64))
-        video = None
-        chosen = self.episodes % self.video_every == 0 and (self.max_videos is None or self.videos < self.max_videos)
-        if chosen and episode.frames is not None:
-            video = np.ascontiguousarray(episode.frames)
-            self.videos += 1
-        self.episodes += 1
-        self._log(episode.episode_id, {f"{self.tag}/{k}": v for k, v in scalars.items()}, video)
+    # -------------------------------------------------------------- stepping thread
+    def submit(self, episodes: Sequence[EpisodeData]) -> None:
+        if self.wants_frames:
+            self._frames.update((ep.episode_id, ep.frames) for ep in episodes if ep.frames is not None)
+
+    def episodes_ended(self, ended: Sequence[EpisodeEnded]) -> None:
+        for ev in ended:
+            if not ev.kept:
+                continue
+            frames = self._frames.pop(ev.episode_id, None)
+            chosen = self.episodes % self.video_every == 0 and (self.max_videos is None or self.videos < self.max_videos)
+            video = np.ascontiguousarray(frames) if chosen and frames is not None else None
+            self.videos += video is not None
+            self.episodes += 1
+            scalars: dict[str, float] = {"episode_length": float(ev.length)}
+            if ev.success is not None:
+                self.judged += 1
+                self.successes += ev.success
+                scalars["success"] = float(ev.success)
+                scalars["success_rate"] = self.successes / self.judged
+            scalars["return"] = float(ev.episode_return)
+            self._pool.submit((ev.episode_id, {f"{self.tag}/{k}": v for k, v in scalars.items()}, video))
+        self._frames.clear()
+
+    def raise_if_failed(self) -> None:
+        self._pool.raise_if_failed()
+
+    def wait_until_done(self) -> None:
+        self._pool.wait_until_done()
+
+    # -------------------------------------------------------------- writer thread
+    def _write(self, job: tuple[int, dict[str, float], np.ndarray | None]) -> None:
+        self._log(*job)
 
     def close(self) -> None:
         """Drain the queue, then close the logger (also after a failure). Idempotent; re-raises."""
         failed = False
         try:
-            super().close()
+            if self._pool is not None:
+                self._pool.close()
         except BaseException:
             failed = True
             raise
@@ -161,7 +186,7 @@ class TensorBoardSink(_EpisodeLogger):
         max_videos: videos logged at most (None: no limit; 0: none). Videos are large.
         video_every: log the video of every k-th episode this sink receives (1: each, up to max_videos).
         fps: frames per second of the videos; None: the recorder's ``video_fps``.
-        log_return: record rewards even when no trajectory is saved, to log ``return``.
+        log_return: accepted for compatibility; the return is always logged.
         flush_secs: how often the writer flushes its event file.
 
     ``RecordEpisode(env, "out", sinks=[TensorBoardSink()])``; then ``tensorboard --logdir out/tensorboard``.

@@ -7,7 +7,8 @@ pieces of M steps (M + 1 frames: each piece starts with the last frame of the on
 of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
 
 A finished video appears atomically and never replaces an existing file (a taken name gets ``_1``,
-``_2``, ...). Each file is recorded in the run manifest as it lands.
+``_2``, ...). Each file is recorded in the run manifest as it lands. The naming rule is
+`fastrecord.sinks.video_names`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from fastrecord.episode import EpisodeData
 from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.sinks.video_names import tiled_video_name, video_name
 from fastrecord.video import VideoSettings, encode_mp4
 from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
 from fastrecord.workers import WorkerPool
@@ -28,7 +30,7 @@ from fastrecord.workers import WorkerPool
 
 class Mp4Sink(Sink):
     """Owns: the encode queue and its worker threads (each drives one encoder process at a time), the
-    video names, and the list of videos written."""
+    video names (which episode went into which video), and the list of videos written."""
 
     wants_frames = True
     wants_datasets = False
@@ -44,7 +46,8 @@ class Mp4Sink(Sink):
         self.accepts_yuv420p = layout == "per_env" and not info_on_video  # frames converted on the GPU
         self._font = maniskill_font() if info_on_video else None
         self._paths: list[Path] = []
-        self._written: dict[str, Path] = {}  # a video's intended stem -> the file written (its first piece)
+        self._written: dict[str, Path] = {}  # a video's intended name -> the file written (first pieces only)
+        self._names: dict[int, str] = {}  # episode id -> the intended name of its (first) video, until taken
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
 
@@ -71,13 +74,14 @@ class Mp4Sink(Sink):
             return
         if self.layout == "per_env":
             for ep in ready:
-                tag = "" if "success" not in ep.meta else ("_success" if ep.meta["success"] else "_failure")
+                success = bool(ep.meta["success"]) if "success" in ep.meta else None
                 pieces = self._pieces(len(ep.frames))
-                base = f"{ep.episode_id}_env{ep.env_idx}{tag}"
                 for k, (lo, hi) in enumerate(pieces):
-                    stem = base + (f"_part{k}" if len(pieces) > 1 else "")
+                    name = video_name(ep.episode_id, ep.env_idx, success, k if len(pieces) > 1 else None)
+                    if k == 0:
+                        self._names[ep.episode_id] = name
                     overlay = ep.overlay[lo:hi] if ep.overlay else None
-                    self._pool.submit((self.run.output_dir / f"{stem}.mp4", ep.frames[lo:hi], overlay, base if k == 0 else None))
+                    self._pool.submit((self.run.output_dir / name, ep.frames[lo:hi], overlay, k == 0))
             return
         from mani_skill.utils.visualization.misc import tile_images
 
@@ -86,11 +90,13 @@ class Mp4Sink(Sink):
         if any(ep.overlay for ep in ready):
             padded = [draw_overlay(f, ep.overlay, font=self._font) if ep.overlay else f for f, ep in zip(padded, ready)]
         tiled = tile_images(padded, nrows=int(np.sqrt(self.num_envs)))
-        for lo, hi in self._pieces(length):
-            path = self.run.output_dir / f"{self._video_id}.mp4"
+        for k, (lo, hi) in enumerate(self._pieces(length)):
+            path = self.run.output_dir / tiled_video_name(self._video_id)
+            if k == 0:
+                self._names.update((ep.episode_id, path.name) for ep in ready)
             self._video_id += 1
             self.run.set_counter("next_video_id", self._video_id)
-            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None, path.stem))
+            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None, True))
 
     def _pieces(self, frames: int) -> list[tuple[int, int]]:
         """Frame ranges of the videos of an episode with ``frames`` frames (ManiSkill's splitting)."""
@@ -101,24 +107,28 @@ class Mp4Sink(Sink):
         return [(lo, hi) for lo, hi in out if hi - lo > 1]
 
     # -------------------------------------------------------------- encoder threads
-    def _encode(self, job: tuple[Path, np.ndarray, list | None, str | None]) -> None:
-        path, frames, overlay, key = job
+    def _encode(self, job: tuple[Path, np.ndarray, list | None, bool]) -> None:
+        path, frames, overlay, first = job
         if overlay is not None and not isinstance(overlay, Overlay):  # per-frame dicts from a sink's caller
             frames, overlay = draw_overlay(frames, overlay, font=self._font), None
         # an Overlay is drawn where the video is encoded (an encoder process): not in this process
         written = Path(encode_mp4(path, frames, self.settings, overlay=overlay or None) or path)
         with self._lock:
             self._paths.append(written)
-            if key is not None:
-                self._written[key] = written
+            if first:
+                self._written[path.name] = written
         self.run.add_file(written)
 
-    def written(self, stem: str) -> Path | None:
-        """The file written for the video meant to be ``stem.mp4`` (per-env: ``{id}_env{e}{tag}``, its first
-        piece when split; tiled: ``{video_id}``), which may carry ``_1`` if the name was taken; None
-        while it is not on disk."""
+    def take_video_name(self, episode_id: int) -> str | None:
+        """The intended name of the video (its first piece when split; the tiled video it is in) that
+        ``submit`` queued for episode ``episode_id``, once (None: it had no frames)."""
+        return self._names.pop(episode_id, None)
+
+    def written(self, name: str) -> Path | None:
+        """The file written for the video meant to be ``name`` (a first piece), which may carry ``_1`` if
+        the name was taken; None while it is not on disk."""
         with self._lock:
-            return self._written.get(stem)
+            return self._written.get(name)
 
     def raise_if_failed(self) -> None:
         self._pool.raise_if_failed()

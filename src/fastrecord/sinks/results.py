@@ -10,7 +10,9 @@ when it keeps no trajectory and only some videos: an evaluation wants its failur
 ``success`` is the flag at the last step (null if the env reports none), ``success_once`` at any step;
 ``terminated``/``truncated`` are the last step's flags (both false: the episode was ended from outside,
 e.g. in progress at ``close()``); ``return`` is the sum of the rewards; ``video`` is the path relative to
-the output folder (the first piece with ``max_steps_per_video``; null: no video).
+the output folder (the first piece with ``max_steps_per_video``; null: no video). The file is strict
+JSON: a NaN or infinite value (a ``return`` of NaN rewards) is written as null, and the row then has
+``"non_finite": ["return"]`` naming the fields.
 
 Rows are appended in the order episodes finish, each flushed at once, so a crash keeps the rows so far;
 a kept episode's row is written when its video is on disk (its actual name: a taken name gets ``_1``).
@@ -26,137 +28,71 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from fastrecord.episode import EpisodeData
+from fastrecord.episode import EpisodeData, EpisodeEnded
 from fastrecord.sinks.base import RunDirectory, Sink
+
+if TYPE_CHECKING:
+    from fastrecord.sinks.mp4 import Mp4Sink
 
 RESULTS_SUFFIX = ".results.jsonl"
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval
 
 
 class ResultsSink(Sink):
-    """Owns: ``NAME.results.jsonl`` (append-only), the running return of every env, the rows of this run
-    (`rows`) and the queue of rows waiting for their video.
+    """Owns: ``NAME.results.jsonl`` (append-only), the rows of this run (`rows`) and the queue of rows
+    waiting for their video.
 
-    The recorder calls `start` when envs begin episodes, `step` with every step's rewards and `finished`
-    for every episode that ends (kept or not); kept episodes reach it through ``submit`` like any sink
-    (it needs nothing from them). It is the recorder's last sink, so the videos are done before its own
-    ``wait_until_done``/``close`` write the last rows.
+    A row is made from every `EpisodeEnded` (``episodes_ended``: kept or not); a kept episode's ``video``
+    is the file the video sink (``videos``, an `Mp4Sink`, or None) wrote for it. It is the recorder's
+    last sink, so the videos are done before its own ``wait_until_done``/``close`` write the last rows.
     """
 
     wants_frames = False
     wants_datasets = False
 
-    def __init__(self, videos: Any = None) -> None:
-        self.videos = videos  # the recorder's Mp4Sink, or None
+    def __init__(self, videos: Mp4Sink | None = None) -> None:
+        self.videos = videos
         self.rows: list[dict[str, Any]] = []  # every row of this run, in finish order (written or waiting)
         self.path: Path | None = None
         self._file: Any = None
-        self._waiting: deque[tuple[dict[str, Any], str | None]] = deque()  # (row, video stem it waits for)
-        self._returns: torch.Tensor | None = None
-        self._video_id = 0
+        self._waiting: deque[tuple[dict[str, Any], str | None]] = deque()  # (row, video name it waits for)
 
     def open(self, run: RunDirectory) -> None:
         super().open(run)
         self.path = run.path(RESULTS_SUFFIX)
         self._file = open(self.path, "a", encoding="utf-8")  # resume: rows go on after the earlier run's
         run.add_file(self.path)
-        self._video_id = run.counters.get("next_video_id", 0)
-
-    # -------------------------------------------------------------- stepping thread (recorder hooks)
-    def start(self, env_idx: np.ndarray) -> None:
-        """Episodes of ``env_idx`` begin: their returns start at 0."""
-        if self._returns is not None:
-            self._returns[torch.as_tensor(np.asarray(env_idx), device=self._returns.device)] = 0
-
-    def step(self, rew: torch.Tensor, restart: np.ndarray | None) -> None:
-        """Add a step's rewards ``[N]`` (``restart`` envs were auto-reset instead: theirs start at 0)."""
-        rew = torch.as_tensor(rew).reshape(-1)
-        if self._returns is None:
-            self._returns = torch.zeros(rew.shape[0], dtype=torch.float64, device=rew.device)
-        self._returns += rew.to(self._returns.device, torch.float64)
-        if restart is not None and restart.any():
-            self._returns[torch.as_tensor(np.flatnonzero(restart), device=self._returns.device)] = 0
-
-    def read(self, rows: np.ndarray, buffer: Any) -> dict[str, Any]:
-        """What the rows of the episodes of ``rows`` need from the recorder's ``buffer``, on the host.
-
-        The recorder calls this before it queues the episodes' frames: the reads wait for the device
-        work queued so far, which must not yet include the (large) gather of the frames."""
-        lengths = buffer.cursor[rows].copy()
-        extra = {} if self._returns is None else {"returns": self._returns[torch.as_tensor(rows, device=self._returns.device)]}
-        # one transfer for every flag the rows and the keep filter need (each read used to wait on its own sync)
-        got = buffer.read_rows(rows, last=["success", "terminated", "truncated", "fail"], whole=["success"], extra=extra)
-        last = {n: got[n] for n in ("success", "terminated", "truncated", "fail") if n in got}
-        once = None
-        if "whole/success" in got:
-            flags = np.asarray(got["whole/success"]).reshape(len(rows), -1).astype(bool)
-            steps = np.arange(flags.shape[1])
-            once = (flags & (steps[None] >= 1) & (steps[None] <= lengths[:, None])).any(axis=1)
-        returns = got["returns"] if "returns" in got else np.zeros(len(rows))
-        return dict(lengths=lengths, last=last, once=once, returns=returns)
-
-    def finished(self, rows: np.ndarray, kept: np.ndarray, first_id: int, ended: dict[str, Any], seeds: np.ndarray,
-                 frames_ok: np.ndarray, extra: Sequence[dict[str, Any] | None] | None = None) -> None:
-        """Episodes of ``rows`` ended (``kept`` mask; kept ones got ids ``first_id, first_id + 1, ...``);
-        ``ended`` is what `read` took from the buffer before the episodes were queued. ``extra``: more
-        fields per row (a sharded run's ``global_index``/``source_rank``)."""
-        lengths, last, once, returns = ended["lengths"], ended["last"], ended["once"], ended["returns"]
-        tiled_video = None
-        if self.videos is not None and self.videos.layout != "per_env":
-            now = self.run.counters.get("next_video_id", 0)
-            tiled_video = str(self._video_id) if now > self._video_id else None  # this batch's tiled video
-            self._video_id = now
-        ids = iter(range(first_id, first_id + int(kept.sum())))
-
-        def flag(name: str, i: int) -> bool | None:
-            return bool(np.asarray(last[name]).reshape(len(rows))[i]) if name in last else None
-
-        for i, e in enumerate(rows.tolist()):
-            episode_id = next(ids) if kept[i] else None
-            success = flag("success", i)
-            row = dict(episode_id=episode_id, env_idx=int(e), seed=int(seeds[e]), success=success,
-                       success_once=None if once is None else bool(once[i]), terminated=flag("terminated", i),
-                       truncated=flag("truncated", i), length=int(lengths[i]), **{"return": float(returns[i])},
-                       video=None)
-            if extra is not None and extra[i]:
-                row.update(extra[i])
-            stem = None
-            if episode_id is not None and self.videos is not None and frames_ok[e]:
-                if tiled_video is not None:
-                    stem = tiled_video
-                elif self.videos.layout == "per_env":
-                    tag = "" if success is None else ("_success" if success else "_failure")
-                    stem = f"{episode_id}_env{e}{tag}"
-            self.rows.append(row)
-            self._waiting.append((row, stem))
-        self._drain()
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
-        pass  # rows come from `finished`, which sees the episodes that are not kept too
+        pass  # rows come from `episodes_ended`, which sees the episodes that are not kept too
+
+    def episodes_ended(self, ended: Sequence[EpisodeEnded]) -> None:
+        for ev in ended:
+            row = results_row(ev)
+            video = None
+            if ev.kept and self.videos is not None:
+                video = self.videos.take_video_name(ev.episode_id)
+            self.rows.append(row)
+            self._waiting.append((row, video))
+        self._drain()
 
     # -------------------------------------------------------------- writing
-    def _video_name(self, stem: str) -> str | None:
-        """The name of the file written for the video meant to be ``stem.mp4``; None while not on disk."""
-        path = self.videos.written(stem)
-        return path.name if path is not None else None
-
     def _drain(self, final: bool = False) -> None:
         """Write the rows whose video is on disk (all of them when ``final``), in finish order."""
         wrote = False
         while self._waiting:
-            row, stem = self._waiting[0]
-            if stem is not None:
-                name = self._video_name(stem)
-                if name is None and not final:
+            row, video = self._waiting[0]
+            if video is not None:
+                path = self.videos.written(video)
+                if path is None and not final:
                     break
-                row["video"] = name
+                row["video"] = None if path is None else path.name
             self._waiting.popleft()
-            self._file.write(json.dumps(row) + "\n")
+            self._file.write(json.dumps(row, allow_nan=False) + "\n")
             wrote = True
         if wrote:
             self._file.flush()
@@ -174,6 +110,37 @@ class ResultsSink(Sink):
         if self._file is not None and not self._file.closed:
             self._drain(final=True)
             self._file.close()
+
+
+def results_row(ev: EpisodeEnded) -> dict[str, Any]:
+    """The results row of a finished episode (``video`` still None), strict JSON (`finite_row`)."""
+    row = dict(episode_id=ev.episode_id, env_idx=ev.env_idx, seed=ev.seed, success=ev.success,
+               success_once=ev.success_once, terminated=ev.terminated, truncated=ev.truncated, length=ev.length,
+               **{"return": float(ev.episode_return)}, video=None)
+    row.update(ev.meta)
+    return finite_row(row)
+
+
+def finite_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with every NaN or infinite number (also inside lists and mappings) replaced by null, and, if
+    there were any, ``"non_finite": [the keys that held them]``: JSON has no NaN, and strict parsers
+    (``jq``, JavaScript, ``json.loads(..., parse_constant=...)``) refuse it."""
+    bad: list[str] = []
+
+    def clean(value: Any, key: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(key)
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, key) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, key) for v in value]
+        return value
+
+    out = {k: clean(v, k) for k, v in row.items()}
+    if bad:
+        out["non_finite"] = sorted(set(bad))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -205,18 +172,21 @@ class ResultsSummary:
     successes: int | None  # rows with success at the last step (None: the env reports no success)
     success_once: int | None  # rows with success at any step
     mean_length: float
-    mean_return: float
+    mean_return: float  # over the rows with a finite return (NaN: none has one)
+    non_finite_returns: int = 0  # rows whose return was NaN or infinite (null in the file)
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> ResultsSummary:
     n = len(rows)
+    finite = [r["return"] for r in rows if r.get("return") is not None]
     has = n > 0 and all(r.get("success") is not None for r in rows)
     return ResultsSummary(
         episodes=n,
         successes=sum(bool(r["success"]) for r in rows) if has else None,
         success_once=sum(bool(r.get("success_once")) for r in rows) if has else None,
         mean_length=float(np.mean([r["length"] for r in rows])) if n else 0.0,
-        mean_return=float(np.mean([r["return"] for r in rows])) if n else 0.0,
+        mean_return=(float(np.mean(finite)) if finite else float("nan")) if n else 0.0,
+        non_finite_returns=n - len(finite),
     )
 
 
@@ -234,7 +204,8 @@ def summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     else:
         rates = f"{rate_text('success', s.successes, s.episodes)}, {rate_text('success_once', s.success_once, s.episodes)}"
     return [f"results of {s.episodes} episode{'s' if s.episodes != 1 else ''}: {rates}",
-            f"mean length {s.mean_length:.1f} steps, mean return {s.mean_return:.3f}"]
+            f"mean length {s.mean_length:.1f} steps, mean return {s.mean_return:.3f}"
+            + (f" ({s.non_finite_returns} non-finite, left out)" if s.non_finite_returns else "")]
 
 
 def results_of(env: Any) -> ResultsSink:

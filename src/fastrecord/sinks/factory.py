@@ -1,0 +1,65 @@
+"""`build_sinks`: the sinks a recorder writes to, made from its `RecordOptions`.
+
+fastrecord's own outputs come from the options (``save_trajectory``: `ManiSkillH5Sink`, ``save_video``:
+`Mp4Sink`), the user's sinks follow, and `ResultsSink` is always last: it names the videos the sinks
+before it wrote. A new built-in output format is a new sink module plus one branch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastrecord.sinks.base import Sink
+
+if TYPE_CHECKING:
+    from fastrecord.envs import EnvView
+    from fastrecord.options import RecordOptions
+    from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
+    from fastrecord.sinks.mp4 import Mp4Sink
+    from fastrecord.sinks.results import ResultsSink
+
+
+@dataclass
+class RecorderSinks:
+    """The sinks of one recorder: fastrecord's own by role, and all of them in the order they receive
+    episodes (`all`)."""
+
+    trajectory: ManiSkillH5Sink | None  # NAME.h5 + NAME.json (save_trajectory)
+    videos: Mp4Sink | None  # the MP4s (save_video)
+    results: ResultsSink  # NAME.results.jsonl: every finished episode, kept or not
+    all: list[Sink]  # trajectory, videos, the user's sinks, results (last)
+
+
+def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = ()) -> RecorderSinks:
+    """The sinks of a recorder of ``view``'s env with ``options``, then ``extra`` (the user's `Sink`
+    instances). Every check that can fail runs here, before the run directory touches the disk."""
+    for s in extra:
+        if not isinstance(s, Sink):
+            raise ValueError(f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink (subclass it and implement submit)")
+    from fastrecord.sinks.results import ResultsSink
+
+    trajectory = videos = None
+    if options.save_trajectory:
+        from mani_skill import get_commit_info
+
+        from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
+
+        header: dict[str, Any] = dict(env_info=view.env_info(), commit_info=get_commit_info())
+        if options.source_type is not None:
+            header["source_type"] = options.source_type
+        if options.source_desc is not None:
+            header["source_desc"] = options.source_desc
+        trajectory = ManiSkillH5Sink(header, writers=options.trajectory_writers, compression=options.trajectory_compression)
+    if options.save_video:
+        from fastrecord.sinks.mp4 import Mp4Sink
+        from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
+
+        settings = check_video_settings(VideoSettings(codec=resolve_codec(options.video_codec), crf=int(options.video_crf),
+                                                      preset=options.video_preset, fps=options.video_fps))
+        videos = Mp4Sink(settings, layout=options.video_layout, num_envs=view.num_envs, workers=options.video_workers,
+                         max_steps_per_video=options.max_steps_per_video, info_on_video=options.info_on_video)
+    results = ResultsSink(videos)
+    own = [s for s in (trajectory, videos) if s is not None]
+    return RecorderSinks(trajectory, videos, results, [*own, *extra, results])
