@@ -82,8 +82,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-backend", help="physx_cpu | physx_cuda (default: the file's, CPU where CUDA is absent)")
     p.add_argument("--render-backend", help="auto | cpu | gpu")
     p.add_argument("--obs-mode", help="observation mode of the new trajectory, e.g. rgb, rgbd, pointcloud")
-    p.add_argument("--no-video", dest="save_video", action="store_const", const=False, help="write no MP4s (default: MP4s are written)")
-    p.add_argument("--no-trajectory", dest="save_trajectory", action="store_const", const=False, help="write no .h5/.json (default: they are written)")
+    p.add_argument("--no-video", dest="save_video", action="store_const", const=False, help="write no MP4s")
+    p.add_argument("--no-trajectory", dest="save_trajectory", action="store_const", const=False, help="write no .h5/.json")
     p.add_argument("--video-source", help="render (human camera, default) or sensor:<camera>")
     p.add_argument("--width", type=int, help="video camera width")
     p.add_argument("--height", type=int, help="video camera height")
@@ -100,7 +100,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
                         f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
                         f"on a GPU, one per env rendering on the CPU; else 1)")
-    p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar (default: a progress bar is shown)")
+    p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
                         "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
