@@ -196,7 +196,8 @@ def test_info_overlay_is_readable_at_128(make_env, tmp_path):
 
 def test_version_and_help_start_without_torch():
     """The parser configures only the subcommand asked for: ``--version``, the top-level help and a
-    subcommand's one-line list import neither torch nor ManiSkill."""
+    subcommand's one-line list import neither torch nor ManiSkill; nor does ``replay --help`` (its parser
+    and ReplayConfig's defaults come from modules that do not), whose text names no internal function."""
     code = ("import sys\n"
             "from fastrecord.commands.cli import main\n"
             "try:\n"
@@ -204,9 +205,13 @@ def test_version_and_help_start_without_torch():
             "except SystemExit:\n"
             "    pass\n"
             "print('HEAVY', sorted({'torch', 'mani_skill'} & set(sys.modules)))\n")
-    for argv in (["--version"], ["--help"]):
+    out = {}
+    for argv in (["--version"], ["--help"], ["replay", "--help"]):
         r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         assert r.returncode == 0, r.stderr[-2000:]
         assert "HEAVY []" in r.stdout, (argv, r.stdout[-500:])
-    assert "replay" in r.stdout and "run a policy in N envs" in r.stdout  # every subcommand listed
+        out[argv[0]] = r.stdout
+    assert "replay" in out["--help"] and "run a policy in N envs" in out["--help"]  # every subcommand listed
+    assert "--workers WORKERS" in out["replay"] and "default_workers" not in out["replay"]
+

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import CAMERA, leaves
-from fastrecord.commands.replay import ReplayConfig, run_replay
+from fastrecord.replay import ReplayConfig, run_replay
 from fastrecord.sinks.results import read_results
 from fastrecord.video import decode_mp4
 
@@ -167,16 +167,16 @@ def test_rgb_rerecording_holds_the_images_the_env_renders(fastrecord_file, tmp_p
     process: their renders are submitted together (`ReplayStates.prepare`) and read after."""
     import mani_skill.envs  # noqa: F401
 
-    from fastrecord.commands import replay as replay_mod
+    from fastrecord.replay import envs as replay_envs
 
     observed = []
-    rendered_before = replay_mod._rendered
+    rendered_before = replay_envs._rendered
 
     def counting(base):
         observed.append(base)
         return rendered_before(base)
 
-    monkeypatch.setattr(replay_mod, "_rendered", counting)
+    monkeypatch.setattr(replay_envs, "_rendered", counting)
     sensors = dict(width=48, height=48)
     s, new_h5, meta = replay(fastrecord_file, tmp_path, obs_mode="rgb", num_envs=2, count=3,
                              video_source="sensor:base_camera", env_kwargs=dict(sensor_configs=sensors))
@@ -219,10 +219,29 @@ def test_keep_success_and_batched_env_path(fastrecord_file, tmp_path):
 # ---------------------------------------------------------------------------------------------- errors
 def test_output_is_never_overwritten_without_asking(fastrecord_file, tmp_path):
     replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False)
-    with pytest.raises(ValueError, match=r"already holds .*demo\.state\.pd_ee_delta_pos\.physx_cpu\.h5.*--overwrite"):
+    with pytest.raises(ValueError, match=r"already holds .*demo\.state\.pd_ee_delta_pos\.physx_cpu\.h5.*--resume.*--overwrite") as e:
         replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False)
+    assert "if-exists" not in str(e.value) and "if_exists" not in str(e.value)  # replay has no such option
     s, _, meta = replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False, overwrite=True)
     assert s.episodes == 1 and len(meta["episodes"]) == 1
+
+
+def test_replay_trajectories_from_python(fastrecord_file, tmp_path):
+    """``fastrecord.replay_trajectories``: the replay as a function, its options checked once, before any file."""
+    import fastrecord
+
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['obs'\]; the options are ReplayConfig's fields: .*obs_mode"):
+        fastrecord.replay_trajectories(fastrecord_file, tmp_path / "bad", obs=1)
+    with pytest.raises(ValueError, match="vector='nope'"):
+        fastrecord.replay_trajectories(fastrecord_file, tmp_path / "bad", vector="nope")
+    assert not (tmp_path / "bad").exists()
+    s = fastrecord.replay_trajectories(fastrecord_file, tmp_path / "out", count=2, num_envs=1, vector="sync",
+                                       save_video=False, progress=False)
+    assert isinstance(s, fastrecord.ReplaySummary)
+    assert (s.episodes, s.kept, s.successes, s.diverged) == (2, 2, 1, [])
+    new_h5 = tmp_path / "out" / "demo.state.pd_ee_delta_pos.physx_cpu.h5"
+    assert s.files[:2] == [new_h5, new_h5.with_suffix(".json")]
+    assert_same_episodes(fastrecord_file, new_h5, json.loads(new_h5.with_suffix(".json").read_text()), state_atol=1e-6)
 
 
 def test_refuses_to_write_over_its_input(fastrecord_file, tmp_path):

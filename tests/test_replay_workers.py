@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import CAMERA, leaves
-from fastrecord.commands.replay import ReplayConfig, ReplayWorkerError, default_workers, run_replay
+from fastrecord.replay import ReplayConfig, ReplayWorkerError, default_workers, run_replay
 
 ENV_ID = "PickCube-v1"
 SENSORS = dict(sensor_configs=dict(width=32, height=32))
@@ -104,7 +104,7 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
     assert "Replayed 3 episodes" in r.stdout
 
     # the finished replay again: refused without --overwrite; --resume finds nothing to do (no worker is started)
-    with pytest.raises(ValueError, match=r"already holds a run named .*--overwrite replaces that replay's files"):
+    with pytest.raises(ValueError, match=r"already holds a run named .*--resume .*--overwrite \(overwrite=True\) deletes it first"):
         replay(demo, tmp_path / "two", workers=2, num_envs=2)
     s3, _, meta3 = replay(demo, tmp_path / "two", workers=2, num_envs=2, resume=True)
     assert (s3.episodes, s3.skipped, s3.missing) == (0, 5, []) and meta3["episodes"] == meta2["episodes"]
@@ -223,16 +223,15 @@ def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
 
 
 def test_default_workers(monkeypatch):
-    cfg = ReplayConfig(traj_path="x.h5")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert default_workers(cfg, 96, gpu_sim=False) == 1  # a small machine: one process
+    assert default_workers(None, 96, gpu_sim=False) == 1  # a small machine: one process
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert default_workers(cfg, 96, gpu_sim=False) == 16  # rendering on the CPU: one worker per env, one env per core
-    assert default_workers(cfg, 5, gpu_sim=False) == 5  # at most one per episode
-    assert default_workers(ReplayConfig(traj_path="x.h5", num_envs=4), 96, gpu_sim=False) == 4
-    assert default_workers(cfg, 96, gpu_sim=False, gpu_render=True) == 4  # on a GPU: 4 envs a worker
-    assert default_workers(ReplayConfig(traj_path="x.h5", num_envs=6), 96, gpu_sim=False, gpu_render=True) == 2
-    assert default_workers(cfg, 96, gpu_sim=True) == 1  # one batched GPU env holds every env
+    assert default_workers(None, 96, gpu_sim=False) == 16  # rendering on the CPU: one worker per env, one env per core
+    assert default_workers(None, 5, gpu_sim=False) == 5  # at most one per episode
+    assert default_workers(4, 96, gpu_sim=False) == 4
+    assert default_workers(None, 96, gpu_sim=False, gpu_render=True) == 4  # on a GPU: 4 envs a worker
+    assert default_workers(6, 96, gpu_sim=False, gpu_render=True) == 2
+    assert default_workers(None, 96, gpu_sim=True) == 1  # one batched GPU env holds every env
 
 
 def test_torchrun_ranks_replay_their_shares(demo, tmp_path):

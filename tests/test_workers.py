@@ -131,7 +131,8 @@ def test_forkserver_preloads_maniskill_once(tmp_path):
     script.write_text(
         "import sys\n"
         "def probe():\n"
-        "    return sorted(m for m in ('mani_skill', 'torch', 'fastrecord.commands.replay') if m in sys.modules)\n"
+        "    return sorted(m for m in ('mani_skill', 'torch', 'fastrecord.replay.envs', 'fastrecord.replay.workers')\n"
+        "                  if m in sys.modules)\n"
         "if __name__ == '__main__':\n"
         "    from fastrecord.workers import forkserver_context\n"
         "    ctx = forkserver_context()\n"
@@ -142,7 +143,7 @@ def test_forkserver_preloads_maniskill_once(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                        env={**__import__("os").environ, "PYTHONPATH": src})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "['fastrecord.commands.replay', 'mani_skill', 'torch']"
+    assert r.stdout.strip() == "['fastrecord.replay.envs', 'fastrecord.replay.workers', 'mani_skill', 'torch']"
 
 
 def test_processes_of_ours_freeze_their_imports(tmp_path):
@@ -154,9 +155,9 @@ def test_processes_of_ours_freeze_their_imports(tmp_path):
     from pathlib import Path
 
     code = ("import gc\n"
-            "from fastrecord.commands.replay import _in_worker\n"
+            "from fastrecord.replay.envs import in_worker\n"
             "before = gc.get_freeze_count()\n"
-            "after = _in_worker(gc.get_freeze_count)\n"
+            "after = in_worker(gc.get_freeze_count)\n"
             "print(before, after > 10000)\n")
     src = str(Path(__file__).parents[1] / "src")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

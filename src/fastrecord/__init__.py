@@ -6,6 +6,9 @@
 The names below are imported on first use (PEP 562), so ``import fastrecord`` and the ``fastrecord``
 command start without torch and ManiSkill: the CLI's ``--help`` and ``--version`` answer at once, and
 ``fastrecord replay --workers N`` starts its worker processes' imports while its own are still running.
+
+    from fastrecord import replay_trajectories   # the replay as a function (package: fastrecord.replay)
+    summary = replay_trajectories("videos/trajectory.h5", obs_mode="rgb", save_video=False)
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ _EXPORTS = {
     "BufferTooLargeError": "fastrecord.buffer",
     "WorkerError": "fastrecord.workers",
     "install_signal_handlers": "fastrecord.exits",
+    "replay_trajectories": "fastrecord.replay",
+    "ReplayConfig": "fastrecord.replay",
+    "ReplaySummary": "fastrecord.replay",
 }
 __all__ = list(_EXPORTS)
 
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
     from fastrecord.make_env import make_eval_envs
     from fastrecord.options import RecordOptions
     from fastrecord.record import RecordEpisode, RecordVectorEpisode
+    from fastrecord.replay import ReplayConfig, ReplaySummary, replay_trajectories
     from fastrecord.sinks import BackgroundSink, OutputExistsError, Sink
     from fastrecord.workers import WorkerError
 

@@ -131,15 +131,9 @@ class WorkerPool:
 # about 5 s each, longer when 16 start together), and nothing of the caller (CUDA, threads, open files)
 # is copied, as with spawn. "__main__" is multiprocessing's own default: a user script's guarded main module,
 # so that wrappers or tasks defined there unpickle in the children.
-FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.commands.replay")
-
-
-# The layout of a replay of CPU-simulated envs (`fastrecord.commands.replay.default_workers`; here for the
-# CLI's early guess, which must not import torch): from MANY_CORES cores on, several worker processes by
-# default; a worker holds up to ENVS_PER_WORKER envs in its own process (their renders submitted together),
-# more go to sub-processes of one env each
-MANY_CORES = 8
-ENVS_PER_WORKER = 4
+# "fastrecord.replay.workers" is the replay library's process code (worker processes), and with it its env
+# code (`fastrecord.replay.envs`: a CPU vector env's sub-envs).
+FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.replay.workers")
 
 
 def forkserver_context() -> Any:

@@ -326,10 +326,10 @@ def _replay_forks(argv: list[str]) -> bool:
     (``--workers N``, N > 1; by default on machines of `MANY_CORES` cores) or the sub-envs of a CPU vector
     env (``--vector async``, or more than `ENVS_PER_WORKER` envs in one process; ``--num-envs`` is by
     default one per core), not the one batched env of GPU simulation. A cheap guess from the command line
-    only (`fastrecord.commands.replay` decides): a wrong guess costs an idle server process, or a later start."""
-    from fastrecord.workers import ENVS_PER_WORKER, MANY_CORES
+    only (`fastrecord.replay.plan` decides): a wrong guess costs an idle server process, or a later start."""
+    from fastrecord.replay.layout import ENVS_PER_WORKER, MANY_CORES
 
-    if not argv or argv[0] != "replay":
+    if not argv or argv[0] != "replay" or "-h" in argv or "--help" in argv:
         return False
     workers, envs, vector = _flag(argv, "--workers"), _flag(argv, "--num-envs", "-n"), _flag(argv, "--vector")
     if workers is not None and workers.isdigit() and int(workers) > 1:

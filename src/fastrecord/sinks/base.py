@@ -42,7 +42,15 @@ MANIFEST_SUFFIX = ".fastrecord.json"
 
 
 class OutputExistsError(ValueError):
-    """The output directory already holds a run of this name (or another recorder is writing it)."""
+    """The output directory already holds a run of this name (or another recorder is writing it).
+
+    ``found``: what the earlier run left, without the message's advice (its ``if_exists=...`` choices), for
+    callers whose own options choose differently (``fastrecord replay``: resume, overwrite); None where
+    the advice is not about ``if_exists`` (another recorder holds the name)."""
+
+    def __init__(self, message: str, found: str | None = None) -> None:
+        super().__init__(message)
+        self.found = found
 
 
 # ---------------------------------------------------------------------------------------------- sinks
@@ -236,7 +244,11 @@ class RunDirectory:
         self.previous = read_manifest(self.manifest_path)
         if self.if_exists == "error":
             self._release()
-            raise OutputExistsError(self._exists_message(existing))
+            found = self._exists_message(existing)
+            raise OutputExistsError(
+                f"{found} Choose: if_exists='resume' (CLI: --if-exists resume) keeps it and adds episodes after it; "
+                f"if_exists='overwrite' (--if-exists overwrite) deletes it first; or pass another trajectory_name "
+                f"or output_dir.", found=found)
         if self.if_exists == "overwrite":
             for p in existing:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -251,6 +263,7 @@ class RunDirectory:
         return True
 
     def _exists_message(self, existing: list[Path]) -> str:
+        """What the earlier run of this name left, in one sentence or two (no advice)."""
         what = ", ".join(p.name + ("/" if p.is_dir() else "") for p in existing[:6])
         if len(existing) > 6:
             what += f" and {len(existing) - 6} more"
@@ -263,12 +276,7 @@ class RunDirectory:
                 pass
         status = self.previous.get("status")
         left = " It was left by a run that did not close (crash or kill)." if status == "recording" else ""
-        return (
-            f"{str(self.output_dir)!r} already holds a run named {self.name!r}{episodes}: {what}.{left} Choose: "
-            f"if_exists='resume' (CLI: --if-exists resume) keeps it and adds episodes after it; "
-            f"if_exists='overwrite' (--if-exists overwrite) deletes it first; or pass another trajectory_name "
-            f"or output_dir."
-        )
+        return f"{str(self.output_dir)!r} already holds a run named {self.name!r}{episodes}: {what}.{left}"
 
     # -------------------------------------------------------------- manifest
     def add_file(self, path: str | Path) -> None:

@@ -1,0 +1,80 @@
+"""The replay's entry points: `run_replay` (a `ReplayConfig`) and `replay_trajectories` (keyword options).
+
+``fastrecord replay`` (and each torchrun rank running it) builds a `ReplayConfig` from its flags and
+calls `run_replay`; a Python caller calls `replay_trajectories` with the same options as keywords.
+Imports neither torch nor ManiSkill until a replay starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from fastrecord.replay.config import ReplayConfig, ReplaySummary, StopRequest
+
+
+def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[Any] | None = None) -> ReplaySummary:
+    """Replay ``cfg.traj_path`` and record the replays (see `fastrecord.replay`).
+
+    With ``stop`` (the CLI's signal handlers), a stop request ends the replay between two steps: the
+    replays in progress are saved as far as they got, the env is closed and the summary says so.
+    ``sinks``: extra sinks for the recorder (one process only), e.g. ``fastrecord.sinks.loggers``'.
+    With more than one worker (``cfg.workers``, or by default on machines of many cores) worker
+    processes replay a share of the episodes each and the shards are joined at the end; under
+    torchrun each rank is one worker. Raises ValueError for a bad option or input (before any env or
+    file is made) and `ReplayWorkerError` when a worker process fails."""
+    t0 = time.perf_counter()
+    from fastrecord.replay.drive import run_plan
+    from fastrecord.replay.plan import make_plan
+    from fastrecord.replay.workers import run_rank, run_workers
+    from fastrecord.sinks.base import OutputExistsError
+    from fastrecord.sinks.maniskill_h5 import open_trajectory
+    from fastrecord.system import process_age
+
+    age = process_age()
+    traj = open_trajectory(cfg.traj_path)
+    try:
+        plan = make_plan(cfg, traj)
+        if plan.distributed:
+            summary = run_rank(plan, stop, sinks, t0)
+        elif plan.workers > 1:
+            summary = run_workers(plan, stop, sinks, t0)
+        else:
+            summary = run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0)
+        summary.process_age = age
+        return summary
+    except OutputExistsError as e:
+        if e.found is None:  # another process holds the name: its advice stands
+            raise
+        raise OutputExistsError(
+            f"{e.found} Choose: --resume (resume=True) continues that replay, replaying only the episodes it does not "
+            f"hold; --overwrite (overwrite=True) deletes it first; or pass another --trajectory-name or --output-dir.",
+            found=e.found) from None
+    finally:
+        traj.close()
+
+
+def replay_trajectories(traj_path: str | os.PathLike[str], output_dir: str | os.PathLike[str] | None = None, *,
+                        stop: StopRequest | None = None, sinks: list[Any] | None = None,
+                        **options: Any) -> ReplaySummary:
+    """Replay the episodes of ``traj_path`` (a ``NAME.h5`` with ``NAME.json`` next to it) and record them
+    again into ``output_dir`` (None: a ``replay`` folder next to the input).
+
+    ``options`` are `ReplayConfig`'s fields (``obs_mode="rgb"``, ``save_video=False``, ``by="actions"``,
+    ``count=10``, ``num_envs=4``, ``keep="success"``, ``overwrite=True``, ...), checked once before
+    anything is made; ``stop`` and ``sinks`` as in `run_replay`. Returns the `ReplaySummary`.
+
+        from fastrecord import replay_trajectories
+        s = replay_trajectories("demos/trajectory.h5", "replayed", obs_mode="rgb", save_video=False)
+        print(s.episodes, s.kept, s.files)
+    """
+    fields = {f.name for f in dataclasses.fields(ReplayConfig)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise TypeError(f"replay_trajectories() got unknown option(s) {unknown}; the options are ReplayConfig's "
+                        f"fields: {', '.join(sorted(fields - {'traj_path', 'output_dir'}))}")
+    out = None if output_dir is None else os.fspath(output_dir)
+    cfg = ReplayConfig(traj_path=os.fspath(traj_path), output_dir=out, **options)
+    return run_replay(cfg, stop=stop, sinks=sinks)

@@ -1,0 +1,477 @@
+"""The env side of a replay: `ReplayStates` plays recorded episodes in a ManiSkill env, `make_replay_env`
+builds one, and `VectorBatch` / `BatchedEnv` hold N of them (a gymnasium vector env of CPU envs, or one
+GPU-parallel ManiSkill env) with fastrecord's recorder on top.
+
+The forkserver preloads this module (`fastrecord.workers.FORKSERVER_PRELOAD`): a CPU vector env's
+sub-env processes and the replay's worker processes start with it, torch and ManiSkill imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fastrecord.envs import SubEnvAccess
+from fastrecord.workers import forkserver_context, freeze_imports
+
+
+def tree_index(tree: Mapping[str, Any], t: int) -> dict[str, Any]:
+    """Row ``t`` of every array of a nested dict (a recorded ``env_states`` tree at step ``t``)."""
+    return {k: (tree_index(v, t) if isinstance(v, Mapping) else v[t]) for k, v in tree.items()}
+
+
+def tree_stack(trees: list[Mapping[str, Any]], device: torch.device) -> dict[str, Any]:
+    """Nested dicts of the same keys stacked leaf by leaf into tensors on ``device`` (one row per tree)."""
+    first = trees[0]
+    return {
+        k: (tree_stack([t[k] for t in trees], device) if isinstance(first[k], Mapping)
+            else torch.as_tensor(np.stack([t[k] for t in trees]), device=device))
+        for k in first
+    }
+
+
+def _tree_set_rows(dst: Mapping[str, Any], src: Mapping[str, Any], rows: torch.Tensor) -> None:
+    for k, v in src.items():
+        if k in dst:
+            if isinstance(v, Mapping):
+                _tree_set_rows(dst[k], v, rows)
+            else:
+                dst[k][rows] = v.to(dst[k].device, dst[k].dtype)
+
+
+def _tree_keys(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in tree.items():
+        out |= _tree_keys(v, f"{prefix}{k}/") if isinstance(v, Mapping) else {prefix + k}
+    return out
+
+
+class ReplayStates(gym.Wrapper):
+    """Plays recorded episodes in a ManiSkill env (batched, ``num_envs >= 1``), below the recorder.
+
+    Owns: per env, the episode plan for its next reset, the recorded states being played, the step
+    cursor, and (``num_envs == 1``) the last outputs and frame, returned while the env is idle.
+
+    ``load(env_idx, plans)`` (or, through a vector env, ``set_attr("replay_plan", [...])``) queues a
+    plan per env: ``seed``, reset ``options``, ``states`` (a tree of ``[T+1, ...]`` arrays or None),
+    ``per_step`` (set every state, else only the first) and ``length`` (T). The next reset of that
+    env applies it: a reset with the episode's seed and options, to the first recorded state when the
+    plan has states (ManiSkill's ``reset_to_env_states``, which also resets the controllers; a partial
+    reset of a GPU-parallel env cannot take per-env seeds, so there the states are required). Each
+    step then runs the physics from the current state with
+    the given action; with ``per_step`` it sets the next recorded state and computes observation,
+    info, reward and termination on it, as ``BaseEnv.step`` would. After T steps the env is idle:
+    a single env then stops simulating and rendering (its frame is held) until its next plan.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        base = env.unwrapped
+        self.n = base.num_envs
+        self.device = torch.device(base.device)
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._plans: list[dict[str, Any] | None] = [None] * self.n
+        self._t = np.zeros(self.n, dtype=np.int64)
+        self._active = np.zeros(self.n, dtype=bool)
+        self._state_keys: set[str] | None = None
+        self._last_step: tuple | None = None
+        self._last_frame: Any = None
+        self._time_limit = self._direct_step_time_limit()
+        self._prepared: Any = None  # the action `prepare` took, until `step` observes it
+        # `prepare` submits the cameras' renders: only worth it where the observation has cameras, and only
+        # where BaseEnv computes it as ManiSkill 3.0 does (render, capture, read: `_rendered` skips the first two)
+        visual = getattr(getattr(base, "obs_mode_struct", None), "visual", None)
+        self._camera_obs = (self.n == 1 and visual is not None and any(vars(visual).values())
+                            and all(hasattr(base, a) for a in ("capture_sensor_data", "_hidden_objects", "scene")))
+
+    @property
+    def max_episode_steps(self) -> int | None:
+        # answered here so that vector envs' get_attr("max_episode_steps") finds it: an AsyncVectorEnv
+        # worker asked for a missing attribute shuts down (fastrecord.envs.VectorEnvView probes for it)
+        from mani_skill.utils import gym_utils
+
+        return gym_utils.find_max_episode_steps_value(self.env)
+
+    # -- plans
+    @property
+    def replay_plan(self) -> dict[str, Any] | None:
+        return self._plans[0]
+
+    @replay_plan.setter
+    def replay_plan(self, plan: dict[str, Any] | None) -> None:
+        """Vector envs' ``set_attr`` entry point (one env per process): None leaves the env as it is."""
+        if plan is not None:
+            self.load([0], [plan])
+
+    def load(self, env_idx: list[int] | np.ndarray, plans: list[dict[str, Any]]) -> None:
+        for e, plan in zip(np.asarray(env_idx).reshape(-1).tolist(), plans):
+            if plan.get("states") is not None:
+                self._check_state_keys(plan["states"])
+            self._pending[e] = plan
+
+    def _check_state_keys(self, states: Mapping[str, Any]) -> None:
+        if self._state_keys is None:
+            self._state_keys = _tree_keys(self.env.unwrapped.get_state_dict())
+        theirs = {k for k in _tree_keys(states) if not k.startswith("controller/")}
+        ours = {k for k in self._state_keys if not k.startswith("controller/")}
+        if theirs != ours:
+            raise ValueError(
+                f"the recorded env states do not fit this env: missing here {sorted(theirs - ours)[:5]}, not recorded "
+                f"{sorted(ours - theirs)[:5]}. The file was recorded with another task version or env kwargs; replay it "
+                f"by actions (--by actions) or with the env kwargs it was recorded with"
+            )
+
+    # -- gym API
+    def reset(self, *, seed: Any = None, options: dict | None = None):
+        options = dict(options or {})
+        idx = options.get("env_idx")
+        idx = np.arange(self.n) if idx is None else np.asarray(torch.as_tensor(idx).cpu()).reshape(-1)
+        plans = [self._pending.pop(int(e), None) for e in idx]
+        if any(p is not None for p in plans):
+            if any(p is None for p in plans):
+                raise RuntimeError(f"reset of envs {idx.tolist()} where only some have a replay plan; load a plan for each")
+            seeds = [int(p["seed"]) for p in plans]
+            partial = len(idx) < self.n
+            # ManiSkill 3.0.1 seeds a reset with one seed per env of the whole batch only
+            seed = seeds[0] if self.n == 1 else (None if partial else seeds)
+            options |= {k: v for k, v in (plans[0].get("options") or {}).items() if k not in ("env_idx", "reset_to_env_states")}
+            if all(p.get("states") is not None for p in plans):
+                first = tree_stack([tree_index(p["states"], 0) for p in plans], self.device)
+                options["reset_to_env_states"] = {"env_states": first}
+            elif partial:
+                raise ValueError("a partial reset of a GPU-parallel env cannot reproduce seeded episodes; replay with the "
+                                 "recorded first states (--by states, or --by actions --use-first-env-state)")
+        obs, info = self.env.reset(seed=seed, options=options)
+        if seed is None and any(p is not None for p in plans):  # bookkeeping: the recorder reads the seeds from here
+            base = self.env.unwrapped
+            base._episode_seed[idx] = [int(p["seed"]) for p in plans]
+        for e, p in zip(idx.tolist(), plans):
+            self._plans[e] = p
+            self._t[e] = 0
+            self._active[e] = p is not None and p["length"] > 0
+        self._last_step = None
+        self._prepared = None
+        return obs, info
+
+    def prepare(self, action: Any) -> None:
+        """The first half of the next `step` (with the same action), for a vector env that holds several
+        single envs in one process (`_PreparedSyncVectorEnv`): simulate, set the recorded state and
+        submit the cameras' renders, without waiting for them. SAPIEN renders asynchronously, so the
+        renders of all of a process's envs then run together on the GPU before the first is read
+        (on a GPU, 4 envs: 2.4 ms an env-step against 4.8 one after the other). Does nothing where
+        `step` would not take its direct path (by actions, idle, another wrapper below) or the
+        observation has no camera."""
+        if self._prepared is not None or not self._camera_obs or self._idle():
+            return
+        rows = self._per_step_rows()
+        if not rows or self._time_limit is False:
+            return
+        base = self.env.unwrapped
+        stepped = self._advance(action, rows)
+        for obj in base._hidden_objects:  # as BaseEnv._get_obs_sensor_data, before its render
+            obj.hide_visual()
+        base.scene.update_render(update_sensors=True, update_human_render_cameras=False)
+        base.capture_sensor_data()
+        self._prepared = action if stepped is None else stepped
+
+    def step(self, action: Any):
+        if self._prepared is not None:  # `prepare` simulated, set the state and rendered: observe
+            stepped, self._prepared = self._prepared, None
+            with _rendered(self.env.unwrapped):
+                obs, rew, terminated, info = self._observe(stepped, {})
+            return self._finish(obs, rew, terminated, info)
+        if self._idle():
+            return self._last_step  # the episode is over: hold still until the next plan
+        rows = self._per_step_rows()
+        if rows and self._time_limit is not False:
+            stepped = self._advance(action, rows)
+            obs, rew, terminated, info = self._observe(action if stepped is None else stepped, {})
+            return self._finish(obs, rew, terminated, info)
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        self._t[self._active] += 1
+        if rows:
+            self._set_states(rows)
+            obs, rew, terminated, info = self._observe(action, info)
+        return self._finish(obs, rew, terminated, info, truncated)
+
+    def _idle(self) -> bool:
+        """A single env whose episode is over (it holds its last step until the next plan)."""
+        return self.n == 1 and not self._active.any() and self._last_step is not None
+
+    def _per_step_rows(self) -> list[int]:
+        """The envs playing an episode whose every recorded state is set."""
+        return [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
+
+    def _advance(self, action: Any, rows: list[int]) -> Any:
+        """BaseEnv.step without its observation and reward: they would be of the simulated state, which
+        the recorded one replaces at once (for camera observations, a second render per step). Returns
+        the action as the env took it (None: as given)."""
+        base = self.env.unwrapped
+        stepped = base._step_action(action)
+        base._elapsed_steps += 1
+        self._t[self._active] += 1
+        self._set_states(rows)
+        return stepped
+
+    def _finish(self, obs: Any, rew: Any, terminated: Any, info: dict, truncated: Any = None) -> tuple:
+        if truncated is None:  # the direct path: ManiSkill's TimeLimitWrapper's flag
+            limit, base = self._time_limit, self.env.unwrapped
+            truncated = (base.elapsed_steps >= limit if limit is not None
+                         else torch.zeros(self.n, dtype=torch.bool, device=self.device))
+        self._active &= self._t < np.array([p["length"] if p else 0 for p in self._plans])
+        self._last_step = (obs, rew, terminated, truncated, info)
+        return self._last_step
+
+    def render(self):
+        if self.n == 1 and not self._active.any() and self._last_frame is not None:
+            return self._last_frame
+        self._last_frame = self.env.render()
+        return self._last_frame
+
+    # -- internals
+    def _direct_step_time_limit(self) -> int | None | bool:
+        """Whether `step` may call BaseEnv's action step directly: only ManiSkill's TimeLimitWrapper (its
+        limit is returned, None: no limit) and gymnasium's checkers sit between this wrapper and the base
+        env. False where another wrapper (an action transform, gymnasium's own TimeLimit) must see each step."""
+        from mani_skill.utils.registration import TimeLimitWrapper
+
+        limit, env = None, self.env
+        while isinstance(env, gym.Wrapper):
+            if isinstance(env, TimeLimitWrapper):
+                limit = env._max_episode_steps
+            elif not isinstance(env, (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)):
+                return False
+            env = env.env
+        return limit
+
+    def _set_states(self, rows: list[int]) -> None:
+        base = self.env.unwrapped
+        recorded = tree_stack([tree_index(self._plans[e]["states"], int(self._t[e])) for e in rows], self.device)
+        if len(rows) == self.n:
+            base.set_state_dict(recorded)
+        else:  # the other envs keep their simulated state
+            state = base.get_state_dict()
+            _tree_set_rows(state, recorded, torch.as_tensor(rows, device=self.device))
+            base.set_state_dict(state)
+
+    def _observe(self, action: Any, step_info: dict) -> tuple:
+        """Observation, reward, termination and info of the state just set (as ``BaseEnv.step``)."""
+        base = self.env.unwrapped
+        info = base.get_info()
+        obs = base.get_obs(info, unflattened=True)
+        act = torch.as_tensor(np.asarray(action) if not isinstance(action, torch.Tensor) else action, device=self.device)
+        reward = base.get_reward(obs=obs, action=act, info=info)
+        obs = base._flatten_raw_obs(obs)  # ManiSkill 3.0.1's own step computes the reward before flattening too
+        success, fail = info.get("success"), info.get("fail")
+        if success is not None and fail is not None:
+            terminated = torch.logical_or(success, fail)
+        elif success is not None or fail is not None:
+            terminated = (success if success is not None else fail).clone()
+        else:
+            terminated = torch.zeros(self.n, dtype=torch.bool, device=self.device)
+        base._last_obs = obs
+        return obs, reward, terminated, {**step_info, **info}
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _rendered(base: Any):
+    """Inside: ``base.get_obs`` reads the pictures `ReplayStates.prepare` rendered, without rendering again
+    (its scene's ``update_render`` and its ``capture_sensor_data`` do nothing)."""
+    scene = base.scene
+    base.capture_sensor_data = _noop
+    scene.update_render = _noop
+    try:
+        yield
+    finally:
+        del base.capture_sensor_data
+        del scene.update_render
+
+
+_TERMINATED, _TRUNCATED = "fastrecord_replay_terminated", "fastrecord_replay_truncated"
+
+
+class _DoneInInfo(gym.Wrapper):
+    """A replay vector env's sub-env: reports terminated/truncated in ``info``, and False to the vector env.
+
+    Recorded episodes often go on after termination (ManiSkill's envs do not stop by themselves), which
+    a gymnasium vector env does not allow without a reset. `_DoneFromInfo` gives the flags back above it.
+    """
+
+    def step(self, action: Any):
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        return obs, rew, False, False, {**info, _TERMINATED: bool(terminated), _TRUNCATED: bool(truncated)}
+
+    def get_state_dict(self) -> dict[str, Any]:
+        """The env state as numpy arrays: torch tensors leave an AsyncVectorEnv worker through torch's
+        shared-memory hand-off (a socket round trip per tensor), which made replays ~2x slower."""
+        from mani_skill.utils import common
+
+        return common.to_numpy(self.env.unwrapped.get_state_dict())
+
+
+class _DoneFromInfo(SubEnvAccess, gym.vector.VectorWrapper):
+    """Puts the sub-envs' true terminated/truncated flags (see `_DoneInInfo`) back for the recorder."""
+
+    def step(self, actions: Any):
+        obs, rew, _, _, info = self.env.step(actions)
+        info = dict(info)
+        terminated, truncated = info.pop(_TERMINATED), info.pop(_TRUNCATED)
+        info.pop("_" + _TERMINATED, None)
+        info.pop("_" + _TRUNCATED, None)
+        return obs, rew, terminated, truncated, info
+
+
+def make_replay_env(env_id: str, env_kwargs: dict[str, Any], max_episode_steps: int | None, num_envs: int = 1,
+                    cpu_wrapper: bool = True) -> gym.Env:
+    """One replay env: ``gym.make`` -> `ReplayStates` (-> ``CPUGymWrapper`` -> `_DoneInInfo` for a vector env)."""
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+    from mani_skill.utils.wrappers import CPUGymWrapper
+    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
+
+    from fastrecord.system import use_lavapipe_if_no_gpu
+
+    use_lavapipe_if_no_gpu()  # worker processes too
+    env = gym.make(env_id, num_envs=num_envs, max_episode_steps=max_episode_steps, **env_kwargs)
+    if isinstance(env.action_space, gym.spaces.Dict):  # multi-agent: recorded as flat vectors (as ManiSkill's replay)
+        env = FlattenActionSpaceWrapper(env)
+    env = ReplayStates(env)
+    return _DoneInInfo(CPUGymWrapper(env)) if cpu_wrapper else env
+
+
+# ---------------------------------------------------------------------------------------------- batches
+# The replay loop (`fastrecord.replay.drive`) drives either adapter the same way: start(env_idx, plans),
+# step(actions) -> (success, truncated), flush(env), close(); each records through its own RecordEpisode.
+def in_worker(thunk: Callable[[], gym.Env]) -> gym.Env:
+    """An AsyncVectorEnv worker's env: the worker ignores Ctrl-C (a terminal sends it to the whole process
+    group), so that the parent can stop the replay and still step and close its envs."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    freeze_imports()
+    return thunk()
+
+
+class _PreparedSyncVectorEnv(gym.vector.SyncVectorEnv):
+    """A SyncVectorEnv of replay envs (one process) whose step first `ReplayStates.prepare`s every env
+    (simulate, set the state, submit the renders) and then steps them (read the pictures, observe):
+    the renders of all its envs overlap on the GPU instead of each waiting for its own."""
+
+    def step(self, actions: Any):
+        for env, action in zip(self.envs, gym.vector.utils.iterate(self.action_space, actions)):
+            env.get_wrapper_attr("prepare")(action)
+        return super().step(actions)
+
+
+RecorderKwargs = Callable[[int], dict[str, Any]]  # control_freq -> RecordEpisode kwargs (`ReplayPlan.recorder_kwargs`)
+
+
+class VectorBatch:
+    """N CPU envs in a gymnasium vector env (autoreset disabled), recorded by fastrecord from outside.
+
+    Owns: the vector env (sub-processes with ``asynchronous``) and the `RecordEpisode` wrapped around it."""
+
+    def __init__(self, thunk: Callable[[], gym.Env], num_envs: int, asynchronous: bool,
+                 rec_kwargs: RecorderKwargs) -> None:
+        from fastrecord.record import RecordEpisode
+
+        mode = gym.vector.AutoresetMode.DISABLED
+        if asynchronous:
+            thunk = functools.partial(in_worker, thunk)
+            forkserver_context()  # its sub-envs start with ManiSkill imported
+            envs = gym.vector.AsyncVectorEnv([thunk] * num_envs, context="forkserver", autoreset_mode=mode)
+        else:
+            envs = _PreparedSyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
+        self.envs = envs
+        self.num_envs = num_envs
+        try:
+            self.control_freq = envs.get_attr("control_freq")[0]
+            self.action_shape = envs.single_action_space.shape
+            self.env = RecordEpisode(_DoneFromInfo(envs), **rec_kwargs(self.control_freq))
+        except BaseException:
+            envs.close()
+            raise
+        self.recorder = self.env.recorder
+        self._started = False
+
+    def start(self, env_idx: np.ndarray, plans: list[dict[str, Any]]) -> None:
+        values: list[Any] = [None] * self.num_envs
+        seeds: list[int | None] = [None] * self.num_envs
+        for e, p in zip(env_idx, plans):
+            values[e], seeds[e] = p, int(p["seed"])
+        self.envs.set_attr("replay_plan", values)
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[env_idx] = True
+        options = None if (not self._started and mask.all()) else {"reset_mask": mask}
+        self.env.reset(seed=seeds, options=options)
+        self._started = True
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Step every env: (success per env or None if the env reports none, truncated per env)."""
+        _, _, _, truncated, info = self.env.step(actions)
+        truncated = np.asarray(truncated, dtype=bool).reshape(self.num_envs)
+        if "success" not in info:
+            return None, truncated
+        return np.asarray(info["success"], dtype=bool).reshape(self.num_envs), truncated
+
+    def flush(self, e: int) -> None:
+        self.env.flush_trajectory(env_idxs_to_flush=[e])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class BatchedEnv:
+    """N envs in one ManiSkill env (GPU simulation; on the CPU N = 1), recorded by fastrecord.
+
+    Owns: the `ReplayStates`-wrapped env (closed with the recorder) and the `RecordEpisode` around it."""
+
+    def __init__(self, env: gym.Env, rec_kwargs: RecorderKwargs) -> None:
+        from fastrecord.record import RecordEpisode
+
+        base = env.unwrapped
+        self.num_envs = base.num_envs
+        self.device = torch.device(base.device)
+        self.control_freq = base.control_freq
+        self.action_shape = base.single_action_space.shape
+        self.replay: ReplayStates = env
+        try:
+            self.env = RecordEpisode(env, **rec_kwargs(self.control_freq))
+        except BaseException:
+            env.close()
+            raise
+        self.recorder = self.env.recorder
+        self._started = False
+
+    def start(self, env_idx: np.ndarray, plans: list[dict[str, Any]]) -> None:
+        self.replay.load(env_idx, plans)
+        seeds = [int(p["seed"]) for p in plans]
+        if not self._started and len(env_idx) == self.num_envs:
+            self.env.reset(seed=seeds if self.num_envs > 1 else seeds[0])
+        else:
+            self.env.reset(seed=seeds, options={"env_idx": torch.as_tensor(env_idx, device=self.device)})
+        self._started = True
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Step every env: (success per env or None if the env reports none, truncated per env)."""
+        _, _, _, truncated, info = self.env.step(torch.as_tensor(actions, device=self.device))
+        truncated = np.asarray(torch.as_tensor(truncated).cpu(), dtype=bool).reshape(self.num_envs)
+        if "success" not in info:
+            return None, truncated
+        s = info["success"]
+        return (s.cpu().numpy() if isinstance(s, torch.Tensor) else np.asarray(s)).astype(bool).reshape(self.num_envs), truncated
+
+    def flush(self, e: int) -> None:
+        self.env.flush_trajectory(env_idxs_to_flush=[e])
+
+    def close(self) -> None:
+        self.env.close()

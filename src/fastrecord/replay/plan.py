@@ -1,0 +1,238 @@
+"""A replay's plan: what it decided from its options and its input before making any env or file.
+
+`make_plan` checks the input file and the options (a ValueError naming the fix) and decides the env's
+``gym.make`` kwargs, the output's folder and name, and the layout (envs, vector kind, worker processes).
+The caller and every worker process make the same plan from the same `ReplayConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
+import torch
+
+from fastrecord.replay.config import CONVERTERS, CPU_BACKENDS, ReplayConfig
+from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, default_workers
+from fastrecord.sinks.maniskill_h5 import TrajectoryFile
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _resolve_backend(cfg: ReplayConfig, recorded: str | None) -> str:
+    if cfg.sim_backend != "auto":
+        return cfg.sim_backend
+    if recorded is None or recorded in CPU_BACKENDS or recorded == "auto":
+        return "physx_cpu"
+    return recorded if _cuda() else "physx_cpu"
+
+
+def _camera_configs(cfg: ReplayConfig, kwargs: dict[str, Any]) -> None:
+    """Apply --width/--height/--shader to the camera the videos come from."""
+    settings = {k: v for k, v in (("width", cfg.width), ("height", cfg.height), ("shader_pack", cfg.shader)) if v is not None}
+    if not settings:
+        return
+    if cfg.video_source == "render":
+        kwargs["human_render_camera_configs"] = {**(kwargs.get("human_render_camera_configs") or {}), **settings}
+    else:
+        cam = cfg.video_source.split(":", 1)[1]
+        sensors = dict(kwargs.get("sensor_configs") or {})
+        sensors[cam] = {**(sensors.get(cam) or {}), **settings}
+        kwargs["sensor_configs"] = sensors
+
+
+class Verdict:
+    """A keep filter whose answer the replay loop sets just before it ends a replay (ManiSkill's rule
+    needs the replay's success and truncation, decided outside the recorder)."""
+
+    value = False
+
+    def __call__(self, final_info: Any) -> bool:
+        return self.value
+
+
+@dataclass
+class ReplayPlan:
+    """What a replay decided before making any env or file: the same in the caller and in every worker."""
+
+    cfg: ReplayConfig
+    traj: TrajectoryFile
+    episodes: list[dict[str, Any]]  # the input episodes to replay (the first --count)
+    env_id: str
+    kwargs: dict[str, Any]  # gym.make kwargs of the replay env
+    ori_kwargs: dict[str, Any]  # the env the actions were recorded in (conversion: ManiSkill's ori_env)
+    max_steps: int | None
+    sim_backend: str
+    gpu_sim: bool
+    source_mode: str | None  # the recorded control mode
+    convert: bool  # -c to another control mode
+    out: Path  # output directory
+    name: str  # output trajectory name
+    num_envs: int  # episodes side by side, over all workers
+    vector: str  # sync | async | batched
+    workers: int  # processes replaying a share each (1: this one)
+    distributed: bool = False  # a torchrun rank: the ranks are the workers (fastrecord.shards)
+
+    @property
+    def if_exists(self) -> str:
+        if self.cfg.resume:
+            return "resume"
+        return "overwrite" if (self.cfg.overwrite or self.cfg.maniskill) else "error"
+
+    def recorder_kwargs(self, out: Path, name: str, verdict: Verdict, sinks: list[Any] | None,
+                        resume: bool = False) -> Callable[[int], dict[str, Any]]:
+        """``control_freq -> RecordEpisode kwargs`` of one recorder writing ``out/name`` (``resume``: add to
+        what an earlier replay of that name left)."""
+        cfg, keep = self.cfg, self.cfg.keep_filter
+        if_exists = "resume" if resume else self.if_exists
+        how = (f"converted from {self.source_mode} to {cfg.target_control_mode}" if self.convert
+               else f"by {'env states' if cfg.replay_by == 'states' else 'actions'}")
+
+        def rec_kwargs(control_freq: int) -> dict[str, Any]:
+            return dict(
+                output_dir=str(out), save_trajectory=cfg.save_trajectory, trajectory_name=name, save_video=cfg.save_video,
+                save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=keep if keep is not None else verdict,
+                video_source=cfg.video_source, video_codec=cfg.video_codec,
+                record_reward=cfg.record_rewards if cfg.record_rewards is not None else not cfg.maniskill,
+                if_exists=if_exists, source_type="fastrecord-replay",
+                source_desc=f"fastrecord replay of {self.traj.h5_path.name} {how}",
+                sinks=list(sinks or []),  # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
+            )
+
+        return rec_kwargs
+
+
+def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
+    """Check the input and the options and decide the env, the output and the layout; raises ValueError."""
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+
+    info = traj.env_info
+    env_id = info["env_id"]
+    if env_id not in gym.registry:
+        raise ValueError(f"{traj.json_path.name} was recorded in {env_id!r}, which is not a registered ManiSkill task here; "
+                         f"import the module that registers it, or check the ManiSkill version")
+    episodes = traj.episodes[: cfg.count]
+    if not episodes:
+        raise ValueError(f"{str(traj.json_path)!r} lists no episodes: nothing to replay")
+    modes = sorted({ep.get("control_mode") for ep in episodes if ep.get("control_mode")})
+    if len(modes) > 1:
+        raise ValueError(f"{traj.json_path.name} mixes control modes {modes}; replay them separately (--count, or split the file)")
+    by = cfg.replay_by
+    if by == "states" or cfg.use_first_env_state:
+        lacking = [ep["episode_id"] for ep in episodes if "env_states" not in traj.group(ep)]
+        if lacking:
+            raise ValueError(f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; replay it by actions (--by actions)")
+
+    # the env: the recorded kwargs, then the replay's choices
+    kwargs = {k: v for k, v in (info.get("env_kwargs") or {}).items() if k not in ("num_envs", "max_episode_steps")}
+    recorded_backend = kwargs.pop("sim_backend", None)
+    sim_backend = _resolve_backend(cfg, recorded_backend)
+    gpu_sim = sim_backend not in CPU_BACKENDS
+    if gpu_sim and not _cuda():
+        raise ValueError(f"sim_backend={sim_backend!r} needs a CUDA GPU, and there is none; use --sim-backend physx_cpu")
+    kwargs["sim_backend"] = sim_backend
+    kwargs["render_backend"] = cfg.render_backend if cfg.render_backend != "auto" else ("gpu" if _cuda() else "cpu")
+    if modes and "control_mode" not in kwargs:
+        kwargs["control_mode"] = modes[0]
+    source_mode = kwargs.get("control_mode")
+    convert = cfg.target_control_mode is not None and cfg.target_control_mode != source_mode
+    if convert:
+        _check_conversion(cfg, source_mode, by, gpu_sim)
+    ori_kwargs = dict(kwargs)
+    if cfg.target_control_mode is not None:
+        kwargs["control_mode"] = cfg.target_control_mode
+    if cfg.obs_mode is not None:
+        kwargs["obs_mode"] = cfg.obs_mode
+    if cfg.reward_mode is not None:
+        kwargs["reward_mode"] = cfg.reward_mode
+    kwargs["render_mode"] = cfg.render_mode
+    if cfg.maniskill and cfg.shader is not None:
+        kwargs["shader_dir"] = cfg.shader  # ManiSkill's --shader: every camera
+    else:
+        _camera_configs(cfg, kwargs)
+    kwargs.update(cfg.env_kwargs)
+    if cfg.video_source.startswith("sensor:") and cfg.save_video and kwargs.get("obs_mode", "state") in ("state", "state_dict", "none"):
+        raise ValueError(f"video_source={cfg.video_source!r} takes frames from the observation's camera images; "
+                         f"add --obs-mode rgb (or rgbd), or use --video-source render")
+    longest = max(int(ep["elapsed_steps"]) for ep in episodes)
+    max_steps = max(int(info.get("max_episode_steps") or 0), longest) or None
+
+    # where it goes: ManiSkill's name, <stem>.<obs_mode>.<control_mode>.<sim_backend>
+    obs_mode = kwargs.get("obs_mode") or "state"
+    stem = traj.h5_path.stem.split(".")[0]
+    name = cfg.trajectory_name or f"{stem}.{obs_mode}.{kwargs.get('control_mode', 'default')}.{sim_backend}"
+    if cfg.output_dir is not None:
+        out = Path(cfg.output_dir)
+    else:  # ManiSkill's tool writes next to its input
+        out = traj.h5_path.parent if cfg.maniskill else traj.h5_path.parent / "replay"
+    new_h5 = out / f"{name}.h5"
+    if new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
+        raise ValueError(f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name")
+
+    from fastrecord.shards import rank_info
+
+    info = rank_info()
+    if info.distributed and cfg.workers not in (None, 1):
+        raise ValueError(f"--workers {cfg.workers} under torchrun: the {info.world_size} ranks are the workers (each "
+                         f"replays its share); drop --workers, or run without torchrun")
+    vector = cfg.vector
+    cores = max(1, (os.cpu_count() or 1) // info.local_world_size)  # under torchrun the ranks of a host share its cores
+    gpu_render = str(kwargs.get("render_backend")).lower() not in ("cpu", "sapien_cpu")
+    workers = (1 if info.distributed else cfg.workers if cfg.workers is not None
+               else default_workers(cfg.num_envs, len(episodes), gpu_sim, gpu_render))
+    workers = min(workers, len(episodes))
+    if cfg.num_envs is not None:
+        n = cfg.num_envs
+        if n < workers:
+            raise ValueError(f"--workers {workers} with --num-envs {n}: each worker replays in envs of its own, so the "
+                             f"workers share the {n} envs; pass --num-envs {workers} or more, or --workers {n} or fewer")
+    elif gpu_sim:
+        n = GPU_DEFAULT_ENVS * workers
+    else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
+        n = workers if (vector == "batched" or cfg.maniskill) else max(cores, workers)
+    n = min(n, len(episodes))
+    if workers == 1 and not info.distributed and cfg.resume:
+        from fastrecord.shards import list_shards
+
+        if list_shards(out, name):  # its NAME.h5 only links into the shards: one process would resume the links
+            raise ValueError(f"{str(out / name)}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
+                             f"--workers 2 or more (or under torchrun), or pass --overwrite")
+    per_worker = -(-n // workers)  # the largest share
+    if vector == "auto":
+        # CPU envs: up to ENVS_PER_WORKER in this process, their renders submitted together (on 2 cores: one
+        # process holding 2 envs 36-38 s, the 2 in sub-processes 46 s); more in sub-processes, one each (on 16
+        # cores with a GPU, 16 envs: 34.9 s in sub-processes, 39.2 s in one process)
+        vector = "batched" if gpu_sim else ("async" if per_worker > ENVS_PER_WORKER else "sync")
+    if vector == "batched" and per_worker > 1 and by == "actions" and not cfg.use_first_env_state:
+        raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
+                         "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
+    if vector == "batched" and not gpu_sim and per_worker > 1:
+        raise ValueError(f"vector='batched' runs {per_worker} envs in one ManiSkill env, which needs GPU simulation; on the "
+                         f"CPU use vector='async' or 'sync' (or num_envs=1)")
+    if vector in ("sync", "async") and gpu_sim and not convert:
+        raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
+    plan = ReplayPlan(cfg, traj, episodes, env_id, kwargs, ori_kwargs, max_steps, sim_backend, gpu_sim, source_mode, convert,
+                 out, name, n, vector, workers, info.distributed)
+
+    from fastrecord.options import RecordOptions
+
+    rec = plan.recorder_kwargs(out, name, Verdict(), None)(20)
+    RecordOptions(**{k: v for k, v in rec.items() if k not in ("output_dir", "sinks")})  # bad values: before any env or file
+    return plan
+
+
+def _check_conversion(cfg: ReplayConfig, source: str | None, by: str, gpu_sim: bool) -> None:
+    """Refuse what ManiSkill's tool cannot convert, with its reasons, before anything is made."""
+    if by == "states":
+        raise ValueError("cannot replay by env states (--use-env-states / --by states) while converting to another control "
+                         "mode: the converted actions take a different number of steps to reach the same states; drop one")
+    if gpu_sim:
+        raise ValueError("control mode conversion (-c) runs in a CPU env, as in ManiSkill's tool; pass -b physx_cpu")
+    if source not in CONVERTERS:
+        raise ValueError(f"ManiSkill's conversion code converts from {' or '.join(CONVERTERS)}, not from {source!r} "
+                         f"(to {cfg.target_control_mode!r}); replay without -c, or record in pd_joint_pos")

@@ -1,0 +1,364 @@
+"""A replay over several processes: worker processes (``workers > 1``) or torchrun ranks, each replaying
+a share of the episodes into its own shard (`fastrecord.shards`: input episode ``g`` goes to worker
+``g % N``), and the join of the shards into ``NAME.h5`` + ``NAME.json`` in input order.
+
+A worker that fails or is killed does not stop the others: the error names it and the missing
+episodes, and running the same replay again replays only what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from fastrecord.commands.cli import StopSignals, quiet_third_party
+from fastrecord.replay.config import ReplayConfig, ReplaySummary, ReplayWorkerError, StopRequest
+from fastrecord.replay.drive import replayed_sources, run_plan
+from fastrecord.replay.plan import ReplayPlan, make_plan
+from fastrecord.sinks.maniskill_h5 import open_trajectory
+from fastrecord.processes import exit_description
+from fastrecord.workers import forkserver_context, freeze_imports
+
+if TYPE_CHECKING:
+    from fastrecord.sinks.base import RunDirectory
+
+
+class _WorkerStop(StopSignals):
+    """A replay worker's stop request: SIGTERM (the caller forwards its SIGINT/SIGTERM as one SIGTERM;
+    a terminal's Ctrl-C, sent to the whole process group, is ignored here), or the caller's death."""
+
+    def __init__(self, parent: int) -> None:
+        super().__init__("replay worker")
+        self.parent = parent
+
+    @property
+    def requested(self) -> bool:
+        if self.signum is None and not self._caller_alive():
+            self.signum = signal.SIGTERM  # orphaned: stop, the shard keeps what is finished
+        return self.signum is not None
+
+    def _caller_alive(self) -> bool:
+        import multiprocessing as mp
+
+        caller = mp.parent_process()  # the caller, also when the forkserver forked us (our OS parent is the server)
+        if caller is not None and caller.pid == self.parent:
+            return caller.is_alive()
+        return os.getppid() == self.parent
+
+    def __enter__(self) -> _WorkerStop:
+        super().__enter__()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return self
+
+
+@dataclass(frozen=True)
+class _Share:
+    """One worker's (or rank's) part of a sharded replay."""
+
+    rank: int
+    world: int
+    indices: list[int]  # global indices (positions in the input's episode list) still to replay, increasing
+    num_envs: int
+    out: Path  # the shard's folder: DIR/NAME.shards/rankNNNNN (a run named NAME)
+    resume: bool  # the sharded run resumes: a shard there is this rank's earlier work, added to
+
+
+def _shares(plan: ReplayPlan, world: int, num_envs: int, done: set[int], resume: bool) -> list[_Share]:
+    """Each rank's global episodes (`fastrecord.shards`: ``g % world``) minus ``done`` (input episode ids
+    some shard holds), its envs (``num_envs`` split as evenly as possible) and its shard folder."""
+    from fastrecord import shards
+
+    total = len(plan.episodes)
+    out = []
+    for rank in range(world):
+        mine = [g for g in shards.episodes_of(rank, world, total) if int(plan.episodes[g]["episode_id"]) not in done]
+        envs = max(1, min(num_envs // world + (rank < num_envs % world), len(mine)))
+        out.append(_Share(rank, world, mine, envs, shards.shard_dir(plan.out, plan.name, rank), resume))
+    return out
+
+
+def _sharded_done(plan: ReplayPlan) -> set[int]:
+    """Input episode ids that any shard folder of ``plan.name`` holds (also of an earlier world size)."""
+    from fastrecord import shards
+
+    done: set[int] = set()
+    for folder in shards.list_shards(plan.out, plan.name).values():
+        done |= replayed_sources(folder, plan.name)
+    return done
+
+
+def _run_share(plan: ReplayPlan, share: _Share, stop: StopRequest | None, t0: float,
+               progress: Callable[[int], None] | None) -> ReplaySummary:
+    """Replay one share into its shard (a worker process, or a torchrun rank)."""
+    mine = [plan.episodes[g] for g in share.indices]
+    return run_plan(plan, mine, share.out, plan.name, share.num_envs, stop, None, t0, progress,
+                    shard=(share.rank, share.indices, share.resume))
+
+
+def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, parent: int) -> None:
+    """A replay worker process (forked by the forkserver): the replay's own code path on its share; reports
+    on ``messages``."""
+    import traceback
+
+    entered = time.perf_counter() - t0  # perf_counter is the system's monotonic clock: the caller's t0 holds here
+
+    from tqdm import tqdm
+
+    quiet_third_party()
+    freeze_imports()  # ManiSkill's gc.collect() at env creation and close then skips the imported modules
+    # tqdm's default lock is a multiprocessing RLock: here a named semaphore of the forkserver's kind, which
+    # the resource tracker reported leaked at exit ("1 leaked semaphore"); the caller draws the progress bar
+    tqdm.set_lock(threading.RLock())
+    with _WorkerStop(parent) as stop:
+        try:
+            traj = open_trajectory(cfg.traj_path)
+            try:
+                plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs), traj)
+                s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)))
+            finally:
+                traj.close()
+        except BaseException as e:  # noqa: BLE001 - reported to the caller, which raises it
+            messages.put(("error", share.rank, type(e).__name__, str(e), isinstance(e, ValueError), traceback.format_exc()))
+            messages.close()
+            messages.join_thread()
+            raise SystemExit(1) from None
+    s.worker_times = [(entered, s.startup_seconds, s.startup_seconds + s.seconds)]
+    messages.put(("done", share.rank, s))
+    messages.close()
+    messages.join_thread()
+
+
+def _claim_sharded(plan: ReplayPlan, world: int) -> tuple[RunDirectory, bool]:
+    """The run directory's claim on ``NAME`` for a sharded replay (`fastrecord.sinks.RunDirectory` with
+    ``options["sharding"]``, as `fastrecord.shards.DistributedRun` makes it): ``--overwrite`` removes an
+    earlier replay of that name (its shards too), ``--resume`` keeps it; without either, an unfinished
+    sharded replay of that name (a worker was killed, the replay was interrupted) is resumed, anything
+    else is refused. Returns (the RunDirectory, whether it resumes)."""
+    from fastrecord import shards
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, RunDirectory, read_manifest
+
+    cfg = plan.cfg
+    if_exists = plan.if_exists
+    before = read_manifest(plan.out / f"{plan.name}{MANIFEST_SUFFIX}")
+    sharded_before = isinstance(before.get("options", {}).get("sharding"), dict)
+    if if_exists == "error" and sharded_before and before.get("status") != "closed":
+        print(f"resuming the unfinished sharded replay {plan.name!r} in {plan.out}", flush=True)
+        if_exists = "resume"
+    options = dict(traj_path=str(plan.traj.h5_path), obs_mode=cfg.obs_mode, by=cfg.replay_by, count=cfg.count,
+                   sharding=shards.sharding_options(world, 0, len(plan.episodes)))
+    run = RunDirectory(plan.out, plan.name, if_exists, options=options).open()
+    try:
+        if run.resuming and not sharded_before:
+            raise ValueError(f"{str(plan.out)!r} holds a replay named {plan.name!r} that was not sharded; resume it with "
+                             f"--workers 1 --resume, or pass --overwrite, another --trajectory-name or --output-dir")
+        run.add_file(shards.shards_root(plan.out, plan.name))
+        run.add_file(plan.out / f"{plan.name}.h5")
+        run.add_file(plan.out / f"{plan.name}.json")
+    except BaseException:
+        run.close(status="failed") if run.resuming else run.abandon()
+        raise
+    return run, run.resuming
+
+
+def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
+    """Split the episodes over ``plan.workers`` processes (forked by `fastrecord.workers.forkserver_context`),
+    each with its own envs and recorder writing its own shard (`fastrecord.shards`:
+    ``DIR/NAME.shards/rankNNNNN/``), then merge the shards
+    into ``NAME.h5`` + ``NAME.json`` (`fastrecord.shards.merge`: episode ``g`` of the input is ``traj_g``).
+
+    Progress and results are gathered here. A worker's exception or death (a signal, the OOM killer)
+    does not stop the others: their shards are merged, the merge names the missing episodes, and then
+    a `ReplayWorkerError` (a ValueError where every worker refused a bad option or file) names the
+    worker and the cause; running the same command again replays only what is missing. A SIGINT or
+    SIGTERM of this process reaches each worker as one SIGTERM: they stop between two steps (the
+    replays in progress are not saved: re-running resumes them) and the shards are merged."""
+    import queue as queue_mod
+
+    from tqdm import tqdm
+
+    cfg, world = plan.cfg, plan.workers
+    if sinks:
+        raise ValueError(f"--log with --workers {world}: a logger takes the replays of one process; pass --workers 1")
+    run, resuming = _claim_sharded(plan, world)
+    failures: dict[int, str] = {}
+    value_errors: dict[int, str] = {}
+    summaries: dict[int, ReplaySummary] = {}
+    try:
+        shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming)
+        busy = [s for s in shares if s.indices]
+        ctx = forkserver_context()  # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
+        messages = ctx.Queue()
+        procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid()),
+                                     name=f"fastrecord-replay-{s.rank}") for s in busy}
+        for p in procs.values():
+            p.start()
+        exited: dict[int, float] = {}
+        forwarded = False
+        bar = tqdm(total=sum(len(s.indices) for s in busy), unit="episode", disable=not cfg.progress, dynamic_ncols=True,
+                   desc=f"replay, {world} workers")
+        try:
+            while len(summaries) + len(failures) < len(busy):
+                if stop is not None and stop.requested and not forwarded:
+                    forwarded = True
+                    for p in procs.values():
+                        if p.exitcode is None:
+                            os.kill(p.pid, signal.SIGTERM)
+                try:
+                    msg = messages.get(timeout=0.2)
+                except queue_mod.Empty:
+                    now = time.monotonic()
+                    for r, p in procs.items():
+                        if p.exitcode is not None and r not in summaries and r not in failures:
+                            if now - exited.setdefault(r, now) > 2.0:  # its last message would have arrived by now
+                                failures[r] = f"{exit_description(p.exitcode)} without a report"
+                    continue
+                kind, rank = msg[0], msg[1]
+                if kind == "progress":
+                    bar.update(msg[2])
+                elif kind == "done":
+                    summaries[rank] = msg[2]
+                elif kind == "error":
+                    _, _, etype, text, is_value_error, tb = msg
+                    failures[rank] = f"failed: {etype}: {text}"
+                    if is_value_error:
+                        value_errors[rank] = text
+                    else:
+                        failures[rank] += f"\n(worker {rank}'s traceback:\n{tb.rstrip()})"
+        finally:  # normally every worker has reported; after an exception here, stop them as for a signal
+            bar.close()
+            for p in procs.values():
+                if p.exitcode is None and not forwarded:
+                    os.kill(p.pid, signal.SIGTERM)
+            for p in procs.values():
+                p.join(timeout=120)
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+            messages.close()
+        if value_errors and len(value_errors) == len(failures) == len(busy):  # a bad option or file: every worker refused it
+            raise ValueError(value_errors[min(value_errors)])
+        m0 = time.perf_counter()
+        report = _join(plan)
+        merge_seconds = time.perf_counter() - m0
+        summary = _summarize(plan, [summaries[r] for r in sorted(summaries)], report, stop, t0,
+                             scheduled=sum(len(s.indices) for s in shares))
+        summary.merge_seconds = merge_seconds
+    except BaseException:
+        run.close(status="failed")
+        raise
+    interrupted = stop is not None and stop.requested
+    run.close(status="failed" if (failures or summary.missing or interrupted) else "closed")
+    if failures:
+        first = min(failures)
+        share = shares[first]
+        others = f" (and worker(s) {sorted(set(failures) - {first})})" if len(failures) > 1 else ""
+        missing = (f"; {len(summary.missing)} of {len(plan.episodes)} episodes are missing from {plan.out / plan.name}.h5 "
+                   f"(global indices {_ranges(summary.missing)})" if summary.missing else "")
+        raise ReplayWorkerError(
+            f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) {failures[first]}{others}"
+            f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
+            f"ones")
+    return summary
+
+
+def _join(plan: ReplayPlan) -> Any:
+    """Join the shards into ``NAME.h5`` + ``NAME.json`` (`fastrecord.shards.merge`); its `MergeReport`, or
+    None when no shard has a trajectory to join (no trajectory written, or stopped before any episode)."""
+    from fastrecord import shards
+
+    if not plan.cfg.save_trajectory:
+        return None
+    try:
+        return shards.merge(plan.out, plan.name, expected=len(plan.episodes))
+    except shards.NothingToMerge:
+        return None
+
+
+def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: StopRequest | None, t0: float,
+               scheduled: int) -> ReplaySummary:
+    """The summary of a sharded replay: the workers' (or ranks') summaries summed, the merge's outcome.
+    ``scheduled``: episodes the shards were given (the others were on disk already)."""
+    total = len(plan.episodes)
+    startup = max((s.startup_seconds for s in done), default=time.perf_counter() - t0)
+    files: list[Path] = []
+    sources: list[int] = []
+    missing: list[int] = []
+    if report is not None:
+        meta = json.loads(report.json_path.read_text())
+        sources = [int(e["source_episode_id"]) for e in meta["episodes"]]
+        missing = list(report.missing)
+        files = [report.h5_path, report.json_path]
+    elif plan.cfg.save_trajectory:
+        missing = list(range(total))
+    for s in done:
+        files += [f for f in s.files if f.suffix == ".mp4"]
+    files += [s.results_path for s in done if s.results_path is not None]
+    interrupted = stop.name if stop is not None and stop.requested else next((s.interrupted for s in done if s.interrupted), None)
+    return ReplaySummary(
+        episodes=sum(s.episodes for s in done), kept=sum(s.kept for s in done), successes=sum(s.successes for s in done),
+        diverged=sorted((d for s in done for d in s.diverged), key=lambda d: d.episode_id),
+        env_steps=sum(s.env_steps for s in done), seconds=time.perf_counter() - t0 - startup, output_dir=plan.out,
+        files=files, source_episode_ids=sources, interrupted=interrupted, partial=0, startup_seconds=startup,
+        results=[r for s in done for r in s.results], results_path=None, converted=any(s.converted for s in done),
+        skipped=total - scheduled + sum(s.skipped for s in done), workers=plan.workers, missing=missing,
+        worker_times=[w for s in done for w in s.worker_times])
+
+
+def run_rank(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
+    """One torchrun rank of a sharded replay (`fastrecord.shards.DistributedRun`): rank 0 claims the run
+    directory, each rank replays its global episodes (``g % world_size``) that no shard holds into its
+    shard, and rank 0 merges once every rank is done. Returns this rank's summary (rank 0: everyone's,
+    and the merge's)."""
+    from fastrecord import shards
+
+    cfg = plan.cfg
+    if sinks:
+        raise ValueError("--log under torchrun: a logger takes the replays of one process; run without torchrun")
+    options = dict(traj_path=str(plan.traj.h5_path), obs_mode=cfg.obs_mode, by=cfg.replay_by, count=cfg.count)
+    run = shards.DistributedRun(plan.out, plan.name, total=len(plan.episodes), base_seed=0, if_exists=plan.if_exists,
+                                options=options).open()
+    try:
+        rank, world, resume = run.rank, run.world_size, run.if_exists == "resume"
+        done = _sharded_done(plan) if resume else set()
+        mine = [g for g in shards.episodes_of(rank, world, len(plan.episodes))
+                if int(plan.episodes[g]["episode_id"]) not in done]
+        share = _Share(rank, world, mine, max(1, min(plan.num_envs, len(mine))), run.shard_dir, resume)
+        plan.kwargs["sim_backend"], plan.kwargs["render_backend"] = shards.rank_backends(
+            plan.kwargs["sim_backend"], plan.kwargs["render_backend"])  # this rank's GPU, where there are GPUs
+        if not cfg.progress or rank == 0:
+            bar_cfg = plan
+        else:  # one progress bar: rank 0's
+            bar_cfg = dataclasses.replace(plan, cfg=dataclasses.replace(cfg, progress=False))
+        if mine:
+            s = _run_share(bar_cfg, share, stop, t0, None)
+        else:
+            s = ReplaySummary(0, 0, 0, [], 0, 0.0, share.out, [], startup_seconds=time.perf_counter() - t0)
+        s.workers = world
+        if s.interrupted:  # no end exchange: the other ranks may be gone (torchrun stops them all on a failure)
+            run.close(status="failed")
+            return s
+        everyone, report = run.finish({"replay": s})
+    except BaseException:
+        run.close(status="failed")
+        raise
+    run.close()
+    if rank != 0:
+        return s
+    summary = _summarize(plan, [x["replay"] for x in everyone], report, stop, t0,
+                         scheduled=len(plan.episodes) - len(done))
+    summary.workers = world
+    return summary
+
+
+def _ranges(ids: list[int]) -> str:
+    from fastrecord.shards import _ranges as ranges
+
+    return ranges(ids)
