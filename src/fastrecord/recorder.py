@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
+from fastrecord.cameras import check_video_source
 from fastrecord.envs import IMAGE_RENDER_MODES, ManiSkillView, VectorEnvView
 from fastrecord.episode import EpisodeData, field_of
 from fastrecord.options import RecordOptions
@@ -64,6 +65,7 @@ class EpisodeRecorder:
                 f"render_mode='rgb_array' (or one of {IMAGE_RENDER_MODES}), pass video_source='sensor:<camera>', "
                 f"or set save_video=False."
             )
+        check_video_source(opts.video_source, view.env)  # a bad camera name: before the run directory is made
         for s in sinks:
             if not isinstance(s, Sink):
                 raise ValueError(f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink (subclass it and implement submit)")
