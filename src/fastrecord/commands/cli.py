@@ -249,8 +249,8 @@ def failure_line(e: BaseException, args: argparse.Namespace) -> str:
     """``e`` as one line (a child process's traceback quoted in its message dropped), then, for the
     commands that record, where the episodes finished before it are kept."""
     text = _CHILD_TRACEBACK.sub("", str(e)).strip() or type(e).__name__
-    if isinstance(e, OSError) and not isinstance(e, BrokenPipeError) and e.strerror and e.filename is not None:
-        text = f"{e.strerror}: {e.filename}"  # the OS's words and the path, without "[Errno N]"
+    if isinstance(e, OSError) and e.strerror:  # the OS's words and the path, without "[Errno N]"
+        text = e.strerror if e.filename is None else f"{e.strerror}: {e.filename}"
     text = " ".join(text.split())
     if args.command in KEEPS_EPISODES and "kept" not in text and "safely on disk" not in text:
         out = _requested(args, "output_dir") or _config_default(args.command, "output_dir")
@@ -259,6 +259,8 @@ def failure_line(e: BaseException, args: argparse.Namespace) -> str:
         elif os.path.isdir(out):
             text += (f"; the episodes finished before the failure are kept and readable in {out} "
                      f"(fastrecord info {out})")
+        else:
+            text += f"; nothing was written ({out} was not left behind)"
     return text
 
 
@@ -349,7 +351,7 @@ def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict
     and ManiSkill) are not imported, so ``fastrecord --version`` or ``fastrecord info`` start at once."""
     parser = argparse.ArgumentParser(prog="fastrecord", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("-V", "--version", action="version", version=_version())
-    parser.add_argument("--debug", action="store_true",
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,  # main() takes it off the line
                         help=f"let errors end in their traceback (as {DEBUG_ENV}=1; accepted anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     modules = {}
