@@ -322,3 +322,19 @@ def test_no_space_at_start_leaves_no_folder_nor_lock(small_disk):
     with pytest.raises(OSError, match="No space left"):
         RunDirectory(small_disk / "a" / "b", "t").open()
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_an_unknown_sensor_camera_is_refused_before_the_run_directory(tmp_path, make_env):
+    from conftest import CAMERA
+
+    env = make_env(obs_mode="rgb", sensor_configs=CAMERA)
+    out = tmp_path / "rec"
+    with pytest.raises(ValueError, match=r"video_source='sensor:nocam': the env has no RGB camera 'nocam'; its "
+                                         r"observations hold base_camera: pass video_source='sensor:base_camera'"):
+        RecordEpisode(env, out, trajectory_name="t", video_source="sensor:nocam")
+    assert not out.exists()
+    state = make_env(obs_mode="state")
+    with pytest.raises(ValueError, match=r"observations hold no camera images \(obs_mode='state'\); create the env with obs_mode='rgb'"):
+        RecordEpisode(state, out, trajectory_name="t", video_source="sensor:base_camera")
+    assert not out.exists()
+    RecordEpisode(env, out, trajectory_name="t", video_source="sensor:base_camera").close()  # the right name works

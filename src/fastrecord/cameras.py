@@ -17,12 +17,9 @@ def observed_cameras(env: Any) -> list[str] | None:
     ManiSkill env observing no images (e.g. ``obs_mode="state"``); None when ``env`` cannot tell."""
     space = getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
     spaces = getattr(space, "spaces", None)
-    if not isinstance(spaces, Mapping):
-        return None
-    sensors = spaces.get("sensor_data")
-    if sensors is None:
-        unwrapped = getattr(env, "unwrapped", None)
-        return [] if hasattr(unwrapped, "_sensors") else None  # a ManiSkill env without image observations
+    sensors = spaces.get("sensor_data") if isinstance(spaces, Mapping) else None
+    if sensors is None:  # a ManiSkill env (it has sensors) observing no images; else the env cannot tell
+        return [] if hasattr(getattr(env, "unwrapped", None), "_sensors") else None
     cameras = getattr(sensors, "spaces", None)
     if not isinstance(cameras, Mapping):
         return None

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -307,6 +308,9 @@ def _child_main(fd: int, module: str, parent_pid: int, nice: int = 0) -> None:
             os._exit(1)
 
     sys.unraisablehook = fatal
+    # Cython destructors (h5py's, on a full disk) print through sys.excepthook before sys.unraisablehook:
+    # the error goes to the parent, which reports it once, instead of a traceback on the user's terminal
+    sys.excepthook = lambda kind, value, tb: fatal(types.SimpleNamespace(exc_value=value))
     try:
         mod = importlib.import_module(module)
     except BaseException as e:  # noqa: BLE001 - answered to the first call
