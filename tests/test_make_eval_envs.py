@@ -194,7 +194,7 @@ def test_missing_obs_horizon_is_a_clear_error():
     (dict(keep="sometimes"), r"keep='sometimes' is not a filter; use one of"),
     (dict(record_kwargs=dict(video_fsp=30)), r"record_kwargs has unknown keys \['video_fsp'\]; use .*video_fps"),
     (dict(record_kwargs=dict(video_fps=0)), r"video_fps=0 must be a positive number"),
-    (dict(log="mlflow"), r"log='mlflow' is unknown; use one of tensorboard, wandb"),
+    (dict(log="mlflow"), r"log='mlflow' is not a logger; use one of 'tensorboard', 'wandb'"),
     (dict(episodes=0), r"episodes=0 must be an integer >= 1"),
     (dict(wrappers=["FrameStack"]), r"wrappers=\['FrameStack'\] must be a list of wrapper classes"),
 ])

@@ -201,10 +201,11 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
         raise ValueError(f"wrappers={wrappers!r} must be a list of wrapper classes (callables env -> env), e.g. [] ")
     if record_kwargs is not None and not isinstance(record_kwargs, Mapping):
         raise ValueError(f"record_kwargs={record_kwargs!r} must be a dict of fastrecord.RecordEpisode arguments, or None")
-    from fastrecord.sinks.loggers import LOGGERS
+    if log is not None:
+        from fastrecord.sinks.loggers import LOGGERS
 
-    if log is not None and log not in LOGGERS:
-        raise ValueError(f"log={log!r} is unknown; use one of {', '.join(LOGGERS)}, or None")
+        if log not in LOGGERS:
+            raise ValueError(f"log={log!r} is not a logger; use one of {', '.join(map(repr, LOGGERS))}, or None to log nothing")
     if episodes is not None and (isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1):
         raise ValueError(f"episodes={episodes!r} must be an integer >= 1 (the evaluation episodes of all ranks), or None")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
