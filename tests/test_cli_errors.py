@@ -1,6 +1,8 @@
 """Runtime failures of the CLI are one line and exit status 1 (issue 17.3): a full disk while writing
 trajectories, while encoding and at start, a read-only or missing output folder for gallery and merge,
-W&B without a login; `FASTRECORD_DEBUG=1` / `--debug` keep the traceback. Also ``-V``."""
+W&B without a login; `FASTRECORD_DEBUG=1` / `--debug` keep the traceback. Also ``-V``.
+
+The folders: ``small_disk`` (a 2 MiB tmpfs) and ``read_only`` (a read-only tmpfs) of conftest.py."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from conftest import tmpfs
 from fastrecord.commands.cli import main
 from fastrecord.video import decode_mp4
 
@@ -42,20 +45,6 @@ def assert_one_line(stderr: str, command: str) -> str:
     lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.startswith("fastrecord ")]
     assert len(lines) == 1 and lines[0].startswith(f"fastrecord {command}: error: "), stderr
     return lines[0]
-
-
-@pytest.fixture
-def read_only(tmp_path):
-    """A read-only folder (a read-only tmpfs: root passes permission bits)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_short_version_flag(capsys):
@@ -119,19 +108,13 @@ def test_merge_into_a_read_only_folder(tmp_path, capsys, monkeypatch):
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    mnt = tmp_path / "run"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs (needs root or CAP_SYS_ADMIN)")
-    try:
+    with tmpfs(tmp_path / "run", "size=4m") as mnt:
         _record_double(mnt, total=3)
-        (mnt / "double.h5").unlink()
+        (mnt / "double.h5").unlink()  # the joined file to be made again
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         assert main(["merge", str(mnt), "--name", "double"]) == 1
         line = assert_one_line(capsys.readouterr().err, "merge")
         assert "read-only" in line, line
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_wandb_without_a_login_is_refused_before_any_env(tmp_path, monkeypatch, capsys):
