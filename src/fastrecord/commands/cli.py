@@ -252,7 +252,10 @@ def failure_line(e: BaseException, args: argparse.Namespace) -> str:
     if isinstance(e, OSError) and e.strerror:  # the OS's words and the path, without "[Errno N]"
         text = e.strerror if e.filename is None else f"{e.strerror}: {e.filename}"
     text = " ".join(text.split())
-    if args.command in KEEPS_EPISODES and "kept" not in text and "safely on disk" not in text:
+    from fastrecord.sinks.loggers import LoggerLoginError
+
+    started = not isinstance(e, LoggerLoginError)  # a login is checked before anything is made
+    if started and args.command in KEEPS_EPISODES and "kept" not in text and "safely on disk" not in text:
         out = _requested(args, "output_dir") or _config_default(args.command, "output_dir")
         if out is None:  # replay's default: a folder next to its input
             text += "; the episodes finished before the failure are kept and readable in its output folder"
