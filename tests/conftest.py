@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-
+import contextlib
 import subprocess
 
 import h5py
@@ -77,15 +77,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs mounted on a folder of tmp_path (needs root, as in CI)."""
-    mnt = tmp_path / "disk"
+@contextlib.contextmanager
+def tmpfs(mnt, options: str):
+    """A tmpfs mounted on the new folder ``mnt`` with ``options`` (e.g. "size=2m", "ro,size=1m") while in
+    the block; the test is skipped where mounting needs root or CAP_SYS_ADMIN."""
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MiB tmpfs to fill (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs -o {options} (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs mounted on a folder of tmp_path (needs root, as in CI)."""
+    with tmpfs(tmp_path / "disk", "size=2m") as mnt:
+        yield mnt
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A read-only folder: a read-only tmpfs (root passes permission bits, not a read-only mount)."""
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as mnt:
+        yield mnt

@@ -125,9 +125,9 @@ def test_keep_needs_the_flag_it_filters_on(tmp_path):
 
 
 def test_missing_sensor_camera(make_env, tmp_path):
-    env = RecordEpisode(make_env("PickCube-v1"), tmp_path, video_source="sensor:wrist")
-    with pytest.raises(ValueError, match=r"sensor_data/wrist/rgb.*obs_mode='rgb'"):
-        env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"video_source='sensor:wrist'.*no camera images.*obs_mode='rgb'"):
+        RecordEpisode(make_env("PickCube-v1"), tmp_path / "out", video_source="sensor:wrist")  # before any file
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_buffer_that_cannot_fit(tmp_path):

@@ -182,3 +182,32 @@ def test_gpu_branch_wiring_runs_with_one_cpu_env(tmp_path):
 def test_missing_obs_horizon_is_a_clear_error():
     with pytest.raises(ValueError, match="obs_horizon"):
         make_eval_envs(ENV_ID, 1, "physx_cpu", env_kwargs(), {})
+
+
+# ---------------------------------------------------------------------------------------------- argument checks
+@pytest.mark.parametrize(("change", "match"), [
+    (dict(num_envs=0), r"num_envs=0 must be an integer >= 1"),
+    (dict(num_envs=2.5), r"num_envs=2.5 must be an integer >= 1"),
+    (dict(sim_backend="physx_cpux"), r"sim_backend='physx_cpux' is unknown; use one of .*physx_cpu"),
+    (dict(env_id="PickCub-v1"), r"env_id='PickCub-v1' is not a registered environment; did you mean PickCube-v1"),
+    (dict(env_kwargs=None), r"env_kwargs=None must be a dict"),
+    (dict(keep="sometimes"), r"keep='sometimes' is not a filter; use one of"),
+    (dict(record_kwargs=dict(video_fsp=30)), r"record_kwargs has unknown keys \['video_fsp'\]; use .*video_fps"),
+    (dict(record_kwargs=dict(video_fps=0)), r"video_fps=0 must be a positive number"),
+    (dict(log="mlflow"), r"log='mlflow' is not a logger; use one of 'tensorboard', 'wandb'"),
+    (dict(episodes=0), r"episodes=0 must be an integer >= 1"),
+    (dict(wrappers=["FrameStack"]), r"wrappers=\['FrameStack'\] must be a list of wrapper classes"),
+])
+def test_bad_arguments_are_refused_before_anything_is_made(tmp_path, change, match):
+    kwargs = dict(env_id="PickCube-v1", num_envs=1, sim_backend="physx_cpu", env_kwargs=dict(), other_kwargs=dict(obs_horizon=2),
+                  video_dir=str(tmp_path / "videos"))
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=match):
+        make_eval_envs(**kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_as_video_dir_is_refused(tmp_path):
+    (tmp_path / "videos").write_text("")
+    with pytest.raises(ValueError, match=r"video_dir=.*videos' is a file, not a folder"):
+        make_eval_envs("PickCube-v1", 1, "physx_cpu", {}, dict(obs_horizon=2), video_dir=str(tmp_path / "videos"))

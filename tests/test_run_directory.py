@@ -287,3 +287,56 @@ def test_full_disk_is_an_error_in_the_caller_and_keeps_what_was_written(small_di
         env.close()
     eps = check_pair(out / "t.h5")  # readable, consistent, and holding what was durable before
     assert written > 0 and len(eps) >= written
+
+
+# ---------------------------------------------------------------------------------------------- runs that recorded nothing
+def test_a_run_that_recorded_nothing_does_not_block_the_same_name(tmp_path):
+    RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t").close()  # closed before any episode
+    assert episodes(tmp_path / "t.json") == []
+    record(tmp_path, trajectory_name="t")  # the same command again: replaces the empty run
+    assert len(check_pair(tmp_path / "t.h5")) == 2
+    with pytest.raises(OutputExistsError, match="already holds a run named 't'"):  # a run with episodes still blocks
+        RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
+
+
+def test_a_start_up_killed_before_any_episode_does_not_block(tmp_path):
+    (tmp_path / f"t{MANIFEST_SUFFIX}").write_text(json.dumps(dict(name="t", status="recording", counters={}, files=[])))
+    (tmp_path / "other.mp4").write_bytes(b"not ours")
+    record(tmp_path, trajectory_name="t")
+    assert len(check_pair(tmp_path / "t.h5")) == 2
+    assert (tmp_path / "other.mp4").read_bytes() == b"not ours"  # another run's file: untouched
+
+
+def test_a_run_with_videos_only_still_blocks(tmp_path):
+    record(tmp_path, trajectory_name="t", save_trajectory=False)
+    assert list(tmp_path.glob("*.mp4"))
+    with pytest.raises(OutputExistsError, match="already holds a run named 't'"):
+        RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
+
+
+def test_no_space_at_start_leaves_no_folder_nor_lock(small_disk):
+    from fastrecord.sinks.base import RunDirectory
+
+    try:
+        (small_disk / "filler").write_bytes(os.urandom(4 << 20))
+    except OSError:  # full now, as meant
+        pass
+    with pytest.raises(OSError, match="No space left"):
+        RunDirectory(small_disk / "a" / "b", "t").open()
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_an_unknown_sensor_camera_is_refused_before_the_run_directory(tmp_path, make_env):
+    from conftest import CAMERA
+
+    env = make_env(obs_mode="rgb", sensor_configs=CAMERA)
+    out = tmp_path / "rec"
+    with pytest.raises(ValueError, match=r"video_source='sensor:nocam': the env has no RGB camera 'nocam'; its "
+                                         r"observations hold base_camera: pass video_source='sensor:base_camera'"):
+        RecordEpisode(env, out, trajectory_name="t", video_source="sensor:nocam")
+    assert not out.exists()
+    state = make_env(obs_mode="state")
+    with pytest.raises(ValueError, match=r"observations hold no camera images \(obs_mode='state'\); create the env with obs_mode='rgb'"):
+        RecordEpisode(state, out, trajectory_name="t", video_source="sensor:base_camera")
+    assert not out.exists()
+    RecordEpisode(env, out, trajectory_name="t", video_source="sensor:base_camera").close()  # the right name works

@@ -17,6 +17,7 @@ here one fastrecord recorder wraps the whole vector env from outside and keeps e
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -88,6 +89,8 @@ def make_eval_envs(
     """
     from fastrecord import shards
 
+    check_eval_env_arguments(env_id, num_envs, sim_backend, env_kwargs, other_kwargs, video_dir, wrappers,
+                             keep=keep, record_kwargs=record_kwargs, log=log, episodes=episodes, seed=seed)
     info = shards.rank_info()
     if episodes is None and info.distributed and video_dir:
         raise ValueError(f"make_eval_envs under torchrun (rank {info.rank} of {info.world_size}) needs episodes=N, the "
@@ -152,6 +155,69 @@ def make_eval_envs(
         env = _ScheduledResets(env, sharding)
     env = FrameStack(env, num_stack=num_stack)
     return ManiSkillVectorEnv(env, ignore_terminations=True, record_metrics=True)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_kwargs: Any, other_kwargs: Any,
+                             video_dir: Any, wrappers: Any, *, keep: Any, record_kwargs: Any, log: Any,
+                             episodes: Any, seed: Any) -> None:
+    """Refuse `make_eval_envs` arguments that would fail later (an IndexError, a KeyError deep in
+    ManiSkill, an error after the envs are made): a ValueError naming the value, the allowed values and
+    the fix, before any env, process or file is created."""
+    import difflib
+    import numbers
+    import os
+
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+    from mani_skill.envs.utils.system.backend import sim_backend_name_mapping
+
+    if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
+        raise ValueError(f"num_envs={num_envs!r} must be an integer >= 1 (the number of parallel envs), e.g. num_envs=8")
+    if not isinstance(env_id, str) or env_id not in gym.registry:
+        close = difflib.get_close_matches(str(env_id), list(gym.registry), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ValueError(f"env_id={env_id!r} is not a registered environment; {hint}pass a ManiSkill task id such as "
+                         f"'PickCube-v1' (gymnasium.registry lists them)")
+    backends = tuple(sim_backend_name_mapping)
+    base = sim_backend.split(":")[0] if isinstance(sim_backend, str) else None
+    if base not in backends:
+        raise ValueError(f"sim_backend={sim_backend!r} is unknown; use one of {', '.join(backends)} (the CUDA ones also "
+                         f"as cuda:N), e.g. sim_backend='physx_cpu'")
+    if sim_backend_name_mapping[base] == "physx_cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"sim_backend={sim_backend!r} needs a CUDA device and this machine has none (torch sees "
+                             f"no CUDA); use sim_backend='physx_cpu'")
+    for name, value in (("env_kwargs", env_kwargs), ("other_kwargs", other_kwargs)):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name}={value!r} must be a dict of keyword arguments, e.g. {name}=dict()")
+    if video_dir is not None:
+        if not isinstance(video_dir, (str, os.PathLike)) or not str(video_dir):
+            raise ValueError(f"video_dir={video_dir!r} must be a folder path (str or Path), or None to record nothing")
+        if os.path.exists(video_dir) and not os.path.isdir(video_dir):
+            raise ValueError(f"video_dir={str(video_dir)!r} is a file, not a folder; pass a folder path, or None")
+    if isinstance(wrappers, (str, bytes)) or not all(callable(w) for w in wrappers):
+        raise ValueError(f"wrappers={wrappers!r} must be a list of wrapper classes (callables env -> env), e.g. [] ")
+    if record_kwargs is not None and not isinstance(record_kwargs, Mapping):
+        raise ValueError(f"record_kwargs={record_kwargs!r} must be a dict of fastrecord.RecordEpisode arguments, or None")
+    if log is not None:
+        from fastrecord.sinks.loggers import LOGGERS
+
+        if log not in LOGGERS:
+            raise ValueError(f"log={log!r} is not a logger; use one of {', '.join(map(repr, LOGGERS))}, or None to log nothing")
+    if episodes is not None and (isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1):
+        raise ValueError(f"episodes={episodes!r} must be an integer >= 1 (the evaluation episodes of all ranks), or None")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed={seed!r} must be an integer, e.g. seed=0")
+    from fastrecord.options import RecordOptions
+
+    options = {k: v for k, v in (record_kwargs or {}).items() if k not in ("output_dir", "sinks")}
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(RecordOptions)})
+    if unknown:
+        raise ValueError(f"record_kwargs has unknown keys {unknown}; use fastrecord.RecordEpisode's options "
+                         f"({', '.join(f.name for f in dataclasses.fields(RecordOptions))}) or sinks")
+    RecordOptions(**{"keep": keep, **options})  # raises the wrappers' ValueError for a bad value
 
 
 # ---------------------------------------------------------------------------------------------- CPU

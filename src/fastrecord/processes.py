@@ -223,6 +223,9 @@ def _child_main(fd: int, module: str, parent_pid: int, nice: int, keep_after_err
 
     if not keep_after_error:
         sys.unraisablehook = lambda u: report(u.exc_value, True)
+        # Cython destructors (h5py's, on a full disk) print through sys.excepthook before sys.unraisablehook:
+        # the error goes to the parent, which reports it once, instead of a traceback on the user's terminal
+        sys.excepthook = lambda kind, value, tb: report(value, True)
     try:
         served = import_bare(module)
     except BaseException as e:  # noqa: BLE001 - answered to the first call

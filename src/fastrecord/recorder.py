@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
+from fastrecord.cameras import check_video_source
 from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
 from fastrecord.exits import close_at_exit, forget_at_exit
@@ -60,6 +61,7 @@ class EpisodeRecorder:
                 f"render_mode='rgb_array' (or one of {IMAGE_RENDER_MODES}), pass video_source='sensor:<camera>', "
                 f"or set save_video=False."
             )
+        check_video_source(opts.video_source, view.env)  # a bad camera name: before the run directory is made
         self.options = opts
         self.view = view
         self.num_envs = view.num_envs

@@ -6,7 +6,8 @@
     fastrecord gallery recordings                     # recordings/gallery.html: the videos, filterable
     torchrun --standalone --nproc-per-node 2 -m fastrecord record PickCube-v1 --episodes 100   # sharded
     fastrecord merge recordings                       # (re)join a sharded run's shards
-    fastrecord --version
+    fastrecord --version                              # or -V
+    FASTRECORD_DEBUG=1 fastrecord record ...          # or --debug: errors with their traceback
 
 Each subcommand lives in its own module with ``configure_parser(parser)`` and ``main_from_args(args)``.
 A mistake in the options or the config file is one line, ``fastrecord <cmd>: error: ...``, and exit
@@ -51,6 +52,9 @@ CUDA_SIM = ("physx_cuda", "cuda", "gpu")
 CUDA_RENDER = ("sapien_cuda", "cuda", "gpu")
 QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)
 MANISKILL_LOGGERS = ("mani_skill ", "mani_skill")  # 3.0.1 names its logger with a trailing space
+DEBUG_ENV = "FASTRECORD_DEBUG"  # set (not "" or "0"): errors keep their traceback
+RUNTIME_MODULES = ("h5py", "av", "wandb")  # libraries whose errors reaching main are runtime failures (exit 1)
+KEEPS_EPISODES = ("record", "replay")  # commands whose finished episodes stay on disk after a failure
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -225,6 +229,67 @@ def rephrase_maniskill_error(e: BaseException, args: argparse.Namespace) -> str 
     return None
 
 
+# ---------------------------------------------------------------------------------------------- runtime failures
+def is_runtime_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a failure a user can meet while a command runs (exit 1, one line), not a bad option
+    (a ValueError: exit 2) nor a bug (kept with its traceback): an OS error (disk full, permissions, a
+    missing folder), a background writer's or encoder's `fastrecord.WorkerError`, an error of HDF5, PyAV
+    or W&B, a logger without its login."""
+    from fastrecord.sinks.loggers import LoggerLoginError
+    from fastrecord.workers import WorkerError
+
+    if isinstance(e, (OSError, WorkerError, LoggerLoginError)):
+        return True
+    return any(c.__module__.split(".")[0] in RUNTIME_MODULES for c in type(e).__mro__)
+
+
+_CHILD_TRACEBACK = re.compile(r"\s*\([^()]*traceback:.*", re.DOTALL)
+
+
+def failure_line(e: BaseException, args: argparse.Namespace) -> str:
+    """``e`` as one line (a child process's traceback quoted in its message dropped), then, for the
+    commands that record, where the episodes finished before it are kept."""
+    text = _CHILD_TRACEBACK.sub("", str(e)).strip() or type(e).__name__
+    if isinstance(e, OSError) and e.strerror:  # the OS's words and the path, without "[Errno N]"
+        text = e.strerror if e.filename is None else f"{e.strerror}: {e.filename}"
+    text = " ".join(text.split())
+    from fastrecord.sinks.loggers import LoggerLoginError
+
+    started = not isinstance(e, LoggerLoginError)  # a login is checked before anything is made
+    if started and args.command in KEEPS_EPISODES and "kept" not in text and "safely on disk" not in text:
+        out = _requested(args, "output_dir") or _config_default(args.command, "output_dir")
+        if out is None:  # replay's default: a folder next to its input
+            text += "; the episodes finished before the failure are kept and readable in its output folder"
+        elif os.path.isdir(out):
+            text += (f"; the episodes finished before the failure are kept and readable in {out} "
+                     f"(fastrecord info {out})")
+        else:
+            text += f"; nothing was written ({out} was not left behind)"
+    return text
+
+
+def _config_default(command: str, key: str) -> Any:
+    """The default of ``key`` in ``command``'s config dataclass (None: no such field)."""
+    config = SUBCOMMANDS.get(command, (None, None, None))[2]
+    if config is None:
+        return None
+    module, _, name = config.partition(":")
+    try:
+        fields = {f.name: f for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
+    except (ImportError, AttributeError, TypeError):
+        return None
+    f = fields.get(key)
+    return None if f is None or f.default is dataclasses.MISSING else f.default
+
+
+def check_logger_credentials(args: argparse.Namespace) -> None:
+    """``--log wandb`` without W&B credentials: refused before any env is made (`LoggerLoginError`)."""
+    if _requested(args, "log") == "wandb":
+        from fastrecord.sinks.loggers import check_wandb_login
+
+        check_wandb_login()
+
+
 class StopSignals:
     """Owns the SIGINT/SIGTERM handlers of one run: installed on enter (main thread only), restored on exit.
 
@@ -289,7 +354,9 @@ def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict
     ("" none): the others are listed with their one-line help, and their modules (several import torch
     and ManiSkill) are not imported, so ``fastrecord --version`` or ``fastrecord info`` start at once."""
     parser = argparse.ArgumentParser(prog="fastrecord", description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("-V", "--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,  # main() takes it off the line
+                        help=f"let errors end in their traceback (as {DEBUG_ENV}=1; accepted anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     modules = {}
     for name, (module, help_, config) in SUBCOMMANDS.items():
@@ -358,25 +425,32 @@ def main(argv: list[str] | None = None) -> int:
 
         start_forkserver()  # its imports (torch, ManiSkill) run on another core while ours run here
     quiet_third_party()
+    debug = "--debug" in args_in or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    args_in = [a for a in args_in if a != "--debug"]
     command = next((a for a in args_in if not a.startswith("-")), "")
     parser, modules = build_parser(only=command if command in SUBCOMMANDS else "")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     try:
         if args.command in ("record", "replay"):
             check_env_options(args)
+            check_logger_credentials(args)
         return modules[args.command].main_from_args(args)
-    except ValueError as e:
-        print(f"fastrecord {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except (AssertionError, RuntimeError) as e:  # ManiSkill refuses a mode with an assert
-        message = rephrase_maniskill_error(e, args)
+    except BrokenPipeError:  # output piped into a program that stopped reading (| head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as e:  # noqa: BLE001 - sorted below: bad options (2), runtime failures (1), bugs (raised)
+        if debug:
+            raise
+        if is_runtime_failure(e):
+            print(f"fastrecord {args.command}: error: {failure_line(e, args)}", file=sys.stderr)
+            return 1
+        message = str(e) if isinstance(e, ValueError) else None
+        if isinstance(e, (AssertionError, RuntimeError)):  # ManiSkill refuses a mode with an assert
+            message = rephrase_maniskill_error(e, args)
         if message is None:
             raise
         print(f"fastrecord {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into a program that stopped reading (| head): not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except KeyboardInterrupt:  # Ctrl-C outside a run loop (loading, env creation): nothing half-written to save
         print(f"fastrecord {args.command}: interrupted (SIGINT)", file=sys.stderr)
         return 128 + signal.SIGINT

@@ -203,6 +203,12 @@ def write_gallery(folder: str | Path, output: str | Path | None = None, title: s
     page = Path(output) if output is not None else root / "gallery.html"
     if not page.is_absolute() and output is not None and page.parent == Path("."):
         page = root / page  # a bare file name goes into the folder, next to the videos
+    if not page.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {page}: its folder {page.parent} does not exist; create it, or pass "
+                                f"--output in an existing folder")
+    if not os.access(page.parent, os.W_OK):
+        raise PermissionError(f"cannot write {page}: its folder {page.parent} is read-only; pass --output in a folder "
+                              f"you can write to (nothing was written)")
     tiles = collect(root, page)
     tmp = page.with_name(page.name + ".tmp")
     tmp.write_text(render(tiles, title or f"fastrecord gallery: {root.resolve().name}"), encoding="utf-8")

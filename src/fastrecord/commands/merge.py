@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+from pathlib import Path
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -38,6 +40,10 @@ def main_from_args(args: argparse.Namespace) -> int:
 
     if args.expected is not None and args.expected < 1:
         raise ValueError(f"expected={args.expected} must be at least 1; pass --expected N with N >= 1, or leave it out")
+    out = Path(args.dir)
+    if (out / f"{args.name}.shards").is_dir() and not os.access(out, os.W_OK):
+        raise PermissionError(f"cannot merge into {out}: the folder is read-only and merge writes {args.name}.h5 + "
+                              f"{args.name}.json there; make it writable or copy the run elsewhere (nothing was changed)")
     report = merge(args.dir, args.name, consolidate=args.consolidate, expected=args.expected)
     if args.json:
         data = dataclasses.asdict(report) | {"ok": report.ok}

@@ -149,18 +149,64 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written temporary left behind
+        raise
+
+
+def _holds_videos(folder: Path) -> bool:
+    return any(p.suffix == ".mp4" for p in folder.rglob("*"))
+
+
+def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
+    """Whether the run ``name`` whose files are ``existing`` recorded nothing: no episode in ``NAME.json``,
+    no part or shard files, no counter above 0, and its other files empty (a results file of no episode)
+    or folders without videos (a logger's folder of no episode). What start-up left when it was
+    interrupted (Ctrl-C, a bad camera name found at the first reset) or a run closed before its first
+    episode ended."""
+    manifest = read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}")
+    if any(isinstance(v, int) and v > 0 for v in manifest.get("counters", {}).values()):
+        return False
+    own = {output_dir / f"{name}{s}": s for s in (".h5", ".json", ".h5.parts", ".shards", MANIFEST_SUFFIX)}
+    for p in existing:
+        suffix = own.get(p)
+        if suffix == MANIFEST_SUFFIX:
+            continue
+        if suffix in (".h5.parts", ".shards"):
+            if any(p.iterdir()):
+                return False
+        elif suffix == ".json":
+            try:
+                if json.loads(p.read_text()).get("episodes"):
+                    return False
+            except (OSError, ValueError, AttributeError):
+                return False  # unreadable: keep it, the user decides
+        elif suffix == ".h5":
+            if not (output_dir / f"{name}.json").exists():
+                return False  # an HDF5 file without its episode list: not ours to judge
+        elif p.is_dir():
+            if _holds_videos(p):
+                return False
+        elif p.stat().st_size > 0:
+            return False
+    return True
 
 
 class RunDirectory:
     """Owns: one run's claim on ``output_dir`` (the lock of its name), the decision about what an earlier
     run of that name left (error / overwrite / resume), and the run manifest listing the run's files.
 
-    ``open()`` is the first thing that touches the disk; ``close(status)`` releases the claim.
+    ``open()`` is the first thing that touches the disk; ``close(status)`` releases the claim. An earlier
+    run of the name that recorded nothing (`recorded_nothing`: no episode, video, part or shard, e.g. one
+    stopped during start-up) counts as absent whatever ``if_exists`` says: its files are replaced, so the
+    same command can be run again. An ``open()`` that fails (no space for the manifest) removes what it
+    created, the lock and the folders included.
     """
 
     def __init__(self, output_dir: str | Path, name: str | None, if_exists: str = "error",
@@ -191,21 +237,39 @@ class RunDirectory:
         return self.path(MANIFEST_SUFFIX)
 
     def open(self) -> RunDirectory:
+        made = [p for p in (self.output_dir, *self.output_dir.parents) if not p.exists()]  # deepest first
         try:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
+            self._remove_folders(made)
             raise ValueError(f"output_dir={str(self.output_dir)!r} cannot be created ({e.strerror}); pass a writable directory") from e
-        if not self.output_dir.is_dir() or not os.access(self.output_dir, os.W_OK | os.X_OK):
-            raise ValueError(f"output_dir={str(self.output_dir)!r} is not a writable directory; pass a directory you can write to")
-        if self.requested_name:
-            self._claim(self.requested_name, default_name=False)
-        else:  # ManiSkill's timestamp name, made unique: never another run's files
-            stamp = time.strftime("%Y%m%d_%H%M%S")
-            for k in range(10_000):
-                if self._claim(stamp if k == 0 else f"{stamp}_{k}", default_name=True):
-                    break
-        self._write_manifest(status="recording", force=True)
+        try:
+            if not self.output_dir.is_dir() or not os.access(self.output_dir, os.W_OK | os.X_OK):
+                raise ValueError(f"output_dir={str(self.output_dir)!r} is not a writable directory; pass a directory you can write to")
+            if self.requested_name:
+                self._claim(self.requested_name, default_name=False)
+            else:  # ManiSkill's timestamp name, made unique: never another run's files
+                stamp = time.strftime("%Y%m%d_%H%M%S")
+                for k in range(10_000):
+                    if self._claim(stamp if k == 0 else f"{stamp}_{k}", default_name=True):
+                        break
+            self._write_manifest(status="recording", force=True)
+        except BaseException:
+            if self._created:
+                self.manifest_path.unlink(missing_ok=True)
+            self._release()
+            self._remove_folders(made)
+            raise
         return self
+
+    @staticmethod
+    def _remove_folders(made: list[Path]) -> None:
+        """Remove the folders of ``made`` (deepest first) that are still empty: what a failed open created."""
+        for p in made:
+            try:
+                p.rmdir()
+            except OSError:
+                return
 
     def _claim(self, name: str, default_name: bool) -> bool:
         """Take the lock of ``name`` and apply the policy; False when a default name is taken."""
@@ -241,6 +305,11 @@ class RunDirectory:
         if default_name:
             self._release()
             return False
+        if recorded_nothing(self.output_dir, name, existing):
+            for p in existing:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            log.info("fastrecord: replaced the earlier run %r in %s, which recorded nothing", name, self.output_dir)
+            return True
         self.previous = read_manifest(self.manifest_path)
         if self.if_exists == "error":
             self._release()

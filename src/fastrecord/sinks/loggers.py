@@ -47,6 +47,48 @@ class MissingLoggerError(ImportError, ValueError):
     """A logger's library is not installed (a ValueError too, so the CLI prints it as one line)."""
 
 
+class LoggerLoginError(RuntimeError):
+    """A logger's service has no credentials on this machine (the CLI prints it as one line, exit 1)."""
+
+
+WANDB_NO_LOGIN_MODES = ("offline", "disabled", "dryrun")  # W&B modes that need no login
+
+
+def check_wandb_login() -> None:
+    """Raise `LoggerLoginError` when ``wandb.init`` would need a login and this machine has none: no
+    ``WANDB_API_KEY``, no netrc entry for the W&B host, and W&B not set to an offline mode (``WANDB_MODE``
+    or ``wandb offline``'s settings file). Reads files only; never prompts nor reaches the network."""
+    import configparser
+    import netrc
+    import os
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE", "").lower() in WANDB_NO_LOGIN_MODES:
+        return
+    settings = configparser.ConfigParser()
+    config_dir = os.environ.get("WANDB_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".config", "wandb")
+    try:
+        settings.read(os.path.join(config_dir, "settings"))
+    except configparser.Error:
+        pass
+    if settings.get("default", "mode", fallback="").lower() in WANDB_NO_LOGIN_MODES:
+        return
+    base = os.environ.get("WANDB_BASE_URL") or settings.get("default", "base_url", fallback="https://api.wandb.ai")
+    host = urlparse(base).hostname or base
+    home = os.path.expanduser("~")
+    for path in (os.environ.get("NETRC"), os.path.join(home, ".netrc"), os.path.join(home, "_netrc")):
+        if path and os.path.isfile(path):
+            try:
+                if netrc.netrc(path).authenticators(host):
+                    return
+            except (OSError, netrc.NetrcParseError):
+                pass
+    raise LoggerLoginError(
+        f"--log wandb needs a W&B login and this machine has none for {host} (no WANDB_API_KEY, no netrc entry); "
+        f"run `wandb login` first, or log offline with WANDB_MODE=offline (then `wandb sync` the run later)"
+    )
+
+
 def _require(module: str, who: str) -> None:
     try:
         importlib.import_module(module)

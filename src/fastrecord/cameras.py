@@ -1,0 +1,44 @@
+"""Which cameras an env's observations hold: ``video_source="sensor:<camera>"`` checked when the wrapper
+is made, before the run directory is, rather than at the first reset (which would leave an empty run).
+
+ManiSkill envs declare their observations in ``observation_space`` (``single_observation_space`` for a
+vector env): ``sensor_data/<camera>/rgb`` for each RGB camera of an image ``obs_mode``. Envs that do not
+declare a ``Dict`` observation space cannot tell, and are checked at the first reset instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def observed_cameras(env: Any) -> list[str] | None:
+    """The cameras whose RGB images ``env``'s observations hold (``sensor_data/<camera>/rgb``); [] for a
+    ManiSkill env observing no images (e.g. ``obs_mode="state"``); None when ``env`` cannot tell."""
+    space = getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
+    spaces = getattr(space, "spaces", None)
+    sensors = spaces.get("sensor_data") if isinstance(spaces, Mapping) else None
+    if sensors is None:  # a ManiSkill env (it has sensors) observing no images; else the env cannot tell
+        return [] if hasattr(getattr(env, "unwrapped", None), "_sensors") else None
+    cameras = getattr(sensors, "spaces", None)
+    if not isinstance(cameras, Mapping):
+        return None
+    return [name for name, cam in cameras.items() if "rgb" in (getattr(cam, "spaces", None) or {})]
+
+
+def check_video_source(video_source: str, env: Any) -> None:
+    """Raise ValueError when ``video_source="sensor:<camera>"`` names a camera whose RGB images ``env``'s
+    observations do not hold, naming the cameras they do hold. "render", and envs that cannot tell, pass."""
+    if not video_source.startswith("sensor:"):
+        return
+    camera = video_source.split(":", 1)[1]
+    cameras = observed_cameras(env)
+    if cameras is None or camera in cameras:
+        return
+    if cameras:
+        raise ValueError(f"video_source={video_source!r}: the env has no RGB camera {camera!r}; its observations hold "
+                         f"{', '.join(cameras)}: pass video_source='sensor:{cameras[0]}' (or another of them), or "
+                         f"video_source='render'")
+    obs_mode = getattr(getattr(env, "unwrapped", None), "obs_mode", None)
+    raise ValueError(f"video_source={video_source!r}: the env's observations hold no camera images "
+                     f"(obs_mode={obs_mode!r}); create the env with obs_mode='rgb' (or 'rgbd'), or use video_source='render'")
