@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from fastrecord import shards
+from fastrecord.sinks.maniskill_h5 import read_json
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = Path(__file__).with_name("shard_worker.py")
@@ -160,14 +161,17 @@ def test_merge_reports_and_refuses(tmp_path, monkeypatch):
     report = shards.merge(tmp_path, "double", expected=7)  # two more asked for than recorded
     assert report.missing == [5, 6] and not report.ok and report.episodes == 5
     assert any("missing: 2 global episodes (5-6)" in line for line in report.lines())
-    consolidated = shards.merge(tmp_path, "double", consolidate=True)
+    consolidated = shards.merge(tmp_path, "double")  # the default: one self-contained file
     assert consolidated.ok and consolidated.consolidated
+    assert "(one self-contained file)" in consolidated.lines()[0]
     with h5py.File(tmp_path / "double.h5") as f:
         assert all(not isinstance(f.get(k, getlink=True), h5py.ExternalLink) for k in f)
         assert set(f) == {f"traj_{g}" for g in range(5)}
     before = read_dataset(tmp_path / "double.h5")
-    relinked = shards.merge(tmp_path, "double")  # idempotent: back to the index, same episodes
-    assert relinked.ok
+    relinked = shards.merge(tmp_path, "double", links=True)  # idempotent: an index of links, same episodes
+    assert relinked.ok and not relinked.consolidated and "index of links into double.shards/" in relinked.lines()[0]
+    with h5py.File(tmp_path / "double.h5") as f:
+        assert all(isinstance(f.get(k, getlink=True), h5py.ExternalLink) for k in f)
     assert_same_episodes(before, read_dataset(tmp_path / "double.h5"))
     # a shard of another env: refused, naming both ranks
     other = shards.shard_dir(tmp_path, "double", 1)
@@ -179,11 +183,11 @@ def test_merge_reports_and_refuses(tmp_path, monkeypatch):
         shards.merge(tmp_path, "double")
     shutil.rmtree(other)
     # a self-contained NAME.h5 holding episodes no shard has any more is never replaced
-    shards.merge(tmp_path, "double", consolidate=True)
+    shards.merge(tmp_path, "double")
     shutil.rmtree(shards.shard_dir(tmp_path, "double", 0))
     shards.shard_dir(tmp_path, "double", 0).mkdir()
     (shards.shard_dir(tmp_path, "double", 0) / "double.json").write_text(json.dumps({**doc, "episodes": []}))
-    with pytest.raises(ValueError, match=r"self-contained file holding episodes 0-4 that no shard"):
+    with pytest.raises(ValueError, match=r"self-contained file holding episodes 0, 1, 2, 3, 4 that the files being joined"):
         shards.merge(tmp_path, "double")
     assert len(read_dataset(tmp_path / "double.h5")) == 5
 
@@ -251,9 +255,8 @@ def test_torchrun_pickcube_world_sizes_1_and_2(pickcube_runs):
     assert_same_episodes(one, two)
     meta = json.loads((out2 / "trajectory.json").read_text())
     assert meta["env_info"]["env_id"] == "PickCube-v1" and meta["env_info"]["max_episode_steps"] == 12
-    with h5py.File(out2 / "trajectory.h5") as f:  # the index: links into the shards, relative
-        link = f.get("traj_3", getlink=True)
-        assert isinstance(link, h5py.ExternalLink) and link.filename == "trajectory.shards/rank00001/trajectory.h5"
+    with h5py.File(out2 / "trajectory.h5") as f:  # the joined file: self-contained
+        assert all(isinstance(f.get(k, getlink=True), h5py.HardLink) for k in f)
     for rank in (0, 1):  # each shard: a normal run, closed, with its own results file
         shard = shards.shard_dir(out2, "trajectory", rank)
         assert json.loads((shard / "trajectory.fastrecord.json").read_text())["status"] == "closed"
@@ -299,7 +302,7 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
-            doc = shards._read_json(shard1 / "trajectory.json")
+            doc = read_json(shard1 / "trajectory.json")
             if doc is not None and len(doc["episodes"]) >= 1:
                 killed = int((shard1 / ".trajectory.lock").read_text().split()[1])  # "pid N on HOST"
                 os.kill(killed, signal.SIGKILL)
@@ -311,7 +314,7 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
             proc.kill()
     assert killed is not None, "rank 1 finished no episode in time"
     assert proc.returncode != 0, output[-2000:]
-    left = len(shards._read_json(shard1 / "trajectory.json")["episodes"])
+    left = len(read_json(shard1 / "trajectory.json")["episodes"])
     assert 1 <= left < 4, "rank 1 was killed after it had finished: nothing to resume"
     report = shards.merge(out, "trajectory")  # merge reports, not fails
     assert report.missing and report.crashed == [1]
