@@ -113,14 +113,16 @@ def test_episode_rule_and_schedule():
     assert sch.done and sch.finished == [4, 1, 7]
 
 
-def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3) -> shards.EpisodeSchedule:
+def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3,
+                   save_video: bool = False) -> shards.EpisodeSchedule:
     """A sharded run of world size 1 in this process (no torchrun): what shard_worker.py does per rank."""
     from fastrecord import RecordEpisode
     from fastrecord.testing import BatchedDoubleEnv
 
     run = shards.DistributedRun(out, "double", total=total, base_seed=1000, if_exists=if_exists).open()
     base = BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=9, episode_lengths=lambda e, seed: 2 + seed % 7)
-    env = RecordEpisode(base, run.shard_dir, trajectory_name="double", if_exists=run.shard_if_exists, save_video=False)
+    env = RecordEpisode(base, run.shard_dir, trajectory_name="double", if_exists=run.shard_if_exists,
+                        save_video=save_video)
     schedule = run.plan(env.recorder, num_envs)
     shards.record_schedule(env, env.recorder, schedule, shards.SeededRandomPolicy(base.single_action_space, num_envs))
     env.close()
