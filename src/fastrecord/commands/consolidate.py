@@ -53,7 +53,8 @@ def consolidate_run(h5_path: str | Path) -> str:
 
 
 def _mib(path: Path) -> str:
-    return f"{path.stat().st_size / 2**20:.1f} MiB"
+    n = path.stat().st_size
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def main_from_args(args: argparse.Namespace) -> int:
