@@ -49,14 +49,16 @@ def test_crashed_run_copied_alone_then_consolidated(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
         assert "run.h5.parts" in err and ("fastrecord consolidate run.h5" in err or "copy run.h5.parts" in err), err
-    with pytest.raises(ValueError, match=r"index of links.*4 of its episodes.*run\.h5\.parts.*fastrecord consolidate run\.h5"):
+    with pytest.raises(ValueError,
+                       match=r"index of links.*4 of its episodes.*run\.h5\.parts.*fastrecord consolidate run\.h5"):
         open_trajectory(copy)
     with h5py.File(copy) as f:
         assert len(f) == 4  # the failed consolidate left the copy as it was
 
     assert main(["consolidate", str(h5)]) == 0  # where it was recorded
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith(f"{h5}: 4 episodes in one self-contained file") and "run.h5.parts/ removed" in out[0]
+    assert len(out) == 1 and out[0].startswith(f"{h5}: 4 episodes in one self-contained file")
+    assert "run.h5.parts/ removed" in out[0]
     assert not (h5.parent / "run.h5.parts").exists()
     moved = _copy_alone(h5, tmp_path / "elsewhere")
     assert len(check_file(moved)) == 4

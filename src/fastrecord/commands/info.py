@@ -10,8 +10,9 @@ lengths (min/mean/max steps), observation and action keys with their per-step sh
 other recorded fields, file sizes (trajectory, parts, a sharded run's ``NAME.shards/``, videos, also
 those in the shard folders), the run's status from its manifest ``NAME.fastrecord.json`` and any
 ``NAME.h5.parts/`` a crash left. A ``NAME.h5`` that links into files that are not there (copied without
-its parts or shards) is one error naming them and the fix (``fastrecord consolidate``). Reads fastrecord's files and those of
-ManiSkill's ``RecordEpisode`` (no manifest: status ``unknown``). Nothing is written.
+its parts or shards) is one error naming them and the fix (``fastrecord consolidate``). Reads
+fastrecord's files and those of ManiSkill's ``RecordEpisode`` (no manifest: status ``unknown``).
+Nothing is written.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import h5py
 
 from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
-from fastrecord.sinks.maniskill_h5 import PART_PATTERN, PARTS_SUFFIX, check_links, sibling_paths
+from fastrecord.sinks.maniskill_h5 import PART_PATTERN, PARTS_SUFFIX, TrajectoryFile, check_links, sibling_paths
 
 
 def find_runs(path: Path) -> list[Path]:
@@ -138,7 +139,9 @@ def _videos(h5_path: Path, manifest: dict[str, Any], single_run: bool) -> list[P
 
 def _shards_bytes(h5_path: Path) -> int:
     """Bytes of a sharded run's ``NAME.shards/`` other than its videos (counted with the videos)."""
-    root = h5_path.with_name(h5_path.stem + ".shards")
+    from fastrecord.shards import shards_root
+
+    root = shards_root(h5_path.parent, h5_path.stem)
     if not root.is_dir():
         return 0
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and f.suffix != ".mp4")
@@ -147,8 +150,6 @@ def _shards_bytes(h5_path: Path) -> int:
 def _open(h5_path: Path, json_path: Path):
     """The trajectory pair, read leniently (a file without ``env_info`` is still described); a pair that
     cannot be read at all is a ValueError naming the file."""
-    from fastrecord.sinks.maniskill_h5 import TrajectoryFile
-
     try:
         meta = json.loads(json_path.read_text())
     except FileNotFoundError:

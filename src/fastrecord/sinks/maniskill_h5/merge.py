@@ -35,11 +35,12 @@ def join_runs(h5_path: str | Path, sources: Sequence[tuple[str, str, str]], doc:
                              f"join again")
         old = read_json(json_path) or {}
         kept = {int(e["episode_id"]) for e in doc.get("episodes", []) if "episode_id" in e}
-        lost = sorted({int(x["episode_id"]) for x in old.get("episodes", []) if isinstance(x, dict) and "episode_id" in x}
-                      - kept)
+        listed = {int(x["episode_id"]) for x in old.get("episodes", []) if isinstance(x, dict) and "episode_id" in x}
+        lost = sorted(listed - kept)
         if state.get("self_contained") and lost:
             shown = ", ".join(map(str, lost[:10])) + (f", ... ({len(lost) - 10} more)" if len(lost) > 10 else "")
             raise ValueError(f"{h5_path} is a self-contained file holding episodes {shown} that the files being joined "
-                             f"no longer have; joining would drop them. Move {h5_path.name} and {json_path.name} away first")
+                             f"no longer have; joining would drop them. Move {h5_path.name} and {json_path.name} "
+                             f"away first")
     run_in_child("link_index" if links else "copy_index", str(h5_path), list(sources), doc)
     return h5_path
