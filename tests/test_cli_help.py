@@ -67,7 +67,7 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
     import importlib
 
     subs = _subparsers()
-    assert set(subs) == set(SUBCOMMANDS) == {"record", "replay", "bench", "info", "gallery", "merge"}
+    assert set(subs) == set(SUBCOMMANDS) == {"record", "replay", "bench", "info", "gallery", "merge", "consolidate"}
     for name, p in subs.items():
         config = SUBCOMMANDS[name][2]
         fields = {}
@@ -101,8 +101,8 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
     (["bench", "--help"], ["fastrecord's constant rate factor (default: 23)", "(default: ultrafast)"]),
     (["info", "--help"], ["--json", "(default: False)", "fastrecord info recordings --json"]),
     (["gallery", "--help"], ["(default: DIR/gallery.html)", "fastrecord gallery recordings"]),
-    (["merge", "--help"], ["--name NAME", "(default: trajectory)", "fastrecord merge recordings --consolidate"]),
-    (["--help"], ["{record,replay,bench,info,gallery,merge}", "--version"]),
+    (["merge", "--help"], ["--name NAME", "(default: trajectory)", "fastrecord merge recordings --links"]),
+    (["--help"], ["{record,replay,bench,info,gallery,merge,consolidate}", "--version"]),
 ])
 def test_help_texts(capsys, argv, expected):
     with pytest.raises(SystemExit) as e:

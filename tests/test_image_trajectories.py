@@ -174,7 +174,8 @@ def test_real_env_rgb_two_writers_dataset_and_replay(make_env, tmp_path):
 
 def test_image_chunks_are_frames_by_bands_of_rows(tmp_path):
     """Chunks hold up to 64 frames of a band of rows about 2 KiB a frame (README: Image observations on disk)."""
-    from fastrecord.sinks.maniskill_h5 import _image_chunks, _write_dataset
+    from fastrecord.sinks.maniskill_h5.layout import image_chunks as _image_chunks
+    from fastrecord.sinks.maniskill_h5.process import write_dataset as _write_dataset
 
     assert _image_chunks((51, 128, 128, 3), 1) == (51, 5, 128, 3)
     assert _image_chunks((200, 64, 64, 3), 1) == (64, 10, 64, 3)

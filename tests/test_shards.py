@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from fastrecord import shards
+from fastrecord.sinks.maniskill_h5 import read_json
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = Path(__file__).with_name("shard_worker.py")
@@ -132,14 +133,16 @@ def test_single_schedule_continues_the_run_on_disk(tmp_path):
         shards.single_schedule(tmp_path, "u", total=2, base_seed=0, num_envs=1)
 
 
-def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3) -> shards.EpisodeSchedule:
+def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3,
+                   save_video: bool = False) -> shards.EpisodeSchedule:
     """A sharded run of world size 1 in this process (no torchrun): what shard_worker.py does per rank."""
     from fastrecord import RecordEpisode
     from fastrecord.testing import BatchedDoubleEnv
 
     run = shards.DistributedRun(out, "double", total=total, base_seed=1000, if_exists=if_exists).open()
     base = BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=9, episode_lengths=lambda e, seed: 2 + seed % 7)
-    env = RecordEpisode(base, run.shard_dir, trajectory_name="double", if_exists=run.shard_if_exists, save_video=False)
+    env = RecordEpisode(base, run.shard_dir, trajectory_name="double", if_exists=run.shard_if_exists,
+                        save_video=save_video)
     schedule = run.plan(env.recorder, num_envs)
     shards.record_schedule(env, env.recorder, schedule, shards.SeededRandomPolicy(base.single_action_space, num_envs))
     env.close()
@@ -180,14 +183,17 @@ def test_merge_reports_and_refuses(tmp_path, monkeypatch):
     report = shards.merge(tmp_path, "double", expected=7)  # two more asked for than recorded
     assert report.missing == [5, 6] and not report.ok and report.episodes == 5
     assert any("missing: 2 global episodes (5-6)" in line for line in report.lines())
-    consolidated = shards.merge(tmp_path, "double", consolidate=True)
+    consolidated = shards.merge(tmp_path, "double")  # the default: one self-contained file
     assert consolidated.ok and consolidated.consolidated
+    assert "(one self-contained file)" in consolidated.lines()[0]
     with h5py.File(tmp_path / "double.h5") as f:
         assert all(not isinstance(f.get(k, getlink=True), h5py.ExternalLink) for k in f)
         assert set(f) == {f"traj_{g}" for g in range(5)}
     before = read_dataset(tmp_path / "double.h5")
-    relinked = shards.merge(tmp_path, "double")  # idempotent: back to the index, same episodes
-    assert relinked.ok
+    relinked = shards.merge(tmp_path, "double", links=True)  # idempotent: an index of links, same episodes
+    assert relinked.ok and not relinked.consolidated and "index of links into double.shards/" in relinked.lines()[0]
+    with h5py.File(tmp_path / "double.h5") as f:
+        assert all(isinstance(f.get(k, getlink=True), h5py.ExternalLink) for k in f)
     assert_same_episodes(before, read_dataset(tmp_path / "double.h5"))
     # a shard of another env: refused, naming both ranks
     other = shards.shard_dir(tmp_path, "double", 1)
@@ -199,11 +205,11 @@ def test_merge_reports_and_refuses(tmp_path, monkeypatch):
         shards.merge(tmp_path, "double")
     shutil.rmtree(other)
     # a self-contained NAME.h5 holding episodes no shard has any more is never replaced
-    shards.merge(tmp_path, "double", consolidate=True)
+    shards.merge(tmp_path, "double")
     shutil.rmtree(shards.shard_dir(tmp_path, "double", 0))
     shards.shard_dir(tmp_path, "double", 0).mkdir()
     (shards.shard_dir(tmp_path, "double", 0) / "double.json").write_text(json.dumps({**doc, "episodes": []}))
-    with pytest.raises(ValueError, match=r"self-contained file holding episodes 0-4 that no shard"):
+    with pytest.raises(ValueError, match=r"self-contained file holding episodes 0, 1, 2, 3, 4 that the files being joined"):
         shards.merge(tmp_path, "double")
     assert len(read_dataset(tmp_path / "double.h5")) == 5
 
@@ -271,9 +277,8 @@ def test_torchrun_pickcube_world_sizes_1_and_2(pickcube_runs):
     assert_same_episodes(one, two)
     meta = json.loads((out2 / "trajectory.json").read_text())
     assert meta["env_info"]["env_id"] == "PickCube-v1" and meta["env_info"]["max_episode_steps"] == 12
-    with h5py.File(out2 / "trajectory.h5") as f:  # the index: links into the shards, relative
-        link = f.get("traj_3", getlink=True)
-        assert isinstance(link, h5py.ExternalLink) and link.filename == "trajectory.shards/rank00001/trajectory.h5"
+    with h5py.File(out2 / "trajectory.h5") as f:  # the joined file: self-contained
+        assert all(isinstance(f.get(k, getlink=True), h5py.HardLink) for k in f)
     for rank in (0, 1):  # each shard: a normal run, closed, with its own results file
         shard = shards.shard_dir(out2, "trajectory", rank)
         assert json.loads((shard / "trajectory.fastrecord.json").read_text())["status"] == "closed"
@@ -296,9 +301,12 @@ def test_maniskill_reads_the_joined_dataset(pickcube_runs, tmp_path):
     ds = ManiSkillTrajectoryDataset(str(out / "trajectory.h5"), load_count=-1, device="cpu")
     assert len(ds) == sum(e["steps"] for e in recorded.values())
     np.testing.assert_array_equal(np.asarray(ds[0]["action"]), recorded[0]["actions"][0])
-    # ManiSkill's replay tool, on a copy (it writes its output next to the input)
+    # ManiSkill's replay tool, on a copy of the pair alone (the joined file is self-contained; the tool
+    # writes its output next to its input)
     copy = tmp_path / "run"
-    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("*.mp4"))
+    copy.mkdir()
+    for f in ("trajectory.h5", "trajectory.json"):
+        shutil.copy(out / f, copy / f)
     r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path",
                         str(copy / "trajectory.h5"), "--use-env-states", "--save-traj", "--allow-failure", "-b", "physx_cpu"],
                        capture_output=True, text=True, timeout=300, env=_env())
@@ -319,7 +327,7 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
-            doc = shards._read_json(shard1 / "trajectory.json")
+            doc = read_json(shard1 / "trajectory.json")
             if doc is not None and len(doc["episodes"]) >= 1:
                 killed = int((shard1 / ".trajectory.lock").read_text().split()[1])  # "pid N on HOST"
                 os.kill(killed, signal.SIGKILL)
@@ -331,7 +339,7 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
             proc.kill()
     assert killed is not None, "rank 1 finished no episode in time"
     assert proc.returncode != 0, output[-2000:]
-    left = len(shards._read_json(shard1 / "trajectory.json")["episodes"])
+    left = len(read_json(shard1 / "trajectory.json")["episodes"])
     assert 1 <= left < 4, "rank 1 was killed after it had finished: nothing to resume"
     report = shards.merge(out, "trajectory")  # merge reports, not fails
     assert report.missing and report.crashed == [1]

@@ -142,7 +142,7 @@ def test_large_batches_are_spread_over_the_writers(tmp_path):
 def test_small_batches_queued_behind_a_slow_one_share_a_part(tmp_path):
     """While the writer compresses a large batch, one-episode batches queue up: the writer takes what is
     queued together as one part (one file, one fsync); ids, order and values as submitted."""
-    from fastrecord.sinks.maniskill_h5 import _runs
+    from fastrecord.sinks.maniskill_h5.writer import part_runs
 
     big = make_episode(0, 40)
     big.datasets["obs/sensor_data/base_camera/rgb"] = np.random.default_rng(0).integers(0, 256, (64, 256, 256, 3), dtype=np.uint8)
@@ -162,8 +162,8 @@ def test_small_batches_queued_behind_a_slow_one_share_a_part(tmp_path):
     # which queued jobs share a part: consecutive numbers, all mergeable (not pieces of a spread batch), under the byte cap
     one = [("traj_0", {"a": np.zeros(10, np.uint8)}, {})]
     jobs = [(3, one, True), (4, one, True), (6, one, True), (7, one, False), (8, one, True), (9, one, True)]
-    assert [[j[0] for j in run] for run in _runs(jobs)] == [[3, 4], [6], [7], [8, 9]]
-    assert [[j[0] for j in run] for run in _runs(jobs, max_bytes=15)] == [[3], [4], [6], [7], [8], [9]]
+    assert [[j[0] for j in run] for run in part_runs(jobs)] == [[3, 4], [6], [7], [8, 9]]
+    assert [[j[0] for j in run] for run in part_runs(jobs, max_bytes=15)] == [[3], [4], [6], [7], [8], [9]]
 
 
 def test_writer_processes_are_isolated(tmp_path):

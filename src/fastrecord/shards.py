@@ -24,12 +24,13 @@ The contract (stable: `fastrecord record` under torchrun, ``make_eval_envs`` and
   neither written nor counted). Every JSON entry and results row of the shard then carries
   ``global_index`` and ``source_rank``; ``episode_seed`` (and ``reset_kwargs["seed"]``) is the seed.
   `EpisodeSchedule` hands episodes to env slots and builds those lists.
-- **Joining.** `merge(DIR, NAME)` builds ``DIR/NAME.h5`` (one external link ``traj_{g}`` per episode,
-  into the shard files) and ``DIR/NAME.json`` (the shards' header, which must agree, and the episodes
-  sorted by ``g`` with ``episode_id = g``, ``global_index``, ``source_rank``, ``shard_episode_id``). It is
-  idempotent and reads the shards only; ``consolidate=True`` writes one self-contained ``NAME.h5``
-  instead (the shards are kept). It reports, rather than fails on, missing global episodes, episodes the
-  keep filter dropped, duplicates, and shards still recording or left by a crash (`MergeReport`).
+- **Joining.** `merge(DIR, NAME)` builds ``DIR/NAME.h5`` (a copy of every episode as ``traj_{g}``: one
+  self-contained file that can be copied alone) and ``DIR/NAME.json`` (the shards' header, which must
+  agree, and the episodes sorted by ``g`` with ``episode_id = g``, ``global_index``, ``source_rank``,
+  ``shard_episode_id``). It is idempotent and reads the shards only (they are kept); ``links=True``
+  writes an index of external links into the shard files instead (no copy; it opens only next to
+  ``NAME.shards/``). It reports, rather than fails on, missing global episodes, episodes the keep filter
+  dropped, duplicates, and shards still recording or left by a crash (`MergeReport`).
 - **The run manifest.** ``DIR/NAME.fastrecord.json`` (a `fastrecord.sinks.RunDirectory` manifest) holds
   the arguments under ``options`` and the sharding under ``options["sharding"]``: ``world_size``,
   ``base_seed``, ``total``, ``rule``; ``fastrecord`` is the version. `DistributedRun.open` writes it (rank 0).
@@ -56,8 +57,7 @@ from typing import Any
 
 import numpy as np
 
-# maniskill_h5 (h5py) is already loaded by `import fastrecord`: importing it here costs nothing
-from fastrecord.sinks.maniskill_h5 import _read_json
+from fastrecord.sinks.maniskill_h5.layout import read_json
 
 SHARDS_SUFFIX = ".shards"  # DIR/NAME.shards/ holds the shards of run NAME
 RULE = "g % world_size"  # the episode -> rank rule, as written in the manifest
@@ -295,7 +295,7 @@ def committed_global_indices(shard: str | Path, name: str) -> set[int]:
     drop them again). Without a trajectory (``save_trajectory=False``), every episode with a results row
     (a kept episode's row is written once its video is on disk)."""
     shard = Path(shard)
-    doc = _read_json(shard / f"{name}.json")
+    doc = read_json(shard / f"{name}.json")
     done: set[int] = set()
     if doc is not None:
         done |= {int(e["global_index"]) for e in doc.get("episodes", []) if isinstance(e, dict) and "global_index" in e}
@@ -305,7 +305,7 @@ def committed_global_indices(shard: str | Path, name: str) -> set[int]:
     return done
 
 
-def _lock_held(shard: Path, name: str) -> bool:
+def lock_held(shard: Path, name: str) -> bool:
     """Whether a live process holds the shard's run lock (it is recording now)."""
     lock = shard / f".{name}.lock"
     try:
@@ -340,7 +340,7 @@ class MergeReport:
     shards: dict[int, int] = field(default_factory=dict)  # rank -> episodes taken from its shard
     recording: list[int] = field(default_factory=list)  # ranks whose shard is being written now
     crashed: list[int] = field(default_factory=list)  # ranks whose shard was left by a run that did not close
-    consolidated: bool = False
+    consolidated: bool = True  # NAME.h5 holds a copy of every episode (False: links into the shards)
 
     @property
     def ok(self) -> bool:
@@ -349,7 +349,8 @@ class MergeReport:
     def lines(self) -> list[str]:
         """The report in words (``fastrecord merge`` prints it)."""
         out = [f"{self.h5_path}: {self.episodes} episodes from {len(self.shards)} shard(s)"
-               + (" (consolidated: one self-contained file)" if self.consolidated else " (index of links into the shards)")]
+               + (" (one self-contained file)" if self.consolidated
+                  else f" (index of links into {self.h5_path.stem}{SHARDS_SUFFIX}/: it opens only next to that folder)")]
         if self.expected is not None:
             out.append(f"expected {self.expected} global episodes (0..{self.expected - 1})")
         if self.dropped:
@@ -361,8 +362,12 @@ class MergeReport:
             out.append(f"in several shards: {_ranges(self.duplicates)} (the lowest rank's copy is used)")
         if self.recording:
             out.append(f"still recording: rank(s) {self.recording}; merge again when they are done")
-        if self.crashed:
-            out.append(f"left by a crash: rank(s) {self.crashed}; resuming the run recovers their complete parts")
+        if self.crashed and (self.missing or self.expected is None):
+            out.append(f"not closed (crashed or killed): rank(s) {self.crashed}; re-running the recording command "
+                       f"with --if-exists resume recovers their complete parts")
+        elif self.crashed:  # every expected episode is here: the shards' unclosed state loses nothing
+            out.append(f"rank(s) {self.crashed} did not close their shard (crashed or killed), but every expected "
+                       f"episode is in the joined dataset: nothing is lost")
         return out
 
 
@@ -385,18 +390,19 @@ def _comparable(info: Any) -> str:
     return json.dumps(info, sort_keys=True, default=repr)
 
 
-def merge(run_dir: str | Path, name: str, consolidate: bool = False, *, expected: int | None = None) -> MergeReport:
+def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int | None = None) -> MergeReport:
     """Build (or rebuild) the joined dataset ``DIR/NAME.h5`` + ``DIR/NAME.json`` from the shards in
     ``DIR/NAME.shards/rank*/``; return a `MergeReport`.
 
-    ``NAME.h5`` gets one external link ``traj_{g}`` per global episode ``g`` found, into the shard's
-    ``NAME.h5`` (relative paths: the folder can be moved whole); ``NAME.json`` gets the first shard's
+    ``NAME.h5`` gets a copy of each global episode ``g`` found, as ``traj_{g}`` (one self-contained file
+    that can be copied alone; the shards stay, so merging again rebuilds it). ``links=True`` writes one
+    external link ``traj_{g}`` per episode into the shard's ``NAME.h5`` instead (relative paths: the
+    folder can be moved whole, but ``NAME.h5`` alone does not open). ``NAME.json`` gets the first shard's
     header (``env_info``, ``commit_info``, ``source_type``/``source_desc``; ``env_info`` must be the same
     in every shard, else ValueError naming the ranks) and the episodes sorted by ``g``, each its shard
     entry with ``episode_id = g`` (plus ``global_index``, ``source_rank``, ``shard_episode_id``). Both
-    files are swapped in atomically (index first), by a writer process. ``consolidate=True`` copies the
-    episodes into one self-contained ``NAME.h5`` instead (ManiSkill's ``merge_trajectory`` output; the
-    shards stay, so merging again rebuilds the index).
+    files are swapped in atomically (``NAME.h5`` first), by a writer process
+    (`fastrecord.sinks.maniskill_h5.join_runs`).
 
     Reads the shards only: a shard still recording (its lock is held) contributes what it has listed so
     far; one left by a crash contributes what its index lists (resuming the run recovers the rest).
@@ -420,21 +426,21 @@ def merge(run_dir: str | Path, name: str, consolidate: bool = False, *, expected
         if isinstance(sharding, dict) and isinstance(sharding.get("total"), int):
             expected = sharding["total"]
     h5_path, json_path = run_dir / f"{name}.h5", run_dir / f"{name}.json"
-    report = MergeReport(h5_path, json_path, expected=expected, consolidated=consolidate)
+    report = MergeReport(h5_path, json_path, expected=expected, consolidated=not links)
 
     header: dict[str, Any] | None = None
     header_rank = -1
     chosen: dict[int, tuple[int, dict[str, Any]]] = {}  # g -> (rank, shard entry)
     dropped: set[int] = set()
     for rank, folder in shards.items():
-        if _lock_held(folder, name):
+        if lock_held(folder, name):
             report.recording.append(rank)
         elif read_manifest(folder / f"{name}{MANIFEST_SUFFIX}").get("status") == "recording":
             report.crashed.append(rank)
         for row in _read_rows(folder / f"{name}.results.jsonl"):
             if row.get("episode_id") is None and "global_index" in row:
                 dropped.add(int(row["global_index"]))
-        doc = _read_json(folder / f"{name}.json")
+        doc = read_json(folder / f"{name}.json")
         if doc is None:
             continue
         shard_header = {k: v for k, v in doc.items() if k != "episodes"}
@@ -459,12 +465,12 @@ def merge(run_dir: str | Path, name: str, consolidate: bool = False, *, expected
                          f"or nothing finished); there is nothing to join")
 
     order = sorted(chosen)
-    links: list[tuple[str, str, str]] = []
+    sources: list[tuple[str, str, str]] = []  # (name in NAME.h5, shard file relative to DIR, group in it)
     episodes: list[dict[str, Any]] = []
     for g in order:
         rank, e = chosen[g]
         target = os.path.relpath(shards[rank] / f"{name}.h5", run_dir)
-        links.append((f"traj_{g}", target, f"traj_{int(e['episode_id'])}"))
+        sources.append((f"traj_{g}", target, f"traj_{int(e['episode_id'])}"))
         report.shards[rank] = report.shards.get(rank, 0) + 1
         episodes.append({**e, "episode_id": g, "global_index": g, "source_rank": rank,
                          "shard_episode_id": int(e["episode_id"])})
@@ -475,20 +481,9 @@ def merge(run_dir: str | Path, name: str, consolidate: bool = False, *, expected
     report.missing = [g for g in span if g not in chosen and g not in dropped]
     report.duplicates = sorted(set(report.duplicates))
 
-    from fastrecord.sinks.maniskill_h5 import _run_in_child
+    from fastrecord.sinks.maniskill_h5.merge import join_runs
 
-    if h5_path.exists():  # never replace episodes the shards cannot give back
-        state = _run_in_child("_groups_here", str(h5_path))
-        old = _read_json(json_path) or {}
-        lost = sorted({int(x["episode_id"]) for x in old.get("episodes", []) if isinstance(x, dict) and "episode_id" in x}
-                      - set(order))
-        if "error" in state and h5_path.stat().st_size > 0 and not state.get("names"):
-            raise ValueError(f"{h5_path} exists and is not a readable HDF5 file ({state['error']}); move it away and merge again")
-        if state.get("self_contained") and lost:
-            raise ValueError(f"{h5_path} is a self-contained file holding episodes {_ranges(lost)} that no shard in {root} "
-                             f"has any more; merging would drop them. Move {h5_path.name} and {json_path.name} away first")
-    doc = {**header, "episodes": episodes}
-    _run_in_child("_copy_index_here" if consolidate else "_link_index_here", str(h5_path), links, doc)
+    join_runs(h5_path, sources, {**header, "episodes": episodes}, links=links)
     return report
 
 

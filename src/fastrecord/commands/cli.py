@@ -45,6 +45,7 @@ SUBCOMMANDS = {
     "info": ("fastrecord.commands.info", "summarize recorded runs: episodes, success, keys, shapes, sizes, status", None),
     "gallery": ("fastrecord.commands.gallery", "write DIR/gallery.html: the run's videos, labelled and filterable", None),
     "merge": ("fastrecord.commands.merge", "join a sharded run's shards (torchrun) into one NAME.h5 + NAME.json", None),
+    "consolidate": ("fastrecord.commands.consolidate", "make a crashed or linked run's NAME.h5 one self-contained file", None),
 }
 
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda", "cuda", "gpu")  # ManiSkill's names (CUDA ones also as cuda:N)

@@ -7,9 +7,12 @@ Examples:
 
 For each run: env id, observation mode, control mode, sim backend, episodes, success rate, episode
 lengths (min/mean/max steps), observation and action keys with their per-step shapes and dtypes, the
-other recorded fields, file sizes (trajectory, parts, videos), the run's status from its manifest
-``NAME.fastrecord.json`` and any ``NAME.h5.parts/`` a crash left. Reads fastrecord's files and those of
-ManiSkill's ``RecordEpisode`` (no manifest: status ``unknown``). Nothing is written.
+other recorded fields, file sizes (trajectory, parts, a sharded run's ``NAME.shards/``, videos, also
+those in the shard folders), the run's status from its manifest ``NAME.fastrecord.json`` and any
+``NAME.h5.parts/`` a crash left. A ``NAME.h5`` that links into files that are not there (copied without
+its parts or shards) is one error naming them and the fix (``fastrecord consolidate``). Reads
+fastrecord's files and those of ManiSkill's ``RecordEpisode`` (no manifest: status ``unknown``).
+Nothing is written.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
 from pathlib import Path
@@ -26,8 +28,7 @@ from typing import Any
 import h5py
 
 from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
-
-_PART = re.compile(r"^part_(\d+)\.h5$")
+from fastrecord.sinks.maniskill_h5 import PART_PATTERN, PARTS_SUFFIX, TrajectoryFile, check_links, sibling_paths
 
 
 def find_runs(path: Path) -> list[Path]:
@@ -45,8 +46,8 @@ def find_runs(path: Path) -> list[Path]:
             names.add(p.stem)
         elif p.is_file() and p.name.endswith(MANIFEST_SUFFIX):
             names.add(p.name[: -len(MANIFEST_SUFFIX)])
-        elif p.is_dir() and p.name.endswith(".h5.parts"):
-            names.add(p.name[: -len(".h5.parts")])
+        elif p.is_dir() and p.name.endswith(".h5" + PARTS_SUFFIX):
+            names.add(p.name[: -len(".h5" + PARTS_SUFFIX)])
     if not names:
         raise ValueError(f"{str(path)!r} holds no recorded run (no NAME.h5, NAME{MANIFEST_SUFFIX} or NAME.h5.parts/); "
                          f"pass the folder a recording wrote (e.g. recordings)")
@@ -94,10 +95,10 @@ def _status(manifest: dict[str, Any]) -> str:
 
 def _parts(h5_path: Path) -> dict[str, Any] | None:
     """The ``NAME.h5.parts/`` folder: complete part files, the ones ``NAME.h5`` links to, leftovers."""
-    parts_dir = h5_path.with_name(h5_path.name + ".parts")
+    parts_dir = sibling_paths(h5_path)[1]
     if not parts_dir.is_dir():
         return None
-    complete = sorted(p.name for p in parts_dir.iterdir() if _PART.match(p.name))
+    complete = sorted(p.name for p in parts_dir.iterdir() if PART_PATTERN.match(p.name))
     linked: set[str] = set()
     if h5_path.exists():
         try:
@@ -113,25 +114,42 @@ def _parts(h5_path: Path) -> dict[str, Any] | None:
         "complete": len(complete),
         "indexed": len(linked & set(complete)),
         "unindexed": sorted(set(complete) - linked),  # complete parts NAME.h5 does not list yet: consolidate recovers them
-        "temporary": sorted(p.name for p in parts_dir.iterdir() if not _PART.match(p.name)),
+        "temporary": sorted(p.name for p in parts_dir.iterdir() if not PART_PATTERN.match(p.name)),
         "bytes": _size(parts_dir),
     }
 
 
+def _listed_videos(folder: Path, manifest: dict[str, Any]) -> list[Path]:
+    return [folder / f for f in manifest.get("files", []) if str(f).endswith(".mp4") and (folder / f).exists()]
+
+
 def _videos(h5_path: Path, manifest: dict[str, Any], single_run: bool) -> list[Path]:
-    """The run's videos: those its manifest lists; for a file without a manifest (ManiSkill's), the
-    MP4s of its folder when it is the only run there."""
-    folder = h5_path.parent
-    if manifest:
-        return [folder / f for f in manifest.get("files", []) if str(f).endswith(".mp4") and (folder / f).exists()]
-    return sorted(folder.glob("*.mp4")) if single_run else []
+    """The run's videos: those its manifest lists and, for a sharded run, those of its shard folders
+    (each shard's manifest, else its MP4s); for a file without a manifest (ManiSkill's), the MP4s of its
+    folder when it is the only run there."""
+    from fastrecord.shards import list_shards
+
+    folder, name = h5_path.parent, h5_path.stem
+    videos = _listed_videos(folder, manifest) if manifest else (sorted(folder.glob("*.mp4")) if single_run else [])
+    for shard in list_shards(folder, name).values():
+        shard_manifest = read_manifest(shard / f"{name}{MANIFEST_SUFFIX}")
+        videos += _listed_videos(shard, shard_manifest) if shard_manifest else sorted(shard.glob("*.mp4"))
+    return videos
+
+
+def _shards_bytes(h5_path: Path) -> int:
+    """Bytes of a sharded run's ``NAME.shards/`` other than its videos (counted with the videos)."""
+    from fastrecord.shards import shards_root
+
+    root = shards_root(h5_path.parent, h5_path.stem)
+    if not root.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and f.suffix != ".mp4")
 
 
 def _open(h5_path: Path, json_path: Path):
     """The trajectory pair, read leniently (a file without ``env_info`` is still described); a pair that
     cannot be read at all is a ValueError naming the file."""
-    from fastrecord.sinks.maniskill_h5 import TrajectoryFile
-
     try:
         meta = json.loads(json_path.read_text())
     except FileNotFoundError:
@@ -147,6 +165,11 @@ def _open(h5_path: Path, json_path: Path):
     except OSError as e:
         raise ValueError(f"{str(h5_path)!r} is not a readable HDF5 file ({e}); the file is corrupt, truncated or "
                          f"of another format") from None
+    try:
+        check_links(h5, h5_path)
+    except ValueError:
+        h5.close()
+        raise
     return TrajectoryFile(h5_path, json_path, h5, meta)
 
 
@@ -164,12 +187,13 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
         "parts": parts,
         "files": {
             "h5_bytes": _size(h5_path), "json_bytes": _size(json_path), "parts_bytes": parts["bytes"] if parts else 0,
+            "shards_bytes": _shards_bytes(h5_path),
             "videos": len(videos), "videos_bytes": sum(_size(v) for v in videos),
         },
     }
     run["files"]["total_bytes"] = sum(v for k, v in run["files"].items() if k.endswith("_bytes"))
     if not h5_path.exists():
-        hint = " (the parts are there: recover with fastrecord.sinks.maniskill_h5.consolidate)" if parts and parts["complete"] else ""
+        hint = f" (the parts are there: fastrecord consolidate {h5_path} rebuilds it)" if parts and parts["complete"] else ""
         run["error"] = f"{h5_path.name} is missing{hint}"
         return run
     traj = _open(h5_path, json_path)
@@ -269,8 +293,9 @@ def format_run(run: dict[str, Any]) -> str:
     if f:
         video = f", {f['videos']} videos {_bytes(f['videos_bytes'])}" if f["videos"] else ", no videos"
         parts = f", parts {_bytes(f['parts_bytes'])}" if f["parts_bytes"] else ""
+        shards = f", shards {_bytes(f['shards_bytes'])}" if f.get("shards_bytes") else ""
         lines.append(f"  size: {_bytes(f['total_bytes'])} (h5 {_bytes(f['h5_bytes'])}, json {_bytes(f['json_bytes'])}"
-                     f"{parts}{video})")
+                     f"{parts}{shards}{video})")
     if "status" in run:
         who = f" by {run['recorder']}" if run.get("recorder") else ""
         lines.append(f"  status: {run['status']}{who}")
@@ -283,8 +308,8 @@ def format_run(run: dict[str, Any]) -> str:
             text += f"; {len(parts['temporary'])} unfinished"
         lines.append(text)
         if run.get("status") != "recording":
-            lines.append("    left by a run that did not close: fastrecord.sinks.maniskill_h5.consolidate('NAME.h5') "
-                         "makes one file, or resume the run (--if-exists resume)")
+            lines.append(f"    left by a run that did not close: `fastrecord consolidate {run['path']}` makes one "
+                         f"self-contained file, or resume the run (--if-exists resume)")
     elif "status" in run:
         lines.append("  parts: none")
     if run.get("error"):

@@ -1,15 +1,17 @@
 """`fastrecord merge DIR`: join the shards of a sharded run into one ManiSkill dataset.
 
-A sharded run (``torchrun ... -m fastrecord record ... --output-dir DIR``) records each rank's episodes
-in ``DIR/NAME.shards/rankNNNNN/``; rank 0 joins them at the end. This command builds or rebuilds the
-joined pair ``DIR/NAME.h5`` (external links ``traj_{g}`` into the shards) + ``DIR/NAME.json`` (episodes
-sorted by global index g, ``episode_id = g``), e.g. after a crash, while a resumed run is still going,
-or to make one self-contained file. It is idempotent and only reads the shards.
+A sharded run (``torchrun ... -m fastrecord record ... --output-dir DIR``, or ``fastrecord replay
+--workers N``) records each rank's episodes in ``DIR/NAME.shards/rankNNNNN/``; rank 0 joins them at the
+end. This command builds or rebuilds the joined pair ``DIR/NAME.h5`` + ``DIR/NAME.json`` (episodes
+sorted by global index g, ``episode_id = g``), e.g. after a crash or while a resumed run is still going.
+By default ``NAME.h5`` holds a copy of every episode (self-contained: copy it alone anywhere);
+``--links`` writes an index of external links into the shards instead (no copy, but ``NAME.h5`` then
+opens only next to ``NAME.shards/``). It is idempotent and only reads the shards.
 
 Examples:
     fastrecord merge recordings                      # recordings/trajectory.h5 + .json from the shards
     fastrecord merge recordings --name demos         # the run named demos
-    fastrecord merge recordings --consolidate        # one self-contained trajectory.h5 (shards kept)
+    fastrecord merge recordings --links              # an index of links into the shards (no copy)
     fastrecord merge recordings --json               # the report as JSON
 
 Missing global episodes are reported, not an error; the exit status is 1 when some are missing or a
@@ -28,9 +30,13 @@ from pathlib import Path
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="the run directory (the --output-dir of the sharded recording)")
     p.add_argument("--name", default="trajectory", help="the run's name (--trajectory-name of the recording)")
-    p.add_argument("--consolidate", action="store_true",
-                   help="copy every episode into one self-contained NAME.h5 instead of linking into the shards "
-                        "(as ManiSkill's merge_trajectory; the shards are kept)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--links", action="store_true",
+                     help="write NAME.h5 as an index of external links into the shards (no copy; it opens only next "
+                          "to NAME.shards/) instead of one self-contained file")
+    how.add_argument("--consolidate", action="store_true",
+                     help="copy every episode into one self-contained NAME.h5 (the default; as ManiSkill's "
+                          "merge_trajectory; the shards are kept)")
     p.add_argument("--expected", type=int, help="global episodes expected (default: the run manifest's total)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -44,7 +50,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     if (out / f"{args.name}.shards").is_dir() and not os.access(out, os.W_OK):
         raise PermissionError(f"cannot merge into {out}: the folder is read-only and merge writes {args.name}.h5 + "
                               f"{args.name}.json there; make it writable or copy the run elsewhere (nothing was changed)")
-    report = merge(args.dir, args.name, consolidate=args.consolidate, expected=args.expected)
+    report = merge(args.dir, args.name, links=args.links, expected=args.expected)
     if args.json:
         data = dataclasses.asdict(report) | {"ok": report.ok}
         print(json.dumps(data, default=str, indent=2))

@@ -1,0 +1,289 @@
+"""What the writer processes run (`fastrecord.workers.IsolatedProcess` imports this module,
+`layout.WRITER_PROCESS_MODULE`, and calls its functions by name): every h5py write of the format.
+
+HDF5 may crash its process (h5py 3.16 / HDF5 2.0 can segfault closing a file after ENOSPC), so no h5py
+write happens in the caller's process: `TrajectoryWriter`, `recover`, `consolidate` and `join_runs` call
+these functions in a writer process. Each file is written under a temporary name, synced and renamed into
+place, so a killed process leaves the file before or the file after, never half of one. Imports numpy,
+h5py and the layout only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from fastrecord.sinks.maniskill_h5.layout import (
+    DEFAULT_COMPRESSION,
+    EPISODES_ATTR,
+    HEADER_ATTR,
+    IMAGE_KEYS,
+    atomic_write_json,
+    complete_parts,
+    image_chunks,
+    parse_compression,
+    part_name,
+    read_json,
+    sibling_paths,
+)
+from fastrecord.workers import parent_alive
+
+
+def write_dataset(group: h5py.Group, path: str, data: np.ndarray, compression: str = DEFAULT_COMPRESSION) -> None:
+    *parents, leaf = path.split("/")
+    for p in parents:
+        group = group[p] if p in group else group.create_group(p, track_order=True)
+    method, level = parse_compression(compression)
+    if leaf in IMAGE_KEYS and data.ndim >= 3 and method is not None and data.size:
+        group.create_dataset(leaf, data=data, chunks=image_chunks(data.shape, data.dtype.itemsize),
+                             compression=method, compression_opts=level)
+    else:
+        group.create_dataset(leaf, data=data)
+
+
+def fsync(path: Path) -> None:
+    """Flush ``path``'s data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_part(tmp: str, final: str, header: dict, entries: list[tuple[str, dict[str, np.ndarray], dict]],
+                compression: str = DEFAULT_COMPRESSION) -> int:
+    """Write one part file: ``entries`` are (group name, {dataset path: array}, JSON entry). Returns its size."""
+    with h5py.File(tmp, "w", track_order=True) as f:
+        for group, datasets, _ in entries:
+            g = f.create_group(group, track_order=True)
+            for path, data in datasets.items():
+                write_dataset(g, path, data, compression)
+        f.attrs[EPISODES_ATTR] = json.dumps([meta for _, _, meta in entries])
+        f.attrs[HEADER_ATTR] = json.dumps(header)
+    fsync(Path(tmp))
+    if not parent_alive():  # the recording died meanwhile: nobody will list this part
+        os.unlink(tmp)
+        os._exit(0)
+    os.replace(tmp, final)
+    return os.path.getsize(final)
+
+
+def publish_index(h5_path: str, links: list[tuple[str, str, str]], doc: dict) -> None:
+    """Swap in the index ``NAME.h5`` (``links``: (name, part file, group in it)), then ``NAME.json``."""
+    h5 = Path(h5_path)
+    json_path, parts_dir = sibling_paths(h5)
+    tmp = h5.with_name(h5.name + ".tmp")
+    with h5py.File(tmp, "w", track_order=True) as f:
+        for name, part, target in links:
+            f[name] = h5py.ExternalLink(f"{parts_dir.name}/{part}", f"/{target}")
+    if not parent_alive():
+        os.unlink(tmp)
+        os._exit(0)
+    os.replace(tmp, h5)
+    atomic_write_json(json_path, doc)
+
+
+def link_index(h5_path: str, links: list[tuple[str, str, str]], doc: dict) -> None:
+    """Swap in an index ``NAME.h5`` of external links (``links``: (name, file relative to the index's
+    folder, group in it)), then ``NAME.json``; both atomically. `merge.join_runs` uses it."""
+    h5 = Path(h5_path)
+    tmp = h5.with_name(h5.name + ".tmp")
+    with h5py.File(tmp, "w", track_order=True) as f:
+        for name, target_file, target in links:
+            f[name] = h5py.ExternalLink(target_file, f"/{target}")
+    fsync(tmp)
+    if not parent_alive():
+        os.unlink(tmp)
+        os._exit(0)
+    os.replace(tmp, h5)
+    atomic_write_json(h5.with_suffix(".json"), doc)
+
+
+def copy_index(h5_path: str, links: list[tuple[str, str, str]], doc: dict) -> None:
+    """Like `link_index`, but copies every linked group into one self-contained ``NAME.h5`` (the
+    sources, external links included, are followed and left as they are)."""
+    h5 = Path(h5_path)
+    write_copies(h5, h5.parent, links)
+    atomic_write_json(h5.with_suffix(".json"), doc)
+
+
+def write_copies(h5: Path, folder: Path, links: Sequence[tuple[str, str, str]]) -> None:
+    """Swap in ``h5`` (atomically) holding a copy of every group of ``links`` ((name, file in ``folder``,
+    group in it)); each source file is opened once per run of links into it and left as it is. If the
+    recording died meanwhile, exits without swapping it in (nobody will list the result)."""
+    tmp = h5.with_name(h5.name + ".tmp")
+    with h5py.File(tmp, "w", track_order=True) as dst:
+        src, src_name = None, None
+        try:
+            for name, source_file, target in links:
+                if source_file != src_name:
+                    if src is not None:
+                        src.close()
+                    src, src_name = h5py.File(folder / source_file, "r"), source_file
+                src.copy(src[target], dst, name=name)
+        finally:
+            if src is not None:
+                src.close()
+    fsync(tmp)
+    if not parent_alive():
+        os.unlink(tmp)
+        os._exit(0)
+    os.replace(tmp, h5)
+
+
+def groups_of(h5_path: str) -> dict[str, Any]:
+    """What an existing ``NAME.h5`` holds: its top-level names and whether any is stored in the file
+    itself rather than as an external link (a consolidated file); ``{"error": text}`` if unreadable."""
+    try:
+        with h5py.File(h5_path, "r") as f:
+            names = list(f)
+            own = [k for k in names if not isinstance(f.get(k, getlink=True), h5py.ExternalLink)]
+    except OSError as e:
+        return {"error": str(e)}
+    return {"names": names, "self_contained": bool(own)}
+
+
+def self_contained(h5: Path) -> bool:
+    """Whether ``NAME.h5`` holds data itself (a consolidated or ManiSkill file), not only links to parts."""
+    try:
+        with h5py.File(h5, "r") as f:
+            return any(not isinstance(f.get(k, getlink=True), h5py.ExternalLink) for k in f)
+    except OSError as e:
+        raise ValueError(f"{h5} is not a readable HDF5 file ({e}) and there are no part files to rebuild it from; "
+                         f"move it away (or pass resume=False with another output_dir)") from None
+
+
+def adopt(src: Path, final: Path, metas: list[dict], header: dict) -> None:
+    """Make ``src`` a part carrying its entries: a copy gets the attributes, then replaces ``final``
+    atomically (a crash at any point leaves ``src`` or the finished part, never a half-edited file)."""
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    with h5py.File(tmp, "r+") as f:
+        f.attrs[EPISODES_ATTR] = json.dumps(metas)
+        f.attrs[HEADER_ATTR] = json.dumps(header)
+    fsync(tmp)
+    os.replace(tmp, final)
+
+
+def recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, Any]:
+    """Rebuild ``NAME.h5`` + ``NAME.json`` from the complete parts; see `recover`.
+
+    With ``resume``, a self-contained ``NAME.h5`` (a closed run) first becomes part 0. Returns the
+    state: header, episodes (renumbered entries), links, next_part, skipped, self_contained.
+    """
+    h5 = Path(h5_path)
+    json_path, parts_dir = sibling_paths(h5)
+    doomed = parts_dir.with_name(parts_dir.name + ".deleting")
+    if not (h5.exists() or json_path.exists() or parts_dir.exists() or doomed.exists()):
+        raise FileNotFoundError(f"nothing to recover at {h5}: neither it, {json_path.name} nor {parts_dir.name}/ exist")
+    if doomed.exists() and h5.exists():  # a consolidation finished, then died deleting the parts
+        shutil.rmtree(doomed)
+    for tmp in (h5.with_name(h5.name + ".tmp"), json_path.with_name(json_path.name + ".tmp")):
+        tmp.unlink(missing_ok=True)
+    if parts_dir.is_dir():
+        for tmp in parts_dir.glob("*.tmp"):  # parts a crash left half-written
+            tmp.unlink()
+    old = read_json(json_path)
+    if header is None and old is not None:
+        header = {k: v for k, v in old.items() if k != "episodes"}
+    old_entries = old.get("episodes", []) if old is not None else []
+    if not isinstance(old_entries, list):
+        old_entries = []
+    parts = complete_parts(parts_dir)
+    if not parts and h5.exists() and not self_contained(h5):
+        with h5py.File(h5, "r") as f:
+            linked = [f.get(k, getlink=True).filename for k in f if isinstance(f.get(k, getlink=True), h5py.ExternalLink)]
+        if linked:  # an index copied without its parts: rebuilding it from no parts would list nothing
+            raise ValueError(
+                f"{h5} is an index of links ({len(linked)} episodes, e.g. into {linked[0]}) and {parts_dir.name}/ is not "
+                f"next to it: there are no parts to rebuild it from. Run this in the folder the run was recorded in, "
+                f"or copy {parts_dir.name}/ next to {h5.name} first")
+    if not parts and h5.exists() and self_contained(h5):
+        if not resume:  # a closed run: already one file
+            return dict(header=header or {}, episodes=old_entries, links=[], next_part=0, skipped=[], self_contained=True)
+        if old is None:
+            raise ValueError(f"cannot resume {h5}: {json_path.name} (the episodes' seeds and ids) is missing or not valid JSON")
+        with h5py.File(h5, "r") as f:
+            metas = [e for e in old_entries if f"traj_{e.get('episode_id')}" in f]
+            unlisted = sorted(set(f) - {f"traj_{e['episode_id']}" for e in metas})
+        if unlisted:
+            raise ValueError(f"cannot resume {h5}: groups {unlisted[:5]} have no entry in {json_path.name}; "
+                             f"resuming would drop them. Move the pair away and record with resume=False")
+        parts_dir.mkdir(exist_ok=True)
+        adopt(h5, parts_dir / part_name(0), metas, header or {})
+        parts = complete_parts(parts_dir)
+    by_id = {e["episode_id"]: e for e in old_entries if isinstance(e, dict) and "episode_id" in e}
+    episodes: list[dict] = []
+    links: list[tuple[str, str, str]] = []
+    skipped: list[str] = []
+    for _, part in parts:
+        try:
+            with h5py.File(part, "r") as f:
+                text = f.attrs.get(EPISODES_ATTR)
+                if header is None and HEADER_ATTR in f.attrs:
+                    header = json.loads(f.attrs[HEADER_ATTR])
+                if text is None:  # written before parts carried their entries: NAME.json has them
+                    groups = [g for g in f if g.startswith("traj_") and g[5:].isdigit()]
+                    metas = [by_id.get(int(g[5:])) for g in groups]
+                    if any(m is None for m in metas):
+                        skipped.append(f"{part.name} (episodes without an entry in {json_path.name})")
+                        continue
+                    legacy = True
+                else:
+                    metas = json.loads(text)
+                    legacy = False
+                items = [(f"traj_{m['episode_id']}", m) for m in metas]
+                if any(g not in f for g, _ in items):
+                    skipped.append(f"{part.name} (groups listed in {EPISODES_ATTR} are missing)")
+                    continue
+        except (OSError, ValueError, KeyError) as e:
+            skipped.append(f"{part.name} ({type(e).__name__}: {e})")
+            continue
+        if legacy:  # give it its entries for good: ids are renumbered below, NAME.json's would not match later
+            adopt(part, part, metas, header or {})
+        for g, m in items:
+            m = dict(m, episode_id=len(episodes))
+            episodes.append(m)
+            links.append((f"traj_{m['episode_id']}", part.name, g))
+    header = header or {}
+    parts_dir.mkdir(exist_ok=True)
+    publish_index(str(h5), links, {**header, "episodes": episodes})
+    next_part = parts[-1][0] + 1 if parts else 0
+    return dict(header=header, episodes=episodes, links=links, next_part=next_part, skipped=skipped, self_contained=False)
+
+
+def consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict] | None = None) -> dict[str, Any]:
+    """Recover, copy every listed episode into one self-contained ``NAME.h5``, then drop the parts.
+
+    ``known`` = (links, JSON document): what a `TrajectoryWriter` that wrote every part knows; the parts are
+    then not read back first, and ``NAME.json`` is written after ``NAME.h5`` is swapped in (a crash in
+    between leaves the parts, from which `recover` rebuilds both)."""
+    h5 = Path(h5_path)
+    json_path, parts_dir = sibling_paths(h5)
+    if known is not None:
+        state = dict(header=header or {}, episodes=known[1]["episodes"], links=known[0], skipped=[], self_contained=False)
+    else:
+        state = recover_here(h5_path, header, resume=False)
+    if state["self_contained"]:
+        if parts_dir.is_dir() and not any(parts_dir.iterdir()):
+            parts_dir.rmdir()
+        return state
+    if state["skipped"]:
+        raise ValueError(f"not consolidating {h5}: part files {state['skipped']} cannot be used; the other parts are "
+                         f"listed in {h5.name}. Move those files out of {parts_dir} and run consolidate again")
+    write_copies(h5, parts_dir, state["links"])
+    if known is not None:
+        atomic_write_json(json_path, known[1])
+    # rename first: a crash while deleting must not leave a subset of the parts (the truth) behind
+    doomed = parts_dir.with_name(parts_dir.name + ".deleting")
+    os.replace(parts_dir, doomed)
+    shutil.rmtree(doomed)
+    return state
+

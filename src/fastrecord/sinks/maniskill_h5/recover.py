@@ -1,0 +1,55 @@
+"""After a crash: `recover` lists every complete part again, `consolidate` makes one self-contained
+``NAME.h5`` of them. Both run in a writer process (`run_in_child`); `process.recover_here` and
+`process.consolidate_here` do the work there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE, disk_text, is_disk_full
+from fastrecord.workers import ChildDied, IsolatedProcess, WorkerError
+
+
+def run_in_child(func: str, *args: Any) -> Any:
+    """Run ``func`` of `fastrecord.sinks.maniskill_h5.process` (its first argument a path) in a fresh
+    writer process; a crash there is a WorkerError here, naming the path and the free disk space."""
+    proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process")
+    try:
+        return proc.call(func, *args)
+    except ChildDied as e:
+        where = Path(args[0])
+        raise WorkerError(f"{e} while running {func} on {where}; {disk_text(where.parent)}") from e
+    except OSError as e:
+        if is_disk_full(e):
+            where = Path(args[0])
+            raise WorkerError(f"No space left on device while running {func} on {where}: {disk_text(where.parent)}. "
+                              f"Free space or choose another output_dir") from e
+        raise
+    finally:
+        proc.stop()
+
+
+def recover(h5_path: str | Path) -> int:
+    """Rebuild ``NAME.h5`` (the index) and ``NAME.json`` from the complete part files alone.
+
+    For files a crash left behind: leftover ``*.tmp`` half-written parts are deleted; every complete part
+    is listed, in part order, with episodes renumbered to consecutive ids 0..n-1 (index links and JSON
+    entries alike). Parts written before parts carried their JSON entries take them from ``NAME.json``.
+    A self-contained (consolidated) ``NAME.h5`` with no parts is left as it is. Returns the number of
+    episodes. Parts that cannot be read are left in place, unlisted, with a warning.
+    """
+    state = run_in_child("recover_here", str(h5_path), None, False)
+    if state["skipped"]:
+        warnings.warn(f"recover({str(h5_path)!r}): part files not listed: {state['skipped']}", stacklevel=2)
+    return len(state["episodes"])
+
+
+def consolidate(h5_path: str | Path) -> Path:
+    """Make ``NAME.h5`` one self-contained file: `recover` first (so complete parts a crash left unlisted
+    are kept), copy every episode into a new file with the same group names and JSON ids (in a writer
+    process, atomic rename), and only then remove ``NAME.h5.parts``. Returns ``NAME.h5``."""
+    run_in_child("consolidate_here", str(h5_path), None)
+    return Path(h5_path)

@@ -1,0 +1,386 @@
+"""The crash-safe writer of ManiSkill trajectory files (``NAME.h5`` + ``NAME.json``): a crash loses
+nothing finished and a full disk never takes the caller's process down.
+
+Crash safety. HDF5 has no journal: a process killed while the library holds dirty metadata leaves a file
+h5py cannot open (ManiSkill's writer loses every episode that way). So while recording, each batch of
+finished episodes goes to its own file ``NAME.h5.parts/part_K.h5``, written under a temporary name and
+renamed into place once closed. The parts are the truth: each one also stores its episodes' JSON entries
+(root attribute ``fastrecord_episodes``) and the JSON header (``fastrecord_header``). ``NAME.h5`` is a
+small index of external links to the parts, rebuilt whole and swapped in with an atomic rename, then the
+JSON likewise; both list the same episodes. `recover` rebuilds them from the parts alone (after a crash
+some complete parts may not be listed yet); `consolidate` copies everything into one self-contained
+``NAME.h5`` (atomic rename) and only then removes the parts. ``TrajectoryWriter(resume=True)`` appends
+to what is on disk.
+
+Isolation. Every h5py write happens in writer processes (`fastrecord.workers.IsolatedProcess` of
+`layout.WRITER_PROCESS_MODULE`, which imports numpy, h5py and the layout only): ``num_writers`` of them
+write whole part files in parallel (image observations are compressed in parallel), one more writes the
+index and consolidates. A failure there is a `WorkerError` in the caller naming the cause, the fix, and
+what is safe on disk. Episode ids stay consecutive in submission order: the index lists the longest
+prefix of batches whose parts are complete.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastrecord.sinks.maniskill_h5.layout import (
+    DEFAULT_COMPRESSION,
+    LOW_DISK,
+    WRITER_PROCESS_MODULE,
+    disk_text,
+    free_bytes,
+    is_disk_full,
+    parse_compression,
+    part_name,
+    sibling_paths,
+    to_jsonable,
+)
+from fastrecord.workers import ChildDied, IsolatedProcess, WorkerError, exit_description
+
+if TYPE_CHECKING:
+    from fastrecord.episode import EpisodeData
+
+
+def part_runs(jobs: list[tuple[int, list, bool]], max_bytes: int = 64 << 20) -> list[list[tuple[int, list, bool]]]:
+    """Jobs in runs of consecutive part numbers (of at most ``max_bytes`` of arrays): each run is one part."""
+    runs: list[list[tuple[int, list, bool]]] = []
+    size = 0
+    for job in jobs:
+        nbytes = sum(a.nbytes for _, datasets, _ in job[1] for a in datasets.values())
+        if runs and job[0] == runs[-1][-1][0] + 1 and job[2] and runs[-1][-1][2] and size + nbytes <= max_bytes:
+            runs[-1].append(job)
+            size += nbytes
+        else:
+            runs.append([job])
+            size = nbytes
+    return runs
+
+
+
+class TrajectoryWriter:
+    """Owns: ``NAME.h5``, ``NAME.json``, the part files, the writer processes that fill them (one thread
+    each feeds its process), and the index process that publishes the index and JSON.
+
+    ``submit(episodes)`` queues a batch as one part (blocking when the writers are behind: at most
+    ``max_pending`` batches wait); ``wait_until_done()`` returns once everything submitted is on disk and
+    listed; ``close()`` drains, publishes, consolidates (``consolidate_on_close``, not after a failure)
+    and re-raises. A failure of any writer is a `WorkerError` at the next call; the parts stay.
+
+    ``resume=False`` refuses existing files (`FileExistsError`); ``resume=True`` recovers them and
+    appends, episode ids continuing at ``next_episode_id``.
+    """
+
+    def __init__(self, h5_path: Path, header: dict[str, Any], *, resume: bool = False, num_writers: int = 1,
+                 max_pending: int = 4, index_interval_s: float = 1.0, consolidate_on_close: bool = True,
+                 compression: str = DEFAULT_COMPRESSION) -> None:
+        if not isinstance(num_writers, int) or num_writers < 1:
+            raise ValueError(f"num_writers={num_writers!r}: pass an int >= 1 (writer processes, e.g. 1-4)")
+        parse_compression(compression)
+        self.compression = compression
+        self.num_writers = num_writers
+        if not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending={max_pending!r}: pass an int >= 1 (batches waiting for a writer)")
+        self.h5_path = Path(h5_path)
+        self.json_path, self.parts_dir = sibling_paths(self.h5_path)
+        existing = [p for p in (self.h5_path, self.json_path, self.parts_dir) if p.exists()]
+        if existing and not resume:
+            names = ", ".join(p.name for p in existing)
+            raise FileExistsError(
+                f"{names} already exist in {self.h5_path.parent}: TrajectoryWriter(resume=False) never replaces a "
+                f"recording. Pass resume=True to append to it, or remove them, or choose another output_dir or name"
+            )
+        self._header: dict[str, Any] = {k: v for k, v in to_jsonable(dict(header)).items() if k != "episodes"}
+        self._committed: list[dict[str, Any]] = []  # JSON entries whose parts are complete, in id order
+        self.json_data: dict[str, Any] = {**self._header, "episodes": self._committed}
+        self._links: list[tuple[str, str, str]] = []  # (index name, part file, group in it), one per committed
+        self._done: dict[int, list[tuple[str, dict]]] = {}  # complete parts not yet in the prefix
+        self._next_part = 0  # number of the next submitted part
+        self._next_commit = 0  # the first part not in the committed prefix
+        self._in_flight = 0  # batches submitted and not finished
+        self._published = -1  # episodes listed by the index + JSON on disk
+        self._last_publish = 0.0
+        self._last_alive_check = 0.0
+        self._index_interval_s = index_interval_s
+        self._consolidate_on_close = consolidate_on_close
+        self._failure: tuple[str, BaseException | None] | None = None
+        self._closed = False
+        self._stopping = False
+        self._active: set[int] = set()  # pids of processes whose call (and its error handling) is under way
+        self.blocked_seconds = 0.0  # time submit() waited for a free slot
+        self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._index: IsolatedProcess | None = None
+        self._writers: list[IsolatedProcess] = []
+        try:  # processes start in parallel; the first call waits for its process's imports
+            self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process")
+            self._writers = [IsolatedProcess(WRITER_PROCESS_MODULE, f"HDF5 writer process {i}") for i in range(num_writers)]
+            if existing:
+                self._resume()
+            else:
+                self.parts_dir.mkdir(parents=True, exist_ok=True)
+                self._publish(force=True)  # an empty but valid file pair from the start
+                self.raise_if_failed()
+        except BaseException:
+            self._stop_processes()
+            raise
+        self.next_episode_id = len(self._committed)
+        self._threads = [threading.Thread(target=self._run, args=(p,), name=f"fastrecord-h5-{i}", daemon=True)
+                         for i, p in enumerate(self._writers)]
+        for t in self._threads:
+            t.start()
+
+    def _resume(self) -> None:
+        try:
+            state = self._index.call("recover_here", str(self.h5_path), self._header, True)
+        except (ChildDied, OSError) as e:
+            raise WorkerError(self._explain(e, f"recovering {self.h5_path.name} to resume", self.parts_dir)) from e
+        if state["skipped"]:
+            warnings.warn(f"resuming {self.h5_path}: part files not listed: {state['skipped']}", stacklevel=3)
+        self._committed.extend(state["episodes"])
+        self._links.extend(tuple(link) for link in state["links"])
+        self._next_part = self._next_commit = state["next_part"]
+        self._published = len(self._committed)
+        self._last_publish = time.monotonic()
+
+    # -------------------------------------------------------------- caller side
+    @property
+    def num_episodes(self) -> int:
+        return len(self._committed)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids: the part writers, then the index process."""
+        return [p.pid for p in self._writers] + ([self._index.pid] if self._index is not None else [])
+
+    def submit(self, episodes: list[EpisodeData]) -> None:
+        """Queue one batch of finished episodes: one part file, or one per writer when the batch has more
+        episodes than one (so a batch's compression runs on every writer); blocks while ``max_pending`` wait."""
+        if self._closed:
+            raise RuntimeError("submit() on a closed TrajectoryWriter; open a new one with resume=True to append")
+        self.raise_if_failed()
+        if not episodes:
+            return
+        entries = []
+        for ep in episodes:
+            meta = to_jsonable(dict(ep.meta))
+            meta["episode_id"] = int(ep.episode_id)
+            entries.append((f"traj_{int(ep.episode_id)}", {k: np.asarray(v) for k, v in ep.datasets.items()}, meta))
+        # a batch larger than one episode a writer is spread over the writers: one part each, in order
+        n = min(self.num_writers, len(entries))
+        bounds = [round(i * len(entries) / n) for i in range(n + 1)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            with self._lock:
+                k = self._next_part
+                self._next_part += 1
+                self._in_flight += 1
+            t0 = time.perf_counter()
+            self._jobs.put((k, entries[lo:hi], n == 1))  # (part, entries, may share a part with its neighbours)
+            self.blocked_seconds += time.perf_counter() - t0
+        self.raise_if_failed()
+
+    def raise_if_failed(self, max_age: float = 0.0) -> None:
+        """Raise a writer's failure; a process that died while idle counts too (its exit status is polled
+        unless polled less than ``max_age`` seconds ago: the per-step check of the sink)."""
+        if self._failure is None and not self._stopping and time.monotonic() - self._last_alive_check >= max_age:
+            self._check_alive()
+        if self._failure is not None:
+            text, cause = self._failure
+            raise WorkerError(f"{text}. {self._safe_text()}") from cause
+
+    def wait_until_done(self) -> None:
+        """Block until every submitted batch is on disk and listed by ``NAME.h5`` + ``NAME.json``."""
+        if self._closed:
+            self.raise_if_failed()
+            return
+        self._jobs.join()
+        self.raise_if_failed()
+        self._publish(force=True)
+        self.raise_if_failed()
+
+    def close(self) -> None:
+        """Drain, publish, consolidate (unless a writer failed), stop the processes, re-raise. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for _ in self._threads:
+                self._jobs.put(None)
+            for t in self._threads:
+                t.join()
+            if self._failure is None:
+                self._check_alive()
+            failed = self._failure is not None
+            if failed or not self._consolidate_on_close:  # consolidating publishes (from the parts) itself
+                self._publish(force=True, best_effort=failed)
+            if self._failure is None and self._consolidate_on_close:
+                try:
+                    with self._lock:  # every batch is written: the links and entries of every part
+                        known = (list(self._links), {**self._header, "episodes": list(self._committed)})
+                    self._index.call("consolidate_here", str(self.h5_path), self._header, known)
+                except BaseException as e:  # noqa: BLE001 - raised below as a WorkerError
+                    self._fail(self._explain(e, f"consolidating {self.h5_path.name}", self.h5_path.parent), e)
+                    self.h5_path.with_name(self.h5_path.name + ".tmp").unlink(missing_ok=True)
+                    self._publish(force=True, best_effort=True)  # the index lists every committed episode
+        finally:
+            self._stop_processes()
+        self.raise_if_failed()
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- feeding threads
+    def _run(self, proc: IsolatedProcess) -> None:
+        while True:
+            jobs = [self._jobs.get()]
+            # small batches queued behind this one (the writers fell behind: envs finishing a few at a time)
+            # share its part: one file, one fsync, one round trip for all of them
+            while jobs[-1] is not None and jobs[-1][2]:
+                try:
+                    nxt = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                jobs.append(nxt)
+            try:
+                for run in part_runs([j for j in jobs if j is not None]):
+                    if self._failure is None:
+                        self._write(proc, run)
+                    else:  # after a failure, drain without working
+                        with self._lock:
+                            self._in_flight -= len(run)
+                if jobs[-1] is None:
+                    return
+            finally:
+                for _ in jobs:
+                    self._jobs.task_done()
+                jobs = run = None  # drop the batches' arrays before waiting again
+
+    def _write(self, proc: IsolatedProcess, run: list[tuple[int, list, bool]]) -> None:
+        """Write the jobs of ``run`` (consecutive part numbers) as one part, named by the first."""
+        k = run[0][0]
+        entries = [e for job in run for e in job[1]]
+        name = part_name(k)
+        tmp = self.parts_dir / (name + ".tmp")
+        metas = [(group, meta) for group, _, meta in entries]
+        self._active.add(proc.pid)
+        try:
+            proc.call("write_part", str(tmp), str(self.parts_dir / name), self._header, entries, self.compression)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller as a WorkerError
+            ids = f"{metas[0][1]['episode_id']}-{metas[-1][1]['episode_id']}"
+            with self._lock:
+                self._in_flight -= len(run)
+            self._fail(self._explain(e, f"writing {name} (episodes {ids})", tmp), e)
+            tmp.unlink(missing_ok=True)  # garbage; frees the space for the index below
+            self._publish(force=True, best_effort=True)
+            return
+        finally:
+            self._active.discard(proc.pid)
+        with self._lock:
+            self._done[k] = metas
+            for job in run[1:]:  # the parts it absorbed: no file, no episodes
+                self._done[job[0]] = []
+            while self._next_commit in self._done:
+                part = part_name(self._next_commit)
+                for group, meta in self._done.pop(self._next_commit):
+                    meta["episode_id"] = len(self._committed)
+                    self._links.append((f"traj_{meta['episode_id']}", part, group))
+                    self._committed.append(meta)
+                self._next_commit += 1
+            self._in_flight -= len(run)
+            idle = self._in_flight == 0
+        # rebuilding the index costs O(episodes): at most once per interval while busy
+        self._publish(force=idle)
+
+    def _publish(self, force: bool, best_effort: bool = False) -> None:
+        """Swap in the index + JSON of the committed prefix (in the index process)."""
+        if not force and time.monotonic() - self._last_publish < self._index_interval_s:
+            return
+        if not self._publish_lock.acquire(blocking=force):
+            return  # another thread is publishing
+        try:
+            with self._lock:
+                n = len(self._committed)
+                if n == self._published:
+                    return
+                links = list(self._links[:n])
+                doc = {**self._header, "episodes": list(self._committed[:n])}
+            index = self._index
+            self._active.add(index.pid)
+            try:
+                if best_effort and index.poll() is not None:  # after a failure: a fresh one lists what is safe
+                    index.stop()
+                    index = self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process")
+                index.call("publish_index", str(self.h5_path), links, doc)
+            except BaseException as e:  # noqa: BLE001 - raised in the caller as a WorkerError
+                for p in (self.h5_path, self.json_path):
+                    p.with_name(p.name + ".tmp").unlink(missing_ok=True)
+                if not best_effort:
+                    self._fail(self._explain(e, f"writing the index {self.h5_path.name} + {self.json_path.name}",
+                                             self.h5_path), e)
+                return
+            finally:
+                self._active.discard(index.pid)
+            self._published = n
+            self._last_publish = time.monotonic()
+        finally:
+            self._publish_lock.release()
+
+    # -------------------------------------------------------------- failures
+    def _fail(self, text: str, cause: BaseException | None) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = (text, cause)
+
+    def _check_alive(self) -> None:
+        """A process that died while idle (a signal, the OOM killer) is a failure too."""
+        self._last_alive_check = time.monotonic()
+        for p in [*self._writers, *([self._index] if self._index is not None else [])]:
+            code = p.poll()
+            if code is not None and p.pid not in self._active and not self._stopping:
+                err = ChildDied(f"{p.name} (pid {p.pid}) {exit_description(code)}", code)
+                self._fail(self._explain(err, "waiting for work", self.parts_dir), err)
+                return
+
+    def _explain(self, e: BaseException, what: str, path: Path) -> str:
+        """The cause of a failure in words, with the fix where there is one."""
+        if is_disk_full(e):
+            free = free_bytes(path.parent)
+            return (f"No space left on device while {what} ({path}): {free:,} bytes free on that filesystem. "
+                    f"Free space or choose another output_dir")
+        if isinstance(e, ChildDied):
+            free = free_bytes(path.parent)
+            if free is not None and free < LOW_DISK:  # HDF5 may crash rather than report ENOSPC
+                return (f"{e} while {what}, with {free:,} bytes free on the filesystem of {path}: most likely "
+                        f"No space left on device. Free space or choose another output_dir")
+            return f"{e} while {what}; {disk_text(path.parent)}"
+        tb = getattr(e, "remote_traceback", None)
+        text = f"{type(e).__name__} while {what} ({path}): {e}"
+        return text + (f"\n(in the writer process; its traceback:\n{tb})" if tb and not isinstance(e, OSError) else "")
+
+    def _safe_text(self) -> str:
+        n, listed = len(self._committed), max(self._published, 0)
+        text = f"{n} finished episode(s) are safely on disk"
+        if listed >= n:
+            text += f", listed in {self.h5_path.name} + {self.json_path.name}"
+        else:
+            text += (f": {listed} listed in {self.h5_path.name} + {self.json_path.name}, {n - listed} more in complete "
+                     f"part files (fastrecord.sinks.maniskill_h5.recover({str(self.h5_path)!r}) lists them)")
+        return (text + f"; the part files in {self.parts_dir} are kept: "
+                f"`fastrecord consolidate {self.h5_path}` makes one self-contained file of them")
+
+    def _stop_processes(self) -> None:
+        self._stopping = True
+        for p in [*self._writers, *([self._index] if self._index is not None else [])]:
+            p.stop()
+
