@@ -19,7 +19,7 @@ import torch
 import benchmarks
 from benchmarks import imageobs, paths, phases_encode, phases_realenv, phases_record
 from benchmarks.config import CONTENTS, PHASES, BenchConfig, bench_device, configure_parser, encoder_workers
-from fastrecord.commands.config import load_config
+from fastrecord.checks import load_config
 from fastrecord.testing import gradient_clips, make_bank, maniskill_clips
 
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fastrecord.commands.config import check_at_least
+from fastrecord.checks import check_at_least
 
 if TYPE_CHECKING:
     import torch

@@ -59,7 +59,7 @@ class MemoryMonitor:
         out = dict(host_rss=rss(), staging_reserved=default_staging_pool().bytes_reserved)
         if children:
             # the pool as it is, if any (default_encoder_pool() would start one just to be measured)
-            running = encoder_pool._default_pool
+            running = encoder_pool.started_encoder_pool()
             out["encoders_pss"] = sum(pss(p) for p in (running.pids() if running is not None else []))
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

@@ -41,7 +41,7 @@ def video_settings(cfg: BenchConfig, preset: str | None = None, crf: int | None 
 
 def yuv_host(frames: np.ndarray) -> Any:
     """``[T, H, W, 3]`` uint8 frames as host yuv420p (`Yuv420Frames`), converted where fastrecord converts."""
-    from fastrecord.staging import Yuv420Frames, rgb_to_yuv420p
+    from fastrecord.video.yuv import Yuv420Frames, rgb_to_yuv420p
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     return Yuv420Frames(rgb_to_yuv420p(torch.from_numpy(frames).to(dev)).cpu().numpy())
@@ -116,7 +116,7 @@ def phase_quality(cfg: BenchConfig, bank: np.ndarray, workers: int, out: Path) -
 
 def phase_micro(cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
     """Device time per step of the ring write, and of the yuv420p conversion per episode batch."""
-    from fastrecord import staging
+    from fastrecord.video import yuv
     from fastrecord.buffer import EpisodeBuffer
 
     steps = cfg.episode_steps
@@ -158,15 +158,15 @@ def phase_micro(cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
     kernels = ["torch"] + (["triton"] if cuda and triton_available() else [])
     for kern in kernels:
         t0 = time.perf_counter()
-        staging.rgb_to_yuv420p(episode[:1], kernel=kern)
+        yuv.rgb_to_yuv420p(episode[:1], kernel=kern)
         if cuda:
             torch.cuda.synchronize(device)
         res[f"yuv420p_{kern}_first_call_s"] = time.perf_counter() - t0
-        host, dev = timed(lambda: staging.rgb_to_yuv420p(episode[:k], kernel=kern), 3)
+        host, dev = timed(lambda: yuv.rgb_to_yuv420p(episode[:k], kernel=kern), 3)
         res[f"yuv420p_{kern}_device_ms_per_batch"] = dev * cfg.num_envs / k
     if "triton" in kernels:
-        a = staging.rgb_to_yuv420p(episode[:k], kernel="torch")
-        b = staging.rgb_to_yuv420p(episode[:k], kernel="triton")
+        a = yuv.rgb_to_yuv420p(episode[:k], kernel="torch")
+        b = yuv.rgb_to_yuv420p(episode[:k], kernel="triton")
         d = (a.int() - b.int()).abs()
         res["yuv420p_triton_vs_torch_maxdiff"] = int(d.max())
         res["yuv420p_triton_vs_torch_differing"] = float((d > 0).float().mean())
@@ -176,7 +176,7 @@ def phase_micro(cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
     if cuda:
         for i in range(2):  # the first lease makes (and pins) an arena: time the second
             t0 = time.perf_counter()
-            host_arr = buf.gather(np.arange(cfg.num_envs), yuv420p=("frames",))["frames"]
+            host_arr = buf.gather(np.arange(cfg.num_envs), transforms={"frames": yuv.YUV420P})["frames"]
             issue = time.perf_counter() - t0
             host_arr.wait_ready()
             total = time.perf_counter() - t0

@@ -19,7 +19,7 @@ import time
 import h5py
 import numpy as np
 
-from fastrecord.sinks.maniskill_h5 import COMPRESSIONS, _image_chunks, parse_compression
+from fastrecord.sinks.maniskill_h5 import COMPRESSIONS, image_chunks, parse_compression
 from fastrecord.testing import sensor_clips
 
 
@@ -41,7 +41,7 @@ def sweep(frames: np.ndarray, episodes: int, repeats: int, path: str) -> list[tu
                     if method is None:
                         f.create_dataset(f"e{i}", data=e)
                     else:
-                        chunks = {"frame": (1, *e.shape[1:]), "auto": True, "band": _image_chunks(e.shape, e.dtype.itemsize)}[layout]
+                        chunks = {"frame": (1, *e.shape[1:]), "auto": True, "band": image_chunks(e.shape, e.dtype.itemsize)}[layout]
                         f.create_dataset(f"e{i}", data=e, chunks=chunks, compression=method, compression_opts=level)
             best = min(best, time.process_time() - t0)
         size = os.path.getsize(path)

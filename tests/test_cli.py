@@ -199,7 +199,7 @@ def test_resume_with_another_seed_is_refused(tmp_path, capsys):
 def test_same_command_same_dataset_with_or_without_torchrun(tmp_path):
     """The random policy is seeded per episode: two runs of one command, and a sharded run of world size 1
     (what torchrun runs), record the same actions and states for each global episode."""
-    from fastrecord.commands.config import load_config
+    from fastrecord.checks import load_config
     from fastrecord.commands.record import RecordConfig, run_record_sharded
 
     argv = ["record", "PushCube-v1", *SMALL, "--num-envs", "2", "--episodes", "3"]
@@ -222,7 +222,8 @@ def test_every_recording_option_is_a_flag_and_a_config_key(tmp_path):
     import dataclasses
 
     from fastrecord.commands.cli import build_parser
-    from fastrecord.commands.config import RecordConfig, load_config
+    from fastrecord.checks import load_config
+    from fastrecord.commands.config import RecordConfig
     from fastrecord.commands.record import recorder_kwargs
     from fastrecord.options import CLI_EXCLUDED, RecordOptions, flag_of
 
@@ -320,7 +321,8 @@ def test_ctrl_c_twice_stops_record_and_keeps_files_whole(tmp_path):
 
 def test_record_presets_load():
     """Every `fastrecord record` preset in configs/ fills RecordConfig (run options and recording options)."""
-    from fastrecord.commands.config import RecordConfig, load_config
+    from fastrecord.checks import load_config
+    from fastrecord.commands.config import RecordConfig
 
     presets = [p for p in sorted((REPO / "configs").glob("*.yaml")) if "fastrecord record --config" in p.read_text()]
     assert len(presets) >= 3

@@ -81,7 +81,7 @@ def test_helper_processes_run_below_the_callers_priority(monkeypatch):
     import os
 
     from fastrecord.video.pool import EncoderProcessPool
-    from fastrecord.workers import DEFAULT_NICE, IsolatedProcess, background_nice
+    from fastrecord.processes import DEFAULT_NICE, IsolatedProcess, background_nice
 
     def priority(pid: int) -> tuple[int, bool]:
         deadline = time.monotonic() + 20  # the child lowers its priority first thing after its imports

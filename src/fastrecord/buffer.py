@@ -289,8 +289,7 @@ class EpisodeBuffer:
         return {k: v.numpy() for k, v in out.items()}
 
     def gather(self, env_idx: np.ndarray, names: list[str] | None = None, *,
-               transforms: Mapping[str, LeafTransform] | None = None,
-               yuv420p: Collection[str] = ()) -> dict[str, np.ndarray]:
+               transforms: Mapping[str, LeafTransform] | None = None) -> dict[str, np.ndarray]:
         """Copy the episodes in progress of ``env_idx`` to host memory in one batch.
 
         Returns ``{name: array [len(env_idx), max_len, ...]}`` with ``max_len = cursor.max() + 1``
@@ -305,12 +304,7 @@ class EpisodeBuffer:
         `fastrecord.video.yuv.YUV420P`'s yuv420p). A converted field is copied asynchronously on a side
         stream; what ``wrap`` makes of it must wait for the copy's event before it is read
         (`Yuv420Frames.wait_ready`, which `encode_mp4` calls). Other fields are ready on return.
-        ``yuv420p`` (names) is ``transforms={name: YUV420P}`` for each name, for callers not moved yet.
         """
-        if yuv420p:
-            from fastrecord.video.yuv import YUV420P
-
-            transforms = {**{n: YUV420P for n in yuv420p}, **(transforms or {})}
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         length = int(self.cursor[env_idx].max()) + 1
         whole = len(env_idx) == self.num_envs and bool((env_idx == np.arange(self.num_envs)).all())

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import sys
 import threading
@@ -88,3 +89,62 @@ def install_signal_handlers() -> bool:
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
+
+
+class StopSignals:
+    """Owns the SIGINT/SIGTERM handlers of one run: installed on enter (main thread only), restored on exit.
+
+    A signal does not raise in the middle of a step: it sets `signum`, and the run loop checks
+    `requested` between steps, then closes the env from a consistent state (which saves the episodes in
+    progress). Later signals, while the files are being finished, are ignored with a message on stderr;
+    ``kill -9`` still stops at once, and every finished episode stays readable.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, the shell's convention (130 for SIGINT, 143 for SIGTERM)."""
+        return 128 + self.signum if self.signum is not None else 0
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+            return
+        # os.write, not print: the handler may run while the main thread is inside a write to stderr
+        name = signal.Signals(signum).name
+        os.write(2, f"\nfastrecord {self.command}: {name} ignored: saving the episodes in progress, please wait "
+                    f"(kill -9 stops at once; finished episodes stay readable)\n".encode())
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.requested:
+            # stopping: files are still finished after the run (encoder and writer pools close at
+            # interpreter exit), so later signals are ignored until the process ends; SIG_IGN, not our
+            # handler, because Python's finalization resets its own handlers to SIG_DFL (a signal then
+            # would kill the process mid-close) but leaves an ignored signal ignored
+            for s in self._previous:
+                signal.signal(s, signal.SIG_IGN)
+            self._previous.clear()
+            return
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()

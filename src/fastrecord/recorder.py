@@ -30,6 +30,7 @@ from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.factory import build_sinks
 from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
+from fastrecord.video.yuv import YUV420P
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -401,7 +402,7 @@ class EpisodeRecorder:
     def _write(self, kept: np.ndarray) -> None:
         # the one device-to-host copy of these episodes; per-env videos without overlays take their frames
         # as yuv420p converted on the GPU (half the bytes; the encoder waits for the asynchronous copy)
-        host = self.buffer.gather(kept, yuv420p=("frames",) if self._yuv else ())
+        host = self.buffer.gather(kept, transforms={"frames": YUV420P} if self._yuv else None)
         lengths = self.buffer.cursor[kept]
         control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
         episodes: list[EpisodeData] = []
@@ -496,7 +497,7 @@ class EpisodeRecorder:
 def _warm_yuv420p(frames: torch.Tensor) -> None:
     """Convert a few frames once (the result is dropped) so that the first gather finds the kernel ready."""
     try:
-        from fastrecord.staging import rgb_to_yuv420p
+        from fastrecord.video.yuv import rgb_to_yuv420p  # noqa: PLC0415 - on the warm-up thread only
 
         rgb_to_yuv420p(frames)
         torch.cuda.synchronize(frames.device)

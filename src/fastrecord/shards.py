@@ -354,12 +354,12 @@ class MergeReport:
         if self.expected is not None:
             out.append(f"expected {self.expected} global episodes (0..{self.expected - 1})")
         if self.dropped:
-            out.append(f"not kept by the keep filter: {len(self.dropped)} ({_ranges(self.dropped)})")
+            out.append(f"not kept by the keep filter: {len(self.dropped)} ({ranges_text(self.dropped)})")
         if self.missing:
-            out.append(f"missing: {len(self.missing)} global episodes ({_ranges(self.missing)}); re-run the recording "
+            out.append(f"missing: {len(self.missing)} global episodes ({ranges_text(self.missing)}); re-run the recording "
                        f"command with --if-exists resume to record them, then merge again")
         if self.duplicates:
-            out.append(f"in several shards: {_ranges(self.duplicates)} (the lowest rank's copy is used)")
+            out.append(f"in several shards: {ranges_text(self.duplicates)} (the lowest rank's copy is used)")
         if self.recording:
             out.append(f"still recording: rank(s) {self.recording}; merge again when they are done")
         if self.crashed and (self.missing or self.expected is None):
@@ -371,7 +371,8 @@ class MergeReport:
         return out
 
 
-def _ranges(values: Sequence[int], limit: int = 12) -> str:
+def ranges_text(values: Sequence[int], limit: int = 12) -> str:
+    """Sorted integers as spans, "0-3, 7, 9-12" (at most ``limit`` spans, then how many more)."""
     values = sorted(values)
     spans: list[str] = []
     start = prev = None

@@ -448,18 +448,3 @@ def default_staging_pool() -> StagingPool:
         if _default_pool is None:
             _default_pool = StagingPool()
         return _default_pool
-
-
-# ---------------------------------------------------------------------------------------------- moved names
-# The yuv420p frame type and conversion live in `fastrecord.video.yuv`; these names resolve there for
-# callers not moved yet (a lazy lookup: this module must not import the video package, which imports it).
-_MOVED_TO_VIDEO_YUV = {"Yuv420Frames": "Yuv420Frames", "rgb_to_yuv420p": "rgb_to_yuv420p",
-                       "yuv420p_to_rgb_numpy": "yuv420p_to_rgb_numpy", "_triton_kernel": "triton_kernel"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_VIDEO_YUV:
-        from fastrecord.video import yuv
-
-        return getattr(yuv, _MOVED_TO_VIDEO_YUV[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

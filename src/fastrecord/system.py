@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import logging
+import warnings
 import os
 
 _LAVAPIPE = ("/usr/share/vulkan/icd.d/lvp_icd.json", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
@@ -37,3 +39,27 @@ def process_age() -> float | None:
         return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
     except (OSError, ValueError, IndexError):
         return None
+
+
+QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)
+MANISKILL_LOGGERS = ("mani_skill ", "mani_skill")  # 3.0.1 names its logger with a trailing space
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, needles: tuple[str, ...]) -> None:
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(n in message for n in self.needles)
+
+
+def quiet_third_party() -> None:
+    """Silence ManiSkill's repeated, non-actionable warnings for this (CLI) process only."""
+    for name in MANISKILL_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(QUIET_MANISKILL))
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)

@@ -4,8 +4,7 @@
 queue is full (backpressure: nothing is ever dropped). A worker that raises keeps the exception; the
 next `submit`, `wait_until_done` or `close` re-raises it in the caller's thread.
 
-Helper processes (`IsolatedProcess`, `background_nice`, ...) live in `fastrecord.processes`; their names
-are importable from here too.
+Helper processes (`IsolatedProcess`, `background_nice`, ...) live in `fastrecord.processes`.
 """
 
 from __future__ import annotations
@@ -14,18 +13,6 @@ import queue
 import threading
 import time
 from typing import Any, Callable
-
-from fastrecord.processes import (  # noqa: F401 - the helper-process names, importable from here too
-    DEFAULT_NICE,
-    NICE_ENV,
-    ChildDied,
-    IsolatedProcess,
-    RemoteError,
-    background_nice,
-    exit_description,
-    lower_priority,
-    parent_alive,
-)
 
 _SENTINEL = object()
 

@@ -24,15 +24,14 @@ import argparse
 import dataclasses
 import importlib
 import inspect
-import logging
 import os
 import re
 import signal
 import sys
 import threading
-import warnings
-from types import FrameType
 from typing import Any
+
+from fastrecord.system import quiet_third_party
 
 # name: (module, one-line help, the config dataclass its flags fill: its defaults and comments are the flags' help)
 SUBCOMMANDS = {
@@ -51,8 +50,6 @@ SUBCOMMANDS = {
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda", "cuda", "gpu")  # ManiSkill's names (CUDA ones also as cuda:N)
 CUDA_SIM = ("physx_cuda", "cuda", "gpu")
 CUDA_RENDER = ("sapien_cuda", "cuda", "gpu")
-QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)
-MANISKILL_LOGGERS = ("mani_skill ", "mani_skill")  # 3.0.1 names its logger with a trailing space
 DEBUG_ENV = "FASTRECORD_DEBUG"  # set (not "" or "0"): errors keep their traceback
 RUNTIME_MODULES = ("h5py", "av", "wandb")  # libraries whose errors reaching main are runtime failures (exit 1)
 KEEPS_EPISODES = ("record", "replay")  # commands whose finished episodes stay on disk after a failure
@@ -129,26 +126,6 @@ def _version() -> str:
         except PackageNotFoundError:
             pass
     return f"fastrecord {__version__} ({', '.join(parts)}; Python {sys.version.split()[0]})"
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, needles: tuple[str, ...]) -> None:
-        super().__init__()
-        self.needles = needles
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(n in message for n in self.needles)
-
-
-def quiet_third_party() -> None:
-    """Silence ManiSkill's repeated, non-actionable warnings for this (CLI) process only."""
-    for name in MANISKILL_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in logger.filters):
-            logger.addFilter(_DropMessages(QUIET_MANISKILL))
-    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
-        warnings.filterwarnings("ignore", category=category)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -289,65 +266,6 @@ def check_logger_credentials(args: argparse.Namespace) -> None:
         from fastrecord.sinks.loggers import check_wandb_login
 
         check_wandb_login()
-
-
-class StopSignals:
-    """Owns the SIGINT/SIGTERM handlers of one run: installed on enter (main thread only), restored on exit.
-
-    A signal does not raise in the middle of a step: it sets `signum`, and the run loop checks
-    `requested` between steps, then closes the env from a consistent state (which saves the episodes in
-    progress). Later signals, while the files are being finished, are ignored with a message on stderr;
-    ``kill -9`` still stops at once, and every finished episode stays readable.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-        self.signum: int | None = None
-        self._previous: dict[int, object] = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum is not None else ""
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the signal number, the shell's convention (130 for SIGINT, 143 for SIGTERM)."""
-        return 128 + self.signum if self.signum is not None else 0
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is None:
-            self.signum = signum
-            return
-        # os.write, not print: the handler may run while the main thread is inside a write to stderr
-        name = signal.Signals(signum).name
-        os.write(2, f"\nfastrecord {self.command}: {name} ignored: saving the episodes in progress, please wait "
-                    f"(kill -9 stops at once; finished episodes stay readable)\n".encode())
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.requested:
-            # stopping: files are still finished after the run (encoder and writer pools close at
-            # interpreter exit), so later signals are ignored until the process ends; SIG_IGN, not our
-            # handler, because Python's finalization resets its own handlers to SIG_DFL (a signal then
-            # would kill the process mid-close) but leaves an ignored signal ignored
-            for s in self._previous:
-                signal.signal(s, signal.SIG_IGN)
-            self._previous.clear()
-            return
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
 
 
 def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Any]]:

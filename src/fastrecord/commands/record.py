@@ -29,8 +29,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastrecord.commands.cli import StopSignals
-from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig, load_config
+from fastrecord.exits import StopSignals
+from fastrecord.checks import load_config
+from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig
 from fastrecord.options import add_record_flags, cli_option_names
 
 

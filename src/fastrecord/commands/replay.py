@@ -56,8 +56,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastrecord.commands.cli import StopSignals
-from fastrecord.commands.config import load_config
+from fastrecord.exits import StopSignals
+from fastrecord.checks import load_config
 from fastrecord.episode import KEEP_CHOICES
 from fastrecord.replay.api import run_replay
 from fastrecord.replay.config import BY_CHOICES, RENDER_MODES, VECTOR_CHOICES, ReplayConfig, ReplaySummary, ReplayWorkerError
@@ -169,7 +169,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
     """The replay's summary for a terminal: what was replayed and written, divergences, results, speed, files."""
     from fastrecord.commands.record import interrupted_line, print_results, print_speed_and_files
-    from fastrecord.shards import _ranges as ranges
+    from fastrecord.shards import ranges_text as ranges
 
     keep = cfg.keep_filter
     if keep is None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fastrecord.commands.config import check_at_least, check_choice, check_fps, check_types
+from fastrecord.checks import check_at_least, check_choice, check_fps, check_types
 from fastrecord.episode import KEEP_CHOICES
 
 BY_CHOICES = ("states", "actions")
@@ -155,7 +155,7 @@ class ReplayWorkerError(RuntimeError):
 class StopRequest(Protocol):
     """Asked between two steps of a replay: whether to stop now, and why (a signal's name, "SIGINT").
 
-    ``fastrecord.commands.cli.StopSignals`` is one: the CLI's SIGINT/SIGTERM handlers."""
+    ``fastrecord.exits.StopSignals`` is one: the CLI's SIGINT/SIGTERM handlers."""
 
     @property
     def requested(self) -> bool: ...

@@ -283,12 +283,12 @@ def replayed_sources(out: Path, name: str) -> set[int]:
     JSON's entries, the complete part files a crash left unlisted, and the replays the keep filter did
     not keep (their results rows; replaying them again would drop them again). Partial replays (cut by
     a signal) do not count. Reads only."""
-    from fastrecord.sinks.maniskill_h5 import EPISODES_ATTR, _complete_parts, _read_json, _sibling_paths
+    from fastrecord.sinks.maniskill_h5 import EPISODES_ATTR, complete_parts, read_json, sibling_paths
     from fastrecord.sinks.results import read_results
 
-    json_path, parts_dir = _sibling_paths(out / f"{name}.h5")
-    entries = list((_read_json(json_path) or {}).get("episodes") or [])
-    for _, part in _complete_parts(parts_dir):
+    json_path, parts_dir = sibling_paths(out / f"{name}.h5")
+    entries = list((read_json(json_path) or {}).get("episodes") or [])
+    for _, part in complete_parts(parts_dir):
         try:
             with h5py.File(part, "r") as f:
                 entries += json.loads(f.attrs.get(EPISODES_ATTR, "[]"))

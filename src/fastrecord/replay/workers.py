@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from fastrecord.commands.cli import StopSignals, quiet_third_party
+from fastrecord.exits import StopSignals
+from fastrecord.system import quiet_third_party
 from fastrecord.replay.config import ReplayConfig, ReplaySummary, ReplayWorkerError, StopRequest
 from fastrecord.replay.drive import replayed_sources, run_plan
 from fastrecord.replay.plan import ReplayPlan, make_plan
 from fastrecord.sinks.maniskill_h5 import open_trajectory
 from fastrecord.processes import exit_description
+from fastrecord.shards import ranges_text
 from fastrecord.workers import forkserver_context, freeze_imports
 
 if TYPE_CHECKING:
@@ -261,7 +263,7 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
         share = shares[first]
         others = f" (and worker(s) {sorted(set(failures) - {first})})" if len(failures) > 1 else ""
         missing = (f"; {len(summary.missing)} of {len(plan.episodes)} episodes are missing from {plan.out / plan.name}.h5 "
-                   f"(global indices {_ranges(summary.missing)})" if summary.missing else "")
+                   f"(global indices {ranges_text(summary.missing)})" if summary.missing else "")
         raise ReplayWorkerError(
             f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) {failures[first]}{others}"
             f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
@@ -358,7 +360,3 @@ def run_rank(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | None
     return summary
 
 
-def _ranges(ids: list[int]) -> str:
-    from fastrecord.shards import _ranges as ranges
-
-    return ranges(ids)

@@ -54,9 +54,9 @@ class Mp4Sink(Sink):
     def open(self, run: RunDirectory) -> None:
         super().open(run)
         if self.settings.executor != "thread":
-            from fastrecord.video.encode import _use_processes
+            from fastrecord.video.encode import use_processes
 
-            if _use_processes(self.settings):
+            if use_processes(self.settings):
                 # the encoder pool exists (and its exit hook is registered) before the recorder's own exit
                 # hook, so that hook, which runs first, can still drain videos through it
                 from fastrecord.video.pool import default_encoder_pool

@@ -356,7 +356,3 @@ def decode_mp4(path: str | Path) -> np.ndarray:
     with av.open(str(path)) as container:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
-
-# the private names of `nvenc_usable` and `use_processes`, for callers not moved to the public ones yet
-_nvenc_usable = nvenc_usable
-_use_processes = use_processes

@@ -46,11 +46,6 @@ from fastrecord.sinks.maniskill_h5.recover import consolidate, recover, run_in_c
 from fastrecord.sinks.maniskill_h5.sink import ManiSkillH5Sink
 from fastrecord.sinks.maniskill_h5.writer import TrajectoryWriter
 
-_image_chunks = image_chunks  # for scripts/compression_sweep.py until its import moves
-_read_tree = read_tree  # for replay until its imports move
-_complete_parts = complete_parts  # for replay until its imports move
-_read_json = read_json  # for replay until its imports move
-_sibling_paths = sibling_paths  # for replay until its imports move
 
 __all__ = [
     "COMPRESSIONS", "DEFAULT_COMPRESSION", "EPISODES_ATTR", "HEADER_ATTR", "PARTS_SUFFIX", "PART_PATTERN",

@@ -30,7 +30,7 @@ EPISODES_ATTR = "fastrecord_episodes"  # part file root attribute: JSON list of 
 HEADER_ATTR = "fastrecord_header"  # part file root attribute: JSON of the header (env_info, commit_info, ...)
 PART_PATTERN = re.compile(r"^part_(\d+)\.h5$")  # a complete part file in NAME.h5.parts/
 PARTS_SUFFIX = ".parts"  # NAME.h5.parts/ holds the part files of NAME.h5
-# the module writer processes import (`fastrecord.workers.IsolatedProcess`): every function they run is there
+# the module writer processes import (`fastrecord.processes.IsolatedProcess`): every function they run is there
 WRITER_PROCESS_MODULE = "fastrecord.sinks.maniskill_h5.process"
 LOW_DISK = 64 << 20  # bytes free below which a dead writer is blamed on the disk as well
 

@@ -1,4 +1,4 @@
-"""What the writer processes run (`fastrecord.workers.IsolatedProcess` imports this module,
+"""What the writer processes run (`fastrecord.processes.IsolatedProcess` imports this module,
 `layout.WRITER_PROCESS_MODULE`, and calls its functions by name): every h5py write of the format.
 
 HDF5 may crash its process (h5py 3.16 / HDF5 2.0 can segfault closing a file after ENOSPC), so no h5py
@@ -33,7 +33,7 @@ from fastrecord.sinks.maniskill_h5.layout import (
     read_json,
     sibling_paths,
 )
-from fastrecord.workers import parent_alive
+from fastrecord.processes import parent_alive
 
 
 def write_dataset(group: h5py.Group, path: str, data: np.ndarray, compression: str = DEFAULT_COMPRESSION) -> None:

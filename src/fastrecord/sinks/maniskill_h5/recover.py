@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE, disk_text, is_disk_full
-from fastrecord.workers import ChildDied, IsolatedProcess, WorkerError
+from fastrecord.processes import ChildDied, IsolatedProcess
+from fastrecord.workers import WorkerError
 
 
 def run_in_child(func: str, *args: Any) -> Any:

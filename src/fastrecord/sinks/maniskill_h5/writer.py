@@ -12,7 +12,7 @@ some complete parts may not be listed yet); `consolidate` copies everything into
 ``NAME.h5`` (atomic rename) and only then removes the parts. ``TrajectoryWriter(resume=True)`` appends
 to what is on disk.
 
-Isolation. Every h5py write happens in writer processes (`fastrecord.workers.IsolatedProcess` of
+Isolation. Every h5py write happens in writer processes (`fastrecord.processes.IsolatedProcess` of
 `layout.WRITER_PROCESS_MODULE`, which imports numpy, h5py and the layout only): ``num_writers`` of them
 write whole part files in parallel (image observations are compressed in parallel), one more writes the
 index and consolidates. A failure there is a `WorkerError` in the caller naming the cause, the fix, and
@@ -43,7 +43,8 @@ from fastrecord.sinks.maniskill_h5.layout import (
     sibling_paths,
     to_jsonable,
 )
-from fastrecord.workers import ChildDied, IsolatedProcess, WorkerError, exit_description
+from fastrecord.processes import ChildDied, IsolatedProcess, exit_description
+from fastrecord.workers import WorkerError
 
 if TYPE_CHECKING:
     from fastrecord.episode import EpisodeData
