@@ -1,0 +1,199 @@
+"""Joining the shards of a run into one ManiSkill dataset: `merge` builds ``DIR/NAME.h5`` +
+``DIR/NAME.json`` from ``DIR/NAME.shards/rank*/`` and says what it found in a `MergeReport`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastrecord.shards.layout import SHARDS_SUFFIX, list_shards, results_rows, shards_root
+from fastrecord.sinks.maniskill_h5.layout import read_json
+
+
+def lock_held(shard: Path, name: str) -> bool:
+    """Whether a live process holds the shard's run lock (it is recording now)."""
+    lock = shard / f".{name}.lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------- merge
+class NothingToMerge(ValueError):
+    """`merge` found no shard with a trajectory (no shard folders, or none has a readable ``NAME.json``)."""
+
+
+@dataclass
+class MergeReport:
+    """What `merge` built and what it found missing. ``ok``: every expected global episode is present."""
+
+    h5_path: Path
+    json_path: Path
+    episodes: int = 0  # episodes in the joined dataset
+    expected: int | None = None  # global episodes the run was asked for (None: unknown)
+    missing: list[int] = field(default_factory=list)  # expected global episodes in no shard
+    dropped: list[int] = field(default_factory=list)  # finished, but the keep filter did not keep them
+    duplicates: list[int] = field(default_factory=list)  # in several shards (the lowest rank's is used)
+    shards: dict[int, int] = field(default_factory=dict)  # rank -> episodes taken from its shard
+    recording: list[int] = field(default_factory=list)  # ranks whose shard is being written now
+    crashed: list[int] = field(default_factory=list)  # ranks whose shard was left by a run that did not close
+    consolidated: bool = True  # NAME.h5 holds a copy of every episode (False: links into the shards)
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.recording
+
+    def lines(self) -> list[str]:
+        """The report in words (``fastrecord merge`` prints it)."""
+        out = [f"{self.h5_path}: {self.episodes} episodes from {len(self.shards)} shard(s)"
+               + (" (one self-contained file)" if self.consolidated
+                  else f" (index of links into {self.h5_path.stem}{SHARDS_SUFFIX}/: it opens only next to that folder)")]
+        if self.expected is not None:
+            out.append(f"expected {self.expected} global episodes (0..{self.expected - 1})")
+        if self.dropped:
+            out.append(f"not kept by the keep filter: {len(self.dropped)} ({ranges_text(self.dropped)})")
+        if self.missing:
+            out.append(f"missing: {len(self.missing)} global episodes ({ranges_text(self.missing)}); re-run the recording "
+                       f"command with --if-exists resume to record them, then merge again")
+        if self.duplicates:
+            out.append(f"in several shards: {ranges_text(self.duplicates)} (the lowest rank's copy is used)")
+        if self.recording:
+            out.append(f"still recording: rank(s) {self.recording}; merge again when they are done")
+        if self.crashed and (self.missing or self.expected is None):
+            out.append(f"not closed (crashed or killed): rank(s) {self.crashed}; re-running the recording command "
+                       f"with --if-exists resume recovers their complete parts")
+        elif self.crashed:  # every expected episode is here: the shards' unclosed state loses nothing
+            out.append(f"rank(s) {self.crashed} did not close their shard (crashed or killed), but every expected "
+                       f"episode is in the joined dataset: nothing is lost")
+        return out
+
+
+def ranges_text(values: Sequence[int], limit: int = 12) -> str:
+    """Sorted integers as spans, "0-3, 7, 9-12" (at most ``limit`` spans, then how many more)."""
+    values = sorted(values)
+    spans: list[str] = []
+    start = prev = None
+    for v in values + [None]:
+        if start is not None and (v is None or v != prev + 1):
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if v is not None and start is None:
+            start = v
+        prev = v
+    text = ", ".join(spans[:limit])
+    return text + (f", ... ({len(spans) - limit} more spans)" if len(spans) > limit else "")
+
+
+def _comparable(info: Any) -> str:
+    return json.dumps(info, sort_keys=True, default=repr)
+
+
+def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int | None = None) -> MergeReport:
+    """Build (or rebuild) the joined dataset ``DIR/NAME.h5`` + ``DIR/NAME.json`` from the shards in
+    ``DIR/NAME.shards/rank*/``; return a `MergeReport`.
+
+    ``NAME.h5`` gets a copy of each global episode ``g`` found, as ``traj_{g}`` (one self-contained file
+    that can be copied alone; the shards stay, so merging again rebuilds it). ``links=True`` writes one
+    external link ``traj_{g}`` per episode into the shard's ``NAME.h5`` instead (relative paths: the
+    folder can be moved whole, but ``NAME.h5`` alone does not open). ``NAME.json`` gets the first shard's
+    header (``env_info``, ``commit_info``, ``source_type``/``source_desc``; ``env_info`` must be the same
+    in every shard, else ValueError naming the ranks) and the episodes sorted by ``g``, each its shard
+    entry with ``episode_id = g`` (plus ``global_index``, ``source_rank``, ``shard_episode_id``). Both
+    files are swapped in atomically (``NAME.h5`` first), by a writer process
+    (`fastrecord.sinks.maniskill_h5.join_runs`).
+
+    Reads the shards only: a shard still recording (its lock is held) contributes what it has listed so
+    far; one left by a crash contributes what its index lists (resuming the run recovers the rest).
+    ``expected`` (default: ``total`` from the run manifest) is the number of global episodes asked for;
+    those in no shard are reported as missing, or as dropped when the shard's results file says the keep
+    filter did not keep them. Idempotent. Refuses to replace a self-contained ``NAME.h5`` holding
+    episodes the shards no longer have (never deletes recorded data).
+    """
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
+
+    run_dir = Path(run_dir)
+    if not name or any(c in name for c in "/\\\0"):
+        raise ValueError(f"name={name!r} must be the run's plain name (the NAME of DIR/NAME.shards), e.g. 'trajectory'")
+    shards = list_shards(run_dir, name)
+    root = shards_root(run_dir, name)
+    if not shards:
+        raise NothingToMerge(f"{str(root)!r} holds no shard folders rank00000, rank00001, ...: nothing to merge. Pass the "
+                         f"run directory and the run's name (--name, default 'trajectory') of a sharded recording")
+    if expected is None:
+        sharding = read_manifest(run_dir / f"{name}{MANIFEST_SUFFIX}").get("options", {}).get("sharding", {})
+        if isinstance(sharding, dict) and isinstance(sharding.get("total"), int):
+            expected = sharding["total"]
+    h5_path, json_path = run_dir / f"{name}.h5", run_dir / f"{name}.json"
+    report = MergeReport(h5_path, json_path, expected=expected, consolidated=not links)
+
+    header: dict[str, Any] | None = None
+    header_rank = -1
+    chosen: dict[int, tuple[int, dict[str, Any]]] = {}  # g -> (rank, shard entry)
+    dropped: set[int] = set()
+    for rank, folder in shards.items():
+        if lock_held(folder, name):
+            report.recording.append(rank)
+        elif read_manifest(folder / f"{name}{MANIFEST_SUFFIX}").get("status") == "recording":
+            report.crashed.append(rank)
+        for row in results_rows(folder, name):
+            if row.get("episode_id") is None and "global_index" in row:
+                dropped.add(int(row["global_index"]))
+        doc = read_json(folder / f"{name}.json")
+        if doc is None:
+            continue
+        shard_header = {k: v for k, v in doc.items() if k != "episodes"}
+        if header is None:
+            header, header_rank = shard_header, rank
+        elif _comparable(shard_header.get("env_info")) != _comparable(header.get("env_info")):
+            raise ValueError(
+                f"the shards disagree on env_info: rank {header_rank} has {header.get('env_info')!r}, rank {rank} has "
+                f"{shard_header.get('env_info')!r} ({folder}); they are not one run. Move the foreign shard folder out of "
+                f"{root} and merge again")
+        for e in doc.get("episodes", []):
+            if not isinstance(e, dict) or "global_index" not in e or "episode_id" not in e:
+                raise ValueError(f"{folder / (name + '.json')} has an episode entry without global_index/episode_id "
+                                 f"({str(e)[:120]}); it is not a shard of a sharded run. Move it out of {root}")
+            g = int(e["global_index"])
+            if g in chosen:
+                report.duplicates.append(g)
+                continue
+            chosen[g] = (rank, e)
+    if header is None:
+        raise NothingToMerge(f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
+                         f"or nothing finished); there is nothing to join")
+
+    order = sorted(chosen)
+    sources: list[tuple[str, str, str]] = []  # (name in NAME.h5, shard file relative to DIR, group in it)
+    episodes: list[dict[str, Any]] = []
+    for g in order:
+        rank, e = chosen[g]
+        target = os.path.relpath(shards[rank] / f"{name}.h5", run_dir)
+        sources.append((f"traj_{g}", target, f"traj_{int(e['episode_id'])}"))
+        report.shards[rank] = report.shards.get(rank, 0) + 1
+        episodes.append({**e, "episode_id": g, "global_index": g, "source_rank": rank,
+                         "shard_episode_id": int(e["episode_id"])})
+    report.episodes = len(episodes)
+    top = max([*order, *dropped], default=-1) + 1
+    span = range(expected if expected is not None else top)
+    report.dropped = sorted(g for g in dropped if g not in chosen)
+    report.missing = [g for g in span if g not in chosen and g not in dropped]
+    report.duplicates = sorted(set(report.duplicates))
+
+    from fastrecord.sinks.maniskill_h5.merge import join_runs
+
+    join_runs(h5_path, sources, {**header, "episodes": episodes}, links=links)
+    return report
