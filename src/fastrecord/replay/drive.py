@@ -128,6 +128,7 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
                 last = ok or attempt == cfg.max_retry
                 verdict.value = ok
                 before = rec.num_episodes
+                check_replayed(rec, 0, ep, traj.h5_path.name)
                 rec.set_episode_meta([0], [meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}])
                 env.flush_trajectory()
                 if rec.num_episodes > before:
