@@ -87,7 +87,7 @@ def test_nan_env_states_are_named_by_info_and_refused_by_replay(clean, tmp_path,
 
     assert main(["info", str(path)]) == 1
     printed = capsys.readouterr().out
-    assert f"  problems: 1 bad episodes (1 problems): {expected}" in printed
+    assert f"  problems: {expected} (1 of 3 episodes bad;" in printed
     assert main(["info", str(path), "--json"]) == 1
     run = json.loads(capsys.readouterr().out)["runs"][0]
     assert run["problems"] == [{"episode": "traj_1", "field": leaf, "problem": f"has {2 * width} non-finite values at steps 2-3"}]
@@ -109,7 +109,7 @@ def test_truncated_actions_are_a_length_mismatch(clean, tmp_path, capsys):
     assert problems_of(path) == [f"traj_0: actions has {STEPS - 1} rows, but the episode has elapsed_steps {STEPS} "
                                  f"in the JSON (T = {STEPS} expected)"]
     assert main(["info", str(path)]) == 1
-    assert "problems: 1 bad episodes" in capsys.readouterr().out
+    assert "  problems: traj_0: actions has 5 rows" in capsys.readouterr().out
 
     assert main(replay_cli(path, tmp_path / "replayed")) != 0
     err = capsys.readouterr().err.strip().splitlines()

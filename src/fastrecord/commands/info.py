@@ -327,8 +327,8 @@ def format_run(run: dict[str, Any]) -> str:
         bad = len({p["episode"] for p in problems})
         shown = "; ".join(f"{p['episode']}: {p['field']} {p['problem']}" for p in problems[:8])
         more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
-        lines.append(f"  problems: {bad} bad episodes ({len(problems)} problems): {shown}{more}; re-record them, or "
-                     f"replay the others (fastrecord replay --count)")
+        lines.append(f"  problems: {shown}{more} ({bad} of {run['episodes']} episodes bad; re-record them, or replay "
+                     f"the others: fastrecord replay --count)")
     if run.get("error"):
         lines.append(f"  error: {run['error']}")
     return "\n".join(lines)

@@ -242,11 +242,11 @@ def check_input(traj: TrajectoryFile, episodes: list[dict[str, Any]]) -> None:
     more = f" (and {len(bad) - 5} more episodes)" if len(bad) > 5 else ""
     first = bad[0][0]
     if first > 0:
-        fix = (f"re-record the bad episodes, or replay the {first} episodes before the first bad one with --count {first}")
+        fix = f"re-record the bad episodes, or replay only those before the first bad one with --count {first}"
     else:
         fix = "re-record the bad episodes, or remove them from the file (and from its JSON) before replaying"
-    raise ValueError(f"{str(traj.h5_path)!r}: {len(bad)} of the {len(episodes)} episodes to replay hold bad data, which "
-                     f"would replay into wrong results: {'; '.join(shown)}{more}. {fix[0].upper()}{fix[1:]}")
+    raise ValueError(f"{str(traj.h5_path)!r} holds bad data in {len(bad)} of the {len(episodes)} episodes to replay, "
+                     f"which would replay into wrong results: {'; '.join(shown)}{more}. {fix[0].upper()}{fix[1:]}")
 
 
 def _check_conversion(cfg: ReplayConfig, source: str | None, by: str, gpu_sim: bool) -> None:

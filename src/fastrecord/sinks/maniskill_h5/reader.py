@@ -204,7 +204,8 @@ def check_episode(group: h5py.Group, entry: Mapping[str, Any], *, observations: 
     ``fail``: T rows; ``env_states`` and ``obs`` leaves: T+1). Reads only what it checks: integer and
     boolean datasets (uint8 images among them) by their shape; ``obs`` only with ``observations``;
     float image leaves (``[T+1, H, W, C]``, e.g. depth) only with ``images``. An empty list: no problem."""
-    episode = group.name.rsplit("/", 1)[-1] if group.name else f"traj_{entry.get('episode_id')}"
+    # named by its entry: a group reached through an external link has its part file's name
+    episode = f"traj_{entry['episode_id']}" if "episode_id" in entry else str(group.name).rsplit("/", 1)[-1]
     problems: list[EpisodeProblem] = []
     try:
         steps = int(entry["elapsed_steps"])
