@@ -10,7 +10,9 @@ lengths (min/mean/max steps), observation and action keys with their per-step sh
 other recorded fields, file sizes (trajectory, parts, a sharded run's ``NAME.shards/``, videos, also
 those in the shard folders), the run's status from its manifest ``NAME.fastrecord.json`` and any
 ``NAME.h5.parts/`` a crash left. A ``NAME.h5`` that links into files that are not there (copied without
-its parts or shards) is one error naming them and the fix (``fastrecord consolidate``). Reads
+its parts or shards) is one error naming them and the fix (``fastrecord consolidate``). Bad episodes
+(non-finite states, actions, rewards or non-image observations; dataset lengths that disagree with
+``elapsed_steps``) are listed as ``problems`` and the exit status is 1; image observations are not read. Reads
 fastrecord's files and those of ManiSkill's ``RecordEpisode`` (no manifest: status ``unknown``).
 Nothing is written.
 """
@@ -28,7 +30,14 @@ from typing import Any
 import h5py
 
 from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
-from fastrecord.sinks.maniskill_h5 import PART_PATTERN, PARTS_SUFFIX, TrajectoryFile, check_links, sibling_paths
+from fastrecord.sinks.maniskill_h5 import (
+    PART_PATTERN,
+    PARTS_SUFFIX,
+    TrajectoryFile,
+    check_episode,
+    check_links,
+    sibling_paths,
+)
 
 
 def find_runs(path: Path) -> list[Path]:
@@ -235,6 +244,7 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
                 else:
                     other[key] = _spec(d)
         run.update(observations=observations, actions=actions, other_fields=other)
+        run["problems"] = [p.as_dict() for ep in episodes for p in check_episode(traj.group(ep), ep)]
     finally:
         traj.close()
     return run
@@ -312,6 +322,13 @@ def format_run(run: dict[str, Any]) -> str:
                          f"self-contained file, or resume the run (--if-exists resume)")
     elif "status" in run:
         lines.append("  parts: none")
+    problems = run.get("problems")
+    if problems:
+        bad = len({p["episode"] for p in problems})
+        shown = "; ".join(f"{p['episode']}: {p['field']} {p['problem']}" for p in problems[:8])
+        more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+        lines.append(f"  problems: {shown}{more} ({bad} of {run['episodes']} episodes bad; re-record them, or replay "
+                     f"the others: fastrecord replay --count)")
     if run.get("error"):
         lines.append(f"  error: {run['error']}")
     return "\n".join(lines)
@@ -328,4 +345,4 @@ def main_from_args(args: argparse.Namespace) -> int:
         print(json.dumps({"runs": runs}, indent=2))
     else:
         print("\n\n".join(format_run(r) for r in runs))
-    return 1 if any(r.get("error") for r in runs) else 0
+    return 1 if any(r.get("error") or r.get("problems") for r in runs) else 0

@@ -128,6 +128,7 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
                 last = ok or attempt == cfg.max_retry
                 verdict.value = ok
                 before = rec.num_episodes
+                check_replayed(rec, 0, ep, traj.h5_path.name)
                 rec.set_episode_meta([0], [meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}])
                 env.flush_trajectory()
                 if rec.num_episodes > before:
@@ -190,6 +191,7 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
     def flush(e: int, partial: bool = False) -> None:
         before = rec.num_episodes
         ep = episodes[slot[e]]
+        check_replayed(rec, e, ep, traj.h5_path.name)  # non-finite data stops the replay before it is written
         tag = meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}
         rec.set_episode_meta([e], [tag | {"partial": True} if partial else tag])  # --resume replays a partial one again
         batch.flush(e)
@@ -276,6 +278,32 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
     return ReplaySummary(done_count, rec.num_episodes, successes, diverged, env_steps, time.perf_counter() - t_run,
                          Path("."), sorted(rec.video_paths), sources, stop.name if stopping() else None, partial,
                          startup_seconds=startup, results=list(rec.results.rows), results_path=rec.results.path)
+
+
+def check_replayed(rec: Any, e: int, ep: Mapping[str, Any], source: str) -> None:
+    """Raise one ValueError when the episode env ``e`` of recorder ``rec`` is about to write (a replay of
+    ``ep``, of file ``source``) holds non-finite observations, states, actions or rewards: the replay
+    stops there rather than write NaN. Checks the recorder's buffer rows of that env, float fields only."""
+    from fastrecord.episode import field_of
+
+    buf = rec.buffer
+    if buf is None or buf.cursor[e] < 0:
+        return
+    last = int(buf.cursor[e])
+    for name, data in buf.fields.items():
+        if not data.is_floating_point():
+            continue
+        first = 1 if field_of(name).kind == "transition" else 0  # slot 0 of a step field holds nothing
+        rows = data[first: last + 1, e]
+        bad = ~torch.isfinite(rows)
+        if not bool(bad.any()):
+            continue
+        steps = np.flatnonzero(bad.reshape(len(rows), -1).any(dim=1).cpu().numpy()) + first
+        raise ValueError(
+            f"the replay of {source} traj_{ep['episode_id']} produced {int(bad.sum())} non-finite values in {name} "
+            f"(steps {int(steps[0])}-{int(steps[-1])}), so the replay stopped before writing it; the episodes finished "
+            f"before it are written. Check that episode's recorded actions and env states (fastrecord info), and "
+            f"replay the others with --count, or re-record it")
 
 
 def replayed_sources(out: Path, name: str) -> set[int]:

@@ -17,7 +17,7 @@ import torch
 
 from fastrecord.replay.config import CONVERTERS, CPU_BACKENDS, ReplayConfig
 from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, default_workers
-from fastrecord.sinks.maniskill_h5 import TrajectoryFile
+from fastrecord.sinks.maniskill_h5 import EpisodeProblem, TrajectoryFile, check_episode
 
 
 def _cuda() -> bool:
@@ -127,6 +127,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
         lacking = [ep["episode_id"] for ep in episodes if "env_states" not in traj.group(ep)]
         if lacking:
             raise ValueError(f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; replay it by actions (--by actions)")
+    check_input(traj, episodes)
 
     # the env: the recorded kwargs, then the replay's choices
     kwargs = {k: v for k, v in (info.get("env_kwargs") or {}).items() if k not in ("num_envs", "max_episode_steps")}
@@ -224,6 +225,28 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     rec = plan.recorder_kwargs(out, name, Verdict(), None)(20)
     RecordOptions(**{k: v for k, v in rec.items() if k not in ("output_dir", "sinks")})  # bad values: before any env or file
     return plan
+
+
+def check_input(traj: TrajectoryFile, episodes: list[dict[str, Any]]) -> None:
+    """Refuse to replay ``episodes`` (of ``traj``) when any holds bad data: one ValueError naming each bad
+    episode, what is wrong and the fix. Reads their states, actions and step fields (small), not their
+    observations (a replay makes its own)."""
+    bad: list[tuple[int, list[EpisodeProblem]]] = []
+    for i, ep in enumerate(episodes):
+        problems = check_episode(traj.group(ep), ep, observations=False)
+        if problems:
+            bad.append((i, problems))
+    if not bad:
+        return
+    shown = [str(p) for _, problems in bad[:5] for p in problems[:2]]
+    more = f" (and {len(bad) - 5} more episodes)" if len(bad) > 5 else ""
+    first = bad[0][0]
+    if first > 0:
+        fix = f"re-record the bad episodes, or replay only those before the first bad one with --count {first}"
+    else:
+        fix = "re-record the bad episodes, or remove them from the file (and from its JSON) before replaying"
+    raise ValueError(f"{str(traj.h5_path)!r} holds bad data in {len(bad)} of the {len(episodes)} episodes to replay, "
+                     f"which would replay into wrong results: {'; '.join(shown)}{more}. {fix[0].upper()}{fix[1:]}")
 
 
 def _check_conversion(cfg: ReplayConfig, source: str | None, by: str, gpu_sim: bool) -> None:

@@ -10,7 +10,7 @@ Modules:
 - `layout`: part names, attributes, sibling paths, compression choices, image chunks, JSON helpers.
 - `writer`: `TrajectoryWriter`, crash-safe (part files + an index of links while recording).
 - `process`: what the writer processes run (every h5py write); `layout.WRITER_PROCESS_MODULE`.
-- `reader`: `open_trajectory`, `TrajectoryFile`, `read_tree`, `check_links`.
+- `reader`: `open_trajectory`, `TrajectoryFile`, `read_tree`, `check_links`, `check_episode` (`EpisodeProblem`).
 - `recover`: `recover` and `consolidate` after a crash; `run_in_child`.
 - `merge`: `join_runs`, several files' episodes into one pair (`fastrecord.shards.merge` uses it).
 - `sink`: `ManiSkillH5Sink`, the recorder's sink.
@@ -36,7 +36,9 @@ from fastrecord.sinks.maniskill_h5.layout import (
 )
 from fastrecord.sinks.maniskill_h5.merge import join_runs
 from fastrecord.sinks.maniskill_h5.reader import (
+    EpisodeProblem,
     TrajectoryFile,
+    check_episode,
     check_links,
     missing_link_targets,
     open_trajectory,
@@ -49,8 +51,8 @@ from fastrecord.sinks.maniskill_h5.writer import TrajectoryWriter
 
 __all__ = [
     "COMPRESSIONS", "DEFAULT_COMPRESSION", "EPISODES_ATTR", "HEADER_ATTR", "PARTS_SUFFIX", "PART_PATTERN",
-    "WRITER_PROCESS_MODULE", "ManiSkillH5Sink", "TrajectoryFile", "TrajectoryWriter", "atomic_write_json",
-    "check_links", "complete_parts", "consolidate", "image_chunks", "join_runs", "missing_link_targets",
+    "WRITER_PROCESS_MODULE", "EpisodeProblem", "ManiSkillH5Sink", "TrajectoryFile", "TrajectoryWriter", "atomic_write_json",
+    "check_episode", "check_links", "complete_parts", "consolidate", "image_chunks", "join_runs", "missing_link_targets",
     "open_trajectory", "parse_compression", "part_name", "read_json", "read_tree", "recover", "run_in_child",
     "sibling_paths",
 ]

@@ -1,5 +1,6 @@
 """Reading ManiSkill trajectory pairs (``NAME.h5`` + ``NAME.json``): `open_trajectory` checks a pair and
-returns a `TrajectoryFile`; `check_links` names the files an index of external links misses.
+returns a `TrajectoryFile`; `check_links` names the files an index of external links misses;
+`check_episode` finds an episode's bad data (non-finite values, lengths that disagree) as `EpisodeProblem`s.
 """
 
 from __future__ import annotations
@@ -141,3 +142,95 @@ def check_links(h5: h5py.File, h5_path: Path) -> None:
         f"{len(missing)} file(s) that are not there (first: {first}). It was copied or moved without {folder}. "
         f"Where it was recorded, run `fastrecord consolidate {h5_path.name}` (one self-contained file to copy), or "
         f"copy {folder} along next to {h5_path.name}")
+
+
+# ---------------------------------------------------------------------------------------------- data checks
+STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "success", "fail")  # [T, ...]: one row a step
+SLOT_FIELDS = ("env_states", "obs")  # [T+1, ...]: the reset slot, then one row a step
+
+
+@dataclass(frozen=True)
+class EpisodeProblem:
+    """One thing wrong with one recorded episode: which episode, which dataset, what."""
+
+    episode: str  # the episode's group, "traj_3"
+    field: str  # the dataset's path in the group, "env_states/actors/cube"
+    problem: str  # "has 12 non-finite values at steps 4-9"
+
+    def __str__(self) -> str:
+        return f"{self.episode}: {self.field} {self.problem}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"episode": self.episode, "field": self.field, "problem": self.problem}
+
+
+def _datasets(group: h5py.Group, prefix: str) -> list[tuple[str, h5py.Dataset]]:
+    found: list[tuple[str, h5py.Dataset]] = []
+    for key, item in group.items():
+        if isinstance(item, h5py.Group):
+            found += _datasets(item, f"{prefix}{key}/")
+        else:
+            found.append((f"{prefix}{key}", item))
+    return found
+
+
+def _steps_text(steps: np.ndarray) -> str:
+    """``steps`` (sorted row indices) as "step 4", "steps 4-9" or "12 steps between 4 and 30"."""
+    first, last = int(steps[0]), int(steps[-1])
+    if first == last:
+        return f"step {first}"
+    if last - first + 1 == len(steps):
+        return f"steps {first}-{last}"
+    return f"{len(steps)} steps between {first} and {last}"
+
+
+def _nonfinite(name: str, data: h5py.Dataset) -> str | None:
+    """What is non-finite in a float dataset (None: every value is finite); reads the whole dataset."""
+    values = data[()]
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return None
+    if bad.ndim == 0:
+        return "is not finite"
+    per_step = bad.reshape(len(bad), -1).any(axis=1)
+    return f"has {int(bad.sum())} non-finite values at {_steps_text(np.flatnonzero(per_step))}"
+
+
+def check_episode(group: h5py.Group, entry: Mapping[str, Any], *, observations: bool = True,
+                  images: bool = False) -> list[EpisodeProblem]:
+    """What is wrong with one episode of a ManiSkill trajectory: its group ``traj_{id}`` and its entry in
+    ``NAME.json``. Finds non-finite values (NaN, inf) in float datasets and lengths that disagree with
+    the entry's ``elapsed_steps`` T (``actions``, ``rewards``, ``terminated``, ``truncated``, ``success``,
+    ``fail``: T rows; ``env_states`` and ``obs`` leaves: T+1). Reads only what it checks: integer and
+    boolean datasets (uint8 images among them) by their shape; ``obs`` only with ``observations``;
+    float image leaves (``[T+1, H, W, C]``, e.g. depth) only with ``images``. An empty list: no problem."""
+    # named by its entry: a group reached through an external link has its part file's name
+    episode = f"traj_{entry['episode_id']}" if "episode_id" in entry else str(group.name).rsplit("/", 1)[-1]
+    problems: list[EpisodeProblem] = []
+    try:
+        steps = int(entry["elapsed_steps"])
+    except (KeyError, TypeError, ValueError):
+        steps = None
+        problems.append(EpisodeProblem(episode, "elapsed_steps", "is missing or not a number in the JSON entry"))
+    leaves: list[tuple[str, h5py.Dataset, int]] = []  # (path, dataset, rows it should have beyond T)
+    for key in group:
+        item = group.get(key)
+        if key in STEP_FIELDS and isinstance(item, h5py.Dataset):
+            leaves.append((key, item, 0))
+        elif key in SLOT_FIELDS and (key != "obs" or observations):
+            pairs = [(key, item)] if isinstance(item, h5py.Dataset) else _datasets(item, f"{key}/")
+            leaves += [(name, d, 1) for name, d in pairs]
+    for name, data, extra in leaves:
+        if steps is not None and data.ndim and len(data) != steps + extra:
+            rows = "T+1" if extra else "T"
+            problems.append(EpisodeProblem(episode, name, f"has {len(data)} rows, but the episode has elapsed_steps "
+                                                          f"{steps} in the JSON ({rows} = {steps + extra} expected)"))
+        if data.dtype.kind not in "fc" or (name.startswith("obs") and data.ndim >= 4 and not images):
+            continue
+        try:
+            found = _nonfinite(name, data)
+        except OSError as e:  # a damaged chunk: its filter or its bytes fail to read
+            found = f"cannot be read ({e})"
+        if found:
+            problems.append(EpisodeProblem(episode, name, found))
+    return problems
