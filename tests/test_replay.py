@@ -353,6 +353,8 @@ def test_every_recording_option_is_a_flag_and_a_config_key(fastrecord_file, tmp_
     assert not (tmp_path / "bad").exists()
     with pytest.raises(ValueError, match=r"video_crf=2\.5 must be an integer"):
         fastrecord_replay(fastrecord_file, tmp_path / "bad", video_crf=2.5)
+    with pytest.raises(ValueError, match=r"a replay takes one of \('all', 'success', .*not a callable"):
+        fastrecord_replay(fastrecord_file, tmp_path / "bad", keep=lambda info: True)
 
     out = tmp_path / "out"
     assert main(["replay", str(fastrecord_file), "--output-dir", str(out), "--count", "2", "--num-envs", "1", "--vector",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fastrecord.checks import check_at_least, check_choice, check_types
+from fastrecord.episode import KEEP_CHOICES
 from fastrecord.options import RecordOptions, cli_option_names, record_options
 
 BY_CHOICES = ("states", "actions")
@@ -43,10 +44,13 @@ def _given(values: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """Every option of one replay, checked when it is made (a ValueError naming the option and the fix).
+    """Every option of one replay, checked when it is made (a ValueError naming the option and the fix): the
+    replay's own fields, and ``record``, the recording options given (declared and checked by
+    `fastrecord.RecordOptions` only; the replay decides the others per input and mode, so it keeps the given
+    ones rather than a whole `RecordOptions`, and `recorder_kwargs` completes them).
 
-    ``fastrecord replay``'s flags and its ``--config`` YAML files fill these fields; `replay_trajectories`
-    takes them as keyword arguments."""
+    ``fastrecord replay``'s flags and its ``--config`` YAML files give both kinds as flat keys (``obs_mode: rgb``,
+    ``video_crf: 28``), as `replay_trajectories` takes them as keywords; `from_values` sorts them."""
 
     traj_path: str = ""  # the NAME.h5 to replay (NAME.json must sit next to it)
     output_dir: str | None = None  # None: a "replay" folder next to the input file
@@ -86,6 +90,10 @@ class ReplayConfig:
         if unknown:
             raise ValueError(f"record={unknown} are not recording options of a replay; use names from {RECORDING_OPTIONS}")
         record_options(_given(self.record))  # the one check of each recording option's value
+        if self.keep is not None and not isinstance(self.keep, str):
+            # a replay's options travel to worker processes and its summary names the filter
+            raise ValueError(f"keep={self.keep!r}: a replay takes one of {KEEP_CHOICES}, not a callable; filter the "
+                             f"replayed episodes afterwards, or record with fastrecord.RecordEpisode(keep=...)")
         if self.by is not None:
             check_choice(self, "by", BY_CHOICES)
         check_choice(self, "vector", VECTOR_CHOICES)
