@@ -132,11 +132,9 @@ class RecordOptions:
         return out
 
 
-def check_video_fps(fps: Any, allow_none: bool = False) -> None:
-    """Raise ValueError unless ``fps`` is a positive, finite number of frames per second (None too, with
-    ``allow_none``: replay's "the task's control frequency"). The one check of every fps option."""
-    if fps is None and allow_none:
-        return
+def check_video_fps(fps: Any) -> None:
+    """Raise ValueError unless ``fps`` is a positive, finite number of frames per second. The one check of
+    every fps option."""
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or fps <= 0:
         raise ValueError(f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, 7.5 or 29.97)")
 
