@@ -75,7 +75,7 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
             module, _, cls = config.partition(":")
             fields = {f.name: f for f in dataclasses.fields(getattr(importlib.import_module(module), cls))
                       if f.default is not dataclasses.MISSING and f.default not in ("", ())}
-        if name == "record":  # its recording flags are RecordOptions' fields
+        if name in ("record", "replay"):  # their recording flags are RecordOptions' fields
             from fastrecord.options import RecordOptions
 
             fields |= {f.name: f for f in dataclasses.fields(RecordOptions)}

@@ -69,7 +69,7 @@ def maniskill_file(tmp_path_factory) -> Path:
 
 def replay(path: Path, out: Path, **kw) -> tuple:
     """Replay in a SyncVectorEnv (one process: quicker to start for these small files)."""
-    cfg = ReplayConfig(traj_path=str(path), output_dir=str(out), progress=False, **{"vector": "sync", **kw})
+    cfg = ReplayConfig.from_values(dict(traj_path=str(path), output_dir=str(out), progress=False, **{"vector": "sync", **kw}))
     s = run_replay(cfg)
     new = sorted(out.glob("*.h5"))
     assert len(new) == 1
@@ -230,7 +230,8 @@ def test_replay_trajectories_from_python(fastrecord_file, tmp_path):
     """``fastrecord.replay_trajectories``: the replay as a function, its options checked once, before any file."""
     import fastrecord
 
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['obs'\]; the options are ReplayConfig's fields: .*obs_mode"):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['obs'\]; the options are ReplayConfig's fields and the "
+                                        r"recording options .*: .*obs_mode.*video_crf"):
         fastrecord.replay_trajectories(fastrecord_file, tmp_path / "bad", obs=1)
     with pytest.raises(ValueError, match="vector='nope'"):
         fastrecord.replay_trajectories(fastrecord_file, tmp_path / "bad", vector="nope")
@@ -258,7 +259,7 @@ def write(path: Path, data: bytes | str) -> Path:
 def test_missing_corrupt_and_foreign_files_are_named(fastrecord_file, tmp_path):
     def error(path: Path, **kw) -> str:
         with pytest.raises(ValueError) as e:
-            run_replay(ReplayConfig(traj_path=str(path), output_dir=str(tmp_path / "out"), progress=False, **kw))
+            run_replay(ReplayConfig.from_values(dict(traj_path=str(path), output_dir=str(tmp_path / "out"), progress=False, **kw)))
         return str(e.value)
 
     assert "does not exist" in error(tmp_path / "nope.h5")
@@ -304,6 +305,104 @@ def test_cli_prints_summary_and_errors(fastrecord_file, tmp_path, capsys):
     assert "success matches the recording in every episode" in printed
     assert main(["replay", str(tmp_path / "missing.h5")]) == 2
     assert "missing.h5" in capsys.readouterr().err
+
+
+def _replay_parser():
+    import argparse
+
+    from fastrecord.commands.cli import build_parser
+
+    parser, _ = build_parser("replay")
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser, sub.choices["replay"]
+
+
+def test_every_recording_option_is_a_flag_and_a_config_key(fastrecord_file, tmp_path, capsys):
+    """Each RecordOptions field a command line can set (bar the three a replay decides itself) is a `replay`
+    flag and a config key, checked once by RecordOptions, and reaches the replay's recorder (its run manifest)."""
+    from fastrecord.checks import load_config
+    from fastrecord.commands.cli import main
+    from fastrecord.commands.replay import config_from_args
+    from fastrecord.options import cli_option_names, flag_of
+    from fastrecord.replay.config import RECORDING_OPTIONS, REPLAY_DECIDES
+
+    assert REPLAY_DECIDES == ("save_on_reset", "if_exists", "video_layout")
+    assert set(RECORDING_OPTIONS) == set(cli_option_names()) - set(REPLAY_DECIDES)
+    assert {"trajectory_compression", "video_crf", "video_preset", "trajectory_writers", "info_on_video",
+            "max_steps_per_video", "buffer_capacity", "video_workers", "record_env_state"} <= set(RECORDING_OPTIONS)
+    parser, replay_parser = _replay_parser()
+    flags = {a.dest: a.option_strings for a in replay_parser._actions}
+    for name in RECORDING_OPTIONS:
+        assert flags[name] == [flag_of(name)], name
+    assert not set(REPLAY_DECIDES) & set(flags) and "--if-exists" not in replay_parser.format_help()
+    args = parser.parse_args(["replay", "x.h5", "--video-crf", "30", "--trajectory-compression", "gzip:5",
+                              "--video-preset", "fast", "--trajectory-writers", "2", "--info-on-video",
+                              "--max-steps-per-video", "9", "--buffer-capacity", "40", "--no-record-env-state"])
+    assert config_from_args(args).record == dict(video_crf=30, trajectory_compression="gzip:5", video_preset="fast",
+                                                 trajectory_writers=2, info_on_video=True, max_steps_per_video=9,
+                                                 buffer_capacity=40, record_env_state=False)
+    yaml_cfg = tmp_path / "c.yaml"
+    yaml_cfg.write_text("video_crf: 31\ntrajectory_compression: lzf\nvideo_fps: null\nobs_mode: rgb\n")
+    cfg = load_config(ReplayConfig, yaml_cfg)
+    assert (cfg.record, cfg.obs_mode, cfg.option("video_fps"), cfg.option("video_codec")) == (
+        dict(video_crf=31, trajectory_compression="lzf"), "rgb", None, "auto")
+    # a bad value: RecordOptions' message, with the flag and the config key, before anything is written
+    assert main(["replay", str(fastrecord_file), "--output-dir", str(tmp_path / "bad"), "--trajectory-compression", "gzip:10"]) == 2
+    err = capsys.readouterr().err
+    assert "trajectory_compression='gzip:10'" in err and "(the --trajectory-compression flag, or trajectory_compression: in" in err
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match=r"video_crf=2\.5 must be an integer"):
+        fastrecord_replay(fastrecord_file, tmp_path / "bad", video_crf=2.5)
+    with pytest.raises(ValueError, match=r"a replay takes one of \('all', 'success', .*not a callable"):
+        fastrecord_replay(fastrecord_file, tmp_path / "bad", keep=lambda info: True)
+
+    out = tmp_path / "out"
+    assert main(["replay", str(fastrecord_file), "--output-dir", str(out), "--count", "2", "--num-envs", "1", "--vector",
+                 "sync", "--quiet", "--trajectory-name", "again", "--video-crf", "30", "--trajectory-compression", "gzip:5",
+                 "--video-preset", "fast", "--no-record-reward", "--keep", "success", "--video-fps", "12.5",
+                 "--max-steps-per-video", "4"]) == 0
+    options = json.loads((out / "again.fastrecord.json").read_text())["options"]
+    assert {k: options[k] for k in ("video_crf", "trajectory_compression", "video_preset", "record_reward", "keep",
+                                    "video_fps", "max_steps_per_video", "trajectory_name")} == dict(
+        video_crf=30, trajectory_compression="gzip:5", video_preset="fast", record_reward=False, keep="success",
+        video_fps=12.5, max_steps_per_video=4, trajectory_name="again")
+    # what the replay decides: no save at reset, no tiling, the task's control frequency when no --video-fps
+    assert (options["save_on_reset"], options["video_layout"], options["if_exists"]) == (False, "per_env", "error")
+    with h5py.File(out / "again.h5") as f:
+        assert "rewards" not in f["traj_0"]
+    assert len(list(out.glob("0_env0_success*.mp4"))) > 1  # 16 steps in pieces of at most 4
+    fastrecord_replay(fastrecord_file, tmp_path / "fps", count=1, num_envs=1, vector="sync", progress=False,
+                      save_trajectory=False)
+    (manifest,) = (tmp_path / "fps").glob("*.fastrecord.json")
+    assert json.loads(manifest.read_text())["options"]["video_fps"] == 20  # PushCube-v1's control frequency
+
+
+def fastrecord_replay(path: Path, out: Path, **kw):
+    import fastrecord
+
+    return fastrecord.replay_trajectories(path, out, **kw)
+
+
+def test_maniskill_flags_map_to_recording_options():
+    """ManiSkill's --save-traj, --save-video, --record-rewards set the recording options; any of them switches to
+    ManiSkill's defaults (nothing written unless asked, no rewards unless --record-rewards)."""
+    from fastrecord.commands.replay import config_from_args
+
+    parser, _ = _replay_parser()
+
+    def cfg(*argv: str) -> ReplayConfig:
+        return config_from_args(parser.parse_args(["replay", *argv]))
+
+    c = cfg("--traj-path", "x.h5", "--save-traj")
+    assert c.maniskill and (c.save_trajectory, c.save_video, c.replay_by) == (True, False, "actions")
+    assert c.recorder_kwargs("n", 20, lambda info: True, "overwrite", "d")["record_reward"] is False
+    c = cfg("--traj-path", "x.h5", "--save-video", "--record-rewards", "--video-crf", "28")
+    assert c.record == dict(save_video=True, save_trajectory=False, record_reward=True, video_crf=28)
+    rec = c.recorder_kwargs("n", 20, lambda info: True, "overwrite", "d")
+    assert (rec["record_reward"], rec["video_crf"], rec["video_fps"], rec["trajectory_name"]) == (True, 28, 20, "n")
+    assert cfg("x.h5").recorder_kwargs("n", 20, lambda info: True, "error", "d")["record_reward"] is True
+    with pytest.raises(ValueError, match="--no-record-reward and --record-rewards disagree"):
+        cfg("--traj-path", "x.h5", "--record-rewards", "--no-record-reward")
 
 
 # ---------------------------------------------------------------------------------------------- ManiSkill's flags

@@ -54,8 +54,8 @@ def demo(tmp_path_factory) -> Path:
 
 
 def replay(src: Path, out: Path, **kw):
-    cfg = ReplayConfig(traj_path=str(src), output_dir=str(out), obs_mode="rgb", save_video=False, progress=False,
-                       env_kwargs=SENSORS, **kw)
+    cfg = ReplayConfig.from_values(dict(traj_path=str(src), output_dir=str(out), obs_mode="rgb", save_video=False,
+                                        progress=False, env_kwargs=SENSORS, **kw))
     s = run_replay(cfg)
     return s, out / f"{NAME}.h5", json.loads((out / f"{NAME}.json").read_text())
 

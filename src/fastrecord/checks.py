@@ -15,8 +15,6 @@ from typing import Any, TypeVar
 
 import yaml
 
-from fastrecord.options import check_video_fps
-
 T = TypeVar("T")
 
 
@@ -29,14 +27,6 @@ def check_at_least(cfg: Any, minimum: int, **flags: str) -> None:
         if value is not None and value < minimum:
             raise ValueError(f"{name}={value!r} must be at least {minimum}; pass {flag} N with N >= {minimum} "
                              f"(or fix {name} in the --config file)")
-
-
-def check_fps(fps: float | None) -> None:
-    """`fastrecord.options.check_video_fps` (None allowed), naming the flag and the config key."""
-    try:
-        check_video_fps(fps, allow_none=True)
-    except ValueError as e:
-        raise ValueError(f"{e} (the --video-fps flag, or video_fps: in the --config file)") from None
 
 
 def check_choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:

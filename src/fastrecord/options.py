@@ -132,11 +132,9 @@ class RecordOptions:
         return out
 
 
-def check_video_fps(fps: Any, allow_none: bool = False) -> None:
-    """Raise ValueError unless ``fps`` is a positive, finite number of frames per second (None too, with
-    ``allow_none``: replay's "the task's control frequency"). The one check of every fps option."""
-    if fps is None and allow_none:
-        return
+def check_video_fps(fps: Any) -> None:
+    """Raise ValueError unless ``fps`` is a positive, finite number of frames per second. The one check of
+    every fps option."""
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or fps <= 0:
         raise ValueError(f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, 7.5 or 29.97)")
 
@@ -213,7 +211,7 @@ def add_record_flags(parser: argparse.ArgumentParser, *, include: typing.Iterabl
     Each flag stores into the field's name and defaults to None ("not given": a --config file or the
     dataclass fills the value), so the values are validated once, by `RecordOptions`. The help is the
     field's, with the default the command uses (``defaults`` overrides the field's, e.g. a CLI's
-    ``trajectory_name="trajectory"``; ``help`` replaces a field's text); a string option with declared
+    ``trajectory_name="trajectory"``; ``help`` replaces a field's text, a switch's too); a string option with declared
     choices gets them (`IF_EXISTS`, `VIDEO_LAYOUTS`, `KEEP_CHOICES`). A boolean that defaults to True
     becomes an off switch (``--no-video`` sets ``save_video=False``), one that defaults to False an on
     switch (``--info-on-video``)."""
@@ -236,7 +234,7 @@ def add_record_flags(parser: argparse.ArgumentParser, *, include: typing.Iterabl
         default = defaults.get(name, f.default)
         text = help.get(name, f.metadata["help"]).replace("%", "%%")
         if f.default is True:  # an off switch
-            off = f.metadata["off"] or text
+            off = help.get(name) or f.metadata["off"] or text
             group.add_argument(flag_of(name), dest=name, action="store_const", const=False, default=None,
                                help=f"{off} (sets {name}=False; default {name}={default})")
         elif f.default is False:
@@ -253,3 +251,15 @@ def add_record_flags(parser: argparse.ArgumentParser, *, include: typing.Iterabl
 def given_options(args: argparse.Namespace, names: typing.Iterable[str]) -> dict[str, Any]:
     """{name: value} of the flags among ``names`` that ``args`` (an ``argparse.Namespace``) was given."""
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def record_options(values: typing.Mapping[str, Any]) -> RecordOptions:
+    """``RecordOptions(**values)`` for the flat values of a command line or a YAML config: a bad value's
+    ValueError also names the option's flag and config key."""
+    try:
+        return RecordOptions(**values)
+    except ValueError as e:
+        name = str(e).split("=", 1)[0]
+        if name not in cli_option_names():
+            raise
+        raise ValueError(f"{e} (the {flag_of(name)} flag, or {name}: in the --config file)") from None

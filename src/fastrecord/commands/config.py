@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastrecord.checks import check_at_least, check_types
-from fastrecord.options import RecordOptions, cli_option_names, flag_of
+from fastrecord.options import RecordOptions, cli_option_names, record_options
 
 T = TypeVar("T")
 
@@ -65,14 +65,7 @@ class RecordConfig:
         which checks them; its error then also names the flag and the config key."""
         recording = {k: v for k, v in values.items() if k in cli_option_names()}
         own = {k: v for k, v in values.items() if k not in recording}
-        try:
-            record = RecordOptions(**{**RECORD_DEFAULTS, **recording})
-        except ValueError as e:
-            name = str(e).split("=", 1)[0]
-            if name not in cli_option_names():
-                raise
-            raise ValueError(f"{e} (the {flag_of(name)} flag, or {name}: in the --config file)") from None
-        return cls(**own, record=record)
+        return cls(**own, record=record_options({**RECORD_DEFAULTS, **recording}))
 
     def as_dict(self) -> dict[str, Any]:
         """Flat, JSON-friendly values (a run manifest's ``args``)."""

@@ -14,6 +14,7 @@ Examples:
     fastrecord replay demos/trajectory.h5 --count 10 --num-envs 2 --output-dir replayed --overwrite
     fastrecord replay demos/trajectory.h5 --config configs/replay_rgb.yaml
     fastrecord replay demos/trajectory.h5 --obs-mode rgb --no-video --workers 16 --num-envs 16
+    fastrecord replay demos/trajectory.h5 --video-crf 30 --trajectory-compression gzip:5
     torchrun --standalone --nproc-per-node 4 -m fastrecord replay demos/trajectory.h5 --obs-mode rgb
 
 Replay by env states (``--by states``, the default) sets every recorded state exactly: each step
@@ -21,6 +22,12 @@ runs the physics from the recorded state (so contact-based checks such as graspi
 contacts), then sets the next recorded state and computes observation, reward and success on it.
 Replay by actions (``--by actions``) resets with the episode seed and applies the recorded actions;
 episodes whose final success differs from the recorded one are reported.
+
+Every recording option of ``fastrecord.RecordOptions`` has a flag and a config key of the same name, as
+for ``fastrecord record``, bar the three a replay decides itself (``save_on_reset``, ``if_exists``: see
+--overwrite and --resume, ``video_layout``: one video per replay). Their replay defaults differ in four:
+the output NAME is ManiSkill's ``<stem>.<obs>.<control>.<backend>``, the videos run at the task's
+control frequency, and ManiSkill's flags choose which replays are kept and whether rewards are written.
 
 Episodes are renumbered in the order they finish; each output JSON episode names the episode it
 replays in ``source_episode_id``. Existing output files are never replaced without ``--overwrite``;
@@ -58,9 +65,10 @@ import sys
 
 from fastrecord.exits import StopSignals
 from fastrecord.checks import load_config
-from fastrecord.episode import KEEP_CHOICES
+from fastrecord.options import add_record_flags
 from fastrecord.replay.api import run_replay
-from fastrecord.replay.config import BY_CHOICES, RENDER_MODES, VECTOR_CHOICES, ReplayConfig, ReplaySummary, ReplayWorkerError
+from fastrecord.replay.config import (BY_CHOICES, RECORDING_OPTIONS, RENDER_MODES, VECTOR_CHOICES, ReplayConfig,
+                                      ReplaySummary, ReplayWorkerError)
 from fastrecord.replay.layout import ENVS_PER_WORKER, MANY_CORES
 from fastrecord.workers import freeze_imports
 
@@ -73,7 +81,6 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of replay options: fastrecord.ReplayConfig's fields, e.g. 'obs_mode: rgb' "
                                     "(see configs/)")
     p.add_argument("--output-dir", help="where the new files go (default: a 'replay' folder next to the input)")
-    p.add_argument("--trajectory-name", help="base name of the new .h5/.json (default NAME.<obs>.<control>.<backend>)")
     p.add_argument("--by", choices=BY_CHOICES, help="replay by recorded env states (default) or by actions")
     p.add_argument("--use-first-env-state", action="store_const", const=True, help="--by actions: start from the recorded first state")
     p.add_argument("--count", type=int, help="replay only the first COUNT episodes")
@@ -82,15 +89,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-backend", help="physx_cpu | physx_cuda (default: the file's, CPU where CUDA is absent)")
     p.add_argument("--render-backend", help="auto | cpu | gpu")
     p.add_argument("--obs-mode", help="observation mode of the new trajectory, e.g. rgb, rgbd, pointcloud")
-    p.add_argument("--no-video", dest="save_video", action="store_const", const=False, help="write no MP4s")
-    p.add_argument("--no-trajectory", dest="save_trajectory", action="store_const", const=False, help="write no .h5/.json")
-    p.add_argument("--video-source", help="render (human camera, default) or sensor:<camera>")
     p.add_argument("--width", type=int, help="video camera width")
     p.add_argument("--height", type=int, help="video camera height")
     p.add_argument("--shader", help="shader pack of the video camera: minimal, default, rt, rt-fast")
-    p.add_argument("--keep", choices=KEEP_CHOICES, help="which replayed episodes are written (default all)")
-    p.add_argument("--video-fps", type=float)
-    p.add_argument("--video-codec")
     p.add_argument("--overwrite", action="store_const", const=True,
                    help="replace the output of an earlier replay or recording of this name (never the input)")
     p.add_argument("--resume", action="store_const", const=True,
@@ -104,6 +105,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
                         "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
+    add_record_flags(p, include=RECORDING_OPTIONS, help=REPLAY_HELP,
+                     title="recording options (fastrecord.RecordOptions; a replay decides save_on_reset, if_exists and "
+                           "video_layout itself)")
     ms = p.add_argument_group(
         "ManiSkill's replay_trajectory flags",
         "the flags of python -m mani_skill.trajectory.replay_trajectory, same meaning; any of them (or -o/-n/-b with "
@@ -118,7 +122,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     ms.add_argument("--allow-failure", action=flag, help="also write replays that do not end in success")
     ms.add_argument("--discard-timeout", action=flag, help="drop replays truncated by the time limit")
     ms.add_argument("--max-retry", type=int, help="replay a failed episode up to this many more times")
-    ms.add_argument("--record-rewards", action=flag, help="write rewards")
+    ms.add_argument("--record-rewards", dest="ms_record_rewards", action=flag, help="write rewards (record_reward)")
     ms.add_argument("--reward-mode", help="the env's reward mode, e.g. sparse, dense, normalized_dense, none")
     ms.add_argument("--render-mode", choices=RENDER_MODES, help="render mode of the videos")
     ms.add_argument("--verbose", action=flag, help="name each replay that is not kept")
@@ -128,8 +132,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         ms.add_argument(short, dest=f"ms_{dest}", type=int if dest == "num_envs" else str, help=f"--{dest.replace('_', '-')}")
 
 
+# The help of the recording options whose replay default is its own (`fastrecord.replay.config.REPLAY_DEFAULTS`).
+REPLAY_HELP = {
+    "trajectory_name": "base name of the new .h5/.json, run manifest and results file (default NAME.<obs>.<control>.<backend>)",
+    "keep": "which replayed episodes are written (default all; with ManiSkill's flags: the successful ones, see "
+            "--allow-failure and --discard-timeout)",
+    "video_fps": "frames per second of the videos (default: the task's control frequency; 7.5 and 29.97 work)",
+    "record_reward": "write no rewards (with ManiSkill's flags none are written unless --record-rewards)",
+}
+
 MANISKILL_ONLY = ("ms_traj_path", "target_control_mode", "ms_save_traj", "ms_save_video", "use_env_states", "allow_failure",
-                  "discard_timeout", "max_retry", "record_rewards", "reward_mode", "render_mode", "verbose")
+                  "discard_timeout", "max_retry", "ms_record_rewards", "reward_mode", "render_mode", "verbose")
 
 
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:
@@ -152,6 +165,11 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         opts["traj_path"] = path
     save_traj, save_video = opts.pop("ms_save_traj"), opts.pop("ms_save_video")
     use_env_states = opts.pop("use_env_states")
+    rewards = opts.pop("ms_record_rewards")
+    if rewards is not None:
+        if opts.get("record_reward") not in (None, rewards):
+            raise ValueError("--no-record-reward and --record-rewards disagree; pass one")
+        opts["record_reward"] = rewards
     if maniskill:
         # ManiSkill's defaults: nothing written unless asked; by actions unless --use-env-states
         if opts.get("save_trajectory") is None:

@@ -18,6 +18,9 @@ sets the next recorded state and computes observation, reward and success on it.
 (``by="actions"``) resets with the episode seed and applies the recorded actions; episodes whose final
 success differs from the recorded one are reported (`ReplaySummary.diverged`).
 
+The recording options are `fastrecord.RecordOptions`' (``video_crf=30``, ``trajectory_compression="gzip:5"``,
+``keep="success"``, ...: `RECORDING_OPTIONS`), bar the three a replay decides itself (`REPLAY_DECIDES`).
+
 Episodes are renumbered in the order they finish; each output JSON episode names the episode it
 replays in ``source_episode_id``. Existing output files are never replaced without ``overwrite``;
 ``resume`` continues an interrupted replay, skipping the episodes it holds.
@@ -29,7 +32,7 @@ each rank is one worker and rank 0 joins. A worker that fails or is killed does 
 the error names it and the missing episodes, and running again resumes.
 
 ``maniskill=True`` gives ManiSkill's ``replay_trajectory`` semantics: by actions unless ``by``, only
-successful replays kept unless ``allow_failure``, rewards only with ``record_rewards``, the output
+successful replays kept unless ``allow_failure``, rewards only with ``record_reward``, the output
 ``<stem>.<obs>.<control>.<backend>.h5`` next to the input, replacing an earlier replay of that name.
 ``target_control_mode`` converts the actions to another control mode with ManiSkill's own conversion
 code (from ``pd_joint_pos`` or ``pd_joint_delta_pos``), one episode at a time in a CPU env.
@@ -48,7 +51,9 @@ from typing import TYPE_CHECKING, Any
 # imported on first use (PEP 562): the CLI reads `fastrecord.replay.layout` before its heavy imports
 _EXPORTS = {
     "BY_CHOICES": "fastrecord.replay.config",
+    "RECORDING_OPTIONS": "fastrecord.replay.config",
     "RENDER_MODES": "fastrecord.replay.config",
+    "REPLAY_DECIDES": "fastrecord.replay.config",
     "VECTOR_CHOICES": "fastrecord.replay.config",
     "Divergence": "fastrecord.replay.config",
     "ReplayConfig": "fastrecord.replay.config",
@@ -65,7 +70,9 @@ if TYPE_CHECKING:
     from fastrecord.replay.api import replay_trajectories, run_replay
     from fastrecord.replay.config import (
         BY_CHOICES,
+        RECORDING_OPTIONS,
         RENDER_MODES,
+        REPLAY_DECIDES,
         VECTOR_CHOICES,
         Divergence,
         ReplayConfig,

@@ -7,7 +7,6 @@ Imports neither torch nor ManiSkill until a replay starts.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import Any
@@ -62,19 +61,22 @@ def replay_trajectories(traj_path: str | os.PathLike[str], output_dir: str | os.
     """Replay the episodes of ``traj_path`` (a ``NAME.h5`` with ``NAME.json`` next to it) and record them
     again into ``output_dir`` (None: a ``replay`` folder next to the input).
 
-    ``options`` are `ReplayConfig`'s fields (``obs_mode="rgb"``, ``save_video=False``, ``by="actions"``,
-    ``count=10``, ``num_envs=4``, ``keep="success"``, ``overwrite=True``, ...), checked once before
-    anything is made; ``stop`` and ``sinks`` as in `run_replay`. Returns the `ReplaySummary`.
+    ``options`` are `ReplayConfig`'s fields (``obs_mode="rgb"``, ``by="actions"``, ``count=10``,
+    ``num_envs=4``, ``overwrite=True``, ...) and the recording options of `fastrecord.RecordOptions` a replay
+    takes (`fastrecord.replay.config.RECORDING_OPTIONS`: ``save_video=False``, ``keep="success"``,
+    ``video_crf=30``, ``trajectory_compression="gzip:5"``, ...), checked once before anything is made;
+    ``stop`` and ``sinks`` as in `run_replay`. Returns the `ReplaySummary`.
 
         from fastrecord import replay_trajectories
         s = replay_trajectories("demos/trajectory.h5", "replayed", obs_mode="rgb", save_video=False)
         print(s.episodes, s.kept, s.files)
     """
-    fields = {f.name for f in dataclasses.fields(ReplayConfig)}
-    unknown = sorted(set(options) - fields)
+    names = set(ReplayConfig.option_names())
+    unknown = sorted(set(options) - names)
     if unknown:
         raise TypeError(f"replay_trajectories() got unknown option(s) {unknown}; the options are ReplayConfig's "
-                        f"fields: {', '.join(sorted(fields - {'traj_path', 'output_dir'}))}")
+                        f"fields and the recording options of fastrecord.RecordOptions that a replay takes: "
+                        f"{', '.join(sorted(names - {'traj_path', 'output_dir'}))}")
     out = None if output_dir is None else os.fspath(output_dir)
-    cfg = ReplayConfig(traj_path=os.fspath(traj_path), output_dir=out, **options)
+    cfg = ReplayConfig.from_values({**options, "traj_path": os.fspath(traj_path), "output_dir": out})
     return run_replay(cfg, stop=stop, sinks=sinks)

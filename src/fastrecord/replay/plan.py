@@ -88,21 +88,16 @@ class ReplayPlan:
                         resume: bool = False) -> Callable[[int], dict[str, Any]]:
         """``control_freq -> RecordEpisode kwargs`` of one recorder writing ``out/name`` (``resume``: add to
         what an earlier replay of that name left)."""
-        cfg, keep = self.cfg, self.cfg.keep_filter
+        cfg = self.cfg
         if_exists = "resume" if resume else self.if_exists
         how = (f"converted from {self.source_mode} to {cfg.target_control_mode}" if self.convert
                else f"by {'env states' if cfg.replay_by == 'states' else 'actions'}")
 
         def rec_kwargs(control_freq: int) -> dict[str, Any]:
-            return dict(
-                output_dir=str(out), save_trajectory=cfg.save_trajectory, trajectory_name=name, save_video=cfg.save_video,
-                save_on_reset=False, video_fps=cfg.video_fps or int(control_freq), keep=keep if keep is not None else verdict,
-                video_source=cfg.video_source, video_codec=cfg.video_codec,
-                record_reward=cfg.record_rewards if cfg.record_rewards is not None else not cfg.maniskill,
-                if_exists=if_exists, source_type="fastrecord-replay",
-                source_desc=f"fastrecord replay of {self.traj.h5_path.name} {how}",
-                sinks=list(sinks or []),  # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
-            )
+            options = cfg.recorder_kwargs(name, int(control_freq), verdict, if_exists,
+                                          f"fastrecord replay of {self.traj.h5_path.name} {how}")
+            # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
+            return dict(output_dir=str(out), **options, sinks=list(sinks or []))
 
         return rec_kwargs
 
@@ -220,10 +215,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     plan = ReplayPlan(cfg, traj, episodes, env_id, kwargs, ori_kwargs, max_steps, sim_backend, gpu_sim, source_mode, convert,
                  out, name, n, vector, workers, info.distributed)
 
-    from fastrecord.options import RecordOptions
-
-    rec = plan.recorder_kwargs(out, name, Verdict(), None)(20)
-    RecordOptions(**{k: v for k, v in rec.items() if k not in ("output_dir", "sinks")})  # bad values: before any env or file
+    plan.recorder_kwargs(out, name, Verdict(), None)(20)  # the recorder's options, checked: before any env or file
     return plan
 
 
