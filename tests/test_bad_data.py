@@ -147,8 +147,8 @@ def test_a_replay_producing_non_finite_data_stops_at_that_episode(clean, tmp_pat
         f["traj_1"][a_state_leaf(f["traj_1"])][3] = np.nan
     monkeypatch.setattr(plan, "check_input", lambda traj, episodes: None)
     out = tmp_path / "replayed"
-    cfg = ReplayConfig(traj_path=str(path), output_dir=str(out), progress=False, vector="sync", num_envs=1,
-                       save_video=False, by="states", workers=1)
+    cfg = ReplayConfig.from_values(dict(traj_path=str(path), output_dir=str(out), progress=False, vector="sync",
+                                        num_envs=1, save_video=False, by="states", workers=1))
     with pytest.raises(ValueError, match=r"the replay of demo.h5 traj_1 produced \d+ non-finite values in "):
         run_replay(cfg)
     written = sorted(out.glob("*.h5"))

@@ -139,11 +139,3 @@ def test_reserve_makes_an_arena_ahead_on_a_background_thread():
 # ---------------------------------------------------------------------------------------------- locate
 def test_locate_ignores_ordinary_arrays():
     assert locate(np.zeros((4, 4), np.uint8)) is None
-
-
-def test_moved_yuv_names_resolve_in_the_video_package():
-    from fastrecord.video import yuv
-
-    assert staging.Yuv420Frames is yuv.Yuv420Frames and staging.rgb_to_yuv420p is yuv.rgb_to_yuv420p
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        staging.nothing
