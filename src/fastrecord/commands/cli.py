@@ -1,4 +1,4 @@
-"""The ``fastrecord`` command: record, replay, bench, info, gallery, merge.
+"""The ``fastrecord`` command: record, replay, bench, info, gallery, merge, consolidate.
 
     fastrecord record PickCube-v1                     # record 4 episodes (CPU sim/render work)
     fastrecord record --help                          # every flag, with its default
@@ -6,16 +6,19 @@
     fastrecord gallery recordings                     # recordings/gallery.html: the videos, filterable
     torchrun --standalone --nproc-per-node 2 -m fastrecord record PickCube-v1 --episodes 100   # sharded
     fastrecord merge recordings                       # (re)join a sharded run's shards
+    fastrecord consolidate recordings/trajectory.h5   # a crashed run's parts -> one self-contained file
     fastrecord --version                              # or -V
     FASTRECORD_DEBUG=1 fastrecord record ...          # or --debug: errors with their traceback
 
 Each subcommand lives in its own module with ``configure_parser(parser)`` and ``main_from_args(args)``.
 A mistake in the options or the config file is one line, ``fastrecord <cmd>: error: ...``, and exit
-status 2, before anything is written. Ctrl-C (SIGINT) and SIGTERM stop ``record`` and ``replay``
-cleanly: the env is closed (episodes in progress are saved), the summary is printed, and the exit
-status is 130 / 143. An unknown ``--obs-mode`` or ``--control-mode`` (ManiSkill's own check), or a CUDA
-backend on a machine without CUDA, is the same one-line error naming the valid values. ManiSkill's
-repeated third-party warnings are silenced here (the library itself is left as it is).
+status 2, before anything is written; so is an input file ``replay`` refuses (bad data, missing parts).
+A failure while a command runs (a full disk, a read-only folder, missing credentials) is one line saying
+what was kept, and exit status 1. Ctrl-C (SIGINT) and SIGTERM stop ``record`` and ``replay`` cleanly:
+the env is closed (episodes in progress are saved), the summary is printed, and the exit status is 130 /
+143. An unknown ``--obs-mode`` or ``--control-mode`` (ManiSkill's own check), or a CUDA backend on a
+machine without CUDA, is the same one-line error naming the valid values. ManiSkill's repeated third-
+party warnings are silenced here (the library itself is left as it is).
 """
 
 from __future__ import annotations
