@@ -7,7 +7,6 @@ Light on purpose (no torch, no ManiSkill): ``fastrecord bench --help`` imports o
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -96,8 +95,10 @@ def check_imageobs(cfg: BenchConfig) -> None:
 
 
 def encoder_workers(cfg: BenchConfig) -> int:
-    """The encoder processes of a run: ``cfg.workers``, or one per core, at most 16."""
-    return cfg.workers or max(1, min(os.cpu_count() or 1, 16))
+    """The encoder processes of a run: ``cfg.workers``, or fastrecord's default (`default_video_workers`)."""
+    from fastrecord.options import default_video_workers, usable_cores
+
+    return cfg.workers or default_video_workers(usable_cores())
 
 
 def bench_device(cfg: BenchConfig) -> torch.device:
