@@ -28,8 +28,12 @@ def test_video_workers_rule(cores, expected):
     assert default_video_workers(cores) == expected
 
 
-def test_usable_cores_is_the_affinity_mask():
+def test_usable_cores_is_the_affinity_mask_shared_by_the_ranks(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert usable_cores() == len(os.sched_getaffinity(0)) >= 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: four ranks on this host share its cores
+    assert usable_cores() == 4
 
 
 def _box(*shape: int) -> spaces.Box:

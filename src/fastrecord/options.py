@@ -39,12 +39,18 @@ def _opt(default: Any, help: str, *, kw_only: bool = False, flag: str | None = N
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may run on: its affinity mask (narrowed by ``taskset``, a container's
-    cpuset or a job scheduler), or ``os.cpu_count()`` where the platform has no affinity call."""
+    """The CPU cores this process may use: its affinity mask (narrowed by ``taskset``, a container's
+    cpuset or a job scheduler; ``os.cpu_count()`` where the platform has no affinity call), shared with
+    the other ranks of its host under torchrun (``LOCAL_WORLD_SIZE``)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, cores // ranks)
 
 
 def default_video_workers(cores: int) -> int:
