@@ -202,8 +202,9 @@ def main_from_args(args: argparse.Namespace) -> int:
     if opts.get("skip") is not None:
         opts["skip"] = tuple(s for s in opts["skip"].split(",") if s)
     cfg = load_config(BenchConfig, args.config, **opts)
-    if isinstance(cfg.sweep, list) or isinstance(cfg.skip, list):
-        cfg = BenchConfig(**{**asdict(cfg), "sweep": tuple(cfg.sweep), "skip": tuple(cfg.skip)})
+    lists = {k: tuple(v) for k, v in asdict(cfg).items() if isinstance(v, list)}  # YAML lists -> the fields' tuples
+    if lists:
+        cfg = BenchConfig(**{**asdict(cfg), **lists})
     results = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(format_table(results))
     return 0

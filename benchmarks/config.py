@@ -7,7 +7,6 @@ Light on purpose (no torch, no ManiSkill): ``fastrecord bench --help`` imports o
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,7 +64,8 @@ class BenchConfig:
     imageobs_episode_steps: int = 50  # imageobs phase: longest episode (lengths from half of it, drawn by the env)
     imageobs_steps: int = 200  # imageobs phase: measured parallel steps of each recorder
     imageobs_repeats: int = 2  # imageobs phase: runs of each recorder, interleaved (the median is reported)
-    trajectory_writers: int = 2  # imageobs phase: fastrecord's HDF5 writer processes
+    trajectory_writers: int | None = None  # imageobs phase: fastrecord's HDF5 writer processes (None: fastrecord's default)
+    imageobs_writers_sweep: tuple[int, ...] = ()  # imageobs phase: also run with each of these trajectory_writers (labelled tuned rows)
     trajectory_compression: str = "gzip:1"  # imageobs phase: fastrecord's image compression
     output_dir: str | None = None  # where videos go (None: a temporary directory, removed after)
     json: str | None = None  # write the results here
@@ -88,6 +88,10 @@ def check_imageobs(cfg: BenchConfig) -> None:
 
     check_at_least(cfg, 1, imageobs_size="--imageobs-size", imageobs_steps="--imageobs-steps",
                    imageobs_repeats="a --config file with imageobs_repeats:", trajectory_writers="--trajectory-writers")
+    bad = [n for n in cfg.imageobs_writers_sweep if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad:
+        raise ValueError(f"imageobs_writers_sweep={list(cfg.imageobs_writers_sweep)} holds {bad}: every entry must be an "
+                         f"integer >= 1 (trajectory_writers to run beside the default, e.g. [8]); fix it in the --config file")
     check_at_least(cfg, 2, imageobs_episode_steps="a --config file with imageobs_episode_steps:")
     if cfg.imageobs_content not in CONTENTS:
         raise ValueError(f"imageobs_content={cfg.imageobs_content!r} is unknown; use 'maniskill' (the sensor camera "
@@ -96,8 +100,10 @@ def check_imageobs(cfg: BenchConfig) -> None:
 
 
 def encoder_workers(cfg: BenchConfig) -> int:
-    """The encoder processes of a run: ``cfg.workers``, or one per core, at most 16."""
-    return cfg.workers or max(1, min(os.cpu_count() or 1, 16))
+    """The encoder processes of a run: ``cfg.workers``, or fastrecord's default (`default_video_workers`)."""
+    from fastrecord.options import default_video_workers, usable_cores
+
+    return cfg.workers or default_video_workers(usable_cores())
 
 
 def bench_device(cfg: BenchConfig) -> torch.device:

@@ -10,7 +10,9 @@
             in this process. Each: env-steps/s over ``imageobs_steps`` parallel steps up to everything on
             disk (``close()`` included), the stepping thread's own milliseconds a step, set-up seconds
             (construction + first reset), peak host RSS (+ writer processes' PSS) and device memory, file
-            size. The frames stay on the source's device (CUDA tensors on a GPU machine).
+            size. The frames stay on the source's device (CUDA tensors on a GPU machine). fastrecord runs
+            its default ``trajectory_writers`` (the table says what it resolved to); each count of
+            ``imageobs_writers_sweep`` runs beside it, in rows labelled "tuned" (not the default).
 
 Returns a dict that `benchmarks.bench` stores under ``imageobs``.
 """
@@ -109,8 +111,11 @@ def _file_stats(h5: Path) -> dict[str, Any]:
 
 def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[str, Any]:
     """ManiSkill's and fastrecord's RecordEpisode (trajectory only) over the same rgb-observation episodes,
-    ``imageobs_repeats`` runs each, interleaved; the median run of each and their ratios."""
+    ``imageobs_repeats`` runs each, interleaved; the median run of each and their ratios. fastrecord runs
+    with ``cfg.trajectory_writers`` (None: its default, resolved by the recorder and reported), then with
+    each count of ``imageobs_writers_sweep`` (tuned runs, reported under ``sweep``, not as the default)."""
     from fastrecord import RecordEpisode
+    from fastrecord.options import usable_cores
 
     ms_record = importlib.import_module("mani_skill.utils.wrappers.record")
     size, steps, frames = cfg.imageobs_size, cfg.imageobs_steps, cfg.imageobs_episode_steps + 1
@@ -122,12 +127,14 @@ def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[st
     bank = make_bank(clips, cfg.variants)
     res: dict[str, Any] = dict(num_envs=cfg.num_envs, size=size, content=cfg.imageobs_content, steps=steps,
                                episode_steps=[max(1, cfg.imageobs_episode_steps // 2), cfg.imageobs_episode_steps],
-                               device=str(device), trajectory_writers=cfg.trajectory_writers,
+                               device=str(device), trajectory_writers=cfg.trajectory_writers, cores=usable_cores(),
                                trajectory_compression=cfg.trajectory_compression,
                                source_seconds=time.perf_counter() - t0)
-    runs = [("maniskill", r) for r in range(cfg.imageobs_repeats)]
-    runs = [x for pair in zip(runs, [("fastrecord", r) for r in range(cfg.imageobs_repeats)]) for x in pair]
-    for name, rep in runs:  # interleaved: a loaded machine slows both alike
+    recorders = [("maniskill", None), ("fastrecord", cfg.trajectory_writers)]
+    recorders += [(f"fastrecord_writers_{n}", n) for n in cfg.imageobs_writers_sweep]
+    # interleaved (a loaded machine slows all alike): each repeat runs every recorder once
+    runs = [(name, writers, rep) for rep in range(cfg.imageobs_repeats) for name, writers in recorders]
+    for name, writers, rep in runs:
         src = imageobs_env(cfg.num_envs, bank, device)
         d = out / f"imageobs_{name}_{rep}"
         holder: list[Any] = []
@@ -135,10 +142,9 @@ def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[st
             def make(src: Any = src, d: Path = d) -> Any:
                 return ms_record.RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False)
         else:
-            def make(src: Any = src, d: Path = d, holder: list = holder) -> Any:
+            def make(src: Any = src, d: Path = d, holder: list = holder, writers: int | None = writers) -> Any:
                 env = RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False,
-                                    trajectory_writers=cfg.trajectory_writers,
-                                    trajectory_compression=cfg.trajectory_compression)
+                                    trajectory_writers=writers, trajectory_compression=cfg.trajectory_compression)
                 holder.append(env)
                 return env
 
@@ -148,16 +154,27 @@ def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[st
 
         r = _measure(make, src, steps, device, pids)
         r.update(_file_stats(d / "traj.h5"))
+        if holder:
+            r["writers_started"] = holder[0].recorder.trajectory.writers  # the count the recorder chose or was given
         res.setdefault(f"{name}_runs", []).append(r)
         shutil.rmtree(d, ignore_errors=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    for name in ("maniskill", "fastrecord"):
+    for name, _ in recorders:
         rs = res[f"{name}_runs"]
         res[name] = rs[int(np.argsort([r["env_steps_per_s"] for r in rs])[len(rs) // 2])]  # the median run
-    res["ratios"] = [f["env_steps_per_s"] / m["env_steps_per_s"] for m, f in zip(res["maniskill_runs"], res["fastrecord_runs"])]
+    ms_runs = res["maniskill_runs"]
+
+    def ratios(name: str) -> list[float]:
+        return [f["env_steps_per_s"] / m["env_steps_per_s"] for m, f in zip(ms_runs, res[f"{name}_runs"])]
+
+    res["ratios"] = ratios("fastrecord")
     res["ratio"] = float(np.median(res["ratios"]))
+    res["default_writers"] = res["fastrecord"]["writers_started"]
     res["same_episodes"] = res["fastrecord"]["episodes_in_file"] == res["maniskill"]["episodes_in_file"]
+    res["sweep"] = [dict(trajectory_writers=n, run=res[f"fastrecord_writers_{n}"], ratios=ratios(f"fastrecord_writers_{n}"),
+                         ratio=float(np.median(ratios(f"fastrecord_writers_{n}"))))
+                    for n in cfg.imageobs_writers_sweep]
     return res
 
 
@@ -175,15 +192,26 @@ def table_rows(r: dict[str, Any]) -> list[str]:
             text += f", device {m['device_torch_peak_gib']:.2f} GiB (torch)"
         return text
 
+    def row(label: str, m: dict[str, Any]) -> str:
+        return (f"| imageobs, {label}, {head} | {m['env_steps_per_s']:,.0f} env-steps/s to everything on disk "
+                f"({m['episodes_in_file']} episodes, {m['file_mib']:.1f} MiB, rgb stored {m['rgb_stored_fraction']:.0%} of raw); "
+                f"stepping thread {m['recorder_ms_per_step']:.1f} ms/step; close {m['close_seconds']:.2f} s; "
+                f"set-up {m['setup_seconds']:.2f} s; peak {mem(m['memory'])} |")
+
+    def runs(v: list[float]) -> str:
+        return ", ".join(f"{a:.2f}" for a in v)
+
     head = (f"{x['num_envs']} envs x {x['size']}x{x['size']} rgb + state ({x['content']}), episodes of "
             f"{x['episode_steps'][0]}-{x['episode_steps'][1]} steps, partial resets")
-    rows = []
-    for label, m in (("ManiSkill RecordEpisode", ms), (f"fastrecord RecordEpisode ({x['trajectory_writers']} writers, "
-                                                      f"{x['trajectory_compression']})", fr)):
-        rows.append(f"| imageobs: {label}, {head} | {m['env_steps_per_s']:,.0f} env-steps/s to everything on disk "
-                    f"({m['episodes_in_file']} episodes, {m['file_mib']:.1f} MiB, rgb stored {m['rgb_stored_fraction']:.0%} of raw); "
-                    f"stepping thread {m['recorder_ms_per_step']:.1f} ms/step; close {m['close_seconds']:.2f} s; "
-                    f"set-up {m['setup_seconds']:.2f} s; peak {mem(m['memory'])} |")
-    rows.append(f"| imageobs: ratio fastrecord / ManiSkill | {x['ratio']:.2f}x (runs: "
-                f"{', '.join(f'{v:.2f}' for v in x['ratios'])}) |")
+    if x["trajectory_writers"] is None:
+        chosen = f"default: trajectory_writers=None -> {x['default_writers']} (chosen for {x['cores']} usable cores, image leaves)"
+    else:
+        chosen = f"set: trajectory_writers={x['trajectory_writers']} (not the default)"
+    rows = [row("ManiSkill RecordEpisode", ms), row(f"fastrecord RecordEpisode, {chosen}, {x['trajectory_compression']}", fr),
+            f"| imageobs: ratio fastrecord / ManiSkill ({chosen}) | {x['ratio']:.2f}x (runs: {runs(x['ratios'])}) |"]
+    for s in x.get("sweep", []):
+        n = s["trajectory_writers"]
+        rows.append(row(f"tuned: trajectory_writers={n} (not the default), {x['trajectory_compression']}", s["run"]))
+        rows.append(f"| imageobs, tuned: ratio fastrecord (trajectory_writers={n}, not the default) / ManiSkill | "
+                    f"{s['ratio']:.2f}x (runs: {runs(s['ratios'])}) |")
     return rows

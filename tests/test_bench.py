@@ -18,7 +18,8 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=4, batches=2, device="cpu", content="gradient",
                       workers=2, baseline_steps=2, sweep=("ultrafast:20",), sweep_episodes=2, ceiling_episodes=2,
                       keepup_batches=1, skip=("realenv", "coldstart", "cpueval"), json=str(tmp_path / "bench.json"), imageobs_content="gradient",
-                      imageobs_size=16, imageobs_episode_steps=4, imageobs_steps=9, imageobs_repeats=1)
+                      imageobs_size=16, imageobs_episode_steps=4, imageobs_steps=9, imageobs_repeats=1,
+                      imageobs_writers_sweep=(2,))
     r = run_bench(cfg, log=lambda m: None)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["summary"]["speedup"] == pytest.approx(r["summary"]["speedup"])
@@ -36,6 +37,15 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     assert io["fastrecord"]["env_steps"] == io["maniskill"]["env_steps"] == 9 * 4
     assert io["fastrecord"]["rgb_compression"] == "gzip:1" and io["maniskill"]["rgb_compression"] == "gzip:5"
     assert io["ratio"] > 0 and io["fastrecord"]["setup_seconds"] > 0 and "imageobs: ratio" in table
+    # the default row runs fastrecord's default and says what it resolved to; the tuned row is labelled as such
+    from fastrecord.options import default_trajectory_writers, usable_cores
+
+    assert io["trajectory_writers"] is None and io["default_writers"] == default_trajectory_writers(usable_cores(), True)
+    assert f"default: trajectory_writers=None -> {io['default_writers']} (chosen for {usable_cores()} usable cores" in table
+    (tuned,) = io["sweep"]
+    assert tuned["trajectory_writers"] == tuned["run"]["writers_started"] == 2 and tuned["ratio"] > 0
+    assert tuned["run"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"]
+    assert "imageobs, tuned: trajectory_writers=2 (not the default)" in table
 
 
 def test_bench_imageobs_options_are_checked():
@@ -47,6 +57,8 @@ def test_bench_imageobs_options_are_checked():
         BenchConfig(imageobs_content="video")
     with pytest.raises(ValueError, match="imageobs_episode_steps=1 must be at least 2"):
         BenchConfig(imageobs_episode_steps=1)
+    with pytest.raises(ValueError, match=r"imageobs_writers_sweep=\[8, 0\] holds \[0\]: every entry must be an integer >= 1"):
+        BenchConfig(imageobs_writers_sweep=(8, 0))
 
 
 def test_bench_cli_rejects_unknown_phase():

@@ -16,6 +16,7 @@ import inspect
 import math
 import typing
 import numbers
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -35,6 +36,34 @@ def _opt(default: Any, help: str, *, kw_only: bool = False, flag: str | None = N
     ``--no-...`` flag does) and the ``choices`` of a string option."""
     meta = {"help": help, "flag": flag, "off": off, "choices": choices}
     return field(default=default, kw_only=kw_only, metadata=meta)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may use: its affinity mask (narrowed by ``taskset``, a container's
+    cpuset or a job scheduler; ``os.cpu_count()`` where the platform has no affinity call), shared with
+    the other ranks of its host under torchrun (``LOCAL_WORLD_SIZE``)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, cores // ranks)
+
+
+def default_video_workers(cores: int) -> int:
+    """The default of ``video_workers``: one encoder process per usable core, at most 16."""
+    return max(1, min(cores, 16))
+
+
+def default_trajectory_writers(cores: int, image_leaves: bool) -> int:
+    """The default of ``trajectory_writers``: 1 when the recorded observations hold no image leaves (one
+    writer keeps up with state-only episodes), else half of the usable ``cores``, at least 1 and at most 8
+    (gzip of camera images is what a writer spends its time on: on 16 cores, 128x128 rgb observations
+    recorded 3,097 env-steps/s with 1 writer and 8,283 with 8)."""
+    return min(8, max(1, cores // 2)) if image_leaves else 1
 
 
 @dataclass(frozen=True)
@@ -71,8 +100,10 @@ class RecordOptions:
     video_codec: str = _opt("auto", "'auto' (h264_nvenc where it encodes, else libx264) or a PyAV video encoder", kw_only=True)
     video_crf: int = _opt(23, "constant rate factor (lower is better quality; libx264: 0-51)", kw_only=True)
     video_preset: str = _opt("ultrafast", "libx264 preset (ultrafast keeps up with GPU envs)", kw_only=True)
-    video_workers: int | None = _opt(None, "background encoder processes (None: one per core, at most 16)", kw_only=True)
-    trajectory_writers: int = _opt(1, "HDF5 writer processes (each compresses whole batches of episodes)", kw_only=True)
+    video_workers: int | None = _opt(None, "background encoder processes (None: one per usable core, at most 16)", kw_only=True)
+    trajectory_writers: int | None = _opt(
+        None, "HDF5 writer processes, each compressing whole batches of episodes (None: chosen when the recorder is "
+        "built: 1 when the observations hold no image leaves, else half the usable cores, 1 to 8)", kw_only=True)
     trajectory_compression: str = _opt(
         "gzip:1", "compression of image observations in NAME.h5: 'gzip:1' ... 'gzip:9' (ManiSkill writes 'gzip:5'), "
         "'lzf' or 'none' (README: Image observations on disk)", kw_only=True)
@@ -116,7 +147,7 @@ class RecordOptions:
         if not isinstance(self.video_preset, str):
             raise ValueError(f"video_preset={self.video_preset!r} must be a preset name such as 'ultrafast'")
         _positive_int_or_none("video_workers", self.video_workers, 1, "e.g. 4, or None for one per core")
-        _positive_int_or_none("trajectory_writers", self.trajectory_writers, 1, "e.g. 1 or 4", allow_none=False)
+        _positive_int_or_none("trajectory_writers", self.trajectory_writers, 1, "e.g. 1 or 4, or None to size it to the machine")
         from fastrecord.sinks.maniskill_h5 import parse_compression  # the one list of choices, with the writer
 
         parse_compression(self.trajectory_compression)
@@ -145,8 +176,8 @@ def _np_bool() -> type:
     return np.bool_
 
 
-def _positive_int_or_none(name: str, v: Any, lo: int, example: str, allow_none: bool = True) -> None:
-    if v is None and allow_none:
+def _positive_int_or_none(name: str, v: Any, lo: int, example: str) -> None:
+    if v is None:
         return
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
         raise ValueError(f"{name}={v!r} must be an integer >= {lo} ({example})")

@@ -106,7 +106,7 @@ class EpisodeRecorder:
         self.num_finished = 0  # episodes ended, kept or not
         self._closed = False
 
-        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options=opts.as_dict()).open()
+        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options={**opts.as_dict(), **built.chosen}).open()
         opened: list[Sink] = []
         try:
             for s in self.sinks:

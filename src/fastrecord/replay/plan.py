@@ -97,6 +97,8 @@ class ReplayPlan:
             options = cfg.recorder_kwargs(name, int(control_freq), verdict, if_exists,
                                           f"fastrecord replay of {self.traj.h5_path.name} {how}")
             # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
+            if self.workers > 1 and options["trajectory_writers"] is None:  # the workers share the cores: one writer each
+                options["trajectory_writers"] = 1
             return dict(output_dir=str(out), **options, sinks=list(sinks or []))
 
         return rec_kwargs

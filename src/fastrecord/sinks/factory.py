@@ -3,6 +3,10 @@
 fastrecord's own outputs come from the options (``save_trajectory``: `ManiSkillH5Sink`, ``save_video``:
 `Mp4Sink`), the user's sinks follow, and `ResultsSink` is always last: it names the videos the sinks
 before it wrote. A new built-in output format is a new sink module plus one branch here.
+
+Process counts left at None (``trajectory_writers``, ``video_workers``) are chosen here, from the cores
+this process may use and the env's observations (`fastrecord.options.default_trajectory_writers`,
+`fastrecord.options.default_video_workers`); explicit values are used as given.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fastrecord.options import default_trajectory_writers, default_video_workers, usable_cores
 from fastrecord.sinks.base import Sink
 
 if TYPE_CHECKING:
@@ -30,6 +35,12 @@ class RecorderSinks:
     videos: Mp4Sink | None  # the MP4s (save_video)
     results: ResultsSink  # NAME.results.jsonl: every finished episode, kept or not
     all: list[Sink]  # trajectory, videos, the user's sinks, results (last)
+    chosen: dict[str, int]  # process counts chosen for options left at None (the run manifest records them)
+
+
+def observation_space(env: Any) -> Any:
+    """``env``'s observation space of one env (``single_observation_space`` of a vector env), or None."""
+    return getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
 
 
 def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = ()) -> RecorderSinks:
@@ -41,25 +52,34 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
     from fastrecord.sinks.results import ResultsSink
 
     trajectory = videos = None
+    chosen: dict[str, int] = {}
     if options.save_trajectory:
         from mani_skill import get_commit_info
 
-        from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
+        from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink, has_image_leaves
+
+        writers = options.trajectory_writers
+        if writers is None:
+            images = has_image_leaves(observation_space(view.env))
+            writers = chosen["trajectory_writers"] = default_trajectory_writers(usable_cores(), images)
 
         header: dict[str, Any] = dict(env_info=view.env_info(), commit_info=get_commit_info())
         if options.source_type is not None:
             header["source_type"] = options.source_type
         if options.source_desc is not None:
             header["source_desc"] = options.source_desc
-        trajectory = ManiSkillH5Sink(header, writers=options.trajectory_writers, compression=options.trajectory_compression)
+        trajectory = ManiSkillH5Sink(header, writers=writers, compression=options.trajectory_compression)
     if options.save_video:
         from fastrecord.sinks.mp4 import Mp4Sink
         from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
 
         settings = check_video_settings(VideoSettings(codec=resolve_codec(options.video_codec), crf=int(options.video_crf),
                                                       preset=options.video_preset, fps=options.video_fps))
-        videos = Mp4Sink(settings, layout=options.video_layout, num_envs=view.num_envs, workers=options.video_workers,
+        workers = options.video_workers
+        if workers is None:
+            workers = chosen["video_workers"] = default_video_workers(usable_cores())
+        videos = Mp4Sink(settings, layout=options.video_layout, num_envs=view.num_envs, workers=workers,
                          max_steps_per_video=options.max_steps_per_video, info_on_video=options.info_on_video)
     results = ResultsSink(videos)
     own = [s for s in (trajectory, videos) if s is not None]
-    return RecorderSinks(trajectory, videos, results, [*own, *extra, results])
+    return RecorderSinks(trajectory, videos, results, [*own, *extra, results], chosen)

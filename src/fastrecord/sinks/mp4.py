@@ -13,7 +13,6 @@ A finished video appears atomically and never replaces an existing file (a taken
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fastrecord.episode import EpisodeData
+from fastrecord.options import default_video_workers, usable_cores
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.video_names import tiled_video_name, video_name
 from fastrecord.video import VideoSettings, encode_mp4
@@ -42,7 +42,7 @@ class Mp4Sink(Sink):
         self.num_envs = num_envs
         self.max_steps_per_video = max_steps_per_video
         self.info_on_video = info_on_video
-        self.workers = workers or max(1, min(os.cpu_count() or 1, 16))
+        self.workers = workers or default_video_workers(usable_cores())
         self.accepts_yuv420p = layout == "per_env" and not info_on_video  # frames converted on the GPU
         self._font = maniskill_font() if info_on_video else None
         self._paths: list[Path] = []

@@ -7,7 +7,7 @@ holds ``env_info``, ``commit_info``, ``episodes`` and ``source_type``/``source_d
 
 Modules:
 
-- `layout`: part names, attributes, sibling paths, compression choices, image chunks, JSON helpers.
+- `layout`: part names, attributes, sibling paths, compression choices, image leaves and chunks, JSON helpers.
 - `writer`: `TrajectoryWriter`, crash-safe (part files + an index of links while recording).
 - `process`: what the writer processes run (every h5py write); `layout.WRITER_PROCESS_MODULE`.
 - `reader`: `open_trajectory`, `TrajectoryFile`, `read_tree`, `check_links`, `check_episode` (`EpisodeProblem`).
@@ -28,6 +28,7 @@ from fastrecord.sinks.maniskill_h5.layout import (
     WRITER_PROCESS_MODULE,
     atomic_write_json,
     complete_parts,
+    has_image_leaves,
     image_chunks,
     parse_compression,
     part_name,
@@ -52,7 +53,7 @@ from fastrecord.sinks.maniskill_h5.writer import TrajectoryWriter
 __all__ = [
     "COMPRESSIONS", "DEFAULT_COMPRESSION", "EPISODES_ATTR", "HEADER_ATTR", "PARTS_SUFFIX", "PART_PATTERN",
     "WRITER_PROCESS_MODULE", "EpisodeProblem", "ManiSkillH5Sink", "TrajectoryFile", "TrajectoryWriter", "atomic_write_json",
-    "check_episode", "check_links", "complete_parts", "consolidate", "image_chunks", "join_runs", "missing_link_targets",
+    "check_episode", "check_links", "complete_parts", "consolidate", "has_image_leaves", "image_chunks", "join_runs", "missing_link_targets",
     "open_trajectory", "parse_compression", "part_name", "read_json", "read_tree", "recover", "run_in_child",
     "sibling_paths",
 ]

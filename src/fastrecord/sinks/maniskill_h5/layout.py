@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,17 @@ def parse_compression(spec: Any) -> tuple[str | None, int | None]:
     if spec == "lzf":
         return "lzf", None
     return "gzip", int(spec.split(":")[1])
+
+
+def has_image_leaves(space: Any) -> bool:
+    """Whether an observation space (a gymnasium ``Dict``, nested or not) holds an image leaf, a leaf
+    named in `IMAGE_KEYS` (``sensor_data/<camera>/rgb``, ``depth``, ``segmentation``...). A space that is
+    not a ``Dict`` (a flat state vector, or an env that declares none) holds none."""
+    spaces = getattr(space, "spaces", None)
+    if not isinstance(spaces, Mapping):
+        return False
+    return any((key in IMAGE_KEYS and getattr(sub, "spaces", None) is None) or has_image_leaves(sub)
+               for key, sub in spaces.items())
 
 
 def image_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

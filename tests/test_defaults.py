@@ -1,0 +1,91 @@
+"""Defaults sized to the machine and the data: the process-count rules (`default_trajectory_writers`,
+`default_video_workers`), the image-leaf test they read (`has_image_leaves`), and a recorder on a real
+PickCube-v1 env choosing its HDF5 writers from its observations, recording the choice in the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from fastrecord.options import RecordOptions, default_trajectory_writers, default_video_workers, usable_cores
+from fastrecord.sinks.maniskill_h5 import has_image_leaves
+
+
+@pytest.mark.parametrize(("cores", "images", "expected"), [
+    (1, False, 1), (2, False, 1), (16, False, 1), (128, False, 1),  # one writer keeps up without images
+    (1, True, 1), (2, True, 1), (3, True, 1), (4, True, 2), (8, True, 4), (16, True, 8), (64, True, 8),
+])
+def test_trajectory_writers_rule(cores, images, expected):
+    assert default_trajectory_writers(cores, images) == expected
+
+
+@pytest.mark.parametrize(("cores", "expected"), [(1, 1), (2, 2), (16, 16), (17, 16), (128, 16)])
+def test_video_workers_rule(cores, expected):
+    assert default_video_workers(cores) == expected
+
+
+def test_usable_cores_is_the_affinity_mask_shared_by_the_ranks(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert usable_cores() == len(os.sched_getaffinity(0)) >= 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: four ranks on this host share its cores
+    assert usable_cores() == 4
+
+
+def _box(*shape: int) -> spaces.Box:
+    return spaces.Box(0, 255, shape=shape, dtype=np.uint8)
+
+
+@pytest.mark.parametrize(("space", "expected"), [
+    (_box(4), False),  # a flat state vector
+    (None, False),  # an env that declares no space
+    (spaces.Dict({"agent": spaces.Dict({"qpos": _box(9)}), "extra": spaces.Dict({"tcp_pose": _box(7)})}), False),
+    (spaces.Dict({"sensor_data": spaces.Dict({"base_camera": spaces.Dict({"rgb": _box(64, 64, 3)})})}), True),
+    (spaces.Dict({"sensor_data": spaces.Dict({"cam": spaces.Dict({"depth": _box(64, 64, 1)})})}), True),
+    (spaces.Dict({"sensor_data": spaces.Dict({"cam": spaces.Dict({"segmentation": _box(8, 8, 1)})})}), True),
+    (spaces.Dict({"rgb": spaces.Dict({"qpos": _box(9)})}), False),  # a group named like an image key is no leaf
+])
+def test_has_image_leaves(space, expected):
+    assert has_image_leaves(space) is expected
+
+
+def test_explicit_counts_win_and_none_is_the_default():
+    opts = RecordOptions()
+    assert opts.trajectory_writers is None and opts.video_workers is None
+    assert RecordOptions(trajectory_writers=3, video_workers=5).trajectory_writers == 3
+    with pytest.raises(ValueError, match=r"trajectory_writers=0 must be an integer >= 1 .*or None to size it to the machine"):
+        RecordOptions(trajectory_writers=0)
+
+
+@pytest.mark.parametrize("obs_mode", ["state", "rgb"])
+def test_recorder_chooses_writers_from_the_observations(make_env, tmp_path, monkeypatch, obs_mode):
+    from fastrecord import RecordEpisode
+
+    monkeypatch.setattr("fastrecord.sinks.factory.usable_cores", lambda: 4)  # a 4-core machine: rgb gets 2 writers
+    env = RecordEpisode(make_env(obs_mode=obs_mode, sensor_configs=dict(width=16, height=16)), tmp_path,
+                        trajectory_name="t", save_video=False)
+    try:
+        expected = {"state": 1, "rgb": 2}[obs_mode]
+        sink = env.recorder.trajectory
+        assert sink.writers == sink.writer.num_writers == len(sink.writer.pids) - 1 == expected  # + the index process
+        manifest = json.loads((tmp_path / "t.fastrecord.json").read_text())
+        assert manifest["options"]["trajectory_writers"] == expected
+        env.reset(seed=0)
+        env.step(env.action_space.sample())
+    finally:
+        env.close()
+
+
+def test_explicit_writers_are_used_as_given(make_env, tmp_path):
+    from fastrecord import RecordEpisode
+
+    env = RecordEpisode(make_env(), tmp_path, trajectory_name="t", save_video=False, trajectory_writers=2)
+    try:
+        assert env.recorder.trajectory.writer.num_writers == 2
+        assert json.loads((tmp_path / "t.fastrecord.json").read_text())["options"]["trajectory_writers"] == 2
+    finally:
+        env.close()
