@@ -92,7 +92,7 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
 @pytest.mark.parametrize("argv, expected", [
     (["record", "--help"], ["--num-envs NUM_ENVS", "(default: 1)", "where the .h5/.json and the MP4s go (default:",
                             "--control-mode CONTROL_MODE None: the task's default",
-                            "--video-workers VIDEO_WORKERS background encoder processes (None: one per core, at most 16)",
+                            "--video-workers VIDEO_WORKERS background encoder processes (None: one per usable core, at most 16)",
                             "--no-video write no MP4 videos: the trajectory only (sets save_video=False; default save_video=True)",
                             "--no-trajectory write no trajectory", "--video-crf VIDEO_CRF", "(default: 23)",
                             "--trajectory-compression TRAJECTORY_COMPRESSION", "--if-exists {error,overwrite,resume}",
