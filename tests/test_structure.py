@@ -1,4 +1,4 @@
-"""The package's shape, read from its source (nothing is imported): the rules the README's "How it is
+"""The package's shape, read from its source (the last checks build the CLI parser): the rules the README's "How it is
 built" section states, checked so that they stay true."""
 
 from __future__ import annotations

@@ -164,6 +164,17 @@ def _holds_videos(folder: Path) -> bool:
     return any(p.suffix == ".mp4" for p in folder.rglob("*"))
 
 
+def _h5_holds_episodes(path: Path) -> bool:
+    """Whether an HDF5 file holds any ``traj_*`` group, or cannot be read (then it is kept too)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return any(k.startswith("traj_") for k in f.keys())
+    except (OSError, ValueError):
+        return True
+
+
 def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
     """Whether the run ``name`` whose files are ``existing`` recorded nothing: no episode in ``NAME.json``,
     no part or shard files, no counter above 0, and its other files empty (a results file of no episode)
@@ -188,8 +199,8 @@ def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
             except (OSError, ValueError, AttributeError):
                 return False  # unreadable: keep it, the user decides
         elif suffix == ".h5":
-            if not (output_dir / f"{name}.json").exists():
-                return False  # an HDF5 file without its episode list: not ours to judge
+            if not (output_dir / f"{name}.json").exists() or _h5_holds_episodes(p):
+                return False  # an HDF5 file without its episode list, or with episodes: keep it
         elif p.is_dir():
             if _holds_videos(p):
                 return False
