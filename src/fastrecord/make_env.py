@@ -178,12 +178,12 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"env_id={env_id!r} is not a registered environment; {hint}pass a ManiSkill task id such as "
                          f"'PickCube-v1' (gymnasium.registry lists them)")
-    backends = tuple(sim_backend_name_mapping)
+    backends = ("auto", *sim_backend_name_mapping)  # "auto": ManiSkill's default, resolved by gym.make
     base = sim_backend.split(":")[0] if isinstance(sim_backend, str) else None
     if base not in backends:
         raise ValueError(f"sim_backend={sim_backend!r} is unknown; use one of {', '.join(backends)} (the CUDA ones also "
                          f"as cuda:N), e.g. sim_backend='physx_cpu'")
-    if sim_backend_name_mapping[base] == "physx_cuda":
+    if sim_backend_name_mapping.get(base) == "physx_cuda":
         import torch
 
         if not torch.cuda.is_available():
@@ -192,12 +192,12 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
     for name, value in (("env_kwargs", env_kwargs), ("other_kwargs", other_kwargs)):
         if not isinstance(value, Mapping):
             raise ValueError(f"{name}={value!r} must be a dict of keyword arguments, e.g. {name}=dict()")
-    if video_dir is not None:
-        if not isinstance(video_dir, (str, os.PathLike)) or not str(video_dir):
+    if video_dir:  # None or "": nothing recorded, as make_eval_envs reads it
+        if not isinstance(video_dir, (str, os.PathLike)):
             raise ValueError(f"video_dir={video_dir!r} must be a folder path (str or Path), or None to record nothing")
         if os.path.exists(video_dir) and not os.path.isdir(video_dir):
             raise ValueError(f"video_dir={str(video_dir)!r} is a file, not a folder; pass a folder path, or None")
-    if isinstance(wrappers, (str, bytes)) or not all(callable(w) for w in wrappers):
+    if wrappers is None or isinstance(wrappers, (str, bytes)) or not all(callable(w) for w in wrappers):
         raise ValueError(f"wrappers={wrappers!r} must be a list of wrapper classes (callables env -> env), e.g. [] ")
     if record_kwargs is not None and not isinstance(record_kwargs, Mapping):
         raise ValueError(f"record_kwargs={record_kwargs!r} must be a dict of fastrecord.RecordEpisode arguments, or None")

@@ -383,21 +383,29 @@ class EpisodeRecorder:
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         rows = env_idx[buf.cursor[env_idx] >= 1]  # episodes without a step are not saved (as ManiSkill)
         rows = rows[np.array([self.episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)]  # spare slots: dropped
-        if len(rows):
-            self.num_finished += len(rows)
-            ended = self._read_ended(rows)  # host reads first: after _write they would wait for its gather
-            keep, first_id = self._keep_mask(rows, ended), self.next_episode_id
-            kept = rows[keep]
-            if len(kept):
-                self._write(kept)
-            events = self._events(rows, keep, first_id, ended)
-            for s in self.sinks:
-                s.episodes_ended(events)
-        self._zero_returns(env_idx)
-        if split:
-            buf.restart_from_last(env_idx)
-        else:
-            buf.end(env_idx)  # ended: only a reset (or auto-reset) starts them again
+        try:
+            if len(rows):
+                self.num_finished += len(rows)
+                ended = self._read_ended(rows)  # host reads first: after _write they would wait for its gather
+                keep, first_id = self._keep_mask(rows, ended), self.next_episode_id
+                kept = rows[keep]
+                if len(kept):
+                    self._write(kept)
+                events = self._events(rows, keep, first_id, ended)
+                errors = []
+                for s in self.sinks:  # every sink hears of every episode, even after another sink failed
+                    try:
+                        s.episodes_ended(events)
+                    except Exception as e:  # noqa: BLE001 - the first is raised below
+                        errors.append(e)
+                if errors:
+                    raise errors[0]
+        finally:  # handed off (or failed): these episodes are over and are never finalized again
+            self._zero_returns(env_idx)
+            if split:
+                buf.restart_from_last(env_idx)
+            else:
+                buf.end(env_idx)  # ended: only a reset (or auto-reset) starts them again
 
     def _write(self, kept: np.ndarray) -> None:
         # the one device-to-host copy of these episodes; per-env videos without overlays take their frames

@@ -129,10 +129,14 @@ class BackgroundSink(Sink):
 
 
 # ---------------------------------------------------------------------------------------------- run directory
+RESULTS_SUFFIX = ".results.jsonl"  # NAME.results.jsonl: one row per finished episode (fastrecord.sinks.results)
+
+
 def run_files(output_dir: Path, name: str) -> list[Path]:
     """The files a run of ``name`` owns in ``output_dir`` that exist now (listed ones from its manifest too)."""
     # NAME.shards/: the shards of a sharded run (fastrecord.shards), NAME.h5 + NAME.json then join them
-    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", ".shards", MANIFEST_SUFFIX)]
+    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", ".shards", RESULTS_SUFFIX,
+                                                        MANIFEST_SUFFIX)]
     listed = [output_dir / f for f in read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}").get("files", [])]
     root = output_dir.resolve()
     inside = [p for p in listed if isinstance(p, Path) and p.resolve().is_relative_to(root) and p.resolve() != root]
@@ -181,6 +185,8 @@ def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
     or folders without videos (a logger's folder of no episode). What start-up left when it was
     interrupted (Ctrl-C, a bad camera name found at the first reset) or a run closed before its first
     episode ended."""
+    if not (output_dir / f"{name}{MANIFEST_SUFFIX}").is_file():
+        return False  # not a run fastrecord made: never judged empty
     manifest = read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}")
     if any(isinstance(v, int) and v > 0 for v in manifest.get("counters", {}).values()):
         return False
@@ -194,7 +200,8 @@ def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
                 return False
         elif suffix == ".json":
             try:
-                if json.loads(p.read_text()).get("episodes"):
+                episodes = json.loads(p.read_text()).get("episodes")
+                if not isinstance(episodes, list) or episodes:
                     return False
             except (OSError, ValueError, AttributeError):
                 return False  # unreadable: keep it, the user decides
@@ -318,7 +325,7 @@ class RunDirectory:
             return False
         if recorded_nothing(self.output_dir, name, existing):
             for p in existing:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             log.info("fastrecord: replaced the earlier run %r in %s, which recorded nothing", name, self.output_dir)
             return True
         self.previous = read_manifest(self.manifest_path)
@@ -331,7 +338,7 @@ class RunDirectory:
                 f"or output_dir.", found=found)
         if self.if_exists == "overwrite":
             for p in existing:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             log.warning("fastrecord: if_exists='overwrite' removed %d file(s) of the earlier run %r in %s",
                         len(existing), name, self.output_dir)
             self.previous = {}

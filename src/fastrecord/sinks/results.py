@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastrecord.episode import EpisodeData, EpisodeEnded
-from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.sinks.base import RESULTS_SUFFIX, RunDirectory, Sink
 
 if TYPE_CHECKING:
     from fastrecord.sinks.mp4 import Mp4Sink
 
-RESULTS_SUFFIX = ".results.jsonl"
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval
 
 
