@@ -340,3 +340,22 @@ def test_an_unknown_sensor_camera_is_refused_before_the_run_directory(tmp_path, 
         RecordEpisode(state, out, trajectory_name="t", video_source="sensor:base_camera")
     assert not out.exists()
     RecordEpisode(env, out, trajectory_name="t", video_source="sensor:base_camera").close()  # the right name works
+
+
+def test_files_fastrecord_did_not_make_are_never_taken_for_an_empty_run(tmp_path):
+    """A NAME.json without "episodes" (a user's own config.json) and no manifest: refused, nothing deleted."""
+    (tmp_path / "t.json").write_text(json.dumps({"lr": 0.1}))
+    before = digest(tmp_path)
+    with pytest.raises(OutputExistsError):
+        RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
+    assert digest(tmp_path) == before
+
+
+def test_results_of_a_run_with_no_kept_episode_keep_its_name(tmp_path):
+    """A run whose keep filter dropped every episode still has results rows: it is not an empty run."""
+    record(tmp_path, trajectory_name="t", keep=lambda info: False)
+    rows = (tmp_path / "t.results.jsonl").read_text().splitlines()
+    assert len(rows) == 2
+    with pytest.raises(OutputExistsError):
+        RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
+    assert (tmp_path / "t.results.jsonl").read_text().splitlines() == rows
