@@ -190,6 +190,8 @@ class VectorEnvView:
         return to_batched(x, None, False)
 
     def render(self) -> Any:
+        if getattr(self.env, "renders_batched", False):  # fastrecord.render: one batched render of every sub-env
+            return self.env.render()
         # one call renders every sub-env (in parallel for AsyncVectorEnv)
         frames = self.env.call("render")
         if all(isinstance(f, np.ndarray) for f in frames):  # CPUGymWrapper's numpy: one numpy copy (torch.cat's

@@ -48,6 +48,7 @@ def make_eval_envs(
     log: str | None = None,
     episodes: int | None = None,
     seed: int = 0,
+    batched_render: bool | None = None,
 ):
     """Create vectorized environments for evaluation, recording every env's videos to ``video_dir``.
 
@@ -80,6 +81,11 @@ def make_eval_envs(
             where the rank's device is also picked (``physx_cuda:LOCAL_RANK``, ``cuda:LOCAL_RANK``).
             None: the baseline's behaviour. ``sharding_of(envs)`` gives the rank's `ShardedResets`.
         seed: the base seed of a sharded evaluation.
+        batched_render: CPU simulation only: render every env's video frame in one batched render in this
+            process (`fastrecord.render`: the sub-envs step in their processes and send their poses; this
+            process holds a mirror of each scene in one ``RenderSystemGroup``). None (default): when there
+            is more than one env, a video_dir, a CUDA device and a GPU render backend; False: each sub-env
+            renders itself (ManiSkill's way); True: required (a ValueError where it cannot run).
 
     Returns:
         CPU: a ``gym.vector.VectorEnv`` with the baseline's observations (``[num_envs, obs_horizon,
@@ -134,7 +140,17 @@ def make_eval_envs(
         sharding = shards.ShardedResets(run, num_envs)
 
     if sim_backend == "physx_cpu":
-        envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers))
+        batched = _batched_render(batched_render, num_envs, env_kwargs, bool(video_dir))
+        envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=batched)
+        if batched:
+            from fastrecord.render.vector import GroupRenderedVectorEnv, device_of, make_mirror_factory
+
+            try:
+                envs = GroupRenderedVectorEnv(envs, make_mirror_factory(env_id, env_kwargs),
+                                              device=device_of(env_kwargs.get("render_backend")))
+            except BaseException:
+                envs.close()
+                raise
         if video_dir:
             envs = RecordEpisode(envs, **{**rec, "info_on_video": True, **(record_kwargs or {})})
         if sharding is not None:
@@ -221,9 +237,34 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
 
 
 # ---------------------------------------------------------------------------------------------- CPU
-def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list) -> gym.vector.VectorEnv:
+def _batched_render(wanted: bool | None, num_envs: int, env_kwargs: Mapping[str, Any], recording: bool) -> bool:
+    """Whether the CPU branch renders in one batch (`fastrecord.render`); see ``batched_render``."""
+    from fastrecord import render
+
+    if wanted is False:
+        return False
+    backend = env_kwargs.get("render_backend", "auto")
+    usable = render.available(backend)
+    if wanted is None:
+        return recording and num_envs > 1 and env_kwargs.get("render_mode") == "rgb_array" and usable
+    if not usable:
+        import torch
+
+        why = (f"render_backend={backend!r} renders on the CPU; pass render_backend='gpu'" if torch.cuda.is_available()
+               else "torch sees no CUDA device here")
+        raise ValueError(f"batched_render=True renders in one batch on a CUDA device, and {why}; or pass "
+                         f"batched_render=None (batched where it can run) or False")
+    if env_kwargs.get("render_mode") != "rgb_array":
+        raise ValueError(f"batched_render=True renders the envs' videos, which needs env_kwargs render_mode='rgb_array' "
+                         f"(got {env_kwargs.get('render_mode')!r})")
+    return True
+
+
+def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list,
+                    report_poses: bool = False) -> gym.vector.VectorEnv:
     # more than one: each sub-env in a process of its own (AsyncVectorEnv)
-    thunks = [_CpuThunk(env_id, seed, env_kwargs, wrappers, own_process=num_envs > 1) for seed in range(num_envs)]
+    thunks = [_CpuThunk(env_id, seed, env_kwargs, wrappers, own_process=num_envs > 1, report_poses=report_poses)
+              for seed in range(num_envs)]
     mode = gym.vector.AutoresetMode.DISABLED  # EvalVectorEnv resets finished envs itself, after the recorder saw them
     if num_envs == 1:
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=mode)
@@ -239,9 +280,11 @@ cpu_vector_env = _cpu_vector_env  # public: make_eval_envs' CPU vector env alone
 class _CpuThunk:
     """Builds one CPU sub-env (picklable for the forkserver workers)."""
 
-    def __init__(self, env_id: str, seed: int, env_kwargs: dict, wrappers: list, own_process: bool = False) -> None:
+    def __init__(self, env_id: str, seed: int, env_kwargs: dict, wrappers: list, own_process: bool = False,
+                 report_poses: bool = False) -> None:
         self.env_id, self.seed, self.env_kwargs, self.wrappers = env_id, seed, dict(env_kwargs), wrappers
         self.own_process = own_process  # built in a sub-env process of fastrecord's, not in the caller's
+        self.report_poses = report_poses  # batched rendering: each step's info carries the scene's poses
 
     def __call__(self) -> gym.Env:
         import mani_skill.envs  # noqa: F401 - registers the tasks (worker processes too)
@@ -258,6 +301,10 @@ class _CpuThunk:
         env = _CPUGymWrapper(env, ignore_terminations=True, record_metrics=True)
         env.action_space.seed(self.seed)
         env.observation_space.seed(self.seed)
+        if self.report_poses:
+            from fastrecord.render.vector import PoseReporter
+
+            env = PoseReporter(env)
         return env
 
 

@@ -38,6 +38,7 @@ class RecordConfig:
     output_dir: str = "recordings"  # where the .h5/.json and the MP4s go
     sim_backend: str = "physx_cpu"  # physx_cpu | physx_cuda (GPU simulation needs a CUDA machine)
     render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
+    batched_render: str = "auto"  # CPU sim, num_envs > 1: auto (one batched render when rendering on a CUDA device) | on | off
     obs_mode: str = "state"  # ManiSkill observation mode recorded in the trajectory
     control_mode: str | None = None  # None: the task's default
     width: int = 256  # human render camera width
@@ -51,6 +52,8 @@ class RecordConfig:
         check_types(self)
         check_at_least(self, 1, num_envs="--num-envs", episodes="--episodes", width="--width", height="--height",
                        max_episode_steps="--max-episode-steps")
+        if self.batched_render not in ("auto", "on", "off"):
+            raise ValueError(f"batched_render={self.batched_render!r} must be one of auto, on, off (--batched-render)")
         if not (self.record.save_video or self.record.save_trajectory):
             raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory")
 

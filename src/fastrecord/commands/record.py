@@ -75,7 +75,6 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     import gymnasium as gym
 
     import mani_skill.envs  # noqa: F401 - registers the tasks
-    from mani_skill.utils.wrappers import CPUGymWrapper
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     from fastrecord.record import RecordEpisode
@@ -108,16 +107,58 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
             raise
         return ManiSkillVectorEnv(env, auto_reset=auto_reset, ignore_terminations=False)
 
-    def thunk():
-        return CPUGymWrapper(gym.make(cfg.env_id, **kwargs))
-
     mode = gym.vector.AutoresetMode.NEXT_STEP if auto_reset else gym.vector.AutoresetMode.DISABLED
-    envs = gym.vector.SyncVectorEnv([thunk for _ in range(cfg.num_envs)], autoreset_mode=mode)
+    if _batched(cfg, kwargs["render_backend"]):
+        # the envs step in processes of their own; this process renders them all in one batch
+        from fastrecord.render.vector import GroupRenderedVectorEnv, device_of, make_mirror_factory
+        from fastrecord.workers import forkserver_context
+
+        forkserver_context()
+        thunk = _CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)
+        envs = GroupRenderedVectorEnv(gym.vector.AsyncVectorEnv([thunk] * cfg.num_envs, context="forkserver",
+                                                                 autoreset_mode=mode),
+                                      make_mirror_factory(cfg.env_id, kwargs), device=device_of(kwargs["render_backend"]))
+    else:
+        envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
     try:
         return RecordEpisode(envs, cfg.output_dir, **rec)
     except BaseException:
         envs.close()
         raise
+
+
+def _batched(cfg: RecordConfig, render_backend: str) -> bool:
+    """Whether `record`'s CPU vector env renders in one batch (`fastrecord.render`): --batched-render."""
+    from fastrecord import render
+
+    if cfg.batched_render == "off" or cfg.num_envs == 1 or not cfg.record.save_video:
+        return False
+    if render.available(render_backend):
+        return True
+    if cfg.batched_render == "on":
+        raise ValueError(f"--batched-render on renders on a CUDA device, and here render_backend={render_backend!r}"
+                         f"{'' if render.available('gpu') else ' (torch sees no CUDA device)'}; use --batched-render auto or off")
+    return False
+
+
+class _CpuEnvThunk:
+    """Builds one CPU sub-env of `record` (picklable: an AsyncVectorEnv sends it to the sub-env's process)."""
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any], report_poses: bool = False) -> None:
+        self.env_id, self.kwargs, self.report_poses = env_id, dict(kwargs), report_poses
+
+    def __call__(self) -> Any:
+        import gymnasium as gym
+
+        import mani_skill.envs  # noqa: F401 - registers the tasks (sub-env processes too)
+        from mani_skill.utils.wrappers import CPUGymWrapper
+
+        env = CPUGymWrapper(gym.make(self.env_id, **self.kwargs))
+        if self.report_poses:
+            from fastrecord.render.vector import PoseReporter
+
+            env = PoseReporter(env)
+        return env
 
 
 def policy_factory(spec: str) -> Callable[[Any], Callable[[Any], Any]]:
@@ -332,6 +373,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir")
     p.add_argument("--sim-backend")
     p.add_argument("--render-backend")
+    p.add_argument("--batched-render", choices=["auto", "on", "off"],
+                   help="CPU simulation with --num-envs > 1: step the envs in processes of their own and render all of "
+                        "them in one batch in this process (needs a CUDA device); auto: when rendering on a CUDA device")
     p.add_argument("--obs-mode")
     p.add_argument("--control-mode")
     p.add_argument("--width", type=int)

@@ -1,0 +1,162 @@
+"""`GroupRenderer`: one batched render of N CPU-simulated ManiSkill envs held in this process.
+
+The envs ("mirrors") are never stepped here: their render shapes read their poses from one CUDA tensor
+(`set_poses`, one row per moving entity, `fastrecord.render.bodies` order), which whoever runs the
+physics fills. This is what ManiSkill does for GPU simulation (``ManiSkillScene._sapien_setup_gpu_rendering``)
+with the PhysX GPU pose array; here the array is filled from CPU physics. Pictures come out as one CUDA
+tensor per camera name, converted by the camera's own shader config, as ManiSkill's ``Camera.get_obs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import sapien
+import torch
+
+from fastrecord.render.bodies import POSE_WIDTH, RenderBodies
+
+CUDA_ROW = 13  # SAPIEN's CUDA rigid-body row: pose (7) then linear and angular velocity (6)
+
+
+def _camera(base: Any, name: str) -> Any:
+    scene = base.scene
+    cam = scene.human_render_cameras.get(name) or scene.sensors.get(name)
+    if cam is None:
+        raise ValueError(f"camera {name!r} is not in this env; its cameras are "
+                         f"{sorted([*scene.human_render_cameras, *scene.sensors])}")
+    return cam
+
+
+class GroupRenderer:
+    """Renders N CPU-simulated ManiSkill envs (``num_envs == 1`` each, rendering on a CUDA device) in one
+    ``sapien.render.RenderSystemGroup``.
+
+    Owns: the group (rebuilt after any env's scene changed), the CUDA pose tensor, one camera group per
+    camera name, and the visibility of each env's hidden objects while it renders (shown for human
+    cameras, hidden for sensors, as ManiSkill's ``render_rgb_array`` / ``_get_obs_sensor_data``).
+    """
+
+    def __init__(self, envs: Sequence[Any], device: str | torch.device = "cuda") -> None:
+        if not envs:
+            raise ValueError("GroupRenderer needs at least one env")
+        self.envs = [e.unwrapped for e in envs]
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"device={str(device)!r}: a RenderSystemGroup renders from CUDA poses; pass a CUDA device "
+                             f"such as 'cuda' or 'cuda:0', or render each env by itself")
+        self.bodies = [RenderBodies(e) for e in self.envs]
+        self._group: Any = None
+        self._camera_groups: dict[str, Any] = {}
+        self._rows: list[int] = []
+        self._poses: torch.Tensor | None = None
+        self._stream = torch.cuda.Stream(self.device)
+        self._copied: torch.cuda.Event | None = None
+        self.rebuilds = 0  # how often the group was (re)built: once, plus once per reconfiguration that changed a scene
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def invalidate(self) -> None:
+        """Some env's scene changed (a reconfiguring reset): the group is rebuilt at the next render."""
+        self._group = None
+        self._camera_groups = {}
+
+    def _ensure(self) -> None:
+        if self._group is not None and not any(b.scene_changed for b in self.bodies):
+            return
+        for b in self.bodies:
+            b.refresh()
+        rows = [len(b.entities) for b in self.bodies]
+        poses = torch.zeros((sum(rows), CUDA_ROW), device=self.device, dtype=torch.float32)
+        poses[:, 3] = 1.0  # identity rotations until the first poses arrive
+        offset = 0
+        for b in self.bodies:
+            index = {id(e): offset + k for k, e in enumerate(b.entities)}
+            for k, entity in enumerate(b.entities):
+                body = entity.find_component_by_type(sapien.render.RenderBodyComponent)
+                if body is not None:
+                    for shape in body.render_shapes:
+                        shape.set_gpu_pose_batch_index(offset + k)
+            scene = b.base.scene
+            for cam in [*scene.human_render_cameras.values(), *scene.sensors.values()]:
+                for component in getattr(getattr(cam, "camera", None), "_render_cameras", ()):
+                    row = index.get(id(component.entity))
+                    if row is not None:  # mounted on a moving entity (a hand camera): follows its row
+                        component.set_gpu_pose_batch_index(row)
+            offset += len(b.entities)
+        group = sapien.render.RenderSystemGroup([e.scene.sub_scenes[0].render_system for e in self.envs])
+        group.set_cuda_poses(sapien.CudaArray(poses))
+        self._group, self._poses, self._rows, self._camera_groups = group, poses, rows, {}
+        self.rebuilds += 1
+
+    def rows(self) -> list[int]:
+        """The number of pose rows of each env (its moving entities), for the current scenes."""
+        self._ensure()
+        return list(self._rows)
+
+    def set_poses(self, poses: Sequence[np.ndarray] | np.ndarray | torch.Tensor) -> None:
+        """Every env's entity poses, ``[B_i, 7]`` each (or all rows concatenated): what the next render shows."""
+        self._ensure()
+        assert self._poses is not None
+        if isinstance(poses, torch.Tensor):
+            flat = poses
+        else:
+            if not isinstance(poses, np.ndarray):
+                got = [np.shape(p)[0] for p in poses]
+                if got != self._rows:
+                    raise ValueError(f"poses for {got} entities per env, but the scenes have {self._rows}: a sub-env "
+                                     f"reconfigured without its mirror (call invalidate/resync first)")
+                poses = np.concatenate(poses, axis=0) if len(poses) > 1 else poses[0]
+            flat = torch.from_numpy(np.ascontiguousarray(poses, dtype=np.float32))
+        if tuple(flat.shape) != (self._poses.shape[0], POSE_WIDTH):
+            raise ValueError(f"poses of shape {tuple(flat.shape)}; expected ({self._poses.shape[0]}, {POSE_WIDTH})")
+        with torch.cuda.stream(self._stream):
+            self._poses[:, :POSE_WIDTH].copy_(flat, non_blocking=not flat.is_cuda and flat.is_pinned())
+        self._stream.synchronize()  # SAPIEN reads the array on its own stream
+
+    def set_poses_from_envs(self) -> None:
+        """Poses read from the mirrors' own entities (after their states were set, e.g. in replay)."""
+        self.set_poses([b.poses() for b in self.bodies])
+
+    def _camera_group(self, name: str) -> Any:
+        cg = self._camera_groups.get(name)
+        if cg is None:
+            cams = [_camera(e, name) for e in self.envs]
+            textures = list(cams[0].config.shader_config.texture_names.keys())
+            try:
+                cg = self._group.create_camera_group([c.camera._render_cameras[0] for c in cams], textures)
+            except RuntimeError as e:
+                raise RuntimeError(f"could not make one camera group of {len(cams)} {name!r} cameras on {self.device} "
+                                   f"({e}); use fewer envs per process or smaller cameras") from e
+            self._camera_groups[name] = cg
+        return cg
+
+    def render(self, name: str, *, sensor: bool | None = None) -> torch.Tensor:
+        """Every env's picture from camera ``name``: ``[N, H, W, 3]`` uint8 on the CUDA device, as the env's
+        own render would give it (``render_rgb_array`` for a human camera: hidden objects shown; a sensor's
+        rgb: hidden objects hidden). ``sensor`` overrides which of the two ``name`` is."""
+        self._ensure()
+        cam0 = _camera(self.envs[0], name)
+        is_sensor = name not in self.envs[0].scene.human_render_cameras if sensor is None else sensor
+        for env in self.envs:
+            for obj in env._hidden_objects:
+                obj.hide_visual() if is_sensor else obj.show_visual()
+        cg = self._camera_group(name)
+        if self._copied is not None:  # the last picture left SAPIEN's buffer before this one overwrites it
+            self._copied.synchronize()
+        self._group.update_render()
+        cg.take_picture()
+        for tex, modalities in cam0.config.shader_config.texture_names.items():
+            if "rgb" in modalities:
+                picture = cg.get_picture_cuda(tex).torch()
+                rgb = cam0.config.shader_config.texture_transforms[tex](picture)["rgb"][..., :3]
+                out = torch.empty(rgb.shape, dtype=torch.uint8, device=self.device)
+                out.copy_(rgb)  # a uint8 texture's transform is a view of SAPIEN's buffer: copy it out
+                self._copied = torch.cuda.Event()
+                self._copied.record()
+                return out
+        raise ValueError(f"camera {name!r} has no rgb texture (its shader gives {dict(cam0.config.shader_config.texture_names)})")

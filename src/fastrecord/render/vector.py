@@ -1,0 +1,170 @@
+"""`GroupRenderedVectorEnv`: a gymnasium vector env of CPU-simulated ManiSkill envs whose ``render()`` is
+one batched render, in this process, of every env's human camera.
+
+The sub-envs (in their own processes, stepping in parallel) are wrapped in `PoseReporter`: each step and
+reset hands back, in its info, the poses of the scene's moving entities (``[B, 7]`` float32, about 0.5 KB
+an env) and, when the sub-env's scene is new (a reconfiguring reset), what the scene looks like and the
+episode seed it was built from. This process holds one mirror env per sub-env: when a reported scene
+looks different from the mirror's, the mirror is reset to the same episode seed with
+``reconfigure=True`` (ManiSkill builds a scene from its episode seed alone), and the signatures must then
+agree. ``render()`` writes every env's poses into the group's CUDA pose tensor and takes one picture per
+camera name (`fastrecord.render.group.GroupRenderer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fastrecord.envs import SubEnvAccess
+from fastrecord.render.bodies import RenderBodies
+from fastrecord.render.group import GroupRenderer
+
+INFO_KEY = "fastrecord_render"  # the sub-envs' report in the vector info (gymnasium adds the mask "_" + key)
+
+
+class PoseReporter(gym.Wrapper):
+    """Wraps one CPU sub-env (outermost, in its own process): every step's and reset's info carries
+    ``(poses, scene)`` under `INFO_KEY`; ``scene`` is None unless the scene is new since the last report,
+    then ``(signature, episode_seed)``."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._bodies: RenderBodies | None = None
+
+    def _report(self, info: dict) -> dict:
+        base = self.env.unwrapped
+        scene = None
+        if self._bodies is None:
+            self._bodies = RenderBodies(base)
+            scene = True
+        elif self._bodies.refresh():
+            scene = True
+        if scene:
+            seed = int(np.asarray(base._episode_seed).reshape(-1)[0])
+            scene = (self._bodies.signature(), seed)
+        info = dict(info)
+        info[INFO_KEY] = (self._bodies.poses(), scene)  # a tuple: gymnasium keeps it as one object per env
+        return info
+
+    def reset(self, **kwargs: Any):
+        obs, info = self.env.reset(**kwargs)
+        return obs, self._report(info)
+
+    def step(self, action: Any):
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        return obs, rew, terminated, truncated, self._report(info)
+
+
+def _human_camera_names(base: Any) -> list[str]:
+    return list(base.scene.human_render_cameras)
+
+
+class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
+    """Batched rendering over a vector env whose sub-envs are wrapped in `PoseReporter`.
+
+    Owns: the mirror envs (one per sub-env, never stepped), their `GroupRenderer`, and the poses of the
+    last step or reset. ``render()`` returns ``[num_envs, H, W, 3]`` uint8 on the mirrors' CUDA device,
+    the pictures ManiSkill's ``render()`` of each sub-env would give (several human cameras: tiled side by
+    side, as ManiSkill tiles them).
+    """
+
+    renders_batched = True  # fastrecord's VectorEnvView calls render() once instead of call("render")
+
+    def __init__(self, env: gym.vector.VectorEnv, make_mirror: Callable[[], gym.Env], device: str = "cuda") -> None:
+        super().__init__(env)
+        self.mirrors = [make_mirror() for _ in range(env.num_envs)]
+        self.renderer = GroupRenderer(self.mirrors, device=device)
+        self._signatures = [b.signature() for b in self.renderer.bodies]
+        self._poses: list[np.ndarray | None] = [None] * env.num_envs
+        self.mirror_rebuilds = 0  # mirrors reset to a reported seed because their scene looked different
+
+    def _take(self, info: dict) -> dict:
+        if INFO_KEY not in info:
+            raise RuntimeError(f"the sub-envs did not report their poses ({INFO_KEY!r} missing from the step's info): "
+                               f"wrap each sub-env in fastrecord.render.vector.PoseReporter")
+        info = dict(info)
+        reports = info.pop(INFO_KEY)
+        mask = info.pop("_" + INFO_KEY, np.ones(self.num_envs, dtype=bool))
+        for i in np.flatnonzero(mask):
+            poses, scene = reports[i]
+            if scene is not None:
+                self._sync(int(i), *scene)
+            self._poses[i] = poses
+        return info
+
+    def _sync(self, i: int, signature: tuple, seed: int) -> None:
+        if signature == self._signatures[i]:
+            return
+        self.mirrors[i].reset(seed=seed, options={"reconfigure": True})
+        bodies = self.renderer.bodies[i]
+        bodies.refresh()
+        mine = bodies.signature()
+        if mine != signature:
+            raise RuntimeError(f"sub-env {i}'s scene (episode seed {seed}) could not be rebuilt in the rendering process: "
+                               f"the same env reset with seed {seed} and reconfigure=True looks different (its scene is "
+                               f"not a function of its episode seed). Render each env in its own process instead "
+                               f"(fastrecord: batched_render=False)")
+        self._signatures[i] = mine
+        self.renderer.invalidate()
+        self.mirror_rebuilds += 1
+
+    def reset(self, *, seed: Any = None, options: dict | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        return obs, self._take(info)
+
+    def step(self, actions: Any):
+        obs, rew, terminated, truncated, info = self.env.step(actions)
+        return obs, rew, terminated, truncated, self._take(info)
+
+    def render(self) -> torch.Tensor:
+        if any(p is None for p in self._poses):
+            raise RuntimeError("render() before reset(): reset the envs first")
+        self.renderer.set_poses(self._poses)
+        names = _human_camera_names(self.renderer.envs[0])
+        frames = [self.renderer.render(name) for name in names]
+        if len(frames) == 1:
+            return frames[0]
+        return torch.cat(frames, dim=2)  # side by side, each env's cameras in a row
+
+    def close(self, **kwargs: Any) -> None:
+        try:
+            self.env.close(**kwargs)
+        finally:
+            for m in self.mirrors:
+                m.close()
+            self.mirrors = []
+
+
+def mirror_kwargs(env_kwargs: dict, render_backend: str | None = None) -> dict:
+    """``gym.make`` kwargs of a mirror of a sub-env made with ``env_kwargs``: the same scene, simulated on
+    the CPU (never stepped), state observations (it renders no sensors for observations), rendering on the
+    CUDA device."""
+    kw = dict(env_kwargs)
+    kw.update(sim_backend="physx_cpu", obs_mode="state", render_mode="rgb_array")
+    backend = render_backend or kw.get("render_backend") or "gpu"
+    kw["render_backend"] = backend if str(backend).startswith(("cuda", "sapien_cuda")) else "gpu"
+    kw.pop("num_envs", None)
+    return kw
+
+
+def make_mirror_factory(env_id: str, env_kwargs: dict, render_backend: str | None = None) -> Callable[[], gym.Env]:
+    kw = mirror_kwargs(env_kwargs, render_backend)
+
+    def make() -> gym.Env:
+        import mani_skill.envs  # noqa: F401 - registers the tasks
+
+        return gym.make(env_id, **kw)
+
+    return make
+
+
+def device_of(render_backend: str | None) -> str:
+    """The CUDA device a ManiSkill render backend renders on ("cuda:N" -> that one, else "cuda")."""
+    b = str(render_backend or "")
+    return b if b.startswith("cuda:") else "cuda"
+

@@ -1,0 +1,232 @@
+"""One batched render of CPU-simulated envs (`fastrecord.render`): the entity lists and poses that drive it
+(here, on the CPU), and on a CUDA machine (``gpu``) every batched picture compared with the env's own
+rendering of the same state, for the human camera and the sensor cameras, across resets that reconfigure."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from fastrecord.render.bodies import RenderBodies
+from fastrecord.render.vector import INFO_KEY, PoseReporter
+
+SMALL = dict(human_render_camera_configs=dict(width=64, height=64), sensor_configs=dict(width=48, height=48))
+
+
+def _make(env_id: str, obs_mode: str = "state", **kw):
+    import mani_skill.envs  # noqa: F401
+
+    kw = {**dict(obs_mode=obs_mode, render_mode="rgb_array", sim_backend="physx_cpu", reconfiguration_freq=1), **SMALL, **kw}
+    return gym.make(env_id, **kw)
+
+
+def test_bodies_follow_the_scene_and_read_entity_poses():
+    env = _make("PickCube-v1")
+    try:
+        env.reset(seed=3)
+        bodies = RenderBodies(env.unwrapped)
+        names = [e.name for e in bodies.entities]
+        assert "scene-0_cube" in names and "scene-0_goal_site" in names and "panda_hand" in names
+        assert not any("ground" in n for n in names)  # static: rendered where it stands, no row
+        for _ in range(3):
+            env.step(env.action_space.sample())
+        poses = bodies.poses()
+        assert poses.shape == (len(names), 7) and poses.dtype == np.float32
+        for row, entity in zip(poses, bodies.entities):
+            np.testing.assert_allclose(row, np.concatenate([entity.pose.p, entity.pose.q]), atol=1e-6)
+        sig = bodies.signature()
+        env.reset(seed=4)  # reconfigures (reconfiguration_freq=1): a new SAPIEN scene, the same look
+        assert bodies.scene_changed and bodies.refresh() and not bodies.scene_changed
+        assert bodies.signature() == sig and bodies.entities[0] is not None
+    finally:
+        env.close()
+
+
+def test_a_scene_is_a_function_of_its_episode_seed():
+    """What mirroring rests on: RotateSingleObjectInHandLevel1 draws its object's size at reconfiguration;
+    two envs reconfigured with one episode seed look the same (whatever their obs mode), other seeds differ."""
+    a, b = _make("RotateSingleObjectInHandLevel1-v1", obs_mode="rgb"), _make("RotateSingleObjectInHandLevel1-v1")
+    try:
+        a.reset(seed=0)
+        sig0 = RenderBodies(a.unwrapped).signature()
+        a.reset(seed=1)
+        sig1 = RenderBodies(a.unwrapped).signature()
+        assert sig0 != sig1
+        b.reset(seed=1, options={"reconfigure": True})
+        assert RenderBodies(b.unwrapped).signature() == sig1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_pose_reporter_reports_poses_every_step_and_scenes_when_new():
+    env = PoseReporter(_make("PickCube-v1"))
+    try:
+        _, info = env.reset(seed=5)
+        poses, scene = info[INFO_KEY]
+        assert poses.shape[1] == 7 and scene is not None and scene[1] == 5
+        _, _, _, _, info = env.step(env.action_space.sample())
+        poses2, scene2 = info[INFO_KEY]
+        assert scene2 is None and poses2.shape == poses.shape and not np.array_equal(poses2, poses)
+        _, info = env.reset(seed=6)
+        assert info[INFO_KEY][1] is not None and info[INFO_KEY][1][1] == 6
+    finally:
+        env.close()
+
+
+def test_make_eval_envs_renders_per_process_without_cuda(tmp_path):
+    import torch
+
+    from fastrecord import make_eval_envs
+    from fastrecord.render.vector import GroupRenderedVectorEnv
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the batched path is the default (tested by the gpu cases)")
+    kw = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=4, **{k: v for k, v in SMALL.items() if "human" in k})
+    with pytest.raises(ValueError, match="batched_render=True.*CUDA"):
+        make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render=True)
+    envs = make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path))
+    try:
+        cur, kinds = envs, []
+        while cur is not None:
+            kinds.append(type(cur))
+            cur = getattr(cur, "env", None)
+        assert GroupRenderedVectorEnv not in kinds
+    finally:
+        envs.close()
+
+
+def test_record_batched_render_on_without_cuda_is_one_line(tmp_path, capsys):
+    import torch
+
+    from fastrecord.commands.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "run"
+    rc = main(["record", "PickCube-v1", "--num-envs", "2", "--episodes", "2", "--batched-render", "on",
+               "--output-dir", str(out), "--width", "64", "--height", "64"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--batched-render on renders on a CUDA device" in err and "--batched-render auto or off" in err
+    assert not out.exists()  # refused before anything was made
+
+
+# ------------------------------------------------------------------------------------------ on a GPU
+def _psnr_min(a, b) -> float:
+    from fastrecord.testing import frame_psnr
+
+    a, b = np.asarray(a), np.asarray(b)
+    if np.array_equal(a, b):
+        return float("inf")
+    return float(np.min(frame_psnr(a, b)))
+
+
+def _make_or_skip(env_id: str, **kw):
+    try:
+        return _make(env_id, **kw)
+    except RuntimeError as e:  # the GPU machine's kit lacks some of ManiSkill's meshes (the wrist camera's)
+        if "No such file" in str(e):
+            pytest.skip(f"{env_id}'s assets are not on this machine: {e}")
+        raise
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("env_id", ["PickCube-v1", "RotateSingleObjectInHandLevel1-v1", "PegInsertionSide-v1"])
+def test_group_pictures_equal_each_envs_own_render(env_id):
+    """Drivers step on the CPU; mirrors (reset to the drivers' seeds) render their poses in one group:
+    human camera (PickCube: its hidden goal shown) and every sensor (hidden objects hidden; PegInsertionSide's
+    hand camera rides a link) equal the drivers' own pictures, before and after resets that reconfigure
+    (RotateSingleObjectInHand and PegInsertionSide draw their objects' sizes from the episode seed)."""
+    import torch
+
+    from fastrecord.render.group import GroupRenderer
+
+    n = 3
+    drivers = [_make_or_skip(env_id, obs_mode="rgb", render_backend="gpu") for _ in range(n)]
+    mirrors = [_make_or_skip(env_id, obs_mode="rgb", render_backend="gpu") for _ in range(n)]
+    try:
+        group = GroupRenderer(mirrors)
+        for round_, seeds in enumerate(([0, 1, 2], [7, 8, 9])):
+            for d, m, s in zip(drivers, mirrors, seeds):
+                d.reset(seed=s)
+                m.reset(seed=s, options={"reconfigure": True})
+            for step in range(4):
+                if step:
+                    for d in drivers:
+                        d.step(d.action_space.sample())
+                group.set_poses([RenderBodies(d.unwrapped).poses() for d in drivers])
+                batched = group.render("render_camera").cpu().numpy()
+                own = np.concatenate([torch.as_tensor(d.render()).cpu().numpy() for d in drivers])
+                assert batched.shape == own.shape and batched.dtype == np.uint8
+                assert _psnr_min(batched, own) >= 40, (round_, step)
+                for cam in drivers[0].unwrapped.scene.sensors:
+                    pics = group.render(cam).cpu().numpy()
+                    own = np.concatenate([torch.as_tensor(d.unwrapped.get_obs()["sensor_data"][cam]["rgb"]).cpu().numpy()
+                                          for d in drivers])
+                    assert _psnr_min(pics, own) >= 40, (round_, step, cam)
+        assert group.rebuilds == 2  # the first build, and once after the reconfiguring resets
+    finally:
+        for e in drivers + mirrors:
+            e.close()
+
+
+@pytest.mark.gpu
+def test_vector_env_render_equals_sub_env_renders_across_reconfiguration():
+    """The sub-envs step in their own processes and report poses; the mirrors follow their reconfigurations
+    (RotateSingleObjectInHandLevel1: a new object size each seed) and one batched render equals every sub-env's
+    render."""
+    import torch
+
+    from fastrecord.make_env import cpu_vector_env
+    from fastrecord.render.vector import GroupRenderedVectorEnv, make_mirror_factory
+
+    kw = dict(obs_mode="state", render_mode="rgb_array", render_backend="gpu", **{k: v for k, v in SMALL.items() if "human" in k})
+    task = "RotateSingleObjectInHandLevel1-v1"
+    envs = GroupRenderedVectorEnv(cpu_vector_env(task, 3, kw, [], report_poses=True), make_mirror_factory(task, kw))
+    try:
+        for seeds in ([0, 1, 2], [3, 4, 5]):
+            envs.reset(seed=seeds)
+            for step in range(3):
+                if step:
+                    envs.step(envs.action_space.sample())
+                own = np.concatenate([np.asarray(torch.as_tensor(f).cpu()).reshape(-1, 64, 64, 3) for f in envs.call("render")])
+                assert _psnr_min(envs.render().cpu().numpy(), own) >= 40
+        assert envs.mirror_rebuilds >= 3  # the second seeds' objects differ from the first's
+        mask = np.array([True, False, True])
+        envs.reset(options={"reset_mask": mask})  # unseeded, partial: the sub-envs draw their own episode seeds
+        own = np.concatenate([np.asarray(torch.as_tensor(f).cpu()).reshape(-1, 64, 64, 3) for f in envs.call("render")])
+        assert _psnr_min(envs.render().cpu().numpy(), own) >= 40
+    finally:
+        envs.close()
+
+
+@pytest.mark.gpu
+def test_make_eval_envs_cpu_branch_records_batched_videos(tmp_path):
+    """The baseline's CPU path on a CUDA machine: batched rendering by default, every env's video written,
+    frames decoding to the sub-envs' own pictures of the first reset."""
+    import av
+
+    from fastrecord import make_eval_envs
+    from fastrecord.render.vector import GroupRenderedVectorEnv
+
+    kw = dict(obs_mode="state", render_mode="rgb_array", render_backend="gpu", max_episode_steps=6,
+              human_render_camera_configs=dict(width=64, height=64))
+    envs = make_eval_envs("PickCube-v1", 3, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path),
+                          record_kwargs=dict(info_on_video=False))
+    cur, kinds = envs, []
+    while cur is not None:
+        kinds.append(type(cur))
+        cur = getattr(cur, "env", None)
+    assert GroupRenderedVectorEnv in kinds
+    envs.reset(seed=0)
+    for _ in range(6):
+        _, _, _, trunc, info = envs.step(envs.action_space.sample())
+    assert np.asarray(trunc).all() and "final_info" in info
+    envs.close()
+    videos = sorted(tmp_path.rglob("*.mp4"))
+    assert len(videos) == 3
+    for v in videos:
+        with av.open(str(v)) as f:
+            frames = [fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]
+        assert len(frames) == 7 and frames[0].shape == (64, 64, 3)  # the reset frame and 6 steps
