@@ -325,3 +325,44 @@ class VectorEnvView:
             return int(self.env.get_attr("_max_episode_steps")[0])
         except AttributeError:
             return None
+
+
+
+def env_keywords(env_id: str) -> set[str] | None:
+    """The keywords ``gym.make(env_id, ...)`` accepts for a registered ManiSkill task: its class's
+    ``__init__`` parameters and those of the bases it passes ``**kwargs`` on to, and gym.make's own; None
+    where they cannot be told (not a ManiSkill task, or an ``__init__`` taking ``**kwargs`` to the end)."""
+    import inspect
+
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    spec = REGISTERED_ENVS.get(env_id)
+    if spec is None:
+        return None
+    own = inspect.signature(gym.make).parameters.values()  # gym.make's own keywords (max_episode_steps, ...)
+    names = {p.name for p in own if p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "id"} | set(spec.default_kwargs or {})
+    for cls in spec.cls.__mro__:
+        init = vars(cls).get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def check_env_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:
+    """A ValueError naming the first key of ``kwargs`` that ``gym.make(env_id, ...)`` would refuse, before
+    any env is made."""
+    import difflib
+
+    known = env_keywords(env_id)
+    if known is None:
+        return
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ValueError(f"env_kwargs {key}={kwargs[key]!r}: {env_id} takes no keyword {key!r}; {hint}its gym.make "
+                             f"keywords are {', '.join(sorted(known))}")
