@@ -120,3 +120,18 @@ def test_replay_env_kwargs_replace_the_files(tmp_path, capsys):
     assert main(["replay", str(src / "trajectory.h5"), "--output-dir", str(tmp_path / "rep2"), "--env-kwargs", "bogus=1"]) == 2
     assert "PickCube-v1 takes no keyword 'bogus'" in capsys.readouterr().err
     assert not (tmp_path / "rep2").exists()
+
+
+def test_replay_render_substeps(tmp_path, capsys):
+    """replay --render-substeps in an AsyncVectorEnv (its sub-envs render their substeps themselves): a video
+    of 1 + T * (sim_steps_per_control + 1) frames per replayed episode, equal in length to record's."""
+    src = tmp_path / "src"
+    assert main(["record", "PushCube-v1", *SMALL, "--output-dir", str(src), "--render-substeps"]) == 0
+    recorded = decode_mp4(src / "0_env0_failure.mp4")
+    assert main(["replay", str(src / "trajectory.h5"), "--output-dir", str(tmp_path / "rep"), "--vector", "async",
+                 "--num-envs", "2", "--workers", "1", "--width", "32", "--height", "32", "--render-substeps",
+                 "--no-trajectory"]) == 0
+    videos = sorted((tmp_path / "rep").glob("*.mp4"))
+    assert len(videos) == 2
+    replayed = decode_mp4(videos[0])
+    assert replayed.shape == recorded.shape and recorded.shape[0] == 1 + 4 * (100 // 20 + 1)
