@@ -55,7 +55,7 @@ class SubstepCapture:
         self.active = False
         self._frames: torch.Tensor | None = None
         self._count = 0
-        self._had = ATTR in vars(base), vars(base).get("_after_simulation_step")  # an instance hook already there
+        self._before = vars(base).get("_after_simulation_step")  # an instance hook already there (ManiSkill's wrapper)
         original = base._after_simulation_step
 
         def after_simulation_step() -> None:
@@ -103,13 +103,11 @@ class SubstepCapture:
         """Put the env's ``_after_simulation_step`` back as it was before `attach`."""
         if vars(self.base).get(ATTR) is not self:
             return
-        had_attr, before = self._had
-        if before is None:
+        if self._before is None:
             vars(self.base).pop("_after_simulation_step", None)
         else:
-            self.base._after_simulation_step = before
-        if not had_attr:
-            vars(self.base).pop(ATTR, None)
+            self.base._after_simulation_step = self._before
+        vars(self.base).pop(ATTR, None)
 
 
 class SubstepFrames(gym.Wrapper):
@@ -130,8 +128,9 @@ class SubstepFrames(gym.Wrapper):
 
     def fastrecord_substep_capture(self, on: bool) -> int:
         """Switch capturing on or off; returns the env's ``sim_steps_per_control``."""
-        if self._capture is None:
-            self._capture = SubstepCapture.attach(self.env.unwrapped, self.env.render)
+        base = self.env.unwrapped
+        if self._capture is None or vars(base).get(ATTR) is not self._capture:  # first use, or detached by a recorder
+            self._capture = SubstepCapture.attach(base, self.env.render)
         self._capture.active = bool(on)
         return self._capture.substeps
 
