@@ -53,7 +53,7 @@ def test_unwritable_output_dir(tmp_path):
         (dict(if_exists="append"), r"if_exists='append' is unknown; use one of \('error', 'overwrite', 'resume'\)"),
         (dict(save_video="yes"), r"save_video='yes' must be True or False"),
         (dict(save_video_trigger=5), r"save_video_trigger=5 must be a callable"),
-        (dict(render_substeps=True), r"render_substeps=True is not supported"),
+        (dict(render_substeps=True, video_source="sensor:base_camera"), r"render_substeps=True renders the human render camera"),
         (dict(sinks=["stdout"]), r"every sink must be a fastrecord.sinks.Sink"),
     ],
 )

@@ -117,7 +117,8 @@ class EpisodeBuffer:
                 f"({self.num_envs} envs x {capacity} steps x {list(shape)} {dtype}), but only "
                 f"{free / GiB:.2f} GiB is free. Lower the video resolution "
                 f"(human_render_camera_configs=dict(width=..., height=...)), record fewer envs, pass a smaller "
-                f"buffer_capacity (longer episodes grow the buffer), or set save_video=False."
+                f"buffer_capacity (longer episodes grow the buffer), or set save_video=False"
+                + (" or render_substeps=False (it holds every physics substep's frame)." if name == "frames" and len(shape) == 4 else ".")
             )
         return torch.empty(full, dtype=dtype, device=device)
 

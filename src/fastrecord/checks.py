@@ -110,14 +110,19 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
-    """Fill ``cls`` from a YAML file, then from ``overrides`` (None values are ignored).
+    """Fill ``cls`` from a YAML file, then from ``overrides`` (None values are ignored; a mapping adds to
+    the file's mapping of that key).
 
     Raises ValueError (file, line and fix) for a missing or malformed file, an unknown option, and
     whatever the dataclass's own checks refuse."""
     values: dict[str, Any] = {}
     if path is not None:
         values.update(_read_yaml(path))
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        # a mapping flag (--env-kwargs) adds to the file's mapping, its keys replacing the file's
+        values[k] = {**values[k], **v} if isinstance(v, dict) and isinstance(values.get(k), dict) else v
     option_names = getattr(cls, "option_names", None)  # a config with nested options lists its flat keys
     names = set(option_names()) if option_names else {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names, key=str)
@@ -127,3 +132,81 @@ def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) 
     cfg = from_values(values) if from_values else cls(**values)
     check_types(cfg)  # also for configs without checks of their own
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------- gym.make keywords
+def parse_env_kwarg(text: str) -> tuple[str, Any]:
+    """One ``--env-kwargs`` item, ``KEY=VALUE`` -> ``(KEY, value)``: the value parsed as JSON where it parses
+    (``5``, ``true``, ``'{"sim_freq": 200}'``, ``'["panda", "panda"]'``), else the string as given
+    (``dense``, ``rt-fast``). An argparse ``type``: a bad item is an ``argparse.ArgumentTypeError``."""
+    import argparse
+
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE; pass gym.make keywords as KEY=VALUE items, e.g. --env-kwargs reward_mode=dense "
+            f"shader_dir=rt-fast sim_config='{{\"sim_freq\": 200}}'")
+    return key, json_or_text(raw)
+
+
+def json_or_text(raw: str) -> Any:
+    """``raw`` parsed as JSON where it parses, else the string itself."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def json_flag(flag: str, kinds: tuple[type, ...], example: str) -> Any:
+    """An argparse ``type`` for a flag whose value is JSON of one of ``kinds`` (``dict``: a JSON object)."""
+    import argparse
+    import json
+
+    def parse(raw: str) -> Any:
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not JSON ({e}); pass e.g. {flag} '{example}'") from None
+        if not isinstance(value, kinds):
+            raise argparse.ArgumentTypeError(f"{raw!r} is a JSON {type(value).__name__}, not a JSON object; pass e.g. {flag} '{example}'")
+        return value
+
+    return parse
+
+
+def env_kwargs_of(pairs: list[tuple[str, Any]] | None) -> dict[str, Any] | None:
+    """The dict of ``--env-kwargs`` items (None: the flag was not given); a key given twice is a ValueError."""
+    if pairs is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"--env-kwargs gives {key} twice ({key}={out[key]!r} and {key}={value!r}); pass it once")
+        out[key] = value
+    return out
+
+
+def lift_env_kwargs(values: dict[str, Any], options: dict[str, str], refused: dict[str, str] | None = None) -> dict[str, Any]:
+    """``values`` (a config's flat keys: YAML and flags) with the entries of ``values["env_kwargs"]`` that
+    the config has an option of its own for (``options``: gym.make key -> the option's flag) moved to that
+    option, so that one value decides each key. A key that ``values`` also gives through its option is a
+    ValueError naming both; a key of ``refused`` (key -> why and the fix) is refused in ``env_kwargs``."""
+    env_kwargs = values.get("env_kwargs")
+    if not isinstance(env_kwargs, dict):
+        return values  # check_types reports it
+    out, rest = dict(values), dict(env_kwargs)
+    for key, why in (refused or {}).items():
+        if key in rest:
+            raise ValueError(f"env_kwargs {key}={rest[key]!r} (--env-kwargs, or env_kwargs: in the --config file): {why}")
+    for key, flag in options.items():
+        if key not in rest:
+            continue
+        if values.get(key) is not None:
+            raise ValueError(f"{key} is given twice: {flag} {values[key]!r} and --env-kwargs {key}={rest[key]!r} (or {key}: "
+                             f"and env_kwargs: in the --config file); pass one of them")
+        out[key] = rest.pop(key)
+    out["env_kwargs"] = rest
+    return out

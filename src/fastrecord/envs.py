@@ -22,6 +22,7 @@ from mani_skill.utils.wrappers import CPUGymWrapper
 from mani_skill.utils.wrappers.record import parse_env_info
 
 from fastrecord.buffer import flatten_tree
+from fastrecord.substeps import SWITCH, TAKE, SubstepCapture, step_frames
 
 IMAGE_RENDER_MODES = ("rgb_array", "sensors", "all")
 
@@ -102,6 +103,23 @@ class EnvView(Protocol):
 
     def max_episode_steps(self) -> int | None: ...
 
+    # render_substeps=True (`fastrecord.substeps`)
+    def start_substeps(self) -> int:
+        """Hook every env's physics substeps (capturing off); returns ``sim_steps_per_control``, or raises a
+        ValueError/TypeError naming what this env kind lacks."""
+        ...
+
+    def substep_capture(self, on: bool) -> None:
+        """Render a frame after each physics substep of the coming steps (or stop)."""
+        ...
+
+    def step_frames(self, post: Any) -> Any:
+        """This step's frames ``[num_envs, substeps + 1, H, W, 3]``: the substeps', then ``post`` (the frame
+        after the step)."""
+        ...
+
+    def stop_substeps(self) -> None: ...
+
 
 class ManiSkillView:
     """Reads a ManiSkill env through its wrapper chain (``env``) and its ``BaseEnv`` (``base``)."""
@@ -128,10 +146,28 @@ class ManiSkillView:
             cur = cur.env
         self.render_mode = self.base.render_mode
         self.single_action_space = self.base.single_action_space
+        self._substeps: SubstepCapture | None = None
 
     @property
     def per_env_seeds(self) -> bool:
         return self.num_envs > 1
+
+    def start_substeps(self) -> int:
+        self._substeps = SubstepCapture.attach(self.base, self.env.render)  # renders as ManiSkill's hook: env.render()
+        return self._substeps.substeps
+
+    def substep_capture(self, on: bool) -> None:
+        self._substeps.active = on
+
+    def step_frames(self, post: Any) -> Any:
+        sub = self._substeps.take()
+        if sub is None:
+            return step_frames(post, [None] * self.num_envs, self._substeps.substeps)
+        return torch.cat([sub.to(post.device), post[:, None]], dim=1)
+
+    def stop_substeps(self) -> None:
+        if self._substeps is not None:
+            self._substeps.detach()
 
     def partial_reset_options(self, env_idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
         return {"env_idx": torch.as_tensor(np.asarray(env_idx, dtype=np.int64))}
@@ -171,6 +207,8 @@ class VectorEnvView:
         self.device = torch.device("cpu")
         self.unbatched = False
         self._state_layout: list[tuple[list[str], int]] | None = None
+        self._substeps: list[SubstepCapture] | None = None  # render_substeps on a SyncVectorEnv: one per sub-env
+        self._substep_count = 0
         self.single_action_space = envs.single_action_space
         self.render_mode = envs.render_mode or envs.metadata.get("render_mode")
         if self.render_mode is None:
@@ -180,6 +218,46 @@ class VectorEnvView:
                 self.render_mode = None
 
     per_env_seeds = True  # sub-envs are separate envs, each reset with its own seed
+
+    def start_substeps(self) -> int:
+        vec = self.env.unwrapped
+        if isinstance(vec, gym.vector.SyncVectorEnv):  # sub-envs in this process: hook them here
+            self._substeps = [SubstepCapture.attach(e.unwrapped, e.render) for e in vec.envs]
+            counts = {c.substeps for c in self._substeps}
+        else:  # sub-envs in other processes: each must render its own (a SubstepFrames wrapper)
+            lacking = [i for i, has in enumerate(vec.call("has_wrapper_attr", SWITCH)) if not has]
+            if lacking:
+                raise ValueError(
+                    f"render_substeps=True on a {type(vec).__name__}: its sub-envs run in other processes, where the "
+                    f"recorder cannot hook their physics substeps, and sub-envs {lacking} are not wrapped in "
+                    f"fastrecord.substeps.SubstepFrames, which renders them there. Wrap each sub-env in its env "
+                    f"function (lambda: SubstepFrames(gym.make(...))), use a SyncVectorEnv, or pass render_substeps=False"
+                )
+            self._substeps = None
+            counts = set(vec.call(SWITCH, False))
+        if len(counts) != 1:
+            raise ValueError(f"render_substeps=True needs one sim_steps_per_control in every sub-env, got {sorted(counts)}; "
+                             f"make the sub-envs with the same sim_config")
+        self._substep_count = counts.pop()
+        return self._substep_count
+
+    def substep_capture(self, on: bool) -> None:
+        if self._substeps is not None:
+            for c in self._substeps:
+                c.active = on
+        else:
+            self.env.unwrapped.call(SWITCH, on)
+
+    def step_frames(self, post: Any) -> Any:
+        if self._substeps is not None:
+            subs = [None if (f := c.take()) is None else f[0] for c in self._substeps]
+        else:
+            subs = list(self.env.unwrapped.call(TAKE))
+        return step_frames(post, subs, self._substep_count)
+
+    def stop_substeps(self) -> None:
+        for c in self._substeps or ():
+            c.detach()
 
     def partial_reset_options(self, env_idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
         mask = np.zeros(self.num_envs, dtype=bool)
@@ -249,3 +327,44 @@ class VectorEnvView:
             return int(self.env.get_attr("_max_episode_steps")[0])
         except AttributeError:
             return None
+
+
+
+def env_keywords(env_id: str) -> set[str] | None:
+    """The keywords ``gym.make(env_id, ...)`` accepts for a registered ManiSkill task: its class's
+    ``__init__`` parameters and those of the bases it passes ``**kwargs`` on to, and gym.make's own; None
+    where they cannot be told (not a ManiSkill task, or an ``__init__`` taking ``**kwargs`` to the end)."""
+    import inspect
+
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    spec = REGISTERED_ENVS.get(env_id)
+    if spec is None:
+        return None
+    own = inspect.signature(gym.make).parameters.values()  # gym.make's own keywords (max_episode_steps, ...)
+    names = {p.name for p in own if p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "id"} | set(spec.default_kwargs or {})
+    for cls in spec.cls.__mro__:
+        init = vars(cls).get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def check_env_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:
+    """A ValueError naming the first key of ``kwargs`` that ``gym.make(env_id, ...)`` would refuse, before
+    any env is made."""
+    import difflib
+
+    known = env_keywords(env_id)
+    if known is None:
+        return
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ValueError(f"env_kwargs {key}={kwargs[key]!r}: {env_id} takes no keyword {key!r}; {hint}its gym.make "
+                             f"keywords are {', '.join(sorted(known))}")

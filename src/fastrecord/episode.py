@@ -59,8 +59,9 @@ class EpisodeData:
     elapsed_steps: int
     datasets: dict[str, np.ndarray]  # "actions", "env_states/actors/cube", "obs/agent/qpos", ...
     meta: dict[str, Any]  # the JSON episode entry (episode_id, episode_seed, reset_kwargs, ...)
-    frames: np.ndarray | None = None  # [T+1, H, W, 3] uint8, for the video writer
+    frames: np.ndarray | None = None  # [T * frames_per_step + 1, H, W, 3] uint8, for the video writer
     overlay: Sequence[dict[str, Any]] | None = field(default=None)  # per-frame info for info_on_video (an Overlay)
+    frames_per_step: int = 1  # render_substeps: sim_steps_per_control + 1 (the substeps' frames, then the step's)
 
 
 

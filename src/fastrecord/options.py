@@ -84,7 +84,8 @@ class RecordOptions:
     record_env_state: bool = _opt(True, "write env states (needed to replay from states)",
                                   off="write no env states (the episodes can then be replayed from actions only)")
     video_fps: float = _opt(30, "frames per second of the videos (a positive number; 7.5 and 29.97 work)")
-    render_substeps: bool = _opt(False, "not supported: frames are captured once per env step")
+    render_substeps: bool = _opt(False, "videos get a frame after every physics substep, as ManiSkill's (sim_steps_per_control + 1 "
+                                        "frames a step; the trajectory keeps one row a step)")
     avoid_overwriting_video: bool = _opt(False, "accepted for compatibility: fastrecord never overwrites a video (a taken name gets _1, _2, ...)")
     source_type: str | None = _opt(None, "JSON source_type (e.g. 'motionplanning')")
     source_desc: str | None = _opt(None, "JSON source_desc")
@@ -115,10 +116,11 @@ class RecordOptions:
             v = getattr(self, name)
             if not isinstance(v, (bool, _np_bool())):
                 raise ValueError(f"{name}={v!r} must be True or False")
-        if self.render_substeps:
+        if self.render_substeps and self.video_source != "render":
             raise ValueError(
-                "render_substeps=True is not supported by fastrecord yet (frames are captured once per env step); "
-                "use mani_skill.utils.wrappers.RecordEpisode for substep videos, or raise video_fps"
+                f"render_substeps=True renders the human render camera after each physics substep, but "
+                f"video_source={self.video_source!r} takes the video from an observation camera, which has one picture "
+                f"a step; use video_source='render' with render_substeps=True, or render_substeps=False"
             )
         name = self.trajectory_name
         if name is not None and (not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0")):

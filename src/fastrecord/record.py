@@ -186,7 +186,7 @@ class RecordEpisode(_RecorderMixin, gym.Wrapper):
         return obs, info
 
     def step(self, action: Any):
-        self._rec.check()
+        self._rec.before_step()
         obs, rew, terminated, truncated, info = self.env.step(action)
         self._rec.on_step(action, obs, rew, terminated, truncated, info)
         return obs, rew, terminated, truncated, info
@@ -240,7 +240,7 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         return obs, info
 
     def step(self, actions: Any):
-        self._rec.check()
+        self._rec.before_step()
         obs, rew, terminated, truncated, info = self.env.step(actions)
         restart = self._pending_restart.copy() if self._autoreset else None
         self._rec.on_step(actions, obs, rew, terminated, truncated, info, restart=restart)

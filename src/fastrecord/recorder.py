@@ -90,6 +90,10 @@ class EpisodeRecorder:
         frame_sinks = [s for s in self.sinks if s.wants_frames]
         self._record_frames = bool(frame_sinks)
         self._yuv = bool(frame_sinks) and all(s.accepts_yuv420p for s in frame_sinks)
+        # render_substeps: each buffer slot holds the step's substep frames and its own frame (the reset slot
+        # its frame repeated), so an episode's video is one contiguous run of the gathered frames
+        self.frames_per_step = view.start_substeps() + 1 if opts.render_substeps and self._record_frames else 1
+        self._substeps_on = False
 
         self._seeds = np.zeros(self.num_envs, dtype=np.int64)
         self._returns: torch.Tensor | None = None  # each env's running return (float64, where rewards come from)
@@ -153,7 +157,8 @@ class EpisodeRecorder:
             raise TypeError(f"video frames must be [num_envs, H, W, 3] uint8, got {tuple(img.shape)} {img.dtype}")
         return img
 
-    def _collect(self, obs: Any, *, with_frames: bool, check_state: bool = False, refresh: bool = False) -> dict[str, Any]:
+    def _collect(self, obs: Any, *, with_frames: bool, check_state: bool = False, refresh: bool = False,
+                 reset: bool = False) -> dict[str, Any]:
         """The state-kind data of this instant: observation, env state, frame.
 
         ``check_state`` (at resets: the scene may have been reconfigured) verifies that every env has the
@@ -176,7 +181,11 @@ class EpisodeRecorder:
 
                         logger.warning("State dictionary is not consistent, disabling recording of environment states")
         if with_frames:
-            data["frames"] = self._frames(obs)
+            frames = self._frames(obs)
+            k = self.frames_per_step
+            if k > 1:  # [N, k, H, W, 3]: a reset's frame repeated, a step's substep frames and its own
+                frames = frames[:, None].expand(-1, k, *frames.shape[1:]) if reset else self.view.step_frames(frames)
+            data["frames"] = frames
         return data
 
     def _leaves(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -215,7 +224,7 @@ class EpisodeRecorder:
         self._raise_if_failed()
         capture = self.capturing()
         self._frames_ok[env_idx] = capture
-        data = self._collect(obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs)
+        data = self._collect(obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs, reset=True)
         leaves = self._leaves(data)
         buf = self._ensure_buffer()
         if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields
@@ -423,6 +432,8 @@ class EpisodeRecorder:
                 f = field_of(name)
                 a = arr[i, : t + 1] if f.kind == "state" else arr[i, 1 : t + 1]
                 if f.name == "frames":
+                    if self.frames_per_step > 1:  # [t + 1, k, ...] -> the reset's frame and k frames a step
+                        a = a.reshape(-1, *a.shape[2:])[self.frames_per_step - 1:]
                     frames = a if self._frames_ok[e] else None
                 elif f.name == "overlay":
                     overlay[name.split("/", 1)[1]] = a
@@ -441,8 +452,8 @@ class EpisodeRecorder:
                     meta[key] = bool(datasets[key][-1])
             lines = None
             if overlay and frames is not None:  # columns, formatted and drawn where the video is encoded
-                lines = Overlay.of_episode({k: np.array(v) for k, v in overlay.items()}, self._font)
-            episodes.append(EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines))
+                lines = Overlay.of_episode({k: np.array(v) for k, v in overlay.items()}, self._font, self.frames_per_step)
+            episodes.append(EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines, self.frames_per_step))
             self.next_episode_id += 1
         self.run.set_counter("episodes", self.next_episode_id)
         for s in self.sinks:
@@ -468,6 +479,16 @@ class EpisodeRecorder:
         if self.buffer is None:
             raise RuntimeError(f"step() for envs {list(range(self.num_envs))} before any reset(): call env.reset() first")
 
+    def before_step(self) -> None:
+        """Right before the env steps: `check`, and with render_substeps switch the substep frames on for a
+        step whose frames are captured (off otherwise: ManiSkill's hook asks ``save_video`` too)."""
+        self.check()
+        if self.frames_per_step > 1:
+            on = self.capturing()
+            if on != self._substeps_on:
+                self.view.substep_capture(on)
+                self._substeps_on = on
+
     def _raise_if_failed(self) -> None:
         if self._closed:
             raise RuntimeError("the recorder is closed; create a new RecordEpisode to record more")
@@ -492,6 +513,11 @@ class EpisodeRecorder:
             errors.append(e)
         self._closed = True
         forget_at_exit(self)
+        if self.frames_per_step > 1:
+            try:
+                self.view.stop_substeps()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
         for s in self.sinks:
             try:
                 s.close()

@@ -13,6 +13,9 @@ parts of its contract the recorder relies on:
   env has taken its episode's length in steps (ManiSkill's TimeLimit semantics on the GPU: no
   auto-reset, the caller resets);
 - ``render()`` returns ``[N, H, W, 3]`` uint8 on ``device`` in one call;
+- ``step`` runs ``_sim_steps_per_control`` physics substeps (``sim_steps_per_control``, default 1), each
+  moving the state by its share of the action and followed by ``_after_simulation_step()`` (the hook
+  ``render_substeps`` uses; ``scene._gpu_fetch_all()`` exists, counted, for the GPU sim's fetch);
 - ``get_state_dict()`` returns ``{"actors": {...}, "articulations": {...}}`` of ``[N, D]`` tensors;
 - observations follow ``obs_mode``: ``"state"`` a flat ``[N, 4]`` tensor; ``"rgb"`` ManiSkill's dict of
   an rgb observation (``agent/{qpos,qvel}``, ``extra/{tcp_pose,goal_pos,is_grasped}``,
@@ -65,7 +68,7 @@ class BatchedDoubleEnv(gym.Env):
                  success_step: list[int] | None = None, render_mode: str | None = "rgb_array", *,
                  bank: np.ndarray | torch.Tensor | None = None, sim_seconds: float = 0.0,
                  episode_lengths: EpisodeLengths | None = None, fail_step: list[int] | None = None,
-                 obs_mode: str = "state", camera: str = "base_camera") -> None:
+                 obs_mode: str = "state", camera: str = "base_camera", sim_steps_per_control: int = 1) -> None:
         """
         Args:
             num_envs: parallel envs ``N``.
@@ -82,6 +85,7 @@ class BatchedDoubleEnv(gym.Env):
             obs_mode: ``"state"`` (a ``[N, 4]`` tensor) or ``"rgb"`` (ManiSkill's rgb observation dict,
                 state leaves + ``sensor_data/<camera>/rgb``).
             camera: the sensor camera's name under ``obs_mode="rgb"``.
+            sim_steps_per_control: physics substeps of a step, each followed by ``_after_simulation_step()``.
         """
         if obs_mode not in OBS_MODES:
             raise ValueError(f"obs_mode={obs_mode!r} is unknown; BatchedDoubleEnv has {OBS_MODES} (ManiSkill's names)")
@@ -105,6 +109,10 @@ class BatchedDoubleEnv(gym.Env):
         self._episode_seed = np.zeros(num_envs, dtype=np.int64)
         self.render_calls = 0
         self.busy_seconds = 0.0
+        if isinstance(sim_steps_per_control, bool) or not isinstance(sim_steps_per_control, int) or sim_steps_per_control < 1:
+            raise ValueError(f"sim_steps_per_control={sim_steps_per_control!r} must be an integer >= 1 (physics substeps a step)")
+        self._sim_steps_per_control = sim_steps_per_control
+        self.scene = _DoubleScene()
 
         self.bank: torch.Tensor | None = None
         if bank is not None:
@@ -205,7 +213,13 @@ class BatchedDoubleEnv(gym.Env):
         if self.sim_seconds:
             time.sleep(self.sim_seconds)
         action = torch.as_tensor(action, dtype=torch.float32, device=self.device).reshape(self.num_envs, 3)
-        self.pos += 0.1 * action
+        if self._sim_steps_per_control == 1:
+            self.pos += 0.1 * action
+            self._after_simulation_step()
+        else:
+            for _ in range(self._sim_steps_per_control):  # ManiSkill's _step_action: physics, then the hook
+                self.pos += (0.1 / self._sim_steps_per_control) * action
+                self._after_simulation_step()
         self.elapsed_steps += 1
         success = (self.success_step > 0) & (self.elapsed_steps >= self.success_step)
         fail = (self.fail_step > 0) & (self.elapsed_steps >= self.fail_step)
@@ -215,6 +229,9 @@ class BatchedDoubleEnv(gym.Env):
         out = self._obs(), reward, success | fail, truncated, info
         self.busy_seconds += time.perf_counter() - t0
         return out
+
+    def _after_simulation_step(self) -> None:
+        """Called after each physics substep of a step (ManiSkill's hook; nothing by default)."""
 
     def render(self) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -234,6 +251,16 @@ class BatchedDoubleEnv(gym.Env):
             self.pos[:] = pos
         else:
             self.pos[torch.as_tensor(env_idx, device=self.device)] = pos
+
+
+class _DoubleScene:
+    """The part of ManiSkill's scene that ``render_substeps`` calls: ``_gpu_fetch_all`` (counted)."""
+
+    def __init__(self) -> None:
+        self.gpu_fetches = 0
+
+    def _gpu_fetch_all(self) -> None:
+        self.gpu_fetches += 1
 
 
 def _space(obs: Any, batched: bool) -> gym.Space:

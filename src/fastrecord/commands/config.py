@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fastrecord.checks import check_at_least, check_types
+from fastrecord.checks import check_at_least, check_types, lift_env_kwargs
 from fastrecord.options import RecordOptions, cli_option_names, record_options
 
 T = TypeVar("T")
@@ -22,6 +22,15 @@ RECORD_DEFAULTS: dict[str, Any] = {"trajectory_name": "trajectory"}
 
 def _default_record() -> RecordOptions:
     return RecordOptions(**RECORD_DEFAULTS)
+
+
+# The gym.make keywords a `RecordConfig` has an option of its own for: key -> its flag.
+ENV_OPTIONS = {"obs_mode": "--obs-mode", "control_mode": "--control-mode", "sim_backend": "--sim-backend",
+               "render_backend": "--render-backend", "max_episode_steps": "--max-episode-steps", "num_envs": "--num-envs",
+               "reward_mode": "--reward-mode", "shader_dir": "--shader-dir", "robot_uids": "--robot-uids",
+               "sim_config": "--sim-config", "sensor_configs": "--sensor-configs"}
+# gym.make keywords `record` decides itself
+ENV_REFUSED = {"render_mode": "record renders its videos with render_mode='rgb_array'; drop it (--no-video records none)"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,12 @@ class RecordConfig:
     height: int = 256  # human render camera height
     max_episode_steps: int | None = None  # None: the task's default
     seed: int = 0  # episode g (0, 1, ...) is reset with seed + g
-    env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs
+    reward_mode: str | None = None  # the env's reward mode: sparse, dense, normalized_dense, none (None: the task's)
+    shader_dir: str | None = None  # shader pack of every camera: minimal, default, rt, rt-fast (None: the task's)
+    robot_uids: str | list[str] | None = None  # the robot(s), e.g. panda or a JSON list (None: the task's)
+    sim_config: dict[str, Any] | None = None  # ManiSkill SimConfig fields as JSON, e.g. {"sim_freq": 200, "control_freq": 20}
+    sensor_configs: dict[str, Any] | None = None  # sensor camera settings as JSON, e.g. {"width": 128, "height": 128}
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # any other gym.make keywords, e.g. {"enable_shadow": true}
     record: RecordOptions = field(default_factory=_default_record)  # the recording options (flat keys in YAML and flags)
 
     def __post_init__(self) -> None:
@@ -65,7 +79,13 @@ class RecordConfig:
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> RecordConfig:
         """The config of flat ``values`` (YAML keys and flags): recording options go to `RecordOptions`,
-        which checks them; its error then also names the flag and the config key."""
+        which checks them; its error then also names the flag and the config key. An ``env_kwargs`` entry
+        that an option of the run names (``obs_mode``, ``reward_mode``, ...) becomes that option's value,
+        an error if that option is given too (`ENV_OPTIONS`)."""
+        values = lift_env_kwargs(values, ENV_OPTIONS, ENV_REFUSED)
+        if "human_render_camera_configs" in values.get("env_kwargs", {}) and ({"width", "height"} & set(values)):
+            raise ValueError("the video camera is given twice: --width/--height and --env-kwargs human_render_camera_configs=... "
+                             "(or width:/height: and env_kwargs: in the --config file); pass one of them")
         recording = {k: v for k, v in values.items() if k in cli_option_names()}
         own = {k: v for k, v in values.items() if k not in recording}
         return cls(**own, record=record_options({**RECORD_DEFAULTS, **recording}))

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastrecord.exits import StopSignals
-from fastrecord.checks import load_config
+from fastrecord.checks import env_kwargs_of, json_flag, json_or_text, load_config, parse_env_kwarg
 from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig
 from fastrecord.options import add_record_flags, cli_option_names
 
@@ -93,8 +93,14 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
         kwargs["control_mode"] = cfg.control_mode
     if cfg.max_episode_steps:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
+    for key in ("reward_mode", "shader_dir", "robot_uids", "sim_config", "sensor_configs"):
+        if getattr(cfg, key) is not None:
+            kwargs[key] = getattr(cfg, key)
     if cfg.env_id not in gym.registry:
         raise ValueError(f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1")
+    from fastrecord.envs import check_env_kwargs
+
+    check_env_kwargs(cfg.env_id, kwargs)  # a misspelt keyword: one line, before any env is made
     rec = recorder_kwargs(cfg)
     rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
@@ -382,6 +388,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int)
     p.add_argument("--max-episode-steps", type=int)
     p.add_argument("--seed", type=int)
+    env = p.add_argument_group("env options (gym.make keywords)")
+    env.add_argument("--reward-mode")
+    env.add_argument("--shader-dir")
+    env.add_argument("--robot-uids", type=json_or_text)
+    env.add_argument("--sim-config", type=json_flag("--sim-config", (dict,), '{"sim_freq": 200, "control_freq": 20}'))
+    env.add_argument("--sensor-configs", type=json_flag("--sensor-configs", (dict,), '{"width": 128, "height": 128}'))
+    env.add_argument("--env-kwargs", nargs="+", type=parse_env_kwarg, metavar="KEY=VALUE",
+                     help="any gym.make keywords, each KEY=VALUE with the value as JSON where it parses, else a string "
+                          "(reward_mode=dense shader_dir=rt-fast sim_config='{\"sim_freq\": 200}'); added to the config's "
+                          "env_kwargs; a key that has a flag of its own (--obs-mode, --reward-mode, ...) goes through one of the two")
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
                         "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
@@ -399,6 +415,7 @@ RECORD_HELP = {
 
 def main_from_args(args: argparse.Namespace) -> int:
     opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
+    opts["env_kwargs"] = env_kwargs_of(opts.get("env_kwargs"))
     cfg = load_config(RecordConfig, args.config, **opts)
     from fastrecord.sinks.loggers import log_sinks
     from fastrecord.workers import freeze_imports

@@ -64,7 +64,7 @@ import argparse
 import sys
 
 from fastrecord.exits import StopSignals
-from fastrecord.checks import load_config
+from fastrecord.checks import env_kwargs_of, load_config, parse_env_kwarg
 from fastrecord.options import add_record_flags
 from fastrecord.replay.api import run_replay
 from fastrecord.replay.config import (BY_CHOICES, RECORDING_OPTIONS, RENDER_MODES, VECTOR_CHOICES, ReplayConfig,
@@ -102,6 +102,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
                         f"on a GPU, one per env rendering on the CPU; else 1)")
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
+    p.add_argument("--env-kwargs", nargs="+", type=parse_env_kwarg, metavar="KEY=VALUE",
+                   help="gym.make keywords replacing the file's env_kwargs of those keys (and adding others), each KEY=VALUE "
+                        "with the value as JSON where it parses, else a string: reward_mode=dense shader_dir=rt-fast "
+                        "sim_config='{\"sim_freq\": 200}'; a key with a flag of its own (--obs-mode, --reward-mode, "
+                        "--sim-backend, ...) goes through one of the two")
     p.add_argument("--log", choices=["tensorboard", "wandb"],
                    help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
                         "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
@@ -148,6 +153,7 @@ MANISKILL_ONLY = ("ms_traj_path", "target_control_mode", "ms_save_traj", "ms_sav
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     """The CLI's `ReplayConfig`: fastrecord's flags, and ManiSkill's with their meaning and defaults."""
     opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
+    opts["env_kwargs"] = env_kwargs_of(opts.get("env_kwargs"))
     if opts.pop("vis", None):
         raise ValueError("--vis opens ManiSkill's GUI viewer, which fastrecord replay does not; record videos with "
                          "--save-video instead, or use python -m mani_skill.trajectory.replay_trajectory --vis")

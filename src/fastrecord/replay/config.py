@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fastrecord.checks import check_at_least, check_choice, check_types
+from fastrecord.checks import check_at_least, check_choice, check_types, lift_env_kwargs
 from fastrecord.episode import KEEP_CHOICES
 from fastrecord.options import RecordOptions, cli_option_names, record_options
 
@@ -35,6 +35,13 @@ RECORDING_OPTIONS = tuple(n for n in cli_option_names() if n not in REPLAY_DECID
 # task's control frequency, keep "all" (ManiSkill's flags: its success, --allow-failure and --discard-timeout
 # rule), record_reward on (ManiSkill's flags: only with --record-rewards).
 REPLAY_DEFAULTS: dict[str, Any] = {"trajectory_name": None, "video_fps": None, "keep": None, "record_reward": None}
+# The gym.make keywords a replay has an option of its own for (key -> its flag): an ``env_kwargs`` entry of one
+# becomes that option's value (an error if the option is given too); those a replay decides itself are refused.
+ENV_OPTIONS = {"obs_mode": "--obs-mode", "reward_mode": "--reward-mode", "sim_backend": "--sim-backend",
+               "render_backend": "--render-backend", "render_mode": "--render-mode"}
+ENV_REFUSED = {"num_envs": "--num-envs sets the envs replayed side by side",
+               "max_episode_steps": "a replay takes the file's time limit (or its longest episode's)",
+               "control_mode": "a replay takes the file's control mode; -c/--target-control-mode converts the actions to another"}
 
 
 def _given(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,7 +76,7 @@ class ReplayConfig:
     resume: bool = False  # continue an earlier, interrupted replay of this name: episodes it holds are not replayed again
     workers: int | None = None  # processes replaying a share of the episodes each, merged at the end (None: several on machines of many cores, see fastrecord.replay.layout)
     progress: bool = True  # show a progress bar
-    env_kwargs: dict[str, Any] = field(default_factory=dict)  # extra gym.make kwargs (override the file's)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # more gym.make keywords, replacing the file's env_kwargs of those keys
     # the recording options given (`RECORDING_OPTIONS`, flat keys of the flags, YAML files and keywords that
     # `from_values` sorts here), checked by `fastrecord.RecordOptions`; the others are RecordOptions' defaults
     # or the replay's (`REPLAY_DEFAULTS`)
@@ -123,6 +130,11 @@ class ReplayConfig:
     def from_values(cls, values: Mapping[str, Any]) -> ReplayConfig:
         """The config of flat ``values`` (YAML keys, flags, keywords): the recording options go to ``record``
         (None for those of `REPLAY_DEFAULTS`: the replay decides), the others to the replay's own fields."""
+        values = lift_env_kwargs(dict(values), ENV_OPTIONS, ENV_REFUSED)
+        if values.get("shader") is not None and "shader_dir" in values.get("env_kwargs", {}):
+            raise ValueError(f"the shader is given twice: --shader {values['shader']!r} and --env-kwargs "
+                             f"shader_dir={values['env_kwargs']['shader_dir']!r} (or shader: and env_kwargs: in the --config "
+                             f"file); pass one of them")
         own = {k: v for k, v in values.items() if k not in RECORDING_OPTIONS}
         return cls(**own, record=_given(values))
 

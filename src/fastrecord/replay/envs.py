@@ -333,7 +333,8 @@ class _DoneFromInfo(SubEnvAccess, gym.vector.VectorWrapper):
 
 def make_replay_env(env_id: str, env_kwargs: dict[str, Any], max_episode_steps: int | None, num_envs: int = 1,
                     cpu_wrapper: bool = True) -> gym.Env:
-    """One replay env: ``gym.make`` -> `ReplayStates` (-> ``CPUGymWrapper`` -> `_DoneInInfo` for a vector env)."""
+    """One replay env: ``gym.make`` -> `ReplayStates` (-> `SubstepFrames` -> ``CPUGymWrapper`` -> `_DoneInInfo` for a
+    vector env: its sub-envs render their substeps themselves for ``--render-substeps``, nothing otherwise)."""
     import mani_skill.envs  # noqa: F401 - registers the tasks
     from mani_skill.utils.wrappers import CPUGymWrapper
     from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
@@ -345,7 +346,11 @@ def make_replay_env(env_id: str, env_kwargs: dict[str, Any], max_episode_steps: 
     if isinstance(env.action_space, gym.spaces.Dict):  # multi-agent: recorded as flat vectors (as ManiSkill's replay)
         env = FlattenActionSpaceWrapper(env)
     env = ReplayStates(env)
-    return _DoneInInfo(CPUGymWrapper(env)) if cpu_wrapper else env
+    if not cpu_wrapper:
+        return env
+    from fastrecord.substeps import SubstepFrames
+
+    return _DoneInInfo(CPUGymWrapper(SubstepFrames(env)))
 
 
 # ---------------------------------------------------------------------------------------------- batches

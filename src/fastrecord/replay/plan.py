@@ -153,6 +153,9 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
         kwargs["shader_dir"] = cfg.shader  # ManiSkill's --shader: every camera
     else:
         _camera_configs(cfg, kwargs)
+    from fastrecord.envs import check_env_kwargs
+
+    check_env_kwargs(env_id, cfg.env_kwargs)  # a misspelt keyword: one line, before any env is made
     kwargs.update(cfg.env_kwargs)
     if cfg.video_source.startswith("sensor:") and cfg.save_video and kwargs.get("obs_mode", "state") in ("state", "state_dict", "none"):
         raise ValueError(f"video_source={cfg.video_source!r} takes frames from the observation's camera images; "

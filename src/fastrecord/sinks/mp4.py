@@ -3,8 +3,8 @@
 Layouts: ``per_env`` (default), one video per env episode, ``{episode_id}_env{env}_{success|failure}.mp4``
 (no suffix when the env reports no success); ``tiled`` (ManiSkill's), the episodes of a batch ending
 together tiled into one ``{video_id}.mp4``. ``max_steps_per_video=M`` splits a video as ManiSkill does:
-pieces of M steps (M + 1 frames: each piece starts with the last frame of the one before), a last piece
-of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
+pieces of M steps (M + 1 frames, with ``render_substeps`` M * (sim_steps_per_control + 1) + 1: each piece
+starts with the last frame of the one before), a last piece of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
 
 A finished video appears atomically and never replaces an existing file (a taken name gets ``_1``,
 ``_2``, ...). Each file is recorded in the run manifest as it lands. The naming rule is
@@ -75,7 +75,7 @@ class Mp4Sink(Sink):
         if self.layout == "per_env":
             for ep in ready:
                 success = bool(ep.meta["success"]) if "success" in ep.meta else None
-                pieces = self._pieces(len(ep.frames))
+                pieces = self._pieces(len(ep.frames), ep.frames_per_step)
                 for k, (lo, hi) in enumerate(pieces):
                     name = video_name(ep.episode_id, ep.env_idx, success, k if len(pieces) > 1 else None)
                     if k == 0:
@@ -90,7 +90,7 @@ class Mp4Sink(Sink):
         if any(ep.overlay for ep in ready):
             padded = [draw_overlay(f, ep.overlay, font=self._font) if ep.overlay else f for f, ep in zip(padded, ready)]
         tiled = tile_images(padded, nrows=int(np.sqrt(self.num_envs)))
-        for k, (lo, hi) in enumerate(self._pieces(length)):
+        for k, (lo, hi) in enumerate(self._pieces(length, ready[0].frames_per_step)):
             path = self.run.output_dir / tiled_video_name(self._video_id)
             if k == 0:
                 self._names.update((ep.episode_id, path.name) for ep in ready)
@@ -98,10 +98,14 @@ class Mp4Sink(Sink):
             self.run.set_counter("next_video_id", self._video_id)
             self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None, True))
 
-    def _pieces(self, frames: int) -> list[tuple[int, int]]:
-        """Frame ranges of the videos of an episode with ``frames`` frames (ManiSkill's splitting)."""
-        m = self.max_steps_per_video
-        if m is None or frames <= m + 1:
+    def _pieces(self, frames: int, per_step: int = 1) -> list[tuple[int, int]]:
+        """Frame ranges of the videos of an episode with ``frames`` frames, ``per_step`` of them a step
+        (render_substeps), as ManiSkill splits: ``max_steps_per_video`` counts steps, so a piece has
+        ``max_steps_per_video * per_step + 1`` frames."""
+        if self.max_steps_per_video is None:
+            return [(0, frames)]
+        m = self.max_steps_per_video * per_step
+        if frames <= m + 1:
             return [(0, frames)]
         out = [(lo, min(lo + m + 1, frames)) for lo in range(0, frames - 1, m)]
         return [(lo, hi) for lo, hi in out if hi - lo > 1]

@@ -38,23 +38,33 @@ def maniskill_font() -> str:
 class Overlay:
     """One video's info text as columns (one value per episode step and key).
 
-    Frame ``f`` of the video (``0 <= f < frames``) shows step ``offset + f`` of the episode: step 0 is the
-    reset (no text); step ``t >= 1`` shows ``{key: columns[key][t - 1]}``. Indexing and slicing work like the
-    per-frame list of dicts it stands for (``overlay[f]`` -> dict, ``overlay[lo:hi]`` -> `Overlay`).
+    Frame ``f`` of the video (``0 <= f < frames``) is frame ``p = offset + f`` of the episode: frame 0 is the
+    reset (no text); with ``per_step`` frames a step (``render_substeps``: the substeps' frames, then the
+    step's), frame ``p >= 1`` belongs to step ``t = (p - 1) // per_step + 1`` and the last of them shows
+    ``{key: columns[key][t - 1]}``, the others no text (as ManiSkill draws the info on the step's frame only).
+    Indexing and slicing work like the per-frame list of dicts it stands for (``overlay[f]`` -> dict,
+    ``overlay[lo:hi]`` -> `Overlay`).
     """
 
     columns: Mapping[str, np.ndarray]  # key -> [T] values of steps 1..T
     font: str  # path of the TrueType font
     frames: int  # frames of the video this overlay covers
-    offset: int = 0  # episode step shown on the video's first frame
+    offset: int = 0  # episode frame shown on the video's first frame
+    per_step: int = 1  # frames of each step
 
     @classmethod
-    def of_episode(cls, columns: Mapping[str, np.ndarray], font: str) -> Overlay:
+    def of_episode(cls, columns: Mapping[str, np.ndarray], font: str, per_step: int = 1) -> Overlay:
         steps = {len(v) for v in columns.values()}
         if len(steps) > 1:
             raise ValueError(f"overlay columns of different lengths {sorted(steps)}: one value per step for every key")
         t = steps.pop() if steps else 0
-        return cls({k: np.asarray(v).reshape(t) for k, v in columns.items()}, font, t + 1)
+        return cls({k: np.asarray(v).reshape(t) for k, v in columns.items()}, font, t * per_step + 1, 0, per_step)
+
+    def _step(self, p: int) -> int:
+        """The step whose text episode frame ``p`` shows (0: none)."""
+        if p == 0 or (p - 1) % self.per_step != self.per_step - 1:
+            return 0
+        return (p - 1) // self.per_step + 1
 
     def __len__(self) -> int:
         return self.frames
@@ -67,17 +77,17 @@ class Overlay:
             lo, hi, step = i.indices(self.frames)
             if step != 1:
                 raise ValueError(f"an Overlay slices with step 1 only, got {i}")
-            return Overlay(self.columns, self.font, max(0, hi - lo), self.offset + lo)
+            return Overlay(self.columns, self.font, max(0, hi - lo), self.offset + lo, self.per_step)
         f = i + self.frames if i < 0 else i
         if not 0 <= f < self.frames:
             raise IndexError(f"overlay frame {i} of {self.frames}")
-        t = self.offset + f
+        t = self._step(self.offset + f)
         return {} if t == 0 else {k: v[t - 1].item() for k, v in self.columns.items()}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         cols = {k: v.tolist() for k, v in self.columns.items()}  # python scalars, as ManiSkill formats them
         for f in range(self.frames):
-            t = self.offset + f
+            t = self._step(self.offset + f)
             yield {} if t == 0 else {k: v[t - 1] for k, v in cols.items()}
 
 
