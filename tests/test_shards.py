@@ -214,6 +214,35 @@ def test_merge_reports_and_refuses(tmp_path, monkeypatch):
     assert len(read_dataset(tmp_path / "double.h5")) == 5
 
 
+def test_a_null_global_index_in_a_shard_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    """A shard's NAME.json (or results file) whose entry has global_index null, hand-edited or foreign:
+    merge, `fastrecord merge` and a resume's plan say which file and what to do, no TypeError traceback."""
+    from fastrecord.commands.cli import main
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _record_double(tmp_path, total=3)
+    shard_json = shards.shard_dir(tmp_path, "double", 0) / "double.json"
+    doc = json.loads(shard_json.read_text())
+    doc["episodes"][1]["global_index"] = None
+    shard_json.write_text(json.dumps(doc))
+    before = {p: p.read_bytes() for p in (tmp_path / "double.h5", tmp_path / "double.json")}
+    match = rf"{shard_json} has an episode entry with global_index=None .*an integer >= 0 .*Fix that entry"
+    with pytest.raises(ValueError, match=match + rf", or move {shard_json.parent} out of {shard_json.parent.parent}$"):
+        shards.merge(tmp_path, "double")
+    with pytest.raises(ValueError, match=match):
+        shards.committed_global_indices(shard_json.parent, "double")
+    assert main(["merge", str(tmp_path), "--name", "double"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "mani_skill" not in line]  # its import warning
+    assert len(err) == 1 and err[0].startswith(f"fastrecord merge: error: {shard_json} has an episode entry with "
+                                               f"global_index=None"), err
+    doc["episodes"][1]["global_index"], doc["episodes"][1]["episode_id"] = 1, None
+    shard_json.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=rf"{shard_json} has an episode entry with episode_id=None \(global_index 1\)"):
+        shards.merge(tmp_path, "double")
+    assert {p: p.read_bytes() for p in before} == before  # the joined pair was left as it was
+
+
 def test_set_episode_meta_checks(tmp_path):
     from fastrecord import RecordEpisode
     from fastrecord.testing import BatchedDoubleEnv

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastrecord.shards.layout import SHARDS_SUFFIX, list_shards, results_rows, shards_root
+from fastrecord.shards.layout import SHARDS_SUFFIX, global_index_of, list_shards, results_rows, shards_root
 from fastrecord.sinks.maniskill_h5.layout import read_json
+from fastrecord.sinks.results import RESULTS_SUFFIX
 
 
 def lock_held(shard: Path, name: str) -> bool:
@@ -151,7 +152,7 @@ def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int 
             report.crashed.append(rank)
         for row in results_rows(folder, name):
             if row.get("episode_id") is None and "global_index" in row:
-                dropped.add(int(row["global_index"]))
+                dropped.add(global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {root}"))
         doc = read_json(folder / f"{name}.json")
         if doc is None:
             continue
@@ -167,7 +168,11 @@ def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int 
             if not isinstance(e, dict) or "global_index" not in e or "episode_id" not in e:
                 raise ValueError(f"{folder / (name + '.json')} has an episode entry without global_index/episode_id "
                                  f"({str(e)[:120]}); it is not a shard of a sharded run. Move it out of {root}")
-            g = int(e["global_index"])
+            g = global_index_of(e, folder / f"{name}.json", f", or move {folder} out of {root}")
+            if isinstance(e["episode_id"], bool) or not isinstance(e["episode_id"], int):
+                raise ValueError(f"{folder / (name + '.json')} has an episode entry with episode_id={e['episode_id']!r} "
+                                 f"(global_index {g}); it must be the episode's group number in that shard's {name}.h5 "
+                                 f"(traj_<episode_id>). Fix that entry, or move {folder} out of {root}")
             if g in chosen:
                 report.duplicates.append(g)
                 continue
