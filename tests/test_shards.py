@@ -243,6 +243,48 @@ def test_a_null_global_index_in_a_shard_is_one_line_naming_the_file(tmp_path, mo
     assert {p: p.read_bytes() for p in before} == before  # the joined pair was left as it was
 
 
+def test_concurrent_merges_take_turns(tmp_path, monkeypatch):
+    """A `fastrecord merge` started while another merge of the run is between reading the shards and
+    swapping in the pair waits for it (it says so), then rebuilds the pair: they never share NAME.h5.tmp."""
+    import threading
+
+    from fastrecord.sinks.maniskill_h5 import merge as h5_merge
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _record_double(tmp_path, total=5)
+    expected = read_dataset(tmp_path / "double.h5")
+    real_join = h5_merge.join_runs
+    seen: dict[str, object] = {}
+
+    def join_while_another_merge_starts(*args, **kwargs):
+        other = subprocess.Popen([sys.executable, "-m", "fastrecord", "merge", str(tmp_path), "--name", "double"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(other.stderr), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while other.poll() is None and not any("waiting for another merge" in line for line in lines):
+            assert time.monotonic() < deadline, "the second merge neither waited nor ended within 120 s"
+            time.sleep(0.1)
+        seen["ended_before_us"] = other.poll() is not None
+        seen["proc"], seen["lines"], seen["reader"] = other, lines, reader
+        return real_join(*args, **kwargs)
+
+    monkeypatch.setattr(h5_merge, "join_runs", join_while_another_merge_starts)
+    report = shards.merge(tmp_path, "double")
+    other = seen["proc"]
+    out, _ = other.communicate(timeout=120)
+    seen["reader"].join(timeout=10)
+    assert not seen["ended_before_us"], seen["lines"]
+    assert other.returncode == 0, seen["lines"]
+    assert any(f"waiting for another merge of 'double' in {tmp_path} (pid {os.getpid()} on " in line
+               for line in seen["lines"]), seen["lines"]
+    assert report.ok and report.episodes == 5 and "5 episodes from 1 shard(s)" in out
+    assert_same_episodes(expected, read_dataset(tmp_path / "double.h5"))
+    assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / ".double.merge.lock").exists()
+
+
 def test_set_episode_meta_checks(tmp_path):
     from fastrecord import RecordEpisode
     from fastrecord.testing import BatchedDoubleEnv
