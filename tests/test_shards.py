@@ -131,6 +131,22 @@ def test_single_schedule_continues_the_run_on_disk(tmp_path):
     (tmp_path / "u.json").write_text(json.dumps({"episodes": [{"episode_id": 0, "episode_seed": 0}]}))
     with pytest.raises(ValueError, match=r"1 of its episodes have no global_index .* --if-exists overwrite"):
         shards.single_schedule(tmp_path, "u", total=2, base_seed=0, num_envs=1)
+    # a NAME.json that cannot be read: refused (never taken for a run without episodes), the fix named
+    (tmp_path / "v.json").write_text('{"episodes": [{"episode_id": 0, "global_')
+    with pytest.raises(ValueError, match=r"v.json cannot be read \(JSONDecodeError: .*so which episodes and seeds it "
+                                         r"holds is unknown; restore it from a copy, or pass --if-exists overwrite"):
+        shards.single_schedule(tmp_path, "v", total=2, base_seed=0, num_envs=1)
+    with pytest.raises(ValueError, match=r"v.json cannot be read \(not a JSON object\)"):
+        shards.committed_global_indices(tmp_path, "v")
+    (tmp_path / "v.h5.parts").mkdir()
+    (tmp_path / "v.h5.parts" / "part_000000.h5").write_bytes(b"")  # a crashed run's parts carry the entries
+    with pytest.raises(ValueError, match=r"unknown; fastrecord consolidate .*v.h5 rebuilds it from the part files in "
+                                         r"v.h5.parts/, then resume"):
+        shards.check_resume(tmp_path, "v", base_seed=0)
+    # a results file (a run without trajectory) with another base seed: refused too
+    (tmp_path / "w.results.jsonl").write_text(json.dumps({"episode_id": 0, "global_index": 1, "seed": 11}) + "\n")
+    with pytest.raises(ValueError, match=r"recorded with seed 10 and this command has seed 0"):
+        shards.check_resume(tmp_path, "w", base_seed=0)
 
 
 def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3,

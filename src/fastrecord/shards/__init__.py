@@ -69,7 +69,13 @@ from fastrecord.shards.layout import (
     sharding_options,
     shards_root,
 )
-from fastrecord.shards.schedule import EpisodeSchedule, SeededRandomPolicy, record_schedule, single_schedule
+from fastrecord.shards.schedule import (
+    EpisodeSchedule,
+    SeededRandomPolicy,
+    check_resume,
+    record_schedule,
+    single_schedule,
+)
 
 __all__ = [
     "RULE",
@@ -81,6 +87,7 @@ __all__ = [
     "RankInfo",
     "SeededRandomPolicy",
     "ShardedResets",
+    "check_resume",
     "committed_global_indices",
     "default_workers",
     "episode_meta",

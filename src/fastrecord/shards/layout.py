@@ -163,6 +163,10 @@ def committed_global_indices(shard: str | Path, name: str) -> set[int]:
     (a kept episode's row is written once its video is on disk)."""
     shard = Path(shard)
     doc = read_json(shard / f"{name}.json")
+    if doc is None and (shard / f"{name}.json").exists():
+        raise ValueError(f"{shard / (name + '.json')} cannot be read (not a JSON object), so which global episodes "
+                         f"{shard} holds is unknown; fastrecord consolidate {shard / (name + '.h5')} rebuilds it from "
+                         f"its part files if it has some, else restore it from a copy or move {shard} away")
     done: set[int] = set()
     if doc is not None:
         done |= {global_index_of(e, shard / f"{name}.json") for e in doc.get("episodes", [])

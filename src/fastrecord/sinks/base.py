@@ -29,7 +29,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -233,8 +233,12 @@ class RunDirectory:
     """
 
     def __init__(self, output_dir: str | Path, name: str | None, if_exists: str = "error",
-                 options: dict[str, Any] | None = None, manifest_interval_s: float = 1.0) -> None:
+                 options: dict[str, Any] | None = None, manifest_interval_s: float = 1.0,
+                 check_resume: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.output_dir = Path(output_dir)
+        # called with the earlier run's manifest when this run resumes it, under the lock and before anything
+        # is written: its error (e.g. another base seed) leaves every file of the earlier run as it was
+        self.check_resume = check_resume
         self.requested_name = name
         self.name = name or ""
         self.if_exists = if_exists
@@ -349,6 +353,12 @@ class RunDirectory:
             self.previous = {}
             return True
         # resume: keep everything, continue the earlier run's counters and file list
+        if self.check_resume is not None:
+            try:
+                self.check_resume(self.previous)
+            except BaseException:
+                self._release()
+                raise
         self.resuming = True
         self._files = list(self.previous.get("files", []))
         self.counters = {k: int(v) for k, v in self.previous.get("counters", {}).items()}
