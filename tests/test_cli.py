@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from fastrecord.commands.cli import main
@@ -185,15 +186,85 @@ def test_resume_after_a_stopped_run_continues_seeds_and_tops_up_to_the_total(tmp
     assert _seeds(out) == {g: 100 + g for g in range(5)}
 
 
-def test_resume_with_another_seed_is_refused(tmp_path, capsys):
+def _file_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too), by relative path: its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_refused_resume_makes_no_env_and_changes_no_file(tmp_path, capsys, monkeypatch):
+    """--if-exists resume with another --seed, or with a NAME.json that cannot be read (truncated): one
+    line, exit 2, before any env is made, and every file of the run byte for byte as it was (the
+    manifest included)."""
     out = tmp_path / "rec"
     argv = ["record", "PushCube-v1", *SMALL, "--episodes", "1", "--output-dir", str(out)]
     assert main(argv + ["--seed", "3"]) == 0
     capsys.readouterr()
-    assert main(argv + ["--seed", "4", "--episodes", "2", "--if-exists", "resume"]) == 2
-    assert "it was recorded with seed 3 and this command has seed 4; episode g has seed base + g, so pass --seed 3" in (
-        capsys.readouterr().err)
+
+    def no_env(*args, **kwargs):
+        raise AssertionError("an env was made for a resume that is refused")
+
+    monkeypatch.setattr("fastrecord.commands.record.make_recorded_env", no_env)
+    resume = argv + ["--episodes", "2", "--if-exists", "resume"]
+
+    def refused(extra: list[str], message: str) -> None:
+        before = _file_bytes(out)
+        assert main(resume + extra) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if "mani_skill" not in line]
+        assert len(err) == 1 and err[0].startswith("fastrecord record: error: cannot resume run 'trajectory'"), err
+        assert message in err[0], err
+        assert _file_bytes(out) == before
+
+    refused(["--seed", "4"], "it was recorded with seed 3 and this command has seed 4; episode g has seed base + g, so "
+                             "pass --seed 3")
     assert _seeds(out) == {0: 3}
+    text = (out / "trajectory.json").read_text()
+    (out / "trajectory.json").write_text(text[: len(text) // 2])  # cut short
+    refused(["--seed", "3"], "trajectory.json cannot be read (JSONDecodeError: ")
+    refused(["--seed", "3"], "so which episodes and seeds it holds is unknown; restore it from a copy, or pass "
+                             "--if-exists overwrite (deletes the run)")
+
+
+class StopAfter:
+    """`StopSignals` as `run_record` reads it: ``requested`` turns true at its ``n``-th look (between steps)."""
+
+    name = "SIGINT"
+
+    def __init__(self, n: int) -> None:
+        self.n, self.looks = n, 0
+
+    @property
+    def requested(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.n
+
+
+def test_a_stop_mid_episode_saves_no_cut_episode_and_resume_records_it_whole(tmp_path):
+    """A run stopped (Ctrl-C, SIGTERM) one step into its second episode: the cut episode is not written,
+    has no results row and is not counted as done, so --if-exists resume records it whole, with its seed,
+    and the run ends as the uninterrupted one (a sharded run does the same)."""
+    from fastrecord.checks import load_config
+    from fastrecord.commands.record import RecordConfig, run_record
+
+    out = tmp_path / "rec"
+    kw = dict(env_id="PushCube-v1", max_episode_steps=3, width=32, height=32, save_video=False, seed=100,
+              output_dir=str(out))
+    # looks: 1 before the loop, then one before each step: 3 steps of episode 0, 1 of episode 1, stop
+    s = run_record(load_config(RecordConfig, None, episodes=3, **kw), progress=False, stop=StopAfter(6))
+    assert (s.interrupted, s.episodes, s.kept, s.cut) == ("SIGINT", 1, 1, 1)
+    eps = json.loads((out / "trajectory.json").read_text())["episodes"]
+    assert [(e["global_index"], e["elapsed_steps"]) for e in eps] == [(0, 3)]
+    assert [(r["global_index"], r["length"]) for r in json.loads("[" + ",".join(
+        (out / "trajectory.results.jsonl").read_text().splitlines()) + "]")] == [(0, 3)]
+    s = run_record(load_config(RecordConfig, None, episodes=3, if_exists="resume", **kw), progress=False)
+    assert (s.scheduled, s.episodes, s.cut) == (2, 2, 0)
+    eps = json.loads((out / "trajectory.json").read_text())["episodes"]
+    assert [(e["global_index"], e["episode_seed"], e["elapsed_steps"]) for e in eps] == [(0, 100, 3), (1, 101, 3), (2, 102, 3)]
+    whole = tmp_path / "whole"
+    run_record(load_config(RecordConfig, None, episodes=3, **{**kw, "output_dir": str(whole)}), progress=False)
+    a, b = _actions(out), _actions(whole)
+    for g in range(3):
+        for x, y in zip(a[g], b[g]):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_same_command_same_dataset_with_or_without_torchrun(tmp_path):
@@ -214,6 +285,42 @@ def test_same_command_same_dataset_with_or_without_torchrun(tmp_path):
     for g in range(3):
         for x, y, z in zip(a[g], b[g], c[g]):
             assert x.shape[0] >= 1 and (x == y).all() and (x == z).all(), g
+
+
+def test_plain_resume_of_a_sharded_run_resumes_from_its_shards(tmp_path, capsys, monkeypatch):
+    """`fastrecord record --if-exists resume` without torchrun on a sharded run whose joined NAME.h5 is
+    older than its shards (a merge that never ran after the last episodes): the missing global episodes
+    only are recorded, into the shards, and the joined pair is rebuilt from them: no episode twice."""
+    from fastrecord.checks import load_config
+    from fastrecord.commands.record import RecordConfig, run_record_sharded
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    out = tmp_path / "rec"
+    kw = dict(env_id="PushCube-v1", max_episode_steps=3, width=32, height=32, save_video=False, seed=7,
+              output_dir=str(out))
+    run_record_sharded(load_config(RecordConfig, None, episodes=2, **kw), progress=False)
+    older = {n: (out / n).read_bytes() for n in ("trajectory.h5", "trajectory.json")}  # joined: episodes 0, 1
+    run_record_sharded(load_config(RecordConfig, None, episodes=3, if_exists="resume", **kw), progress=False)
+    for n, data in older.items():  # as if the last merge had not run: the shards hold 0-2, the joined pair 0-1
+        (out / n).write_bytes(data)
+    capsys.readouterr()
+    assert main(["record", "PushCube-v1", *SMALL, "--seed", "7", "--episodes", "4", "--output-dir", str(out),
+                 "--if-exists", "resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "resuming the sharded run 'trajectory' in " in printed and "from its shards" in printed, printed
+    assert "rank 0: 1/1 scheduled episodes finished" in printed, printed
+    shard = json.loads((out / "trajectory.shards" / "rank00000" / "trajectory.json").read_text())["episodes"]
+    assert sorted(e["global_index"] for e in shard) == [0, 1, 2, 3]
+    assert _seeds(out) == {g: 7 + g for g in range(4)}
+    with h5py.File(out / "trajectory.h5") as f:
+        assert sorted(f) == [f"traj_{g}" for g in range(4)]
+    # with another seed: refused before anything is written
+    before = _file_bytes(out)
+    assert main(["record", "PushCube-v1", *SMALL, "--seed", "8", "--episodes", "5", "--output-dir", str(out),
+                 "--if-exists", "resume"]) == 2
+    assert "recorded with base seed 7 and this command has seed 8" in capsys.readouterr().err
+    assert _file_bytes(out) == before
 
 
 def test_every_recording_option_is_a_flag_and_a_config_key(tmp_path):
@@ -288,20 +395,23 @@ def _check_interrupted(result, out: Path, seen: int, name: str, code: int) -> No
     assert result.returncode == code, (result.returncode, result.stderr[-3000:])
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    m = re.fullmatch(rf"interrupted \({name}\): stopped after (\d+) episodes?; (\d+) episodes? in progress saved", lines[0])
+    m = re.fullmatch(rf"interrupted \({name}\): stopped after (\d+) episodes?; (?:(1) episode in progress not saved "
+                     rf"\(--if-exists resume records it whole\)|no episode in progress)", lines[0])
     assert m, result.stdout
     finished = re.search(r"^episodes: (\d+) finished, (\d+) kept", result.stdout, re.MULTILINE)
     assert finished and "env-steps/s" in result.stdout and "files (" in result.stdout
     total = int(finished[1])
-    assert total == int(m[1]) + int(m[2]) and int(m[2]) <= 1 and total >= seen
+    assert total == int(m[1]) >= seen  # the episode cut by the signal is not one of them
     meta = json.loads((out / "trajectory.json").read_text())
     assert len(meta["episodes"]) == total == int(finished[2])
+    assert [e["global_index"] for e in meta["episodes"]] == list(range(total))
+    assert len((out / "trajectory.results.jsonl").read_text().splitlines()) == total
     with h5py.File(out / "trajectory.h5", "r") as f:
         assert len(f) == total
-        for ep in meta["episodes"]:
+        for ep in meta["episodes"]:  # whole episodes only: 3 steps (the time limit), or fewer if it succeeded
             g = f[f"traj_{ep['episode_id']}"]
             T = ep["elapsed_steps"]
-            assert 1 <= T <= 3 and g["actions"].shape[0] == T and g["env_states/actors/cube"].shape[0] == T + 1
+            assert (T == 3 or ep["success"]) and g["actions"].shape[0] == T and g["env_states/actors/cube"].shape[0] == T + 1
     videos = sorted(out.glob("*.mp4"))
     assert len(videos) == total
     for ep in meta["episodes"]:

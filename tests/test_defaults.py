@@ -53,10 +53,21 @@ def test_has_image_leaves(space, expected):
     assert has_image_leaves(space) is expected
 
 
-def test_explicit_counts_win_and_none_is_the_default():
-    opts = RecordOptions()
-    assert opts.trajectory_writers is None and opts.video_workers is None
-    assert RecordOptions(trajectory_writers=3, video_workers=5).trajectory_writers == 3
+@pytest.mark.parametrize(("writers", "workers"), [(None, None), (3, 5), (1, 1)])
+def test_explicit_counts_win_and_none_is_the_default(monkeypatch, writers, workers):
+    """Where the counts are chosen (`build_sinks`), on a 16-core machine with image observations: None
+    gets the rules' 8 writers and 16 encoders (and the manifest records the choice); an explicit count is
+    used as given, also where the rule would choose more, and no choice is recorded for it."""
+    from fastrecord.envs import ManiSkillView
+    from fastrecord.sinks.factory import build_sinks
+    from fastrecord.testing import BatchedDoubleEnv
+
+    assert RecordOptions().trajectory_writers is None and RecordOptions().video_workers is None
+    monkeypatch.setattr("fastrecord.sinks.factory.usable_cores", lambda: 16)
+    view = ManiSkillView(BatchedDoubleEnv(num_envs=2, obs_mode="rgb"))
+    built = build_sinks(RecordOptions(trajectory_writers=writers, video_workers=workers), view)
+    assert (built.trajectory.writers, built.videos.workers) == (writers or 8, workers or 16)
+    assert built.chosen == ({"trajectory_writers": 8, "video_workers": 16} if writers is None else {})
     with pytest.raises(ValueError, match=r"trajectory_writers=0 must be an integer >= 1 .*or None to size it to the machine"):
         RecordOptions(trajectory_writers=0)
 

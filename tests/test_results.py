@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -205,3 +206,49 @@ def test_every_sink_gets_an_event_for_every_finished_episode(tmp_path):
     np.testing.assert_allclose([ev.episode_return for ev in sink.ended], [r["return"] for r in rows])
     assert [ev.fail for ev in sink.ended] == [False] * 3  # the double reports fail, never set here
     assert [ev.has_frames for ev in sink.ended] == [False] * 3  # no frame sink: no frames captured
+
+
+class FailsOnce(Sink):
+    """A user's sink whose first `episodes_ended` raises (a logger losing its connection, say)."""
+
+    wants_datasets = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def submit(self, episodes):
+        pass
+
+    def episodes_ended(self, ended):
+        self.calls += 1
+        if self.calls == 1:
+            raise ConnectionError("the dashboard went away")
+
+
+def test_a_sink_raising_in_episodes_ended_reaches_the_caller_and_loses_nothing(tmp_path):
+    """The error of a sink's `episodes_ended` is raised in the caller (at the reset that ended the
+    episodes); the sinks after it still get the event (the results file has its rows), the episodes are
+    written once (never finalized again by the next reset or by close), and recording goes on."""
+    failing, outcomes = FailsOnce(), Outcomes()
+    double = BatchedDoubleEnv(num_envs=2, max_episode_steps=3)
+    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[failing, outcomes], save_video=False)
+    env.reset(seed=[10, 11])
+    for _ in range(3):
+        env.step(torch.ones(2, 3))
+    with pytest.raises(ConnectionError, match="the dashboard went away"):
+        env.reset(seed=[12, 13])
+    assert [(ev.episode_id, ev.env_idx, ev.seed) for ev in outcomes.ended] == [(0, 0, 10), (1, 1, 11)]
+    assert [(r["episode_id"], r["seed"]) for r in read_results(tmp_path / "run.results.jsonl")] == [(0, 10), (1, 11)]
+    env.reset(seed=[12, 13])  # the ended episodes are not finalized again
+    for _ in range(2):
+        env.step(torch.ones(2, 3))
+    env.close()  # saves the two episodes in progress
+    assert failing.calls == 2 and outcomes.submitted == [0, 1, 2, 3]
+    assert [(ev.episode_id, ev.seed, ev.length) for ev in outcomes.ended] == [(0, 10, 3), (1, 11, 3), (2, 12, 2), (3, 13, 2)]
+    rows = read_results(tmp_path / "run.results.jsonl")
+    assert [(r["episode_id"], r["seed"], r["length"]) for r in rows] == [(0, 10, 3), (1, 11, 3), (2, 12, 2), (3, 13, 2)]
+    eps = json.loads((tmp_path / "run.json").read_text())["episodes"]
+    assert [(e["episode_id"], e["episode_seed"], e["elapsed_steps"]) for e in eps] == [(0, 10, 3), (1, 11, 3), (2, 12, 2), (3, 13, 2)]
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        assert sorted(f) == ["traj_0", "traj_1", "traj_2", "traj_3"]
+        assert [f[f"traj_{i}/actions"].shape[0] for i in range(4)] == [3, 3, 2, 2]

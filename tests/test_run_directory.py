@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from fastrecord import RecordEpisode
-from fastrecord.sinks.base import MANIFEST_SUFFIX, OutputExistsError
+from fastrecord.sinks.base import MANIFEST_SUFFIX, OutputExistsError, RunDirectory
 from fastrecord.testing import BatchedDoubleEnv
 from fastrecord.video import decode_mp4
 
@@ -315,8 +315,6 @@ def test_a_run_with_videos_only_still_blocks(tmp_path):
 
 
 def test_no_space_at_start_leaves_no_folder_nor_lock(small_disk):
-    from fastrecord.sinks.base import RunDirectory
-
     try:
         (small_disk / "filler").write_bytes(os.urandom(4 << 20))
     except OSError:  # full now, as meant
@@ -359,3 +357,32 @@ def test_results_of_a_run_with_no_kept_episode_keep_its_name(tmp_path):
     with pytest.raises(OutputExistsError):
         RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
     assert (tmp_path / "t.results.jsonl").read_text().splitlines() == rows
+
+
+@pytest.mark.parametrize(("h5", "blocks"), [("empty", False), ("episode", True), ("garbage", True)])
+def test_an_empty_runs_hdf5_file_is_read_outside_the_callers_process(tmp_path, monkeypatch, h5, blocks):
+    """Whether the NAME.h5 of a run whose NAME.json lists no episode holds episodes is read in a writer
+    process: h5py never opens it in the caller's (a damaged file must not crash a user's process). An
+    empty file: the run recorded nothing and is replaced; a file with a traj_ group or one that is not
+    HDF5: kept, the name refused."""
+    (tmp_path / f"t{MANIFEST_SUFFIX}").write_text(json.dumps(dict(name="t", status="closed", counters={}, files=[])))
+    (tmp_path / "t.json").write_text(json.dumps({"episodes": []}))
+    if h5 == "garbage":
+        (tmp_path / "t.h5").write_bytes(b"not an HDF5 file")
+    else:
+        with h5py.File(tmp_path / "t.h5", "w") as f:
+            if h5 == "episode":
+                f.create_dataset("traj_0/actions", data=np.zeros((2, 3)))
+
+    def no_hdf5_here(*args, **kwargs):
+        raise AssertionError(f"h5py.File{args} opened in the caller's process")
+
+    before = digest(tmp_path)
+    monkeypatch.setattr(h5py, "File", no_hdf5_here)
+    if blocks:
+        with pytest.raises(OutputExistsError, match=r"already holds a run named 't' \(0 episodes\): t.h5"):
+            RunDirectory(tmp_path, "t").open()
+        assert digest(tmp_path) == before
+    else:
+        RunDirectory(tmp_path, "t").open().close()
+        assert not (tmp_path / "t.h5").exists() and not (tmp_path / "t.json").exists()

@@ -131,6 +131,22 @@ def test_single_schedule_continues_the_run_on_disk(tmp_path):
     (tmp_path / "u.json").write_text(json.dumps({"episodes": [{"episode_id": 0, "episode_seed": 0}]}))
     with pytest.raises(ValueError, match=r"1 of its episodes have no global_index .* --if-exists overwrite"):
         shards.single_schedule(tmp_path, "u", total=2, base_seed=0, num_envs=1)
+    # a NAME.json that cannot be read: refused (never taken for a run without episodes), the fix named
+    (tmp_path / "v.json").write_text('{"episodes": [{"episode_id": 0, "global_')
+    with pytest.raises(ValueError, match=r"v.json cannot be read \(JSONDecodeError: .*so which episodes and seeds it "
+                                         r"holds is unknown; restore it from a copy, or pass --if-exists overwrite"):
+        shards.single_schedule(tmp_path, "v", total=2, base_seed=0, num_envs=1)
+    with pytest.raises(ValueError, match=r"v.json cannot be read \(not a JSON object\)"):
+        shards.committed_global_indices(tmp_path, "v")
+    (tmp_path / "v.h5.parts").mkdir()
+    (tmp_path / "v.h5.parts" / "part_000000.h5").write_bytes(b"")  # a crashed run's parts carry the entries
+    with pytest.raises(ValueError, match=r"unknown; fastrecord consolidate .*v.h5 rebuilds it from the part files in "
+                                         r"v.h5.parts/, then resume"):
+        shards.check_resume(tmp_path, "v", base_seed=0)
+    # a results file (a run without trajectory) with another base seed: refused too
+    (tmp_path / "w.results.jsonl").write_text(json.dumps({"episode_id": 0, "global_index": 1, "seed": 11}) + "\n")
+    with pytest.raises(ValueError, match=r"recorded with seed 10 and this command has seed 0"):
+        shards.check_resume(tmp_path, "w", base_seed=0)
 
 
 def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3,
@@ -212,6 +228,77 @@ def test_merge_reports_and_refuses(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"self-contained file holding episodes 0, 1, 2, 3, 4 that the files being joined"):
         shards.merge(tmp_path, "double")
     assert len(read_dataset(tmp_path / "double.h5")) == 5
+
+
+def test_a_null_global_index_in_a_shard_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    """A shard's NAME.json (or results file) whose entry has global_index null, hand-edited or foreign:
+    merge, `fastrecord merge` and a resume's plan say which file and what to do, no TypeError traceback."""
+    from fastrecord.commands.cli import main
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _record_double(tmp_path, total=3)
+    shard_json = shards.shard_dir(tmp_path, "double", 0) / "double.json"
+    doc = json.loads(shard_json.read_text())
+    doc["episodes"][1]["global_index"] = None
+    shard_json.write_text(json.dumps(doc))
+    before = {p: p.read_bytes() for p in (tmp_path / "double.h5", tmp_path / "double.json")}
+    match = rf"{shard_json} has an episode entry with global_index=None .*an integer >= 0 .*Fix that entry"
+    with pytest.raises(ValueError, match=match + rf", or move {shard_json.parent} out of {shard_json.parent.parent}$"):
+        shards.merge(tmp_path, "double")
+    with pytest.raises(ValueError, match=match):
+        shards.committed_global_indices(shard_json.parent, "double")
+    assert main(["merge", str(tmp_path), "--name", "double"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "mani_skill" not in line]  # its import warning
+    assert len(err) == 1 and err[0].startswith(f"fastrecord merge: error: {shard_json} has an episode entry with "
+                                               f"global_index=None"), err
+    doc["episodes"][1]["global_index"], doc["episodes"][1]["episode_id"] = 1, None
+    shard_json.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=rf"{shard_json} has an episode entry with episode_id=None \(global_index 1\)"):
+        shards.merge(tmp_path, "double")
+    assert {p: p.read_bytes() for p in before} == before  # the joined pair was left as it was
+
+
+def test_concurrent_merges_take_turns(tmp_path, monkeypatch):
+    """A `fastrecord merge` started while another merge of the run is between reading the shards and
+    swapping in the pair waits for it (it says so), then rebuilds the pair: they never share NAME.h5.tmp."""
+    import threading
+
+    from fastrecord.sinks.maniskill_h5 import merge as h5_merge
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _record_double(tmp_path, total=5)
+    expected = read_dataset(tmp_path / "double.h5")
+    real_join = h5_merge.join_runs
+    seen: dict[str, object] = {}
+
+    def join_while_another_merge_starts(*args, **kwargs):
+        other = subprocess.Popen([sys.executable, "-m", "fastrecord", "merge", str(tmp_path), "--name", "double"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(other.stderr), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while other.poll() is None and not any("waiting for another merge" in line for line in lines):
+            assert time.monotonic() < deadline, "the second merge neither waited nor ended within 120 s"
+            time.sleep(0.1)
+        seen["ended_before_us"] = other.poll() is not None
+        seen["proc"], seen["lines"], seen["reader"] = other, lines, reader
+        return real_join(*args, **kwargs)
+
+    monkeypatch.setattr(h5_merge, "join_runs", join_while_another_merge_starts)
+    report = shards.merge(tmp_path, "double")
+    other = seen["proc"]
+    out, _ = other.communicate(timeout=120)
+    seen["reader"].join(timeout=10)
+    assert not seen["ended_before_us"], seen["lines"]
+    assert other.returncode == 0, seen["lines"]
+    assert any(f"waiting for another merge of 'double' in {tmp_path} (pid {os.getpid()} on " in line
+               for line in seen["lines"]), seen["lines"]
+    assert report.ok and report.episodes == 5 and "5 episodes from 1 shard(s)" in out
+    assert_same_episodes(expected, read_dataset(tmp_path / "double.h5"))
+    assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / ".double.merge.lock").exists()
 
 
 def test_set_episode_meta_checks(tmp_path):

@@ -95,8 +95,8 @@ class StopSignals:
     """Owns the SIGINT/SIGTERM handlers of one run: installed on enter (main thread only), restored on exit.
 
     A signal does not raise in the middle of a step: it sets `signum`, and the run loop checks
-    `requested` between steps, then closes the env from a consistent state (which saves the episodes in
-    progress). Later signals, while the files are being finished, are ignored with a message on stderr;
+    `requested` between steps, then closes the env from a consistent state (`record` drops the episodes
+    in progress, a one-process `replay` saves its replays in progress). Later signals, while the files are being finished, are ignored with a message on stderr;
     ``kill -9`` still stops at once, and every finished episode stays readable.
     """
 
@@ -126,7 +126,7 @@ class StopSignals:
             return
         # os.write, not print: the handler may run while the main thread is inside a write to stderr
         name = signal.Signals(signum).name
-        os.write(2, f"\nfastrecord {self.command}: {name} ignored: saving the episodes in progress, please wait "
+        os.write(2, f"\nfastrecord {self.command}: {name} ignored: finishing the files, please wait "
                     f"(kill -9 stops at once; finished episodes stay readable)\n".encode())
 
     def __enter__(self) -> StopSignals:

@@ -15,7 +15,8 @@ A mistake in the options or the config file is one line, ``fastrecord <cmd>: err
 status 2, before anything is written; so is an input file ``replay`` refuses (bad data, missing parts).
 A failure while a command runs (a full disk, a read-only folder, missing credentials) is one line saying
 what was kept, and exit status 1. Ctrl-C (SIGINT) and SIGTERM stop ``record`` and ``replay`` cleanly:
-the env is closed (episodes in progress are saved), the summary is printed, and the exit status is 130 /
+the env is closed (``record`` drops the episodes in progress, which ``--if-exists resume`` records whole;
+a one-process ``replay`` saves its replays in progress), the summary is printed, and the exit status is 130 /
 143. An unknown ``--obs-mode`` or ``--control-mode`` (ManiSkill's own check), or a CUDA backend on a
 machine without CUDA, is the same one-line error naming the valid values. ManiSkill's repeated third-
 party warnings are silenced here (the library itself is left as it is).

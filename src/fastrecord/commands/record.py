@@ -13,8 +13,11 @@ per episode, so the same command records the same dataset, with or without torch
 records the episodes of --episodes the run does not have yet (a crashed or stopped run continues where it
 ended). Every recording option of `fastrecord.RecordOptions` has a flag and a config key of the same name.
 
-Ctrl-C or SIGTERM stops the run between two steps: the episodes in progress are saved, the summary is
-printed, and the exit status is 130 (SIGINT) or 143 (SIGTERM).
+Ctrl-C or SIGTERM stops the run between two steps: every finished episode is saved, the episodes in
+progress are not (a cut episode is not a finished one: --if-exists resume records it whole, with its
+seed), the summary is printed, and the exit status is 130 (SIGINT) or 143 (SIGTERM). A sharded run
+(OUTPUT_DIR/NAME.shards/ holds shards) resumed without torchrun is resumed from its shards, in this one
+process, and joined again.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class RecordSummary:
     results_path: Path | None = None
     finished_in_run: int = 0  # episodes that ended while the run stepped (the bar's count); later rows ended at close
     scheduled: int = 0  # episodes of the run this command had to record (the rest were on disk: --if-exists resume)
+    cut: int = 0  # episodes in progress when the run stopped early: not saved (a resumed run records them whole)
 
 
 def _render_backend(name: str) -> str:
@@ -202,13 +206,18 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     and the random policy is seeded per episode (`fastrecord.shards.SeededRandomPolicy`), so the same
     command records the same dataset, with or without torchrun. A resumed run (``--if-exists resume``)
     records the episodes its NAME.json and results file do not have yet (`fastrecord.shards.single_schedule`):
-    ``cfg.episodes`` is the run's total. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between
-    two steps: the env is closed, which saves the episodes in progress, and the summary says so."""
+    ``cfg.episodes`` is the run's total; whether the run on disk can be resumed (`fastrecord.shards.check_resume`:
+    its episode list readable, its seeds this command's) is checked before the env is made or a file
+    written. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between two steps. The episodes in
+    progress when the run stops (a signal, an error) are not saved, as in a sharded run: a cut episode is
+    not a finished one, and a resumed run records it whole; the summary counts them (``cut``)."""
     from tqdm import tqdm
 
     from fastrecord import shards
 
     factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
+    if cfg.record.if_exists == "resume" and cfg.record.trajectory_name:
+        shards.check_resume(cfg.output_dir, cfg.record.trajectory_name, base_seed=cfg.seed)
     t_start = time.perf_counter()
     env = make_recorded_env(cfg, sinks, auto_reset=False)
     startup = time.perf_counter() - t_start
@@ -218,6 +227,7 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     finished_before_stop = 0
     t0 = time.perf_counter()
     seconds = None
+    cut = 0
     try:
         rec = _recorder(env)
         schedule = shards.single_schedule(cfg.output_dir, cfg.record.trajectory_name, total=cfg.episodes,
@@ -241,11 +251,15 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
         finally:
             bar.close()
         finished_before_stop = rec.num_finished
+        cut = int(schedule.active.sum())  # scheduled episodes in progress: only a stop leaves any
         if not stopping():
             rec.wait_until_done()
             seconds = time.perf_counter() - t0
     finally:
-        env.close()  # an interrupted run: saves the episodes in progress (save_on_reset)
+        try:  # episodes in progress (a stop, an error) are never saved: a resumed run records them whole
+            _recorder(env).set_episode_meta(np.arange(n), [None] * n)
+        finally:
+            env.close()
     if seconds is None:
         seconds = time.perf_counter() - t0
     successes = 0
@@ -261,7 +275,7 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     files.append(results.path)
     return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files,
                          stop.name if stop is not None and stop.requested else None, finished_before_stop,
-                         startup, list(results.rows), results.path, finished_before_stop, len(schedule.todo))
+                         startup, list(results.rows), results.path, finished_before_stop, len(schedule.todo), cut)
 
 
 @dataclass
@@ -424,7 +438,11 @@ def main_from_args(args: argparse.Namespace) -> int:
 
     freeze_imports()  # this process is the CLI's (see fastrecord.workers.freeze_imports)
 
-    if rank_info().distributed:  # launched by torchrun: this process records one shard
+    resume_shards = not rank_info().distributed and resumes_shards(cfg)
+    if rank_info().distributed or resume_shards:  # torchrun: this process records one shard
+        if resume_shards:
+            print(f"resuming the sharded run {cfg.record.trajectory_name!r} in {cfg.output_dir} from its shards "
+                  f"({cfg.record.trajectory_name}.shards/), in this one process; the shards are joined again at the end")
         with StopSignals("record") as stop:
             s = run_record_sharded(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
             print_sharded(s, cfg.output_dir)
@@ -432,7 +450,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     with StopSignals("record") as stop:
         s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
         if s.interrupted:
-            print(interrupted_line(s.interrupted, s.finished_before_stop, s.episodes - s.finished_before_stop, cfg.record.keep))
+            print(interrupted_line(s.interrupted, s.finished_before_stop, s.cut, cfg.record.keep, saved=False))
         if s.scheduled < cfg.episodes:
             print(f"resumed: {cfg.episodes - s.scheduled} of the run's {cfg.episodes} episodes were on disk, "
                   f"{s.scheduled} to record")
@@ -442,11 +460,25 @@ def main_from_args(args: argparse.Namespace) -> int:
         return stop.exit_code
 
 
-def interrupted_line(signal_name: str, finished: int, in_progress: int, keep: Any) -> str:
-    """The one line an interrupted run prints before its summary (record, replay)."""
-    saved = "saved" if keep == "all" else f"saved if kept (keep={keep})"
-    return (f"interrupted ({signal_name}): stopped after {finished} episode{'s' if finished != 1 else ''}; "
-            f"{in_progress} episode{'s' if in_progress != 1 else ''} in progress {saved}")
+def resumes_shards(cfg: RecordConfig) -> bool:
+    """Whether ``cfg`` resumes a sharded run (``--if-exists resume``, and ``OUTPUT_DIR/NAME.shards/`` holds
+    shard folders): `run_record_sharded` then continues it from its shards, whatever the world size."""
+    from fastrecord.shards import list_shards
+
+    name = cfg.record.trajectory_name
+    return cfg.record.if_exists == "resume" and bool(name) and bool(list_shards(cfg.output_dir, name))
+
+
+def interrupted_line(signal_name: str, finished: int, in_progress: int, keep: Any, saved: bool = True) -> str:
+    """The one line an interrupted run prints before its summary (record: the episodes in progress are not
+    ``saved``; replay in one process: the replays in progress are)."""
+    cut = f"{in_progress} episode{'s' if in_progress != 1 else ''} in progress"
+    if not saved:
+        tail = (f"{cut} not saved (--if-exists resume records {'them' if in_progress != 1 else 'it'} whole)"
+                if in_progress else "no episode in progress")
+    else:
+        tail = f"{cut} saved" if keep == "all" else f"{cut} saved if kept (keep={keep})"
+    return f"interrupted ({signal_name}): stopped after {finished} episode{'s' if finished != 1 else ''}; {tail}"
 
 
 def print_results(rows: list[dict[str, Any]], counted: int, path: Path | None) -> None:

@@ -60,6 +60,7 @@ from fastrecord.shards.layout import (
     episode_meta,
     episode_seed,
     episodes_of,
+    global_index_of,
     list_shards,
     owner,
     rank_info,
@@ -68,7 +69,13 @@ from fastrecord.shards.layout import (
     sharding_options,
     shards_root,
 )
-from fastrecord.shards.schedule import EpisodeSchedule, SeededRandomPolicy, record_schedule, single_schedule
+from fastrecord.shards.schedule import (
+    EpisodeSchedule,
+    SeededRandomPolicy,
+    check_resume,
+    record_schedule,
+    single_schedule,
+)
 
 __all__ = [
     "RULE",
@@ -80,11 +87,13 @@ __all__ = [
     "RankInfo",
     "SeededRandomPolicy",
     "ShardedResets",
+    "check_resume",
     "committed_global_indices",
     "default_workers",
     "episode_meta",
     "episode_seed",
     "episodes_of",
+    "global_index_of",
     "list_shards",
     "lock_held",
     "merge",

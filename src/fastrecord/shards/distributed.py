@@ -142,20 +142,10 @@ class DistributedRun:
                 "fastrecord: %s/%s is a sharded run that did not finish: resuming it (its shards keep what they "
                 "committed; the missing global episodes are recorded)", self.output_dir, self.name)
             self.if_exists = "resume"
-        run = RunDirectory(self.output_dir, self.name, self.if_exists,
-                           options={**self.options, "sharding": sharding}).open()
+        run = RunDirectory(self.output_dir, self.name, self.if_exists, options={**self.options, "sharding": sharding},
+                           check_resume=self._check_resume).open()
         self.name = run.name  # a default name: the timestamp rank 0 claimed
         try:
-            if run.resuming:
-                before = run.previous.get("options", {}).get("sharding")
-                if not isinstance(before, dict):
-                    raise ValueError(f"{str(self.output_dir)!r} holds a run named {self.name!r} that was not recorded sharded "
-                                     f"(its manifest has no sharding); resume it without torchrun, or pass another "
-                                     f"--trajectory-name / --output-dir")
-                if int(before.get("base_seed", self.base_seed)) != self.base_seed:
-                    raise ValueError(f"cannot resume run {self.name!r}: it was recorded with base seed {before['base_seed']} "
-                                     f"and this command has seed {self.base_seed}; global episode g has seed base + g, so pass "
-                                     f"--seed {before['base_seed']} (or record into another --output-dir)")
             run.add_file(shards_root(self.output_dir, self.name))
             run.add_file(self.output_dir / f"{self.name}.h5")
             run.add_file(self.output_dir / f"{self.name}.json")
@@ -163,6 +153,19 @@ class DistributedRun:
             run.close(status="failed") if run.resuming else run.abandon()
             raise
         self.run = run
+
+    def _check_resume(self, previous: dict[str, Any]) -> None:
+        """The earlier run this one resumes (its manifest ``previous``) must be a sharded run of the same base
+        seed; checked by the `RunDirectory` claim before it writes anything."""
+        before = previous.get("options", {}).get("sharding") if isinstance(previous.get("options"), dict) else None
+        if not isinstance(before, dict):
+            raise ValueError(f"{str(self.output_dir)!r} holds a run named {self.name!r} that was not recorded sharded "
+                             f"(its manifest has no sharding); resume it without torchrun, or pass another "
+                             f"--trajectory-name / --output-dir")
+        if int(before.get("base_seed", self.base_seed)) != self.base_seed:
+            raise ValueError(f"cannot resume run {self.name!r}: it was recorded with base seed {before['base_seed']} "
+                             f"and this command has seed {self.base_seed}; global episode g has seed base + g, so pass "
+                             f"--seed {before['base_seed']} (or record into another --output-dir)")
 
     @property
     def rank(self) -> int:

@@ -4,16 +4,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
 import os
-from collections.abc import Sequence
+import socket
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastrecord.shards.layout import SHARDS_SUFFIX, list_shards, results_rows, shards_root
+from fastrecord.shards.layout import SHARDS_SUFFIX, global_index_of, list_shards, results_rows, shards_root
 from fastrecord.sinks.maniskill_h5.layout import read_json
+from fastrecord.sinks.results import RESULTS_SUFFIX
+
+log = logging.getLogger("fastrecord")
 
 
 def lock_held(shard: Path, name: str) -> bool:
@@ -122,12 +128,56 @@ def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int 
     those in no shard are reported as missing, or as dropped when the shard's results file says the keep
     filter did not keep them. Idempotent. Refuses to replace a self-contained ``NAME.h5`` holding
     episodes the shards no longer have (never deletes recorded data).
-    """
-    from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
 
+    One merge of a run at a time: a merge holds ``DIR/.NAME.merge.lock`` (`merging`) from reading the
+    shards to swapping in the pair, so that two (rank 0's at the end of a run and a user's ``fastrecord
+    merge``, say) never write the same temporary files; the second waits, then rebuilds the pair.
+    """
     run_dir = Path(run_dir)
     if not name or any(c in name for c in "/\\\0"):
         raise ValueError(f"name={name!r} must be the run's plain name (the NAME of DIR/NAME.shards), e.g. 'trajectory'")
+    if not list_shards(run_dir, name):
+        raise NothingToMerge(f"{str(shards_root(run_dir, name))!r} holds no shard folders rank00000, rank00001, ...: nothing "
+                             f"to merge. Pass the run directory and the run's name (--name, default 'trajectory') of a "
+                             f"sharded recording")
+    with merging(run_dir, name):
+        return _merge(run_dir, name, links=links, expected=expected)
+
+
+@contextlib.contextmanager
+def merging(run_dir: Path, name: str) -> Iterator[None]:
+    """Hold ``run_dir/.NAME.merge.lock`` (an exclusive ``flock``; the kernel releases it if the process
+    dies): one merge of run ``NAME`` at a time. Not the run's own lock ``.NAME.lock``: rank 0 holds that
+    for the whole recording and merges under it, and a merge while the run records is allowed. A second
+    merge logs that it waits, then waits."""
+    path = run_dir / f".{name}.merge.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            log.warning("fastrecord: waiting for another merge of %r in %s (%s) to end", name, str(run_dir), holder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # the holder removes the file as it ends: a lock on a removed file is no lock, take the new one
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the close that releases it: a waiter then sees it removed
+        os.close(fd)
+
+
+def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> MergeReport:
+    """`merge`'s work, under `merging`."""
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
+
     shards = list_shards(run_dir, name)
     root = shards_root(run_dir, name)
     if not shards:
@@ -151,7 +201,7 @@ def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int 
             report.crashed.append(rank)
         for row in results_rows(folder, name):
             if row.get("episode_id") is None and "global_index" in row:
-                dropped.add(int(row["global_index"]))
+                dropped.add(global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {root}"))
         doc = read_json(folder / f"{name}.json")
         if doc is None:
             continue
@@ -167,7 +217,11 @@ def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int 
             if not isinstance(e, dict) or "global_index" not in e or "episode_id" not in e:
                 raise ValueError(f"{folder / (name + '.json')} has an episode entry without global_index/episode_id "
                                  f"({str(e)[:120]}); it is not a shard of a sharded run. Move it out of {root}")
-            g = int(e["global_index"])
+            g = global_index_of(e, folder / f"{name}.json", f", or move {folder} out of {root}")
+            if isinstance(e["episode_id"], bool) or not isinstance(e["episode_id"], int):
+                raise ValueError(f"{folder / (name + '.json')} has an episode entry with episode_id={e['episode_id']!r} "
+                                 f"(global_index {g}); it must be the episode's group number in that shard's {name}.h5 "
+                                 f"(traj_<episode_id>). Fix that entry, or move {folder} out of {root}")
             if g in chosen:
                 report.duplicates.append(g)
                 continue

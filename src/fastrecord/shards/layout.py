@@ -133,6 +133,19 @@ def sharding_options(world_size: int, base_seed: int, total: int) -> dict[str, A
 
 
 # ---------------------------------------------------------------------------------------------- reading shards
+def global_index_of(entry: dict[str, Any], source: str | Path, alternative: str = "") -> int:
+    """``entry["global_index"]`` (an episode entry of ``source``: a ``NAME.json`` or results file), checked:
+    an integer >= 0, else a ValueError naming the file, the value and the fix (``alternative``: another
+    way out, e.g. ", or move the shard out"), where a hand-edited or foreign file would otherwise stop a
+    merge or a resume with a TypeError."""
+    g = entry.get("global_index")
+    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+        shown = {k: entry[k] for k in ("episode_id", "episode_seed") if k in entry}
+        raise ValueError(f"{source} has an episode entry with global_index={g!r} ({shown}); it must be the episode's "
+                         f"index in the run, an integer >= 0 (its episode_seed minus the run's --seed). Fix that entry{alternative}")
+    return g
+
+
 def results_rows(shard: str | Path, name: str) -> list[dict[str, Any]]:
     """The rows of a shard folder's ``NAME.results.jsonl`` (none when it is missing or unreadable; a torn
     last line, from a crash mid-write, is skipped)."""
@@ -150,11 +163,16 @@ def committed_global_indices(shard: str | Path, name: str) -> set[int]:
     (a kept episode's row is written once its video is on disk)."""
     shard = Path(shard)
     doc = read_json(shard / f"{name}.json")
+    if doc is None and (shard / f"{name}.json").exists():
+        raise ValueError(f"{shard / (name + '.json')} cannot be read (not a JSON object), so which global episodes "
+                         f"{shard} holds is unknown; fastrecord consolidate {shard / (name + '.h5')} rebuilds it from "
+                         f"its part files if it has some, else restore it from a copy or move {shard} away")
     done: set[int] = set()
     if doc is not None:
-        done |= {int(e["global_index"]) for e in doc.get("episodes", []) if isinstance(e, dict) and "global_index" in e}
+        done |= {global_index_of(e, shard / f"{name}.json") for e in doc.get("episodes", [])
+                 if isinstance(e, dict) and "global_index" in e}
     for row in results_rows(shard, name):
         if "global_index" in row and (doc is None or row.get("episode_id") is None):
-            done.add(int(row["global_index"]))
+            done.add(global_index_of(row, shard / f"{name}{RESULTS_SUFFIX}"))
     return done
 

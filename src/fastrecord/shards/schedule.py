@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from fastrecord.shards.layout import committed_global_indices, episode_meta, episode_seed
+from fastrecord.shards.layout import (
+    committed_global_indices,
+    episode_meta,
+    episode_seed,
+    list_shards,
+    results_rows,
+    shards_root,
+)
+from fastrecord.sinks.maniskill_h5.layout import PARTS_SUFFIX, complete_parts
 
 
 class SeededRandomPolicy:
@@ -84,35 +92,72 @@ class EpisodeSchedule:
         return metas
 
 
+def check_resume(run_dir: str | Path, name: str, *, base_seed: int) -> None:
+    """Whether the run ``name`` on disk in ``run_dir`` can be resumed by an unsharded run with seed
+    ``base_seed``; reads its ``NAME.json`` and results file only (no env, no HDF5, nothing written), so
+    that ``fastrecord record --if-exists resume`` refuses before it makes anything. `single_schedule`
+    checks again once the run is open (its complete parts recovered). Raises ValueError when:
+
+    - ``NAME.json`` exists but is not a JSON object (truncated, edited): which episodes and seeds the run
+      holds is unknown (``fastrecord consolidate`` rebuilds it where part files hold the entries);
+    - its episodes have no ``global_index`` (recorded by `RecordEpisode` directly): their seeds are unknown;
+    - its episodes or results rows were recorded with another base seed (their seeds minus their global
+      indices), since global episode g has seed ``base_seed + g``;
+    - ``NAME.shards/`` holds shards: a sharded run, which a plain run must not write beside
+      (``fastrecord record`` resumes it from its shards, `fastrecord.commands.record.run_record_sharded`).
+    """
+    run_dir = Path(run_dir)
+    where = f"cannot resume run {name!r} in {str(run_dir)!r}"
+    if list_shards(run_dir, name):
+        raise ValueError(f"{where}: it is a sharded run ({shards_root(run_dir, name).name}/ holds its shards); resume it from "
+                         f"its shards (fastrecord record, or run_record_sharded), or join them first with fastrecord merge "
+                         f"{run_dir} --name {name}")
+    path = run_dir / f"{name}.json"
+    doc: Any = None
+    if path.exists():
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            doc = e
+        if not isinstance(doc, dict) or not isinstance(doc.get("episodes", []), list):
+            why = f"{type(doc).__name__}: {doc}" if isinstance(doc, Exception) else "not an object with an episodes list"
+            parts = run_dir / f"{name}.h5{PARTS_SUFFIX}"
+            fix = (f"fastrecord consolidate {run_dir / (name + '.h5')} rebuilds it from the part files in {parts.name}/, "
+                   "then resume" if complete_parts(parts) else
+                   "restore it from a copy, or pass --if-exists overwrite (deletes the run), or record into another "
+                   "--output-dir or --trajectory-name")
+            raise ValueError(f"{where}: {path.name} cannot be read ({why[:200]}), so which episodes and seeds it holds is "
+                             f"unknown; {fix}")
+    entries = [e for e in doc.get("episodes", []) if isinstance(e, dict)] if isinstance(doc, dict) else []
+    untagged = sum("global_index" not in e for e in entries)
+    if untagged:
+        raise ValueError(f"{where}: {untagged} of its episodes have no global_index (recorded by RecordEpisode in Python or "
+                         f"an older fastrecord), so which seeds it holds is unknown; record into another --output-dir or "
+                         f"--trajectory-name, or pass --if-exists overwrite")
+    rows = [r for r in results_rows(run_dir, name) if "global_index" in r]
+    bases = {int(e[k]) - int(e["global_index"]) for e, k in [*((e, "episode_seed") for e in entries), *((r, "seed") for r in rows)]
+             if _is_int(e.get(k)) and _is_int(e.get("global_index"))}
+    if bases and bases != {int(base_seed)}:
+        before = min(bases)
+        raise ValueError(f"{where}: it was recorded with seed {before} and this command has seed {base_seed}; episode g "
+                         f"has seed base + g, so pass --seed {before} (or record into another --output-dir or "
+                         f"--trajectory-name)")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def single_schedule(run_dir: str | Path, name: str, *, total: int, base_seed: int, num_envs: int) -> EpisodeSchedule:
     """The schedule of an unsharded run (one process records global episodes ``0 .. total-1`` into
     ``run_dir/NAME.h5`` itself, as ``fastrecord record`` without torchrun): the episodes its ``NAME.json``
     and results file do not have (`committed_global_indices`; all of them in a new run), so a resumed
     run continues the seed sequence and ``total`` is the run's size. Call it once the recorder has
-    opened the run (a resumed run has then recovered its complete parts).
-
-    Raises ValueError when the run on disk was recorded with another base seed (its episodes' seeds
-    minus their global indices), since global episode g has seed ``base_seed + g``, and when it holds
-    episodes without a global index (recorded by `RecordEpisode` directly): their seeds are unknown."""
+    opened the run (a resumed run has then recovered its complete parts). Raises ValueError where
+    `check_resume` does."""
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise ValueError(f"total={total!r} must be an integer >= 1 (the number of episodes in the run)")
-    try:
-        doc = json.loads((Path(run_dir) / f"{name}.json").read_text())
-    except (OSError, ValueError):
-        doc = None
-    entries = [e for e in doc.get("episodes", []) if isinstance(e, dict)] if isinstance(doc, dict) else []
-    untagged = sum("global_index" not in e for e in entries)
-    if untagged:
-        raise ValueError(f"cannot resume run {name!r} in {str(run_dir)!r}: {untagged} of its episodes have no global_index "
-                         f"(recorded by RecordEpisode in Python or an older fastrecord), so which seeds it holds is unknown; "
-                         f"record into another --output-dir or --trajectory-name, or pass --if-exists overwrite")
-    bases = {int(e["episode_seed"]) - int(e["global_index"]) for e in entries
-             if isinstance(e.get("episode_seed"), int) and isinstance(e.get("global_index"), int)}
-    if bases and bases != {int(base_seed)}:
-        before = min(bases)
-        raise ValueError(f"cannot resume run {name!r} in {str(run_dir)!r}: it was recorded with seed {before} and this "
-                         f"command has seed {base_seed}; episode g has seed base + g, so pass --seed {before} "
-                         f"(or record into another --output-dir or --trajectory-name)")
+    check_resume(run_dir, name, base_seed=base_seed)
     done = committed_global_indices(run_dir, name)
     return EpisodeSchedule([g for g in range(total) if g not in done], num_envs, None, base_seed)
 

@@ -29,7 +29,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +169,19 @@ def _holds_videos(folder: Path) -> bool:
 
 
 def _h5_holds_episodes(path: Path) -> bool:
-    """Whether an HDF5 file holds any ``traj_*`` group, or cannot be read (then it is kept too)."""
-    import h5py
+    """Whether an HDF5 file holds any ``traj_*`` group, or cannot be read (then it is kept too).
+
+    Read in a writer process (`fastrecord.sinks.maniskill_h5.run_in_child`), as every other HDF5 access
+    to a run's files while recording: the file is what an earlier run left, maybe damaged, and the HDF5
+    library must not take the caller's process down on it (a process start, about 0.14 s on a busy
+    2-core machine, paid only when an earlier run of the name recorded nothing)."""
+    from fastrecord.sinks.maniskill_h5.recover import run_in_child
 
     try:
-        with h5py.File(path, "r") as f:
-            return any(k.startswith("traj_") for k in f.keys())
-    except (OSError, ValueError):
+        state = run_in_child("groups_of", str(path))
+    except Exception:  # noqa: BLE001 - the reader died on it: unreadable, so kept
         return True
+    return "error" in state or any(str(k).startswith("traj_") for k in state.get("names", []))
 
 
 def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
@@ -228,8 +233,12 @@ class RunDirectory:
     """
 
     def __init__(self, output_dir: str | Path, name: str | None, if_exists: str = "error",
-                 options: dict[str, Any] | None = None, manifest_interval_s: float = 1.0) -> None:
+                 options: dict[str, Any] | None = None, manifest_interval_s: float = 1.0,
+                 check_resume: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.output_dir = Path(output_dir)
+        # called with the earlier run's manifest when this run resumes it, under the lock and before anything
+        # is written: its error (e.g. another base seed) leaves every file of the earlier run as it was
+        self.check_resume = check_resume
         self.requested_name = name
         self.name = name or ""
         self.if_exists = if_exists
@@ -344,6 +353,12 @@ class RunDirectory:
             self.previous = {}
             return True
         # resume: keep everything, continue the earlier run's counters and file list
+        if self.check_resume is not None:
+            try:
+                self.check_resume(self.previous)
+            except BaseException:
+                self._release()
+                raise
         self.resuming = True
         self._files = list(self.previous.get("files", []))
         self.counters = {k: int(v) for k, v in self.previous.get("counters", {}).items()}
