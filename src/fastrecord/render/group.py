@@ -19,6 +19,14 @@ import torch
 from fastrecord.render.bodies import POSE_WIDTH, RenderBodies
 
 CUDA_ROW = 13  # SAPIEN's CUDA rigid-body row: pose (7) then linear and angular velocity (6)
+HIDDEN_AT = 99999.0  # where a hidden object is put while sensors take their pictures (ManiSkill's GPU-sim way)
+
+
+def _entities_of(obj: Any) -> list[Any]:
+    """The SAPIEN entities of a ManiSkill actor (its ``_objs``) or articulation (its links')."""
+    if hasattr(obj, "links"):
+        return [px_link.entity for link in obj.links for px_link in link._objs]
+    return list(obj._objs)
 
 
 def _camera(base: Any, name: str) -> Any:
@@ -35,8 +43,10 @@ class GroupRenderer:
     ``sapien.render.RenderSystemGroup``.
 
     Owns: the group (rebuilt after any env's scene changed), the CUDA pose tensor, one camera group per
-    camera name, and the visibility of each env's hidden objects while it renders (shown for human
-    cameras, hidden for sensors, as ManiSkill's ``render_rgb_array`` / ``_get_obs_sensor_data``).
+    camera name, and where each env's hidden objects are while it renders: shown for human cameras,
+    hidden for sensors (as ManiSkill's ``render_rgb_array`` / ``_get_obs_sensor_data``). A scene in a
+    group cannot change what it holds or shows, so hidden objects stay visible and are moved far away
+    for a sensor's picture, as ManiSkill hides them in GPU simulation.
     """
 
     def __init__(self, envs: Sequence[Any], device: str | torch.device = "cuda") -> None:
@@ -52,6 +62,7 @@ class GroupRenderer:
         self._camera_groups: dict[str, Any] = {}
         self._rows: list[int] = []
         self._poses: torch.Tensor | None = None
+        self._hidden_rows = torch.zeros(0, dtype=torch.long)
         self._stream = torch.cuda.Stream(self.device)
         self._copied: torch.cuda.Event | None = None
         self.rebuilds = 0  # how often the group was (re)built: once, plus once per reconfiguration that changed a scene
@@ -70,12 +81,18 @@ class GroupRenderer:
             return
         for b in self.bodies:
             b.refresh()
+        for env in self.envs:  # shown for good: a scene in a group cannot change visibility, so sensors hide by pose
+            for obj in env._hidden_objects:
+                obj.show_visual()
         rows = [len(b.entities) for b in self.bodies]
         poses = torch.zeros((sum(rows), CUDA_ROW), device=self.device, dtype=torch.float32)
         poses[:, 3] = 1.0  # identity rotations until the first poses arrive
         offset = 0
-        for b in self.bodies:
+        hidden: list[int] = []
+        for env, b in zip(self.envs, self.bodies):
             index = {id(e): offset + k for k, e in enumerate(b.entities)}
+            for obj in env._hidden_objects:
+                hidden += [index[id(e)] for e in _entities_of(obj) if id(e) in index]
             for k, entity in enumerate(b.entities):
                 body = entity.find_component_by_type(sapien.render.RenderBodyComponent)
                 if body is not None:
@@ -91,6 +108,7 @@ class GroupRenderer:
         group = sapien.render.RenderSystemGroup([e.scene.sub_scenes[0].render_system for e in self.envs])
         group.set_cuda_poses(sapien.CudaArray(poses))
         self._group, self._poses, self._rows, self._camera_groups = group, poses, rows, {}
+        self._hidden_rows = torch.as_tensor(hidden, dtype=torch.long, device=self.device)
         self.rebuilds += 1
 
     def rows(self) -> list[int]:
@@ -142,13 +160,20 @@ class GroupRenderer:
         self._ensure()
         cam0 = _camera(self.envs[0], name)
         is_sensor = name not in self.envs[0].scene.human_render_cameras if sensor is None else sensor
-        for env in self.envs:
-            for obj in env._hidden_objects:
-                obj.hide_visual() if is_sensor else obj.show_visual()
         cg = self._camera_group(name)
         if self._copied is not None:  # the last picture left SAPIEN's buffer before this one overwrites it
             self._copied.synchronize()
+        hide = is_sensor and len(self._hidden_rows) > 0
+        if hide:  # as ManiSkill hides objects in GPU simulation: moved far away for this picture
+            with torch.cuda.stream(self._stream):
+                kept = self._poses[self._hidden_rows, :3].clone()
+                self._poses[self._hidden_rows, :3] = HIDDEN_AT
+            self._stream.synchronize()
         self._group.update_render()
+        if hide:
+            with torch.cuda.stream(self._stream):
+                self._poses[self._hidden_rows, :3] = kept
+            self._stream.synchronize()
         cg.take_picture()
         for tex, modalities in cam0.config.shader_config.texture_names.items():
             if "rgb" in modalities:
