@@ -190,7 +190,7 @@ def main() -> None:
     p.add_argument("--envs", type=int, default=16)
     p.add_argument("--size", type=int, default=512)
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--steps", type=int, default=100, help="eval: parallel steps timed")
+    p.add_argument("--steps", type=int, default=200, help="eval: parallel steps timed (4 episodes of 50)")
     p.add_argument("--episode", type=int, default=50, help="eval: steps an episode")
     p.add_argument("--episodes", type=int, default=64, help="record: episodes of the command")
     a = p.parse_args()

@@ -62,6 +62,7 @@ class GroupRenderer:
         self._camera_groups: dict[str, Any] = {}
         self._rows: list[int] = []
         self._poses: torch.Tensor | None = None
+        self._host: torch.Tensor | None = None  # pinned staging of the poses' upload
         self._hidden_rows = torch.zeros(0, dtype=torch.long)
         self._stream = torch.cuda.Stream(self.device)
         self._copied: torch.cuda.Event | None = None
@@ -129,12 +130,17 @@ class GroupRenderer:
                     raise ValueError(f"poses for {got} entities per env, but the scenes have {self._rows}: a sub-env "
                                      f"reconfigured without its mirror (call invalidate/resync first)")
                 poses = np.concatenate(poses, axis=0) if len(poses) > 1 else poses[0]
-            flat = torch.from_numpy(np.ascontiguousarray(poses, dtype=np.float32))
+            if np.shape(poses) != (self._poses.shape[0], POSE_WIDTH):
+                raise ValueError(f"poses of shape {np.shape(poses)}; expected ({self._poses.shape[0]}, {POSE_WIDTH})")
+            if self._host is None or self._host.shape[0] != self._poses.shape[0]:
+                self._host = torch.empty((self._poses.shape[0], POSE_WIDTH), dtype=torch.float32, pin_memory=True)
+            self._host.numpy()[:] = poses  # pinned: the upload below neither stages nor asks CUDA what the memory is
+            flat = self._host
         if tuple(flat.shape) != (self._poses.shape[0], POSE_WIDTH):
             raise ValueError(f"poses of shape {tuple(flat.shape)}; expected ({self._poses.shape[0]}, {POSE_WIDTH})")
         with torch.cuda.stream(self._stream):
-            self._poses[:, :POSE_WIDTH].copy_(flat, non_blocking=not flat.is_cuda and flat.is_pinned())
-        self._stream.synchronize()  # SAPIEN reads the array on its own stream
+            self._poses[:, :POSE_WIDTH].copy_(flat, non_blocking=True)
+        self._stream.synchronize()  # SAPIEN reads the array on its own stream; the pinned buffer is free again
 
     def set_poses_from_envs(self) -> None:
         """Poses read from the mirrors' own entities (after their states were set, e.g. in replay)."""
