@@ -118,12 +118,16 @@ def bench_render(n: int, size: int, reps: int) -> dict:
                 host_ms=host)
 
 
-def _loop(envs, steps: int, render: bool) -> float:
-    envs.reset(seed=list(range(envs.num_envs)) if hasattr(envs, "call") else 0)
+def _loop(envs, steps: int, episode: int) -> float:
+    """ManiSkill's way: step, then every sub-env renders itself (one frame each, the recorder's work left
+    out); every env resets after ``episode`` steps, as the evaluation's envs do."""
+    envs.reset(seed=list(range(envs.num_envs)))
     t = time.perf_counter()
-    for _ in range(steps):
+    for i in range(1, steps + 1):
         envs.step(envs.action_space.sample())
-        if render:
+        envs.call("render")
+        if i % episode == 0:
+            envs.reset()
             envs.call("render")
     return time.perf_counter() - t
 
@@ -136,7 +140,7 @@ def bench_eval(n: int, size: int, steps: int, episode: int) -> list[dict]:
     t = time.perf_counter()
     envs = cpu_vector_env("PickCube-v1", n, _kw(size, episode), [])
     make_s = time.perf_counter() - t
-    loop = _loop(envs, steps, render=True)
+    loop = _loop(envs, steps, episode)
     envs.close()
     rows.append(emit(phase="eval", path="maniskill step+render, no recording", envs=n, make_s=round(make_s, 1),
                      env_steps_per_s=round(n * steps / loop, 1)))
