@@ -32,6 +32,11 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     assert "slowdown" in r["keepup"] and "ring_write_device_ms" in r["micro"]
     table = format_table(r)
     assert "ratio fastrecord / ManiSkill" in table and "encode ceiling" in table
+    # the memory and host-work cells hold what was measured, also in a run shorter than a sampling interval
+    m = fr["memory"]
+    assert m["host_rss_gib"] > 0.05 and m["encoders_pss_gib"] > 0 and m["host_total_gib"] >= m["host_rss_gib"]
+    assert f"host {m['host_rss_gib']:.2f} GiB RSS" in table and "host 0.00 GiB" not in table
+    assert r["maniskill"]["host_ms_per_step"] > 0 and f"({r['maniskill']['host_ms_per_step']:.2f} ms host work a step" in table
     io = r["imageobs"]  # the same episodes (partial resets from the env) in both files, every env-step counted
     assert io["same_episodes"] and io["fastrecord"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"] > 4
     assert io["fastrecord"]["env_steps"] == io["maniskill"]["env_steps"] == 9 * 4
@@ -57,6 +62,32 @@ def test_bench_smoke_tiny_cpu(tmp_path):
         assert x["ratio_with_setup"] == pytest.approx(
             (m["setup_seconds"] + m["seconds"]) / (f["setup_seconds"] + f["seconds"]))
     assert "imageobs, busy: 1 other process(es) spinning (held " in table and "with the recorder's set-up inside the timing" in table
+
+
+def test_memory_monitor_peaks_are_true_in_a_window_with_no_sample():
+    """`MemoryMonitor` and `ChildrenPss` over a window shorter than their sampling interval (the default
+    bench's runs are): this process's peak RSS counts memory allocated and freed inside the window (its
+    high-water mark), and the children are measured at the window's ends."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import torch
+
+    from benchmarks.memory import ChildrenPss, MemoryMonitor, pss, rss
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with MemoryMonitor(torch.device("cpu"), interval=3600) as mon, ChildrenPss(lambda: [child.pid], interval=3600) as kids:
+            block = np.ones(256 << 17)  # 256 MiB, touched
+            del block
+        after = rss()
+        peaks = mon.peaks()
+        assert peaks["host_rss_gib"] * 2**30 >= after + (200 << 20)  # the freed block is in the peak
+        assert kids.peak >= pss(child.pid) > 0
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_cpu_load_keeps_cores_busy_and_leaves_nothing_running():
