@@ -21,7 +21,8 @@ recorders see identical frames and the source costs almost nothing. Phases (each
   staggered per-env episode lengths drawn by the env, partial resets of the finished envs
   coldstart fresh processes recording their first episodes: set-up seconds, rate, peak memory
   cpueval   make_eval_envs' CPU branch: videos with and without the overlay beside a step+render loop
-  imageobs  trajectories with rgb observations, no video: fastrecord beside ManiSkill's wrapper
+  imageobs  trajectories with rgb observations, no video: fastrecord beside ManiSkill's wrapper, on an idle
+            machine and beside ``imageobs_busy_cores`` spinning processes (a busy one)
 
 Output: a readable table on stdout and everything in JSON (``--json``).
 
@@ -30,7 +31,8 @@ there. Without the command: ``PYTHONPATH=src python -m benchmarks.bench --config
 Modules: `benchmarks.config` (BenchConfig and the flags), `benchmarks.bench` (runner and table),
 `benchmarks.phases_encode` (ceiling, quality, micro), `benchmarks.phases_record` (maniskill, fastrecord,
 keepup), `benchmarks.phases_realenv`, `benchmarks.paths` (staggered, coldstart, cpueval),
-`benchmarks.imageobs`, `benchmarks.memory` and `benchmarks.profiling` (probes). Scripts beside them:
+`benchmarks.imageobs`, `benchmarks.memory` and `benchmarks.profiling` (probes), `benchmarks.load` (a
+competing CPU load). Scripts beside them:
 ``profile_step.py`` (the recorder's per-step cost), ``bench_replay.py`` (replay speed against
 ManiSkill's tool), ``bench_shards.py`` (torchrun world sizes), ``bench_gpu.sh`` (a run on the GPU machine).
 """

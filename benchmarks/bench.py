@@ -149,7 +149,7 @@ def format_table(r: dict[str, Any]) -> str:
     ms, fr, ce, kp, re_, q, mi = (r.get(k) for k in ("maniskill", "fastrecord", "ceiling", "keepup", "realenv", "quality", "micro"))
     if ms:
         row("ManiSkill RecordEpisode (tile every step, one video)", f"{ms['env_frames_per_s']:,.0f} env-frames/s "
-            f"({ms['host_ms_per_step']:.0f} ms host work a step, {ms['encode_seconds']:.1f} s encode for {ms['steps'] + 1} frames), "
+            f"({ms['host_ms_per_step']:.2f} ms host work a step, {ms['encode_seconds']:.1f} s encode for {ms['steps'] + 1} frames), "
             f"PSNR {ms.get('psnr_db', float('nan')):.1f} dB")
     if fr:
         row("fastrecord RecordEpisode (ring + per-env MP4)", f"{fr['env_frames_per_s']:,.0f} env-frames/s over {fr['episodes']} episodes, "
@@ -166,7 +166,7 @@ def format_table(r: dict[str, Any]) -> str:
         row("stepping thread, flat out", f"{fr['recorder_ms_per_step_excl_wait']:.2f} ms/step own work + "
             f"{fr['backpressure_wait_ms_per_step']:.1f} ms/step waiting for encoders (p50 step {fr['step_ms_p50']:.2f} ms)")
         m = fr["memory"]
-        row("peak memory, flat out", f"host {m['host_rss_gib']:.1f} GiB RSS (staging {fr['staging']['reserved_gib']:.1f} GiB) + encoders {m['encoders_pss_gib']:.1f} GiB PSS"
+        row("peak memory, flat out", f"host {m['host_rss_gib']:.2f} GiB RSS (staging {fr['staging']['reserved_gib']:.2f} GiB) + encoders {m['encoders_pss_gib']:.2f} GiB PSS"
             + (f", device {m['device_torch_peak_gib']:.1f} GiB (torch)" if "device_torch_peak_gib" in m else ""))
         mb = fr["memory_per_batch"]
         if len(mb) > 1:

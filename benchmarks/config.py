@@ -67,6 +67,7 @@ class BenchConfig:
     trajectory_writers: int | None = None  # imageobs phase: fastrecord's HDF5 writer processes (None: fastrecord's default)
     imageobs_writers_sweep: tuple[int, ...] = ()  # imageobs phase: also run with each of these trajectory_writers (labelled tuned rows)
     trajectory_compression: str = "gzip:1"  # imageobs phase: fastrecord's image compression
+    imageobs_busy_cores: int = 1  # imageobs phase: also run ManiSkill's and fastrecord's default beside this many spinning processes (0: idle only)
     output_dir: str | None = None  # where videos go (None: a temporary directory, removed after)
     json: str | None = None  # write the results here
 
@@ -93,6 +94,7 @@ def check_imageobs(cfg: BenchConfig) -> None:
         raise ValueError(f"imageobs_writers_sweep={list(cfg.imageobs_writers_sweep)} holds {bad}: every entry must be an "
                          f"integer >= 1 (trajectory_writers to run beside the default, e.g. [8]); fix it in the --config file")
     check_at_least(cfg, 2, imageobs_episode_steps="a --config file with imageobs_episode_steps:")
+    check_at_least(cfg, 0, imageobs_busy_cores="--imageobs-busy-cores")
     if cfg.imageobs_content not in CONTENTS:
         raise ValueError(f"imageobs_content={cfg.imageobs_content!r} is unknown; use 'maniskill' (the sensor camera "
                          f"of content_env) or 'gradient' (synthetic)")
@@ -133,6 +135,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imageobs-size", type=int)
     p.add_argument("--imageobs-steps", type=int)
     p.add_argument("--trajectory-writers", type=int)
+    p.add_argument("--imageobs-busy-cores", type=int, help="imageobs: processes spinning beside the busy runs (0: none)")
     p.add_argument("--trajectory-compression")
     p.add_argument("--skip", help=f"comma-separated phases to skip: {','.join(PHASES)}")
     p.add_argument("--profile", action="store_const", const=True, help="sample the flat-out run with py-spy")

@@ -12,7 +12,11 @@
             (construction + first reset), peak host RSS (+ writer processes' PSS) and device memory, file
             size. The frames stay on the source's device (CUDA tensors on a GPU machine). fastrecord runs
             its default ``trajectory_writers`` (the table says what it resolved to); each count of
-            ``imageobs_writers_sweep`` runs beside it, in rows labelled "tuned" (not the default).
+            ``imageobs_writers_sweep`` runs beside it, in rows labelled "tuned" (not the default). With
+            ``imageobs_busy_cores`` (default 1), each repeat also runs the default pair beside that many
+            other processes spinning (`benchmarks.load.CpuLoad`: a busy machine), so the table has both
+            ratios, idle and busy, from one run; each ratio also with the recorder's set-up (construction
+            + first reset) inside the timing.
 
 Returns a dict that `benchmarks.bench` stores under ``imageobs``.
 """
@@ -30,6 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks.config import BenchConfig
+from benchmarks.load import CpuLoad
 from benchmarks.memory import ChildrenPss, MemoryMonitor, rss
 from fastrecord.testing import BatchedDoubleEnv, gradient_clips, make_bank, sensor_clips
 
@@ -91,6 +96,7 @@ def _measure(make: Callable[[], Any], src: BatchedDoubleEnv, steps: int, device:
     return dict(setup_seconds=setup, loop_seconds=loop, close_seconds=close, seconds=loop + close,
                 env_steps=env_steps, episodes_finished=finished,
                 env_steps_per_s=env_steps / (loop + close), loop_env_steps_per_s=env_steps / loop,
+                env_steps_per_s_with_setup=env_steps / (setup + loop + close),
                 recorder_ms_per_step=1000 * own / steps, memory=mem, host_rss_growth_gib=(mon.peak_rss - rss0) / 2**30)
 
 
@@ -113,11 +119,11 @@ def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[st
     """ManiSkill's and fastrecord's RecordEpisode (trajectory only) over the same rgb-observation episodes,
     ``imageobs_repeats`` runs each, interleaved; the median run of each and their ratios. fastrecord runs
     with ``cfg.trajectory_writers`` (None: its default, resolved by the recorder and reported), then with
-    each count of ``imageobs_writers_sweep`` (tuned runs, reported under ``sweep``, not as the default)."""
-    from fastrecord import RecordEpisode
+    each count of ``imageobs_writers_sweep`` (tuned runs, reported under ``sweep``, not as the default).
+    With ``cfg.imageobs_busy_cores``, each repeat also runs the first pair beside that many spinning
+    processes (reported under ``busy``, with the cores they held)."""
     from fastrecord.options import usable_cores
 
-    ms_record = importlib.import_module("mani_skill.utils.wrappers.record")
     size, steps, frames = cfg.imageobs_size, cfg.imageobs_steps, cfg.imageobs_episode_steps + 1
     t0 = time.perf_counter()
     if cfg.imageobs_content == "maniskill":
@@ -132,50 +138,78 @@ def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[st
                                source_seconds=time.perf_counter() - t0)
     recorders = [("maniskill", None), ("fastrecord", cfg.trajectory_writers)]
     recorders += [(f"fastrecord_writers_{n}", n) for n in cfg.imageobs_writers_sweep]
-    # interleaved (a loaded machine slows all alike): each repeat runs every recorder once
-    runs = [(name, writers, rep) for rep in range(cfg.imageobs_repeats) for name, writers in recorders]
-    for name, writers, rep in runs:
-        src = imageobs_env(cfg.num_envs, bank, device)
-        d = out / f"imageobs_{name}_{rep}"
-        holder: list[Any] = []
-        if name == "maniskill":
-            def make(src: Any = src, d: Path = d) -> Any:
-                return ms_record.RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False)
-        else:
-            def make(src: Any = src, d: Path = d, holder: list = holder, writers: int | None = writers) -> Any:
-                env = RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False,
-                                    trajectory_writers=writers, trajectory_compression=cfg.trajectory_compression)
-                holder.append(env)
-                return env
-
-        def pids(holder: list = holder) -> list[int]:
-            sink = holder[0].recorder.trajectory if holder else None
-            return sink.writer.pids if sink is not None and sink.writer is not None else []
-
-        r = _measure(make, src, steps, device, pids)
-        r.update(_file_stats(d / "traj.h5"))
-        if holder:
-            r["writers_started"] = holder[0].recorder.trajectory.writers  # the count the recorder chose or was given
-        res.setdefault(f"{name}_runs", []).append(r)
-        shutil.rmtree(d, ignore_errors=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    for name, _ in recorders:
-        rs = res[f"{name}_runs"]
-        res[name] = rs[int(np.argsort([r["env_steps_per_s"] for r in rs])[len(rs) // 2])]  # the median run
-    ms_runs = res["maniskill_runs"]
-
-    def ratios(name: str) -> list[float]:
-        return [f["env_steps_per_s"] / m["env_steps_per_s"] for m, f in zip(ms_runs, res[f"{name}_runs"])]
-
-    res["ratios"] = ratios("fastrecord")
-    res["ratio"] = float(np.median(res["ratios"]))
+    # (key prefix, spinning processes, recorders): idle, then the default pair on a busy machine
+    conditions = [("", 0, recorders)] + ([("busy_", cfg.imageobs_busy_cores, recorders[:2])] if cfg.imageobs_busy_cores else [])
+    held: list[float] = []
+    # interleaved (a loaded machine slows all alike): each repeat runs every recorder once in each condition
+    for rep in range(cfg.imageobs_repeats):
+        for prefix, cores, names in conditions:
+            with CpuLoad(cores) as load:
+                for name, writers in names:
+                    r = _run_recorder(cfg, bank, device, out / f"imageobs_{prefix}{name}_{rep}", name == "maniskill", writers)
+                    res.setdefault(f"{prefix}{name}_runs", []).append(r)
+            if cores:
+                held.append(load.cores_held)
+    res.update(_medians(res, [name for name, _ in recorders]))
+    res.update(_ratios(res, "fastrecord"))
     res["default_writers"] = res["fastrecord"]["writers_started"]
     res["same_episodes"] = res["fastrecord"]["episodes_in_file"] == res["maniskill"]["episodes_in_file"]
-    res["sweep"] = [dict(trajectory_writers=n, run=res[f"fastrecord_writers_{n}"], ratios=ratios(f"fastrecord_writers_{n}"),
-                         ratio=float(np.median(ratios(f"fastrecord_writers_{n}"))))
+    res["sweep"] = [dict(trajectory_writers=n, run=res[f"fastrecord_writers_{n}"], **_ratios(res, f"fastrecord_writers_{n}"))
                     for n in cfg.imageobs_writers_sweep]
+    if cfg.imageobs_busy_cores:
+        busy = {k[len("busy_"):]: res.pop(k) for k in list(res) if k.startswith("busy_")}
+        res["busy"] = dict(cores=cfg.imageobs_busy_cores, cores_held=held, **busy, **_medians(busy, ["maniskill", "fastrecord"]),
+                           **_ratios(busy, "fastrecord"))
     return res
+
+
+def _run_recorder(cfg: BenchConfig, bank: np.ndarray, device: torch.device, d: Path, maniskill: bool,
+                  writers: int | None) -> dict[str, Any]:
+    """One recorder (ManiSkill's, or fastrecord's with ``writers``) over a fresh source: `_measure`, the
+    file's figures, the writer count fastrecord started; the files are removed after."""
+    from fastrecord import RecordEpisode
+
+    ms_record = importlib.import_module("mani_skill.utils.wrappers.record")
+    src = imageobs_env(cfg.num_envs, bank, device)
+    holder: list[Any] = []
+
+    def make() -> Any:
+        if maniskill:
+            return ms_record.RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False)
+        env = RecordEpisode(src, str(d), save_trajectory=True, trajectory_name="traj", save_video=False,
+                            trajectory_writers=writers, trajectory_compression=cfg.trajectory_compression)
+        holder.append(env)
+        return env
+
+    def pids() -> list[int]:
+        sink = holder[0].recorder.trajectory if holder else None
+        return sink.writer.pids if sink is not None and sink.writer is not None else []
+
+    r = _measure(make, src, cfg.imageobs_steps, device, pids)
+    r.update(_file_stats(d / "traj.h5"))
+    if holder:
+        r["writers_started"] = holder[0].recorder.trajectory.writers  # the count the recorder chose or was given
+    shutil.rmtree(d, ignore_errors=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return r
+
+
+def _medians(res: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The median run (by env-steps/s to everything on disk) of each name's ``res[f"{name}_runs"]``."""
+    return {name: rs[int(np.argsort([r["env_steps_per_s"] for r in rs])[len(rs) // 2])]
+            for name in names if (rs := res[f"{name}_runs"])}
+
+
+def _ratios(res: dict[str, Any], name: str) -> dict[str, Any]:
+    """``name``'s runs against ManiSkill's of the same repeats, pair by pair: the ratios to everything on
+    disk (``ratios``, median ``ratio``) and with the recorder's set-up inside the timing (``*_with_setup``)."""
+    out: dict[str, Any] = {}
+    for key, rate in (("", "env_steps_per_s"), ("_with_setup", "env_steps_per_s_with_setup")):
+        ratios = [f[rate] / m[rate] for m, f in zip(res["maniskill_runs"], res[f"{name}_runs"])]
+        out[f"ratios{key}"] = ratios
+        out[f"ratio{key}"] = float(np.median(ratios))
+    return out
 
 
 def table_rows(r: dict[str, Any]) -> list[str]:
@@ -207,11 +241,21 @@ def table_rows(r: dict[str, Any]) -> list[str]:
         chosen = f"default: trajectory_writers=None -> {x['default_writers']} (chosen for {x['cores']} usable cores, image leaves)"
     else:
         chosen = f"set: trajectory_writers={x['trajectory_writers']} (not the default)"
+    def ratio(v: dict[str, Any]) -> str:
+        return (f"{v['ratio']:.2f}x to everything on disk (runs: {runs(v['ratios'])}); {v['ratio_with_setup']:.2f}x with "
+                f"the recorder's set-up inside the timing (runs: {runs(v['ratios_with_setup'])})")
+
     rows = [row("ManiSkill RecordEpisode", ms), row(f"fastrecord RecordEpisode, {chosen}, {x['trajectory_compression']}", fr),
-            f"| imageobs: ratio fastrecord / ManiSkill ({chosen}) | {x['ratio']:.2f}x (runs: {runs(x['ratios'])}) |"]
+            f"| imageobs: ratio fastrecord / ManiSkill ({chosen}) | {ratio(x)} |"]
+    b = x.get("busy")
+    if b:
+        load = (f"busy: {b['cores']} other process(es) spinning (held {min(b['cores_held']):.2f}-{max(b['cores_held']):.2f} "
+                f"of {x['cores']} usable cores)")
+        rows += [row(f"{load}, ManiSkill RecordEpisode", b["maniskill"]),
+                 row(f"{load}, fastrecord RecordEpisode, {chosen}, {x['trajectory_compression']}", b["fastrecord"]),
+                 f"| imageobs, {load}: ratio fastrecord / ManiSkill ({chosen}) | {ratio(b)} |"]
     for s in x.get("sweep", []):
         n = s["trajectory_writers"]
         rows.append(row(f"tuned: trajectory_writers={n} (not the default), {x['trajectory_compression']}", s["run"]))
-        rows.append(f"| imageobs, tuned: ratio fastrecord (trajectory_writers={n}, not the default) / ManiSkill | "
-                    f"{s['ratio']:.2f}x (runs: {runs(s['ratios'])}) |")
+        rows.append(f"| imageobs, tuned: ratio fastrecord (trajectory_writers={n}, not the default) / ManiSkill | {ratio(s)} |")
     return rows

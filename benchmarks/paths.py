@@ -295,6 +295,7 @@ def coldstart_main(arg: str, t_process: float) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     rss_before = rss()
+    peak_before = status_bytes("VmHWM")  # the monitor resets the high-water mark as the recording starts
     mon = MemoryMonitor(device)
     t0 = time.perf_counter()
     r = record_episodes(src, Path(a["out"]), episodes=a["episodes"], warmup_episodes=0, workers=a["workers"],
@@ -303,7 +304,7 @@ def coldstart_main(arg: str, t_process: float) -> None:
     r["setup_seconds"] = import_s + r["construct_seconds"]
     r["rate_incl_construct"] = r["frames"] / (r["seconds"] + r["construct_seconds"])
     r["host_rss_before_gib"] = rss_before / 2**30
-    r["host_peak_rss_gib"] = status_bytes("VmHWM") / 2**30  # this process's high-water mark (not inherited)
+    r["host_peak_rss_gib"] = max(peak_before, status_bytes("VmHWM")) / 2**30  # this process's peak (not inherited)
     r["record_wall_seconds"] = time.perf_counter() - t0
     if device.type == "cuda":
         r["device_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
@@ -405,7 +406,7 @@ def table_rows(r: dict[str, Any]) -> list[str]:
         return f" ({x / ref:.0%} of all-end-together)" if ref else ""
 
     def mem(m: dict[str, Any]) -> str:
-        out = f"peak host RSS {m.get('host_rss_gib', 0):.1f} GiB"
+        out = f"peak host RSS {m.get('host_rss_gib', 0):.2f} GiB"
         return out + (f", device {m['device_torch_peak_gib']:.1f} GiB (torch)" if "device_torch_peak_gib" in m else "")
 
     if st:

@@ -32,6 +32,11 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     assert "slowdown" in r["keepup"] and "ring_write_device_ms" in r["micro"]
     table = format_table(r)
     assert "ratio fastrecord / ManiSkill" in table and "encode ceiling" in table
+    # the memory and host-work cells hold what was measured, also in a run shorter than a sampling interval
+    m = fr["memory"]
+    assert m["host_rss_gib"] > 0.05 and m["encoders_pss_gib"] > 0 and m["host_total_gib"] >= m["host_rss_gib"]
+    assert f"host {m['host_rss_gib']:.2f} GiB RSS" in table and "host 0.00 GiB" not in table
+    assert r["maniskill"]["host_ms_per_step"] > 0 and f"({r['maniskill']['host_ms_per_step']:.2f} ms host work a step" in table
     io = r["imageobs"]  # the same episodes (partial resets from the env) in both files, every env-step counted
     assert io["same_episodes"] and io["fastrecord"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"] > 4
     assert io["fastrecord"]["env_steps"] == io["maniskill"]["env_steps"] == 9 * 4
@@ -46,6 +51,70 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     assert tuned["trajectory_writers"] == tuned["run"]["writers_started"] == 2 and tuned["ratio"] > 0
     assert tuned["run"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"]
     assert "imageobs, tuned: trajectory_writers=2 (not the default)" in table
+    # the same pair beside a spinning process (BenchConfig's default imageobs_busy_cores=1), in the same run
+    busy = io["busy"]
+    assert busy["cores"] == 1 and len(busy["cores_held"]) == 1 and busy["cores_held"][0] > 0
+    assert busy["fastrecord"]["episodes_in_file"] == busy["maniskill"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"]
+    assert busy["fastrecord"]["writers_started"] == io["default_writers"] and busy["ratio"] > 0 and busy["ratio_with_setup"] > 0
+    for x in (io, busy):  # each ratio is the median of the runs' ratios, set-up inside the timing or not
+        assert x["ratio"] == pytest.approx(x["fastrecord_runs"][0]["env_steps_per_s"] / x["maniskill_runs"][0]["env_steps_per_s"])
+        f, m = x["fastrecord_runs"][0], x["maniskill_runs"][0]
+        assert x["ratio_with_setup"] == pytest.approx(
+            (m["setup_seconds"] + m["seconds"]) / (f["setup_seconds"] + f["seconds"]))
+    assert "imageobs, busy: 1 other process(es) spinning (held " in table and "with the recorder's set-up inside the timing" in table
+
+
+def test_memory_monitor_peaks_are_true_in_a_window_with_no_sample():
+    """`MemoryMonitor` and `ChildrenPss` over a window shorter than their sampling interval (the default
+    bench's runs are): this process's peak RSS counts memory allocated and freed inside the window (its
+    high-water mark), and the children are measured at the window's ends."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import torch
+
+    from benchmarks.memory import ChildrenPss, MemoryMonitor, pss, rss
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with MemoryMonitor(torch.device("cpu"), interval=3600) as mon, ChildrenPss(lambda: [child.pid], interval=3600) as kids:
+            block = np.ones(256 << 17)  # 256 MiB, touched
+            del block
+        after = rss()
+        peaks = mon.peaks()
+        assert peaks["host_rss_gib"] * 2**30 >= after + (200 << 20)  # the freed block is in the peak
+        assert kids.peak >= pss(child.pid) > 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_cpu_load_keeps_cores_busy_and_leaves_nothing_running():
+    """`benchmarks.load.CpuLoad`: the spinning processes run (they gain CPU time) between enter and exit,
+    say how much CPU they held, and are gone after; 0 starts nothing; a bad count is refused."""
+    import os
+    import time
+
+    from benchmarks.load import CpuLoad, cpu_seconds
+
+    with CpuLoad(1) as load:
+        (proc,) = load._procs
+        before = cpu_seconds(proc.pid)
+        assert before >= 0.05  # enter returned once it was spinning
+        deadline = time.monotonic() + 30
+        while cpu_seconds(proc.pid) <= before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cpu_seconds(proc.pid) > before and proc.poll() is None
+    assert proc.poll() is not None and load.cores_held > 0 and load._procs == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(proc.pid, 0)
+    with CpuLoad(0) as idle:
+        assert idle._procs == []
+    assert idle.cores_held == 0
+    assert cpu_seconds(2**22 + 12345) == 0.0  # no such process
+    with pytest.raises(ValueError, match=r"cores=-1: pass an int >= 0"):
+        CpuLoad(-1)
 
 
 def test_bench_imageobs_options_are_checked():
@@ -59,6 +128,8 @@ def test_bench_imageobs_options_are_checked():
         BenchConfig(imageobs_episode_steps=1)
     with pytest.raises(ValueError, match=r"imageobs_writers_sweep=\[8, 0\] holds \[0\]: every entry must be an integer >= 1"):
         BenchConfig(imageobs_writers_sweep=(8, 0))
+    with pytest.raises(ValueError, match=r"imageobs_busy_cores=-1 must be at least 0; pass --imageobs-busy-cores N"):
+        BenchConfig(imageobs_busy_cores=-1)
 
 
 def test_bench_cli_rejects_unknown_phase():

@@ -201,7 +201,9 @@ def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
     CPU vector env's sub-envs), and then starts the forkserver (its imports) before its own imports."""
     from fastrecord.commands.cli import _replay_forks
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the machine's cores: not what counts
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # the cores this process may use
     assert _replay_forks(["replay", "x.h5"])  # by default one env per core (and one worker per env on 8+)
     assert _replay_forks(["replay", "x.h5", "--workers", "4"])
     assert _replay_forks(["replay", "x.h5", "--workers=2", "--num-envs", "2"])
@@ -214,18 +216,23 @@ def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
     assert not _replay_forks(["replay", "x.h5", "-b", "cuda:1", "-n", "64"])
     assert _replay_forks(["replay", "x.h5", "-b", "cuda:1", "--workers", "2"])  # workers: batched envs each
     assert not _replay_forks(["record", "PickCube-v1"])
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # taskset -c 0,1 on the 64-core machine
     assert not _replay_forks(["replay", "x.h5"])  # one process holds the 2 envs
     assert _replay_forks(["replay", "x.h5", "-n", "6"])
     assert not _replay_forks(["replay", "x.h5", "-n", "6", "--vector", "sync"])
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     assert not _replay_forks(["replay", "x.h5"])
 
 
 def test_default_workers(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    """Sized to the cores this process may use (its affinity mask, shared by torchrun's ranks on the host),
+    not to the machine's: 2 usable cores of 64 are a small machine."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert default_workers(None, 96, gpu_sim=False) == 1  # a small machine: one process
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks share the 32 cores
     assert default_workers(None, 96, gpu_sim=False) == 16  # rendering on the CPU: one worker per env, one env per core
     assert default_workers(None, 5, gpu_sim=False) == 5  # at most one per episode
     assert default_workers(4, 96, gpu_sim=False) == 4

@@ -81,7 +81,16 @@ def test_rank_info_from_torchrun_variables(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     info = shards.rank_info()
     assert info == shards.RankInfo(3, 4, 1, 2) and info.distributed
-    assert shards.default_workers(info) == max(1, min(16, (os.cpu_count() or 1) // 2))
+    from fastrecord.options import usable_cores
+
+    assert shards.default_workers(info) == max(1, min(16, usable_cores(2)))
+    # the cores this process may use (its affinity mask), not the machine's, shared by the host's ranks
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)))
+    assert shards.default_workers(info) == 6 and shards.default_workers(shards.RankInfo(0, 1, 0, 1)) == 12
+    assert shards.default_workers(shards.RankInfo(0, 1, 0, 1), cap=4) == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    assert shards.default_workers(info) == 1  # at least one
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")

@@ -38,19 +38,21 @@ def _opt(default: Any, help: str, *, kw_only: bool = False, flag: str | None = N
     return field(default=default, kw_only=kw_only, metadata=meta)
 
 
-def usable_cores() -> int:
+def usable_cores(ranks: int | None = None) -> int:
     """The CPU cores this process may use: its affinity mask (narrowed by ``taskset``, a container's
     cpuset or a job scheduler; ``os.cpu_count()`` where the platform has no affinity call), shared with
-    the other ranks of its host under torchrun (``LOCAL_WORLD_SIZE``)."""
+    the other ranks of its host: ``ranks`` of them, None: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it).
+    At least 1. Every default sized to the machine (encoders, writers, replay workers) reads this."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    try:
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    return max(1, cores // ranks)
+    if ranks is None:
+        try:
+            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        except ValueError:
+            ranks = 1
+    return max(1, cores // max(1, ranks))
 
 
 def default_video_workers(cores: int) -> int:

@@ -14,7 +14,8 @@ appended to ``args``; ``answer=False`` makes it one-way (`IsolatedProcess.notify
 ``("ok", result)`` or ``("error", details, leaving)``. A child's exception is raised in the caller with
 the same builtin type (``OSError`` with its errno), else as `RemoteError`; a child that died is `ChildDied`.
 
-Helper processes run below the caller's CPU priority (`background_nice`).
+Background helpers (encoders) run below the caller's CPU priority (`background_nice`); helpers whose work
+the caller waits on (HDF5 writers: ``background=False``) run at the caller's own priority.
 """
 
 from __future__ import annotations
@@ -36,14 +37,19 @@ DEFAULT_NICE = 10
 
 
 def background_nice() -> int:
-    """How much lower the CPU priority of fastrecord's helper processes (encoders, HDF5 writers) is than
+    """How much lower the CPU priority of fastrecord's background helper processes (the encoders) is than
     the caller's: ``$FASTRECORD_BACKGROUND_NICE``, 0..19 (a niceness increment) or ``idle`` (Linux's
     SCHED_IDLE: they run only on cores nothing else wants), default 10. Returned as an int: -1 is idle.
 
     The stepping process and the simulation's processes (a CPU vector env's sub-envs) then get a core
     first whenever they want one, and the background work uses what they leave: 16 encoder processes
     drawing the info overlay at full priority slow the steps and resets of 16 CPU sub-envs by about a
-    quarter. Unprivileged: it can only lower a priority; 0 leaves it alone."""
+    quarter. Unprivileged: it can only lower a priority; 0 leaves it alone.
+
+    HDF5 writer processes are not background helpers (``IsolatedProcess(background=False)``): they run at
+    the caller's priority whatever this says. ManiSkill's wrapper writes its trajectories in the caller's
+    own process; writers at nice 10 starved on a machine with another busy process (2 cores, one kept
+    busy: 1.2x ManiSkill's wrapper, 1.6x at the caller's priority; docs/performance.md)."""
     raw = os.environ.get(NICE_ENV)
     if raw is None or raw.strip() == "":
         return DEFAULT_NICE
@@ -280,10 +286,13 @@ class IsolatedProcess:
     ``keep_after_error``, the child is gone after an error. A child that died is `ChildDied`. One call at a
     time (calls from several threads queue on a lock); `notify` sends a one-way request meanwhile.
     ``fds=``: file descriptors sent along (SCM_RIGHTS), appended to ``args`` in the child, which owns them.
-    ``stop()`` closes the socket; the child leaves.
+    ``stop()`` closes the socket; the child leaves. ``background``: run below the caller's CPU priority
+    (`background_nice`), for work that may lag (encoders); False: at the caller's priority, for work the
+    caller waits on (HDF5 writers).
     """
 
-    def __init__(self, module: str, name: str = "the fastrecord helper process", *, keep_after_error: bool = False) -> None:
+    def __init__(self, module: str, name: str = "the fastrecord helper process", *, keep_after_error: bool = False,
+                 background: bool = True) -> None:
         from multiprocessing.connection import Connection
 
         if not module.startswith("fastrecord."):
@@ -294,7 +303,7 @@ class IsolatedProcess:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(child.fileno()), pkg_dir, module, str(os.getpid()),
-                 str(background_nice()), "1" if keep_after_error else "0"],
+                 str(background_nice() if background else 0), "1" if keep_after_error else "0"],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
                 # a session of its own: a SIGTERM to the caller's process group (torchrun stopping a worker, a
                 # job scheduler's killpg) is the caller's to handle; it closes us, and its death ends our socket

@@ -327,7 +327,9 @@ def _replay_forks(argv: list[str]) -> bool:
     backend = _flag(argv, "--sim-backend", "-b")
     if (backend is not None and backend.split(":")[0] in CUDA_SIM) or vector == "batched":
         return False
-    cores = os.cpu_count() or 1
+    from fastrecord.options import usable_cores
+
+    cores = usable_cores()
     n = int(envs) if envs is not None and envs.isdigit() else (1 if envs is not None else cores)
     if n <= 1:
         return False

@@ -6,8 +6,6 @@ whether a replay will fork processes (`fastrecord.commands.cli`), and `ReplayCon
 
 from __future__ import annotations
 
-import os
-
 MANY_CORES = 8  # from this many cores on, a replay of CPU-simulated envs runs several worker processes by default
 ENVS_PER_WORKER = 4  # envs one process holds (their renders submitted together); more go to sub-processes of one env
 GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless num_envs says otherwise
@@ -26,8 +24,12 @@ def default_workers(num_envs: int | None, episodes: int, gpu_sim: bool, gpu_rend
     CPU (lavapipe renders each env with the cores it finds) one env per worker. Fewer cores (where every
     process competes for the same one or two), GPU simulation (one batched env already runs every env in
     one process, on one GPU) or under torchrun (the ranks are the workers): one process.
+    Cores are the usable ones (`fastrecord.options.usable_cores`: the affinity mask's, shared by torchrun's
+    ranks on the host), not every core of the machine.
     """
-    cores = os.cpu_count() or 1
+    from fastrecord.options import usable_cores
+
+    cores = usable_cores()
     if gpu_sim or cores < MANY_CORES:
         return 1
     per_worker = ENVS_PER_WORKER if gpu_render else 1

@@ -7,7 +7,6 @@ The caller and every worker process make the same plan from the same `ReplayConf
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +14,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import torch
 
+from fastrecord.options import usable_cores
 from fastrecord.replay.config import CONVERTERS, CPU_BACKENDS, ReplayConfig
 from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, default_workers
 from fastrecord.sinks.maniskill_h5 import EpisodeProblem, TrajectoryFile, check_episode
@@ -182,7 +182,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
         raise ValueError(f"--workers {cfg.workers} under torchrun: the {info.world_size} ranks are the workers (each "
                          f"replays its share); drop --workers, or run without torchrun")
     vector = cfg.vector
-    cores = max(1, (os.cpu_count() or 1) // info.local_world_size)  # under torchrun the ranks of a host share its cores
+    cores = usable_cores(info.local_world_size)  # under torchrun the ranks of a host share its cores
     gpu_render = str(kwargs.get("render_backend")).lower() not in ("cpu", "sapien_cpu")
     workers = (1 if info.distributed else cfg.workers if cfg.workers is not None
                else default_workers(cfg.num_envs, len(episodes), gpu_sim, gpu_render))

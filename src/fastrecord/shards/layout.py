@@ -67,9 +67,12 @@ def rank_info() -> RankInfo:
 
 
 def default_workers(info: RankInfo | None = None, cap: int = 16) -> int:
-    """Encoder processes for one rank: the cores divided by the ranks on this host (at least 1, at most ``cap``)."""
+    """Encoder processes for one rank: the usable cores (`fastrecord.options.usable_cores`: the affinity
+    mask's) divided by the ranks on this host, at least 1, at most ``cap``."""
+    from fastrecord.options import usable_cores
+
     info = info or rank_info()
-    return max(1, min(cap, (os.cpu_count() or 1) // info.local_world_size))
+    return max(1, min(cap, usable_cores(info.local_world_size)))
 
 
 # ---------------------------------------------------------------------------------------------- episodes

@@ -17,7 +17,7 @@ from fastrecord.workers import WorkerError
 def run_in_child(func: str, *args: Any) -> Any:
     """Run ``func`` of `fastrecord.sinks.maniskill_h5.process` (its first argument a path) in a fresh
     writer process; a crash there is a WorkerError here, naming the path and the free disk space."""
-    proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process")
+    proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False)  # the caller waits
     try:
         return proc.call(func, *args)
     except ChildDied as e:

@@ -121,9 +121,12 @@ class TrajectoryWriter:
         self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
         self._index: IsolatedProcess | None = None
         self._writers: list[IsolatedProcess] = []
+        # at the caller's CPU priority, not below it: the recorder waits for them (backpressure, close), as
+        # ManiSkill's wrapper waits for its own in-process writes; below it, a busy machine starves them
         try:  # processes start in parallel; the first call waits for its process's imports
-            self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process")
-            self._writers = [IsolatedProcess(WRITER_PROCESS_MODULE, f"HDF5 writer process {i}") for i in range(num_writers)]
+            self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process", background=False)
+            self._writers = [IsolatedProcess(WRITER_PROCESS_MODULE, f"HDF5 writer process {i}", background=False)
+                             for i in range(num_writers)]
             if existing:
                 self._resume()
             else:
@@ -321,7 +324,8 @@ class TrajectoryWriter:
             try:
                 if best_effort and index.poll() is not None:  # after a failure: a fresh one lists what is safe
                     index.stop()
-                    index = self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process")
+                    index = self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process",
+                                                                 background=False)
                 index.call("publish_index", str(self.h5_path), links, doc)
             except BaseException as e:  # noqa: BLE001 - raised in the caller as a WorkerError
                 for p in (self.h5_path, self.json_path):
