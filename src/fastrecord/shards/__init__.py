@@ -63,6 +63,7 @@ from fastrecord.shards.layout import (
     list_shards,
     owner,
     rank_info,
+    refuse_lerobot,
     results_rows,
     shard_dir,
     sharding_options,
@@ -73,6 +74,7 @@ from fastrecord.shards.schedule import EpisodeSchedule, SeededRandomPolicy, reco
 __all__ = [
     "RULE",
     "SHARDS_SUFFIX",
+    "refuse_lerobot",
     "DistributedRun",
     "EpisodeSchedule",
     "MergeReport",

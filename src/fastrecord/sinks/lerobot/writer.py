@@ -7,13 +7,15 @@ carries the episode's statistics and the dataset's features). Once the committed
 order, pass a file size limit (LeRobot's: 100 MB of data, 500 MB of video), and at ``close()``, they
 become the next dataset file of each kind: ``data/chunk-CCC/file-FFF.parquet``, one
 ``videos/<key>/chunk-CCC/file-FFF.mp4`` per camera (the episode videos joined without re-encoding,
-`fastrecord.sinks.lerobot.video.concat_mp4`) and ``meta/episodes/chunk-CCC/file-FFF.parquet``, which is
-written last and is the commit of the file (its parquet metadata lists the parts it holds); then
-``meta/info.json``, ``meta/stats.json`` and ``meta/tasks.parquet`` are rewritten from the episode files
-and the parts are removed. Every file appears atomically, and no dataset file is ever rewritten.
+`fastrecord.sinks.lerobot.video.concat_mp4`) and ``meta/episodes/chunk-CCC/file-FFF.parquet``, first
+written as ``file-FFF.parquet.pending``: the commit of the file (its parquet metadata lists the parts it
+holds). Then ``meta/tasks.parquet``, ``meta/stats.json`` and ``meta/info.json`` are rewritten with the
+new totals, the episodes file takes its name (so LeRobot's reader sees it and the totals together) and
+the parts are removed. Every file appears atomically, and no dataset file is ever rewritten.
 
 After a kill, every finished episode is readable: those of earlier files in the dataset (LeRobot loads
-it), the others as parts (parquet + MP4). Opening the writer again on the same folders (``resume``:
+it: its files and meta/info.json agree, but for a kill between the two renames that end a file), the
+others as parts (parquet + MP4). Opening the writer again on the same folders (``resume``:
 ``if_exists="resume"``, or `repair`, which ``fastrecord consolidate NAME.lerobot`` runs) removes what
 an interrupted step left half done (dataset files past the last committed episodes file, parts already
 in a file, videos of uncommitted parts) and carries on: the pending parts go into the next file.
@@ -56,21 +58,24 @@ from fastrecord.sinks.lerobot.layout import (
 
 PART_META = b"fastrecord.lerobot.part"  # a part's parquet metadata: its episode and the dataset's settings
 FILE_META = b"fastrecord.lerobot.parts"  # an episodes file's parquet metadata: the parts it holds
+PENDING = ".pending"  # meta/episodes/.../file-FFF.parquet.pending: committed, info.json not yet rewritten
 PART_RE = re.compile(r"^ep_(\d{8})\.parquet$")
 SEGMENT_RE = re.compile(r"^ep_(\d{8})\.(.+)\.mp4$")
 INSTALL = "pip install 'fastrecord[lerobot]' (or pip install pyarrow pandas)"
 
 
 def import_pyarrow() -> Any:
-    """pyarrow (and its parquet module), or a ValueError naming the install command."""
-    try:
-        import pandas  # noqa: F401 - meta/tasks.parquet is a pandas frame (its index is the task)
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"lerobot=True writes parquet files with pyarrow and pandas, and {e.name} is not installed: "
-                         f"{INSTALL}") from None
-    return pyarrow
+    """pyarrow, once pyarrow.parquet and pandas (meta/tasks.parquet is a pandas frame: its index is the
+    task) import, or a ValueError naming the install command."""
+    import importlib
+
+    for module in ("pyarrow", "pyarrow.parquet", "pandas"):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"lerobot=True writes parquet files with pyarrow and pandas, and {e.name or module} is not "
+                             f"installed: {INSTALL}") from None
+    return importlib.import_module("pyarrow")
 
 
 @dataclass
@@ -255,9 +260,12 @@ class LeRobotWriter:
         self._write_parquet(pa.concat_tables(tables), self.root / DATA_PATH.format(**where))
         meta = dict(parts=[p.seq for p in batch], dataset=self._settings())
         episodes = pa.Table.from_pylist(rows).replace_schema_metadata({FILE_META: json.dumps(meta)})
-        self._write_parquet(episodes, self.root / EPISODES_PATH.format(**where))  # the commit of this file
+        final = self.root / EPISODES_PATH.format(**where)
+        pending = final.with_name(final.name + PENDING)  # complete, but not yet counted by info.json
+        self._write_parquet(episodes, pending)  # the commit of this file: a recovery finishes the steps below
         self.files, self.episodes, self.frames = self.files + 1, first + len(batch), index
         self._write_meta()
+        pending.replace(final)  # LeRobot's reader sees it with info.json's new totals (but for this rename)
         for part in batch:
             self._remove_part(part.seq)
 
@@ -284,6 +292,8 @@ class LeRobotWriter:
         """Take up a dataset left by an earlier writer (closed, or killed at any point): see the module
         docstring."""
         consumed: set[int] = set()
+        for p in (self.root / "meta" / "episodes").glob(f"chunk-*/file-*.parquet{PENDING}"):
+            p.replace(p.with_name(p.name[: -len(PENDING)]))  # committed: info.json is rewritten below
         paths = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
         for path in paths:
             table = self.pq.read_table(path)
@@ -324,6 +334,8 @@ class LeRobotWriter:
                 p.unlink()
         self._order = [p.seq for p in pending]
         self._ready = {p.seq: p for p in pending}
+        if self.files:
+            self._write_meta()  # what a kill after a file's commit left undone
         self._next_seq = max(seqs) + 1 if seqs else 0
 
     @property
