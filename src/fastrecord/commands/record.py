@@ -211,6 +211,8 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
         successes = sum(bool(e.get("success")) for e in episodes[len(episodes) - rec.num_episodes:])
         files = [json_path.with_suffix(".h5"), json_path] + files
     results = rec.results
+    if rec.lerobot is not None:
+        files += rec.lerobot.files  # NAME.lerobot/
     files.append(results.path)
     return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files,
                          stop.name if stop is not None and stop.requested else None, finished_before_stop,

@@ -2,7 +2,7 @@
 
 A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`) to each of its sinks,
 and the outcome of every finished episode, kept or not (`fastrecord.episode.EpisodeEnded`), too.
-fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `results.ResultsSink`,
+fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `lerobot.LeRobotSink`, `results.ResultsSink`,
 the loggers), built from the options by `fastrecord.sinks.factory.build_sinks`; a user's sink is
 passed to the wrapper as ``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new
 module in this package.
