@@ -424,3 +424,22 @@ def test_lerobot_in_a_sharded_run_is_refused(pickcube_run, tmp_path):
     with pytest.raises(ValueError, match=r"lerobot=True \(--lerobot\) in a sharded run \(--workers 2; pass --workers 1\)"):
         replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "out"), lerobot=True, workers=2)
     assert not (tmp_path / "out").exists()
+
+
+def test_record_command_writes_only_lerobot(tmp_path):
+    """``fastrecord record --lerobot --no-trajectory --no-video``: the LeRobot dataset alone, a state
+    observation (obs_mode=state) as observation.state, no video."""
+    r = subprocess.run([sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--lerobot", "--no-trajectory", "--no-video",
+                        "--episodes", "2", "--max-episode-steps", "3", "--width", "64", "--height", "64",
+                        "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert str(tmp_path / "trajectory.lerobot") in r.stdout  # the summary lists the dataset
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trajectory.fastrecord.json", "trajectory.lerobot",
+                                                          "trajectory.results.jsonl"]
+    info, data, episodes = read_dataset(tmp_path / "trajectory.lerobot")
+    assert info["video_path"] is None and not (tmp_path / "trajectory.lerobot" / "videos").exists()
+    state = np.stack(data["observation.state"].to_numpy())
+    assert info["features"]["observation.state"]["shape"] == [state.shape[1]] and state.shape == (6, 42)  # PickCube's state
+    assert episodes["length"].tolist() == [3, 3] and data["next.done"].tolist() == [False, False, True] * 2
+    rows = [json.loads(line) for line in (tmp_path / "trajectory.results.jsonl").read_text().splitlines()]
+    assert [row["episode_id"] for row in rows] == [0, 1]

@@ -51,8 +51,9 @@ class RecordConfig:
         check_types(self)
         check_at_least(self, 1, num_envs="--num-envs", episodes="--episodes", width="--width", height="--height",
                        max_episode_steps="--max-episode-steps")
-        if not (self.record.save_video or self.record.save_trajectory):
-            raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory")
+        if not (self.record.save_video or self.record.save_trajectory or self.record.lerobot):
+            raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
+                             "or add --lerobot")
 
     @classmethod
     def option_names(cls) -> list[str]:
