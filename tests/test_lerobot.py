@@ -443,3 +443,35 @@ def test_record_command_writes_only_lerobot(tmp_path):
     assert episodes["length"].tolist() == [3, 3] and data["next.done"].tolist() == [False, False, True] * 2
     rows = [json.loads(line) for line in (tmp_path / "trajectory.results.jsonl").read_text().splitlines()]
     assert [row["episode_id"] for row in rows] == [0, 1]
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason=f"no Python with lerobot at {LEROBOT_PYTHON} (set FASTRECORD_LEROBOT_PYTHON)")
+def test_lerobot_loads_a_dataset_of_many_files(tmp_path):
+    """A dataset rolled over several files: LeRobotDataset reads every row, and a frame asked with
+    delta_timestamps (the previous step too) is the one in our decode of its file."""
+    record_double(tmp_path, rounds=4, video_files_size_in_mb=0.004)
+    root = tmp_path / "double.lerobot"
+    info, data, episodes = read_dataset(root)
+    row = int(episodes["dataset_from_index"].iloc[5]) + 2  # episode 5 (not in the first file), frame 2
+    script = (
+        "import sys, numpy as np\n"
+        "from lerobot.datasets.lerobot_dataset import LeRobotDataset\n"
+        "ds = LeRobotDataset('local/double', root=sys.argv[1], video_backend='pyav',\n"
+        "                    delta_timestamps={'observation.images.base_camera': [-0.05, 0.0]})\n"
+        "item = ds[int(sys.argv[3])]\n"
+        "np.savez(sys.argv[2], n=len(ds), image=item['observation.images.base_camera'].numpy(), episode=int(item['episode_index']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(root), str(tmp_path / "item.npz"), str(row)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.load(tmp_path / "item.npz")
+    assert (int(got["n"]), int(got["episode"])) == (len(data), 5)
+    ep = episodes.iloc[5]
+    assert ep[f"videos/{CAMERA_KEY}/file_index"] > 0
+    video, times, _, _ = decode_timed(root / info["video_path"].format(video_key=CAMERA_KEY, chunk_index=0,
+                                                                        file_index=ep[f"videos/{CAMERA_KEY}/file_index"]))
+    lo = ep[f"videos/{CAMERA_KEY}/from_timestamp"]
+    for k, image in zip((1, 2), got["image"]):  # frames 1 and 2 of the episode
+        ours = video[int(np.argmin(abs(times - (lo + k / 20))))]
+        np.testing.assert_array_equal(np.round(image.transpose(1, 2, 0) * 255).astype(np.uint8), ours)

@@ -196,21 +196,25 @@ class LeRobotWriter:
         """Write dataset files of the committed parts in episode order: those past a size limit (each file
         closed once past it), or with ``final`` all of them. Returns at once while another thread is at
         it (that thread takes the newly committed parts too), unless ``final``."""
-        if not self._files_lock.acquire(blocking=final):
-            return
-        try:
-            while True:
-                with self._lock:
-                    batch = self._next_file(final)
-                if not batch:
+        while True:
+            if not self._files_lock.acquire(blocking=final):
+                return
+            try:
+                while True:
+                    with self._lock:
+                        batch = self._next_file(final)
+                    if not batch:
+                        break
+                    self._write_file(batch)
+                    with self._lock:
+                        for part in batch:
+                            self._order.remove(part.seq)
+                            del self._ready[part.seq]
+            finally:
+                self._files_lock.release()
+            with self._lock:  # a part committed while this thread held the lock, and its thread returned
+                if final or not self._next_file(False):
                     return
-                self._write_file(batch)
-                with self._lock:
-                    for part in batch:
-                        self._order.remove(part.seq)
-                        del self._ready[part.seq]
-        finally:
-            self._files_lock.release()
 
     def _next_file(self, final: bool) -> list[_Part]:
         """The parts of the next dataset file: the committed prefix of the episode order up to the part that
