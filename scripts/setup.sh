@@ -4,6 +4,7 @@
 #           chromium (the tests render `fastrecord gallery`'s page in it, headless)
 #   python: a project virtual environment .venv/ (stock Debian refuses pip installs into the system
 #           Python), holding torch (CPU build), ManiSkill, SAPIEN, PyAV, h5py and fastrecord (editable) + tests
+#           (the test extra includes the lerobot extra's pyarrow and pandas, which lerobot=True needs)
 # Usage: bash scripts/setup.sh        (idempotent, fast when done; run as root or with sudo available)
 #        PYTHON=python3.12 bash scripts/setup.sh   (the interpreter that creates .venv; default python3)
 # Then: .venv/bin/fastrecord ..., .venv/bin/python -m pytest tests -q (or source .venv/bin/activate)

@@ -1,29 +1,39 @@
-"""fastrecord's rgb trajectories -> ManiSkill's converter (mani_skill/trajectory/convert_to_lerobot.py) ->
-a LeRobot v3.0 dataset, read back: parquet rows, videos, meta. Needs the ``lerobot`` extra
-(pandas, opencv-python-headless, pyarrow, tyro), not the lerobot package."""
+"""LeRobot v3.0 datasets: fastrecord's own, written while recording (``lerobot=True``,
+`fastrecord.sinks.lerobot`), and ManiSkill's converter (mani_skill/trajectory/convert_to_lerobot.py) run
+on fastrecord's rgb trajectories. Read back with pyarrow and PyAV: parquet rows, videos, meta; compared
+with the HDF5 recording of the same run and with the converter's schema; a SIGKILLed run resumed and
+repaired; and, where a Python with ``lerobot`` installed is found (``FASTRECORD_LEROBOT_PYTHON``, else
+/tmp/lrvenv/bin/python; lerobot pins an older torch than ours, so it lives in its own venv), loaded by
+`LeRobotDataset`. Needs the ``lerobot`` extra (pandas, opencv-python-headless, pyarrow, tyro)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import av
 import h5py
 import numpy as np
 import pytest
+import torch
 
 for module in ("pandas", "cv2", "pyarrow", "tyro"):
     pytest.importorskip(module, reason=f"ManiSkill's LeRobot converter needs {module}: pip install -e '.[lerobot]'")
 
 import pandas as pd  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 from fastrecord import RecordEpisode  # noqa: E402
-from fastrecord.video import decode_mp4  # noqa: E402
-from fastrecord.testing import psnr
+from fastrecord.sinks.lerobot import LeRobotSink  # noqa: E402
+from fastrecord.testing import BatchedDoubleEnv, psnr  # noqa: E402
+from fastrecord.video import VideoSettings, decode_mp4  # noqa: E402
 
 SIZE = 64
-
-
 
 
 def test_rgb_trajectory_to_lerobot_with_maniskills_converter(make_env, tmp_path):
@@ -80,3 +90,388 @@ def test_rgb_trajectory_to_lerobot_with_maniskills_converter(make_env, tmp_path)
     assert list(pd.read_parquet(out / "meta" / "tasks.parquet").index) == ["PickCube-v1"]
     stats = json.loads((out / "meta" / "stats.json").read_text())
     assert stats["action"]["count"] == [12]
+
+
+# ---------------------------------------------------------------------------------------------- fastrecord's sink
+CAMERA_KEY = "observation.images.base_camera"
+WORKER = Path(__file__).with_name("lerobot_worker.py")
+LEROBOT_PYTHON = Path(os.environ.get("FASTRECORD_LEROBOT_PYTHON", "/tmp/lrvenv/bin/python"))
+
+
+def read_dataset(root: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(info.json, every data row, every episode row) of a LeRobot dataset, files in order."""
+    info = json.loads((root / "meta" / "info.json").read_text())
+    data = pd.concat([pq.read_table(p).to_pandas() for p in sorted((root / "data").glob("chunk-*/file-*.parquet"))],
+                     ignore_index=True)
+    episodes = pd.concat([pq.read_table(p).to_pandas() for p in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))],
+                         ignore_index=True)
+    return info, data, episodes
+
+
+def decode_timed(path: Path) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """Every frame of a video (RGB), its time in seconds, the codec and the pixel format."""
+    with av.open(str(path)) as c:
+        stream = c.streams.video[0]
+        codec, pix_fmt = stream.codec_context.name, stream.codec_context.pix_fmt
+        frames = [(float(f.pts * f.time_base), f.to_ndarray(format="rgb24")) for f in c.decode(stream)]
+    return np.stack([f for _, f in frames]), np.array([t for t, _ in frames]), codec, pix_fmt
+
+
+def check_videos(root: Path, info: dict, episodes: pd.DataFrame, frames_of: list[np.ndarray] | None = None,
+                 min_psnr: float = 30.0) -> None:
+    """Every video file decodes; each episode's frames lie at from_timestamp + k / fps (LeRobot's reader seeks
+    there), are as many as its rows, and match ``frames_of[episode]`` (the recorded frames)."""
+    fps = info["fps"]
+    for key in [k for k, v in info["features"].items() if v["dtype"] == "video"]:
+        for (chunk, file), eps in episodes.groupby([f"videos/{key}/chunk_index", f"videos/{key}/file_index"]):
+            video, times, codec, pix_fmt = decode_timed(root / info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file))
+            assert (codec, pix_fmt) == ("h264", "yuv420p")  # plays in browsers
+            assert len(video) == eps["length"].sum()
+            start = 0.0
+            for _, ep in eps.iterrows():
+                lo, n = ep[f"videos/{key}/from_timestamp"], int(ep["length"])
+                assert lo == pytest.approx(start, abs=1e-6) and ep[f"videos/{key}/to_timestamp"] == pytest.approx(lo + n / fps, abs=1e-6)
+                hits = [int(np.argmin(abs(times - (lo + k / fps)))) for k in range(n)]
+                assert all(abs(times[h] - (lo + k / fps)) < 1e-4 for k, h in enumerate(hits))  # LeRobot's tolerance_s
+                if frames_of is not None:
+                    assert psnr(video[hits], frames_of[int(ep["episode_index"])]) >= min_psnr
+                start = lo + n / fps
+
+
+@pytest.fixture(scope="module")
+def pickcube_run(tmp_path_factory):
+    """A PickCube-v1 CPU recording (rgb observations, 64x64 sensor camera) written as HDF5 and LeRobot in one
+    run; episodes of 5 (the time limit), 3, 4 and 2 steps, the keep filter dropping the one of 3."""
+    import gymnasium as gym
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    import mani_skill.envs  # registers the tasks
+
+    assert "PickCube-v1" in REGISTERED_ENVS and mani_skill.envs
+    out = tmp_path_factory.mktemp("pickcube")
+    env = gym.make("PickCube-v1", obs_mode="rgb", render_mode="rgb_array", sim_backend="physx_cpu", max_episode_steps=5,
+                   sensor_configs=dict(width=SIZE, height=SIZE), human_render_camera_configs=dict(width=SIZE, height=SIZE))
+    env = RecordEpisode(env, out, trajectory_name="demo", save_video=False, lerobot=True,
+                        keep=lambda info: int(info["elapsed_steps"]) != 3)
+    env.reset(seed=0)
+    for steps in (5, 3, 4, 2):
+        for _ in range(steps):
+            env.step(env.action_space.sample())
+        env.reset()
+    env.close()
+    return out
+
+
+def test_lerobot_sink_equals_the_hdf5_recording(pickcube_run):
+    root = pickcube_run / "demo.lerobot"
+    info, data, episodes = read_dataset(root)
+    with h5py.File(pickcube_run / "demo.h5") as f:
+        trajs = [leaves_of(f[f"traj_{i}"]) for i in range(len(f))]
+    lengths = [len(t["actions"]) for t in trajs]
+    assert lengths == [5, 4, 2]  # the keep filter applies to both outputs alike
+    assert not (pickcube_run / "demo.lerobot.parts").exists()  # closed: every episode is in the dataset's files
+
+    # rows: one per step, the recorded values (ManiSkill's converter's mapping, plus reward/done/success)
+    assert episodes["length"].tolist() == lengths and episodes["episode_index"].tolist() == [0, 1, 2]
+    assert data["episode_index"].tolist() == [i for i, t in enumerate(lengths) for _ in range(t)]
+    assert data["index"].tolist() == list(range(sum(lengths)))
+    assert data["frame_index"].tolist() == [k for t in lengths for k in range(t)]
+    np.testing.assert_allclose(data["timestamp"], [k / 20 for t in lengths for k in range(t)], atol=1e-6)  # PickCube: 20 Hz
+    column = {k: np.stack(data[k].to_numpy()) for k in ("action", "observation.state")}
+    np.testing.assert_array_equal(column["action"], np.concatenate([t["actions"] for t in trajs]))
+    np.testing.assert_array_equal(column["observation.state"], np.concatenate([t["obs/agent/qpos"][:-1] for t in trajs]))
+    np.testing.assert_array_equal(data["next.reward"], np.concatenate([t["rewards"] for t in trajs]))
+    np.testing.assert_array_equal(data["next.done"], np.concatenate([t["terminated"] | t["truncated"] for t in trajs]))
+    np.testing.assert_array_equal(data["next.success"], np.concatenate([t["success"] for t in trajs]))
+    assert data["next.done"].tolist().count(True) == 1  # the time limit of the first episode
+
+    # episodes: many per file, their row ranges and video spans
+    assert (episodes["data/chunk_index"] == 0).all() and (episodes["data/file_index"] == 0).all()
+    assert episodes["dataset_from_index"].tolist() == [0, 5, 9] and episodes["dataset_to_index"].tolist() == [5, 9, 11]
+    assert episodes["tasks"].map(list).tolist() == [["PickCube-v1"]] * 3
+    check_videos(root, info, episodes, [t["obs/sensor_data/base_camera/rgb"][:-1] for t in trajs])
+
+    # meta
+    assert (info["codebase_version"], info["fps"], info["robot_type"]) == ("v3.0", 20, "panda")
+    assert (info["total_episodes"], info["total_frames"], info["total_videos"], info["total_tasks"]) == (3, 11, 3, 1)
+    assert info["features"][CAMERA_KEY]["shape"] == [SIZE, SIZE, 3]
+    assert info["features"][CAMERA_KEY]["info"]["video.codec"] == "h264"
+    assert list(pd.read_parquet(root / "meta" / "tasks.parquet").index) == ["PickCube-v1"]
+    stats = json.loads((root / "meta" / "stats.json").read_text())
+    assert stats["action"]["count"] == [11]
+    np.testing.assert_allclose(stats["action"]["mean"], column["action"].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats["action"]["std"], column["action"].std(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats["observation.state"]["max"], column["observation.state"].max(0), rtol=1e-6)
+    rgb = np.concatenate([t["obs/sensor_data/base_camera/rgb"][:-1] for t in trajs]).reshape(-1, 3) / 255.0
+    np.testing.assert_allclose(np.ravel(stats[CAMERA_KEY]["mean"]), rgb.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(np.ravel(stats[CAMERA_KEY]["std"]), rgb.std(0), rtol=1e-5)
+
+
+def leaves_of(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for k, v in group.items():
+        out |= leaves_of(v, f"{prefix}{k}/") if isinstance(v, h5py.Group) else {prefix + k: v[:]}
+    return out
+
+
+def test_lerobot_sink_has_the_schema_of_maniskills_converter(pickcube_run, tmp_path):
+    """ManiSkill's converter run on the HDF5 file of the same episodes: every feature, info.json key, episode
+    column and data column it writes is ours too, with the same dtypes, shapes and names and the same episode
+    index; the one exception is its extra ``task`` string column (LeRobot's own datasets carry the task as
+    task_index + meta/tasks.parquet, which both have)."""
+    conv = tmp_path / "converted"
+    r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.convert_to_lerobot", "--traj-path", str(pickcube_run / "demo.h5"),
+                        "--output-dir", str(conv), "--fps", "20", "--image-size", f"{SIZE}x{SIZE}", "--robot-type", "panda"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info, data, episodes = read_dataset(pickcube_run / "demo.lerobot")
+    their_info, their_data, their_episodes = read_dataset(conv)
+
+    assert set(their_info) <= set(info)
+    for key in ("codebase_version", "robot_type", "total_episodes", "total_frames", "total_tasks", "total_videos", "fps",
+                "splits", "data_path", "video_path", "chunks_size", "total_chunks"):
+        assert info[key] == their_info[key], key
+    assert set(their_info["features"]) - set(info["features"]) == {"task"}
+    for key, theirs in their_info["features"].items():
+        if key == "task":
+            continue
+        ours = info["features"][key]
+        assert (ours["dtype"], ours["shape"], ours["names"]) == (theirs["dtype"], theirs["shape"], theirs["names"]), key
+        assert ours["fps"] == theirs.get("fps", theirs.get("info", {}).get("video.fps")), key
+        if theirs["dtype"] == "video":  # the same keys; the codec: H.264 here, mp4v (no browser plays it) there
+            assert set(ours["info"]) == set(theirs["info"]) and their_info["features"][key]["info"]["video.codec"] == "mp4v"
+
+    assert set(their_episodes.columns) <= set(episodes.columns)
+    for col in ("episode_index", "length", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index",
+                f"videos/{CAMERA_KEY}/from_timestamp", "stats/action/min", "stats/action/count"):
+        if col.endswith("from_timestamp"):  # they store each episode in a file of its own: 0 each
+            assert (their_episodes[col] == 0).all() and episodes[col].tolist() == [0, 0.25, 0.45]
+            continue
+        assert [np.ravel(v).tolist() for v in episodes[col]] == [np.ravel(v).tolist() for v in their_episodes[col]], col
+    assert set(their_data.columns) - set(data.columns) == {"task"}
+    for col in ("episode_index", "index", "frame_index", "task_index"):
+        assert data[col].tolist() == their_data[col].tolist(), col
+    np.testing.assert_array_equal(np.stack(data["action"].to_numpy()), np.stack(their_data["action"].to_numpy()))
+    np.testing.assert_array_equal(data["timestamp"].to_numpy(), their_data["timestamp"].to_numpy())
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason=f"no Python with lerobot at {LEROBOT_PYTHON} (set FASTRECORD_LEROBOT_PYTHON)")
+def test_lerobot_loads_the_dataset(pickcube_run, tmp_path):
+    """lerobot's own LeRobotDataset (in its own venv) loads the dataset: a row per step, the frame decoded at
+    the row's timestamp equals ours, state and action are the recorded ones."""
+    script = (
+        "import sys, numpy as np\n"
+        "from lerobot.datasets.lerobot_dataset import LeRobotDataset\n"
+        "ds = LeRobotDataset('local/demo', root=sys.argv[1], video_backend='pyav')\n"
+        "item = ds[int(sys.argv[3])]\n"
+        "np.savez(sys.argv[2], n=len(ds), episodes=ds.num_episodes, fps=ds.fps, task=item['task'],\n"
+        "         image=item['observation.images.base_camera'].numpy(), state=item['observation.state'].numpy(),\n"
+        "         action=item['action'].numpy(), episode=int(item['episode_index']), frame=int(item['frame_index']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
+    row = 7  # episode 1, frame 2
+    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(pickcube_run / "demo.lerobot"), str(tmp_path / "item.npz"), str(row)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.load(tmp_path / "item.npz")
+    assert (int(got["n"]), int(got["episodes"]), int(got["fps"]), str(got["task"])) == (11, 3, 20, "PickCube-v1")
+    assert (int(got["episode"]), int(got["frame"])) == (1, 2)
+    with h5py.File(pickcube_run / "demo.h5") as f:
+        qpos, action, rgb = f["traj_1/obs/agent/qpos"][2], f["traj_1/actions"][2], f["traj_1/obs/sensor_data/base_camera/rgb"][2]
+    np.testing.assert_array_equal(got["state"], qpos)
+    np.testing.assert_array_equal(got["action"], action)
+    image = np.round(got["image"].transpose(1, 2, 0) * 255).astype(np.uint8)  # LeRobot: [C, H, W] float in [0, 1]
+    video, times, _, _ = decode_timed(pickcube_run / "demo.lerobot" / "videos" / CAMERA_KEY / "chunk-000" / "file-000.mp4")
+    np.testing.assert_array_equal(image, video[int(np.argmin(abs(times - (0.25 + 2 / 20))))])  # the frame at its timestamp
+    assert psnr(image, rgb) >= 30
+
+
+def record_double(out: Path, rounds: int, **sink_kw) -> RecordEpisode:
+    """``rounds`` of 4 episodes of 3 steps in a 4-env `BatchedDoubleEnv` (rgb observations), LeRobot through a
+    `LeRobotSink` with ``sink_kw``, and HDF5."""
+    env = BatchedDoubleEnv(num_envs=4, max_episode_steps=3, size=32, obs_mode="rgb", success_step=[2, 0, 3, 0])
+    sink = LeRobotSink(20, "Double-v0", VideoSettings(), **sink_kw)
+    env = RecordEpisode(env, out, trajectory_name="double", save_video=False, sinks=[sink], keep="success")
+    for r in range(rounds):
+        env.reset(seed=r)
+        for _ in range(3):
+            env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
+    env.close()
+    return env
+
+
+def test_lerobot_files_roll_past_the_size_limit_and_keep_success(tmp_path):
+    """A video limit of a few KiB: a new file every couple of episodes, each with the episodes' offsets in its
+    own file; keep='success' writes the two succeeding envs' episodes only."""
+    record_double(tmp_path, rounds=4, video_files_size_in_mb=0.004)
+    info, data, episodes = read_dataset(tmp_path / "double.lerobot")
+    with h5py.File(tmp_path / "double.h5") as f:
+        trajs = [leaves_of(f[f"traj_{i}"]) for i in range(len(f))]
+    assert len(trajs) == info["total_episodes"] == 8  # envs 0 and 2 succeed, every round
+    assert all(t["success"][-1] for t in trajs)
+    assert episodes["length"].tolist() == [len(t["actions"]) for t in trajs] == [3] * 8
+    files = episodes["data/file_index"].tolist()
+    assert files[0] == 0 and files == sorted(files) and len(set(files)) >= 3  # rolled, in episode order
+    assert (episodes[f"videos/{CAMERA_KEY}/file_index"] == episodes["data/file_index"]).all()
+    assert info["total_chunks"] == 1 and len(list((tmp_path / "double.lerobot" / "data").glob("*/*.parquet"))) == len(set(files))
+    np.testing.assert_array_equal(np.stack(data["observation.state"].to_numpy()), np.concatenate([t["obs/agent/qpos"][:-1] for t in trajs]))
+    assert data["next.success"].tolist() == [False, True, True, False, False, True] * 4  # env 0 from step 2, env 2 at 3
+    check_videos(tmp_path / "double.lerobot", info, episodes, [t["obs/sensor_data/base_camera/rgb"][:-1] for t in trajs], min_psnr=28)
+
+
+def kill_worker(out: Path, min_finished: int) -> int:
+    """Run tests/lerobot_worker.py until ``min_finished`` episodes are committed, go on a moment, SIGKILL it;
+    returns how many it had reported committed."""
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(out)], stdout=subprocess.PIPE, text=True)
+    finished = 0
+    try:
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            if line.startswith("finished"):
+                finished = int(line.split()[1])
+                if finished >= min_finished:
+                    break
+            assert time.monotonic() < deadline, "worker too slow"
+        os.set_blocking(proc.stdout.fileno(), False)
+        time.sleep(0.7)
+        for line in proc.stdout:
+            if line.startswith("finished"):
+                finished = int(line.split()[1])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=120)
+    return finished
+
+
+def check_killed(out: Path, durable: int) -> tuple[int, int]:
+    """What a killed run left: the dataset's files (loadable: info.json agrees with the episodes files, every
+    video decodes) and the parts (each readable); returns (episodes in files, parts)."""
+    root, parts = out / "crash.lerobot", out / "crash.lerobot.parts"
+    in_files = 0
+    if (root / "meta" / "info.json").exists():
+        info, data, episodes = read_dataset(root)
+        in_files = len(episodes)
+        assert info["total_frames"] == len(data) == episodes["length"].sum() and info["total_episodes"] == in_files
+        check_videos(root, info, episodes)
+    committing = list(root.glob("meta/episodes/*/*.parquet.pending"))  # a file committed, its meta being written
+    in_files += sum(pq.read_metadata(p).num_rows for p in committing)
+    pending = sorted(parts.glob("ep_*.parquet")) if parts.is_dir() else []
+    for p in pending:  # a finished episode not yet in a file: its rows and its video
+        table = pq.read_table(p)
+        video, _, _, _ = decode_timed(p.with_name(p.stem + f".{CAMERA_KEY}.mp4"))
+        assert len(video) == table.num_rows == 4
+    assert in_files + len(pending) >= durable
+    return in_files, len(pending)
+
+
+def check_complete(out: Path, at_least: int, durable: int) -> tuple[pd.DataFrame, np.ndarray, list[np.ndarray]]:
+    """The dataset holds ``at_least`` episodes, numbered 0, 1, ... in files, and no parts; its first
+    ``durable`` episodes (those both outputs had committed before the kill) are the HDF5 file's first ones.
+    Returns its episode rows, its action column and the HDF5 file's actions."""
+    info, data, episodes = read_dataset(out / "crash.lerobot")
+    assert not (out / "crash.lerobot.parts").exists()
+    n = len(episodes)
+    assert n >= at_least and episodes["episode_index"].tolist() == list(range(n))
+    assert data["index"].tolist() == list(range(len(data))) and info["total_episodes"] == n
+    with h5py.File(out / "crash.h5") as f:
+        actions = [f[f"traj_{i}/actions"][:] for i in range(len(f))]
+    ours = np.stack(data["action"].to_numpy())
+    np.testing.assert_array_equal(ours[: 4 * durable], np.concatenate(actions[:durable]))
+    check_videos(out / "crash.lerobot", info, episodes)
+    return episodes, ours, actions
+
+
+def test_lerobot_sigkill_then_resume(tmp_path):
+    durable = kill_worker(tmp_path, min_finished=12)
+    in_files, pending = check_killed(tmp_path, durable)
+    assert in_files > 0  # files rolled before the kill: LeRobot reads those as they are
+    sys.path.insert(0, str(WORKER.parent))
+    from lerobot_worker import make
+
+    env = make(str(tmp_path), "resume")  # takes up the parts, goes on after them
+    env.reset(seed=100)
+    for _ in range(4):
+        env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
+    env.close()
+    episodes, ours, theirs = check_complete(tmp_path, at_least=in_files + pending + 4, durable=durable)
+    assert len(episodes) == in_files + pending + 4
+    # the resumed run's 4 episodes follow in both (each output keeps what it had committed at the kill)
+    np.testing.assert_array_equal(ours[-16:], np.concatenate(theirs[-4:]))
+
+
+def test_lerobot_sigkill_then_consolidate(tmp_path):
+    """``fastrecord consolidate NAME.lerobot`` folds a killed run's parts into the dataset."""
+    durable = kill_worker(tmp_path, min_finished=8)
+    in_files, pending = check_killed(tmp_path, durable)
+    r = subprocess.run([sys.executable, "-m", "fastrecord", "consolidate", str(tmp_path / "crash.lerobot")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{in_files + pending} episodes" in r.stdout
+    check_complete(tmp_path, at_least=in_files + pending, durable=durable)
+
+
+def test_lerobot_without_pyarrow_names_the_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow -> ImportError
+    env = BatchedDoubleEnv(num_envs=2, max_episode_steps=3, size=32, obs_mode="rgb")
+    with pytest.raises(ValueError, match=r"pyarrow is not installed: pip install 'fastrecord\[lerobot\]'"):
+        RecordEpisode(env, tmp_path, lerobot=True)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_lerobot_in_a_sharded_run_is_refused(pickcube_run, tmp_path):
+    from fastrecord import replay_trajectories
+
+    with pytest.raises(ValueError, match=r"lerobot=True \(--lerobot\) in a sharded run \(--workers 2; pass --workers 1\)"):
+        replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "out"), lerobot=True, workers=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_record_command_writes_only_lerobot(tmp_path):
+    """``fastrecord record --lerobot --no-trajectory --no-video``: the LeRobot dataset alone, a state
+    observation (obs_mode=state) as observation.state, no video."""
+    r = subprocess.run([sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--lerobot", "--no-trajectory", "--no-video",
+                        "--episodes", "2", "--max-episode-steps", "3", "--width", "64", "--height", "64",
+                        "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert str(tmp_path / "trajectory.lerobot") in r.stdout  # the summary lists the dataset
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trajectory.fastrecord.json", "trajectory.lerobot",
+                                                          "trajectory.results.jsonl"]
+    info, data, episodes = read_dataset(tmp_path / "trajectory.lerobot")
+    assert info["video_path"] is None and not (tmp_path / "trajectory.lerobot" / "videos").exists()
+    state = np.stack(data["observation.state"].to_numpy())
+    assert info["features"]["observation.state"]["shape"] == [state.shape[1]] and state.shape == (6, 42)  # PickCube's state
+    assert episodes["length"].tolist() == [3, 3] and data["next.done"].tolist() == [False, False, True] * 2
+    rows = [json.loads(line) for line in (tmp_path / "trajectory.results.jsonl").read_text().splitlines()]
+    assert [row["episode_id"] for row in rows] == [0, 1]
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason=f"no Python with lerobot at {LEROBOT_PYTHON} (set FASTRECORD_LEROBOT_PYTHON)")
+def test_lerobot_loads_a_dataset_of_many_files(tmp_path):
+    """A dataset rolled over several files: LeRobotDataset reads every row, and a frame asked with
+    delta_timestamps (the previous step too) is the one in our decode of its file."""
+    record_double(tmp_path, rounds=4, video_files_size_in_mb=0.004)
+    root = tmp_path / "double.lerobot"
+    info, data, episodes = read_dataset(root)
+    row = int(episodes["dataset_from_index"].iloc[5]) + 2  # episode 5 (not in the first file), frame 2
+    script = (
+        "import sys, numpy as np\n"
+        "from lerobot.datasets.lerobot_dataset import LeRobotDataset\n"
+        "ds = LeRobotDataset('local/double', root=sys.argv[1], video_backend='pyav',\n"
+        "                    delta_timestamps={'observation.images.base_camera': [-0.05, 0.0]})\n"
+        "item = ds[int(sys.argv[3])]\n"
+        "np.savez(sys.argv[2], n=len(ds), image=item['observation.images.base_camera'].numpy(), episode=int(item['episode_index']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(root), str(tmp_path / "item.npz"), str(row)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.load(tmp_path / "item.npz")
+    assert (int(got["n"]), int(got["episode"])) == (len(data), 5)
+    ep = episodes.iloc[5]
+    assert ep[f"videos/{CAMERA_KEY}/file_index"] > 0
+    video, times, _, _ = decode_timed(root / info["video_path"].format(video_key=CAMERA_KEY, chunk_index=0,
+                                                                        file_index=ep[f"videos/{CAMERA_KEY}/file_index"]))
+    lo = ep[f"videos/{CAMERA_KEY}/from_timestamp"]
+    for k, image in zip((1, 2), got["image"]):  # frames 1 and 2 of the episode
+        ours = video[int(np.argmin(abs(times - (lo + k / 20))))]
+        np.testing.assert_array_equal(np.round(image.transpose(1, 2, 0) * 255).astype(np.uint8), ours)

@@ -111,10 +111,12 @@ class RecordOptions:
         "gzip:1", "compression of image observations in NAME.h5: 'gzip:1' ... 'gzip:9' (ManiSkill writes 'gzip:5'), "
         "'lzf' or 'none' (README: Image observations on disk)", kw_only=True)
     buffer_capacity: int | None = _opt(None, "steps per env held on the device (None: max_episode_steps + 1; longer episodes grow it)", kw_only=True)
+    lerobot: bool = _opt(False, "also write a LeRobot v3.0 dataset NAME.lerobot/ (a row per step at the env's control "
+                              "frequency, sensor cameras as H.264 videos; needs pip install 'fastrecord[lerobot]')", kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("save_trajectory", "save_video", "info_on_video", "save_on_reset", "clean_on_close",
-                     "record_reward", "record_env_state", "render_substeps", "avoid_overwriting_video"):
+                     "record_reward", "record_env_state", "render_substeps", "avoid_overwriting_video", "lerobot"):
             v = getattr(self, name)
             if not isinstance(v, (bool, _np_bool())):
                 raise ValueError(f"{name}={v!r} must be True or False")

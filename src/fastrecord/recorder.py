@@ -84,7 +84,7 @@ class EpisodeRecorder:
         # every check that can fail runs before the first file is touched
         built = build_sinks(opts, view, sinks)
         self.sinks: list[Sink] = built.all
-        self.trajectory, self.videos, self.results = built.trajectory, built.videos, built.results
+        self.trajectory, self.videos, self.lerobot, self.results = built.trajectory, built.videos, built.lerobot, built.results
         # what the sinks need recorded
         self._record_data = any(s.wants_datasets for s in self.sinks)
         frame_sinks = [s for s in self.sinks if s.wants_frames]

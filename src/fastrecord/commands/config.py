@@ -68,8 +68,9 @@ class RecordConfig:
                        max_episode_steps="--max-episode-steps")
         if self.batched_render not in ("auto", "on", "off"):
             raise ValueError(f"batched_render={self.batched_render!r} must be one of auto, on, off (--batched-render)")
-        if not (self.record.save_video or self.record.save_trajectory):
-            raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory")
+        if not (self.record.save_video or self.record.save_trajectory or self.record.lerobot):
+            raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
+                             "or add --lerobot")
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -272,6 +272,8 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
         successes = sum(bool(e.get("success")) for e in episodes[len(episodes) - rec.num_episodes:])
         files = [json_path.with_suffix(".h5"), json_path] + files
     results = rec.results
+    if rec.lerobot is not None:
+        files += rec.lerobot.files  # NAME.lerobot/
     files.append(results.path)
     return RecordSummary(rec.num_finished, rec.num_episodes, successes, steps, seconds, files,
                          stop.name if stop is not None and stop.requested else None, finished_before_stop,
@@ -309,6 +311,8 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
     from fastrecord import shards
 
     info = shards.rank_info()
+    if cfg.record.lerobot:
+        shards.refuse_lerobot("under torchrun; run without it")
     sim, render = shards.rank_backends(cfg.sim_backend, _render_backend(cfg.render_backend), info)
     run = shards.DistributedRun(cfg.output_dir, cfg.record.trajectory_name, total=cfg.episodes, base_seed=cfg.seed,
                                 if_exists=cfg.record.if_exists, options={"command": "record", "args": cfg.as_dict()}).open()

@@ -111,8 +111,9 @@ class ReplayConfig:
         check_at_least(self, 0, max_retry="--max-retry")
         if self.use_first_env_state and self.replay_by == "states":
             raise ValueError("use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)")
-        if not self.maniskill and not (self.save_video or self.save_trajectory):
-            raise ValueError("nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory")
+        if not self.maniskill and not (self.save_video or self.save_trajectory or self.option("lerobot")):
+            raise ValueError("nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
+                             "or add --lerobot")
         if self.maniskill and self.keep is not None and (self.allow_failure or self.discard_timeout):
             raise ValueError(f"--keep {self.keep} and --allow-failure/--discard-timeout both choose which replays are "
                              f"written; pass one of them")

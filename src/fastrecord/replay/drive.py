@@ -70,6 +70,8 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     new_h5 = out / f"{name}.h5"
     if cfg.save_trajectory and new_h5.with_suffix(".json").exists():  # absent when interrupted before any episode
         summary.files = [new_h5, new_h5.with_suffix(".json")] + summary.files
+    if cfg.option("lerobot") and (out / f"{name}.lerobot").is_dir():
+        summary.files.append(out / f"{name}.lerobot")
     summary.files.append(summary.results_path)
     return summary
 

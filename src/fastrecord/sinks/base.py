@@ -2,7 +2,7 @@
 
 A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`) to each of its sinks,
 and the outcome of every finished episode, kept or not (`fastrecord.episode.EpisodeEnded`), too.
-fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `results.ResultsSink`,
+fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `lerobot.LeRobotSink`, `results.ResultsSink`,
 the loggers), built from the options by `fastrecord.sinks.factory.build_sinks`; a user's sink is
 passed to the wrapper as ``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new
 module in this package.
@@ -135,8 +135,9 @@ RESULTS_SUFFIX = ".results.jsonl"  # NAME.results.jsonl: one row per finished ep
 def run_files(output_dir: Path, name: str) -> list[Path]:
     """The files a run of ``name`` owns in ``output_dir`` that exist now (listed ones from its manifest too)."""
     # NAME.shards/: the shards of a sharded run (fastrecord.shards), NAME.h5 + NAME.json then join them
-    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", ".shards", RESULTS_SUFFIX,
-                                                        MANIFEST_SUFFIX)]
+    # NAME.lerobot/ (+ NAME.lerobot.parts/): the LeRobot dataset (fastrecord.sinks.lerobot)
+    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", ".shards", ".lerobot", ".lerobot.parts",
+                                                        RESULTS_SUFFIX, MANIFEST_SUFFIX)]
     listed = [output_dir / f for f in read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}").get("files", [])]
     root = output_dir.resolve()
     inside = [p for p in listed if isinstance(p, Path) and p.resolve().is_relative_to(root) and p.resolve() != root]
@@ -164,8 +165,9 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _holds_videos(folder: Path) -> bool:
-    return any(p.suffix == ".mp4" for p in folder.rglob("*"))
+def _holds_recordings(folder: Path) -> bool:
+    """Whether ``folder`` holds a video or a parquet file (a LeRobot dataset's rows) anywhere."""
+    return any(p.suffix in (".mp4", ".parquet") for p in folder.rglob("*"))
 
 
 def _h5_holds_episodes(path: Path) -> bool:
@@ -187,7 +189,7 @@ def _h5_holds_episodes(path: Path) -> bool:
 def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
     """Whether the run ``name`` whose files are ``existing`` recorded nothing: no episode in ``NAME.json``,
     no part or shard files, no counter above 0, and its other files empty (a results file of no episode)
-    or folders without videos (a logger's folder of no episode). What start-up left when it was
+    or folders without videos or parquet files (a logger's folder of no episode, a LeRobot dataset of none). What start-up left when it was
     interrupted (Ctrl-C, a bad camera name found at the first reset) or a run closed before its first
     episode ended."""
     if not (output_dir / f"{name}{MANIFEST_SUFFIX}").is_file():
@@ -214,7 +216,7 @@ def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
             if not (output_dir / f"{name}.json").exists() or _h5_holds_episodes(p):
                 return False  # an HDF5 file without its episode list, or with episodes: keep it
         elif p.is_dir():
-            if _holds_videos(p):
+            if _holds_recordings(p):
                 return False
         elif p.stat().st_size > 0:
             return False
@@ -428,7 +430,8 @@ class RunDirectory:
         earlier run of a resumed name left), release the name."""
         if self._created and not self.resuming:
             created = [self.output_dir / f for f in self._files]
-            for p in (self.manifest_path, self.path(".h5"), self.path(".json"), self.path(".h5.parts"), *created):
+            for p in (self.manifest_path, self.path(".h5"), self.path(".json"), self.path(".h5.parts"),
+                      self.path(".lerobot"), self.path(".lerobot.parts"), *created):
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
                 elif p.exists():

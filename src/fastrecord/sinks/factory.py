@@ -1,7 +1,7 @@
 """`build_sinks`: the sinks a recorder writes to, made from its `RecordOptions`.
 
 fastrecord's own outputs come from the options (``save_trajectory``: `ManiSkillH5Sink`, ``save_video``:
-`Mp4Sink`), the user's sinks follow, and `ResultsSink` is always last: it names the videos the sinks
+`Mp4Sink`, ``lerobot``: `LeRobotSink`), the user's sinks follow, and `ResultsSink` is always last: it names the videos the sinks
 before it wrote. A new built-in output format is a new sink module plus one branch here.
 
 Process counts left at None (``trajectory_writers``, ``video_workers``) are chosen here, from the cores
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fastrecord.envs import EnvView
     from fastrecord.options import RecordOptions
     from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
+    from fastrecord.sinks.lerobot import LeRobotSink
     from fastrecord.sinks.mp4 import Mp4Sink
     from fastrecord.sinks.results import ResultsSink
 
@@ -33,8 +34,9 @@ class RecorderSinks:
 
     trajectory: ManiSkillH5Sink | None  # NAME.h5 + NAME.json (save_trajectory)
     videos: Mp4Sink | None  # the MP4s (save_video)
+    lerobot: LeRobotSink | None  # the LeRobot dataset NAME.lerobot/ (lerobot)
     results: ResultsSink  # NAME.results.jsonl: every finished episode, kept or not
-    all: list[Sink]  # trajectory, videos, the user's sinks, results (last)
+    all: list[Sink]  # trajectory, videos, lerobot, the user's sinks, results (last)
     chosen: dict[str, int]  # process counts chosen for options left at None (the run manifest records them)
 
 
@@ -80,6 +82,41 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
             workers = chosen["video_workers"] = default_video_workers(usable_cores())
         videos = Mp4Sink(settings, layout=options.video_layout, num_envs=view.num_envs, workers=workers,
                          max_steps_per_video=options.max_steps_per_video, info_on_video=options.info_on_video)
+    lerobot = None
+    if options.lerobot:
+        lerobot = lerobot_sink(options, view, chosen)
     results = ResultsSink(videos)
-    own = [s for s in (trajectory, videos) if s is not None]
-    return RecorderSinks(trajectory, videos, results, [*own, *extra, results], chosen)
+    own = [s for s in (trajectory, videos, lerobot) if s is not None]
+    return RecorderSinks(trajectory, videos, lerobot, results, [*own, *extra, results], chosen)
+
+
+def env_attribute(view: EnvView, name: str) -> Any:
+    """Attribute ``name`` of ``view``'s (first) ManiSkill env, or None where it has none."""
+    base = getattr(view, "base", None)
+    if base is not None:
+        return getattr(base, name, None)
+    env = view.env
+    if hasattr(env, "get_attr"):  # a vector env of ManiSkill CPU envs: every one has the ManiSkill attributes
+        try:
+            return env.get_attr(name)[0]
+        except Exception:  # noqa: BLE001 - not a ManiSkill env: the caller's default
+            return None
+    return getattr(getattr(env, "unwrapped", env), name, None)
+
+
+def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int]) -> LeRobotSink:
+    """The `LeRobotSink` of ``lerobot=True``: a row per env step at the env's control frequency (else
+    ``video_fps``), the env id as the task, the robot uid as ``robot_type``, the video options' encoder."""
+    from fastrecord.sinks.lerobot import LeRobotSink
+    from fastrecord.video import VideoSettings, resolve_codec
+
+    fps = env_attribute(view, "control_freq")
+    fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else float(options.video_fps)
+    fps = int(fps) if fps.is_integer() else fps
+    robot = env_attribute(view, "robot_uids")
+    robot = robot if isinstance(robot, str) else "_".join(robot) if isinstance(robot, (tuple, list)) and all(
+        isinstance(r, str) for r in robot) else "unknown"
+    task = (view.env_info() or {}).get("env_id") or "unknown task"
+    workers = options.video_workers or chosen.setdefault("video_workers", default_video_workers(usable_cores()))
+    video = VideoSettings(codec=resolve_codec(options.video_codec), crf=int(options.video_crf), preset=options.video_preset)
+    return LeRobotSink(fps, task, video, robot_type=robot, workers=workers)

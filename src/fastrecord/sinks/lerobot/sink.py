@@ -1,0 +1,99 @@
+"""`LeRobotSink`: the recorder's seam to `LeRobotWriter` (``lerobot=True``, or passed with ``sinks=``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.sinks.lerobot.layout import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_DATA_FILE_SIZE_IN_MB,
+    DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+    dataset_paths,
+)
+from fastrecord.sinks.lerobot.writer import LeRobotWriter, import_pyarrow
+from fastrecord.workers import WorkerPool
+
+if TYPE_CHECKING:
+    from fastrecord.episode import EpisodeData
+    from fastrecord.video import VideoSettings
+
+
+class LeRobotSink(Sink):
+    """Owns: the run's LeRobot v3.0 dataset ``NAME.lerobot/`` (through `LeRobotWriter`) and the worker
+    threads that turn kept episodes into its parts (columns, statistics, each camera's video encoded in
+    fastrecord's encoder processes) off the stepping thread; the stepping thread only queues them, in
+    episode order, and waits when they fall behind.
+
+    ``fps``: the dataset's frame rate (the env's control frequency: a row per step); ``task``: the task
+    string of every episode (the env id); ``video``: the encoder settings of the camera videos (their
+    ``fps`` is set to ``fps``). The size limits and ``chunks_size`` are LeRobot's defaults."""
+
+    wants_datasets = True
+
+    def __init__(self, fps: float, task: str, video: VideoSettings, *, robot_type: str = "unknown", workers: int = 1,
+                 data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+                 video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB, chunks_size: int = DEFAULT_CHUNK_SIZE) -> None:
+        import_pyarrow()  # before anything is written: the error names the install command
+        from dataclasses import replace
+
+        from fastrecord.video import check_video_settings
+
+        if not (isinstance(fps, (int, float)) and fps > 0):
+            raise ValueError(f"fps={fps!r} must be a positive number of rows (steps) per second")
+        self.fps, self.task, self.robot_type = fps, task, robot_type
+        self.video = check_video_settings(replace(video, fps=fps))
+        self.workers = max(1, int(workers))
+        self.limits = dict(data_files_size_in_mb=data_files_size_in_mb, video_files_size_in_mb=video_files_size_in_mb,
+                           chunks_size=chunks_size)
+        self.writer: LeRobotWriter | None = None
+        self._pool: WorkerPool | None = None
+        self._closed = False
+
+    def open(self, run: RunDirectory) -> None:
+        super().open(run)
+        root, parts = dataset_paths(run.output_dir, run.name)
+        self.writer = LeRobotWriter(root, parts, fps=self.fps, task=self.task, robot_type=self.robot_type, video=self.video,
+                                    resume=run.resuming, **self.limits)
+        from fastrecord.video.encode import use_processes
+
+        if use_processes(self.video):
+            from fastrecord.video.pool import default_encoder_pool
+
+            default_encoder_pool().start(self.workers)
+        self._pool = WorkerPool(self._write, num_workers=self.workers, max_pending=2 * self.workers, name="fastrecord-lerobot")
+
+    @property
+    def root(self) -> Path:
+        return self.writer.root
+
+    def submit(self, episodes: Sequence[EpisodeData]) -> None:
+        for ep in episodes:
+            self._pool.submit((self.writer.reserve(), ep))
+
+    def _write(self, job: tuple[int, Any]) -> None:
+        seq, ep = job
+        self.writer.write_episode(seq, ep.datasets, ep.elapsed_steps)
+
+    def raise_if_failed(self) -> None:
+        self._pool.raise_if_failed()
+
+    def wait_until_done(self) -> None:
+        self._pool.wait_until_done()
+
+    def close(self) -> None:
+        """Drain the queue, then write the last dataset files (also after a failed episode: the others are
+        kept); re-raises the first error."""
+        if self._pool is None or self._closed:
+            return
+        self._closed = True
+        try:
+            self._pool.close()
+        finally:
+            self.writer.close()
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.writer.root] if self.writer is not None and self.writer.root.exists() else []
