@@ -142,17 +142,14 @@ def make_eval_envs(
         sharding = shards.ShardedResets(run, num_envs)
 
     if sim_backend == "physx_cpu":
-        batched = _batched_render(batched_render, num_envs, env_kwargs, bool(video_dir))
-        envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=batched)
-        if batched:
-            from fastrecord.render.vector import GroupRenderedVectorEnv, device_of, make_mirror_factory
+        if _batched_render(batched_render, num_envs, env_kwargs, bool(video_dir)):
+            from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
 
-            try:
-                envs = GroupRenderedVectorEnv(envs, make_mirror_factory(env_id, env_kwargs),
-                                              device=device_of(env_kwargs.get("render_backend")))
-            except BaseException:
-                envs.close()
-                raise
+            envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=True),
+                                  make_mirror_factory(env_id, env_kwargs), num_envs,
+                                  device=device_of(env_kwargs.get("render_backend")))
+        else:
+            envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers))
         if video_dir:
             envs = RecordEpisode(envs, **{**rec, "info_on_video": True, **(record_kwargs or {})})
         if sharding is not None:

@@ -120,14 +120,14 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     mode = gym.vector.AutoresetMode.NEXT_STEP if auto_reset else gym.vector.AutoresetMode.DISABLED
     if _batched(cfg, kwargs["render_backend"]):
         # the envs step in processes of their own; this process renders them all in one batch
-        from fastrecord.render.vector import GroupRenderedVectorEnv, device_of, make_mirror_factory
+        from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
         from fastrecord.workers import forkserver_context
 
         forkserver_context()
         thunk = _CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)
-        envs = GroupRenderedVectorEnv(gym.vector.AsyncVectorEnv([thunk] * cfg.num_envs, context="forkserver",
-                                                                 autoreset_mode=mode),
-                                      make_mirror_factory(cfg.env_id, kwargs), device=device_of(kwargs["render_backend"]))
+        envs = group_rendered(lambda: gym.vector.AsyncVectorEnv([thunk] * cfg.num_envs, context="forkserver",
+                                                                autoreset_mode=mode),
+                              make_mirror_factory(cfg.env_id, kwargs), cfg.num_envs, device=device_of(kwargs["render_backend"]))
     else:
         envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
     try:
