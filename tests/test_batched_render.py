@@ -86,6 +86,9 @@ def test_make_eval_envs_renders_per_process_without_cuda(tmp_path):
     kw = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=4, **{k: v for k, v in SMALL.items() if "human" in k})
     with pytest.raises(ValueError, match="batched_render=True.*CUDA"):
         make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render=True)
+    with pytest.raises(ValueError, match="batched_render=True renders once a step.*render_substeps"):
+        make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path),
+                       batched_render=True, record_kwargs=dict(render_substeps=True))
     envs = make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path))
     try:
         cur, kinds = envs, []

@@ -142,7 +142,8 @@ def make_eval_envs(
         sharding = shards.ShardedResets(run, num_envs)
 
     if sim_backend == "physx_cpu":
-        if _batched_render(batched_render, num_envs, env_kwargs, bool(video_dir)):
+        if _batched_render(batched_render, num_envs, env_kwargs, bool(video_dir),
+                           substeps=bool((record_kwargs or {}).get("render_substeps"))):
             from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
 
             envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=True),
@@ -236,11 +237,17 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
 
 
 # ---------------------------------------------------------------------------------------------- CPU
-def _batched_render(wanted: bool | None, num_envs: int, env_kwargs: Mapping[str, Any], recording: bool) -> bool:
+def _batched_render(wanted: bool | None, num_envs: int, env_kwargs: Mapping[str, Any], recording: bool,
+                    substeps: bool = False) -> bool:
     """Whether the CPU branch renders in one batch (`fastrecord.render`); see ``batched_render``."""
     from fastrecord import render
 
     if wanted is False:
+        return False
+    if substeps:  # each sub-env renders its own substeps (fastrecord.substeps.SubstepFrames)
+        if wanted:
+            raise ValueError("batched_render=True renders once a step, and record_kwargs render_substeps=True wants a "
+                             "frame after every physics substep, which each sub-env renders itself; drop one of them")
         return False
     backend = env_kwargs.get("render_backend", "auto")
     usable = render.available(backend)

@@ -143,6 +143,11 @@ def _batched(cfg: RecordConfig, render_backend: str) -> bool:
 
     if cfg.batched_render == "off" or cfg.num_envs == 1 or not cfg.record.save_video:
         return False
+    if cfg.record.render_substeps:  # each sub-env renders its own substeps
+        if cfg.batched_render == "on":
+            raise ValueError("--batched-render on renders once a step and --render-substeps wants a frame after every physics "
+                             "substep, which each sub-env renders itself; drop one of them")
+        return False
     if render.available(render_backend):
         return True
     if cfg.batched_render == "on":
