@@ -354,7 +354,8 @@ def test_crash_then_resume(tmp_path, trial):
     records with one writer, which writes the index too."""
     random.seed(trial)
     h5 = tmp_path / "run.h5"
-    durable = record_then_kill(tmp_path, min_committed=6, extra_s=random.uniform(0.0, 0.4), writers=1 if trial == 1 else 2)
+    durable = record_then_kill(tmp_path, min_committed=6, extra_s=random.uniform(0.0, 0.4),
+                               writers=1 if trial == 1 else 2)
     assert len(check_file(h5)) >= durable  # as the crash left it: consistent
 
     before = snapshot(tmp_path)

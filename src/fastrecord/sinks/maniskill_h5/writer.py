@@ -320,7 +320,7 @@ class TrajectoryWriter:
         self._publish(force=idle)
 
     def _publish(self, force: bool, best_effort: bool = False) -> None:
-        """Swap in the index + JSON of the committed prefix (in the index process)."""
+        """Swap in the index + JSON of the committed prefix (in the index process: with one writer, that one)."""
         if not force and time.monotonic() - self._last_publish < self._index_interval_s:
             return
         if not self._publish_lock.acquire(blocking=force):
