@@ -166,6 +166,25 @@ def test_small_batches_queued_behind_a_slow_one_share_a_part(tmp_path):
     assert [[j[0] for j in run] for run in part_runs(jobs, max_bytes=15)] == [[3], [4], [6], [7], [8], [9]]
 
 
+def test_one_writer_is_the_index_process(tmp_path):
+    """One writer (the default without image leaves): one helper process writes the parts and the index
+    (issue 20: its start is the recorder's set-up); the empty pair is there from the start, every batch is
+    listed after wait_until_done, and close() consolidates in that process."""
+    h5 = tmp_path / "run.h5"
+    w = TrajectoryWriter(h5, HEADER, index_interval_s=0.0)
+    try:
+        assert len(w.pids) == 1 and os.getpid() not in w.pids
+        assert json.loads(h5.with_suffix(".json").read_text())["episodes"] == [] and check_file(h5) == []
+        for b in range(5):
+            w.submit([make_episode(2 * b + j, 40 + 2 * b + j) for j in range(2)])
+            if b % 2:
+                w.wait_until_done()
+                assert [e["episode_seed"] for e in check_file(h5)] == list(range(40, 40 + 2 * b + 2))
+    finally:
+        w.close()
+    assert [e["episode_seed"] for e in check_file(h5)] == list(range(40, 50)) and self_contained(h5)
+
+
 def test_writer_processes_are_isolated(tmp_path):
     """The writers import neither torch nor ManiSkill, and ignore SIGINT/SIGTERM (the parent closes them)."""
     w = TrajectoryWriter(tmp_path / "run.h5", HEADER)
@@ -227,18 +246,23 @@ def test_killed_writer_process(tmp_path):
     assert len(check_file(h5)) == 3 and self_contained(h5) and not (tmp_path / "run.h5.parts").exists()
 
 
-def test_writer_killed_while_idle(tmp_path):
-    """A writer that dies between batches is reported at the next call, with its exit signal."""
-    w = TrajectoryWriter(tmp_path / "run.h5", HEADER, num_writers=2)
+@pytest.mark.parametrize("writers", [2, 1])
+def test_writer_killed_while_idle(tmp_path, writers):
+    """A writer that dies between batches is reported at the next call, with its exit signal. With one
+    writer it was the index process too: close() lists what is safe through a fresh one."""
+    w = TrajectoryWriter(tmp_path / "run.h5", HEADER, num_writers=writers)
     w.submit([make_episode(0, 0)])
     w.wait_until_done()
-    os.kill(w.pids[1], signal.SIGKILL)
+    killed = writers - 1
+    os.kill(w.pids[killed], signal.SIGKILL)
     time.sleep(0.2)
-    with pytest.raises(WorkerError, match=r"HDF5 writer process 1 \(pid \d+\) was killed by signal SIGKILL .*1 finished"):
+    with pytest.raises(WorkerError, match=rf"HDF5 writer process {killed} \(pid \d+\) was killed by signal SIGKILL "
+                                          r".*1 finished"):
         w.submit([make_episode(1, 1)])
     with pytest.raises(WorkerError):
         w.close()
     assert len(check_file(tmp_path / "run.h5")) == 1
+    assert (tmp_path / "run.h5.parts" / "part_000000.h5").exists()  # kept, not consolidated
 
 
 def test_full_disk(small_disk):
@@ -273,13 +297,13 @@ import sys, types
 pkg = types.ModuleType("fastrecord"); pkg.__path__ = [{src!r} + "/fastrecord"]; sys.modules["fastrecord"] = pkg
 sys.path.insert(0, {tests!r})
 from test_sink_maniskill_h5 import record_forever
-record_forever({out!r})
+record_forever({out!r}, {writers!r})
 """
 
 
-def record_forever(out: str) -> None:
+def record_forever(out: str, writers: int) -> None:
     """In a child process (killed by the test): submit batches without end, report what is committed."""
-    w = TrajectoryWriter(Path(out) / "run.h5", HEADER, num_writers=2, index_interval_s=0.02)
+    w = TrajectoryWriter(Path(out) / "run.h5", HEADER, num_writers=writers, index_interval_s=0.02)
     print("pids", *w.pids, flush=True)
     eid = b = 0
     while True:
@@ -292,10 +316,10 @@ def record_forever(out: str) -> None:
             print("committed", w.num_episodes, flush=True)
 
 
-def record_then_kill(out: Path, min_committed: int, extra_s: float) -> int:
+def record_then_kill(out: Path, min_committed: int, extra_s: float, writers: int = 2) -> int:
     """Run `record_forever`, SIGKILL it ``extra_s`` after ``min_committed`` episodes; wait for its writers
     to leave (they see the parent's socket close). Returns the episodes it had reported committed."""
-    code = _CHILD.format(src=str(SRC), tests=str(Path(__file__).parent), out=str(out))
+    code = _CHILD.format(src=str(SRC), tests=str(Path(__file__).parent), out=str(out), writers=writers)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     committed, pids = 0, []
     try:
@@ -326,10 +350,12 @@ def record_then_kill(out: Path, min_committed: int, extra_s: float) -> int:
 @pytest.mark.parametrize("trial", range(3))
 def test_crash_then_resume(tmp_path, trial):
     """Killed at a random moment: the pair on disk is consistent; resume=True recovers every complete part
-    (consecutive ids, data intact), appends after it, and the result is one file ManiSkill reads."""
+    (consecutive ids, data intact), appends after it, and the result is one file ManiSkill reads. Trial 1
+    records with one writer, which writes the index too."""
     random.seed(trial)
     h5 = tmp_path / "run.h5"
-    durable = record_then_kill(tmp_path, min_committed=6, extra_s=random.uniform(0.0, 0.4))
+    durable = record_then_kill(tmp_path, min_committed=6, extra_s=random.uniform(0.0, 0.4),
+                               writers=1 if trial == 1 else 2)
     assert len(check_file(h5)) >= durable  # as the crash left it: consistent
 
     before = snapshot(tmp_path)

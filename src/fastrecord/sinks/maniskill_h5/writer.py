@@ -15,9 +15,12 @@ to what is on disk.
 Isolation. Every h5py write happens in writer processes (`fastrecord.processes.IsolatedProcess` of
 `layout.WRITER_PROCESS_MODULE`, which imports numpy, h5py and the layout only): ``num_writers`` of them
 write whole part files in parallel (image observations are compressed in parallel), one more writes the
-index and consolidates. A failure there is a `WorkerError` in the caller naming the cause, the fix, and
-what is safe on disk. Episode ids stay consecutive in submission order: the index lists the longest
-prefix of batches whose parts are complete.
+index and consolidates. With one writer (the default without image observations, and on small machines)
+that writer writes the index too: one helper process, whose start (about 0.2 s of CPU importing numpy and
+h5py) is the recorder's set-up; its calls are one at a time, so a part and the index never interleave.
+A failure there is a `WorkerError` in the caller naming the cause, the fix, and what is safe on disk.
+Episode ids stay consecutive in submission order: the index lists the longest prefix of batches whose
+parts are complete.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ def part_runs(jobs: list[tuple[int, list, bool]], max_bytes: int = 64 << 20) -> 
 
 class TrajectoryWriter:
     """Owns: ``NAME.h5``, ``NAME.json``, the part files, the writer processes that fill them (one thread
-    each feeds its process), and the index process that publishes the index and JSON.
+    each feeds its process), and the index process that publishes the index and JSON (with one writer,
+    that writer: one process).
 
     ``submit(episodes)`` queues a batch as one part (blocking when the writers are behind: at most
     ``max_pending`` batches wait); ``wait_until_done()`` returns once everything submitted is on disk and
@@ -114,7 +118,9 @@ class TrajectoryWriter:
         self._failure: tuple[str, BaseException | None] | None = None
         self._closed = False
         self._stopping = False
-        self._active: set[int] = set()  # pids of processes whose call (and its error handling) is under way
+        # pids of processes whose call (and its error handling) is under way, once per call: with one writer,
+        # the feeding thread's part and the caller's index publish may both hold that process's pid
+        self._active: list[int] = []
         self.blocked_seconds = 0.0  # time submit() waited for a free slot
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()
@@ -124,9 +130,11 @@ class TrajectoryWriter:
         # at the caller's CPU priority, not below it: the recorder waits for them (backpressure, close), as
         # ManiSkill's wrapper waits for its own in-process writes; below it, a busy machine starves them
         try:  # processes start in parallel; the first call waits for its process's imports
-            self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process", background=False)
             self._writers = [IsolatedProcess(WRITER_PROCESS_MODULE, f"HDF5 writer process {i}", background=False)
                              for i in range(num_writers)]
+            # one writer also writes the index: a second process would double the start's CPU (issue 20)
+            self._index = self._writers[0] if num_writers == 1 else IsolatedProcess(
+                WRITER_PROCESS_MODULE, "the HDF5 index process", background=False)
             if existing:
                 self._resume()
             else:
@@ -162,8 +170,13 @@ class TrajectoryWriter:
 
     @property
     def pids(self) -> list[int]:
-        """Process ids: the part writers, then the index process."""
-        return [p.pid for p in self._writers] + ([self._index.pid] if self._index is not None else [])
+        """Process ids: the part writers, then the index process (unless a writer is it: one writer)."""
+        return [p.pid for p in self._processes()]
+
+    def _processes(self) -> list[IsolatedProcess]:
+        """Every helper process, each once: the writers, then the index process if it is not one of them."""
+        extra = [self._index] if self._index is not None and all(self._index is not w for w in self._writers) else []
+        return [*self._writers, *extra]
 
     def submit(self, episodes: list[EpisodeData]) -> None:
         """Queue one batch of finished episodes: one part file, or one per writer when the batch has more
@@ -277,7 +290,7 @@ class TrajectoryWriter:
         name = part_name(k)
         tmp = self.parts_dir / (name + ".tmp")
         metas = [(group, meta) for group, _, meta in entries]
-        self._active.add(proc.pid)
+        self._active.append(proc.pid)
         try:
             proc.call("write_part", str(tmp), str(self.parts_dir / name), self._header, entries, self.compression)
         except BaseException as e:  # noqa: BLE001 - raised in the caller as a WorkerError
@@ -289,7 +302,7 @@ class TrajectoryWriter:
             self._publish(force=True, best_effort=True)
             return
         finally:
-            self._active.discard(proc.pid)
+            self._active.remove(proc.pid)
         with self._lock:
             self._done[k] = metas
             for job in run[1:]:  # the parts it absorbed: no file, no episodes
@@ -307,7 +320,7 @@ class TrajectoryWriter:
         self._publish(force=idle)
 
     def _publish(self, force: bool, best_effort: bool = False) -> None:
-        """Swap in the index + JSON of the committed prefix (in the index process)."""
+        """Swap in the index + JSON of the committed prefix (in the index process: with one writer, that one)."""
         if not force and time.monotonic() - self._last_publish < self._index_interval_s:
             return
         if not self._publish_lock.acquire(blocking=force):
@@ -320,12 +333,17 @@ class TrajectoryWriter:
                 links = list(self._links[:n])
                 doc = {**self._header, "episodes": list(self._committed[:n])}
             index = self._index
-            self._active.add(index.pid)
+            active = [index.pid]
+            self._active.append(index.pid)
             try:
-                if best_effort and index.poll() is not None:  # after a failure: a fresh one lists what is safe
+                # after a failure (with one writer, perhaps of the writer that was the index process too):
+                # a fresh process lists what is safe
+                if best_effort and index.poll() is not None:
                     index.stop()
                     index = self._index = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 index process",
-                                                                 background=False)
+                                                          background=False)
+                    active.append(index.pid)
+                    self._active.append(index.pid)
                 index.call("publish_index", str(self.h5_path), links, doc)
             except BaseException as e:  # noqa: BLE001 - raised in the caller as a WorkerError
                 for p in (self.h5_path, self.json_path):
@@ -335,7 +353,8 @@ class TrajectoryWriter:
                                              self.h5_path), e)
                 return
             finally:
-                self._active.discard(index.pid)
+                for pid in active:
+                    self._active.remove(pid)
             self._published = n
             self._last_publish = time.monotonic()
         finally:
@@ -350,7 +369,7 @@ class TrajectoryWriter:
     def _check_alive(self) -> None:
         """A process that died while idle (a signal, the OOM killer) is a failure too."""
         self._last_alive_check = time.monotonic()
-        for p in [*self._writers, *([self._index] if self._index is not None else [])]:
+        for p in self._processes():
             code = p.poll()
             if code is not None and p.pid not in self._active and not self._stopping:
                 err = ChildDied(f"{p.name} (pid {p.pid}) {exit_description(code)}", code)
@@ -386,6 +405,6 @@ class TrajectoryWriter:
 
     def _stop_processes(self) -> None:
         self._stopping = True
-        for p in [*self._writers, *([self._index] if self._index is not None else [])]:
+        for p in self._processes():
             p.stop()
 
