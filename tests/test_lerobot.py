@@ -418,14 +418,6 @@ def test_lerobot_without_pyarrow_names_the_install(monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
-def test_lerobot_in_a_sharded_run_is_refused(pickcube_run, tmp_path):
-    from fastrecord import replay_trajectories
-
-    with pytest.raises(ValueError, match=r"lerobot=True \(--lerobot\) in a sharded run \(--workers 2; pass --workers 1\)"):
-        replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "out"), lerobot=True, workers=2)
-    assert not (tmp_path / "out").exists()
-
-
 def test_record_command_writes_only_lerobot(tmp_path):
     """``fastrecord record --lerobot --no-trajectory --no-video``: the LeRobot dataset alone, a state
     observation (obs_mode=state) as observation.state, no video."""
@@ -475,3 +467,67 @@ def test_lerobot_loads_a_dataset_of_many_files(tmp_path):
     for k, image in zip((1, 2), got["image"]):  # frames 1 and 2 of the episode
         ours = video[int(np.argmin(abs(times - (lo + k / 20))))]
         np.testing.assert_array_equal(np.round(image.transpose(1, 2, 0) * 255).astype(np.uint8), ours)
+
+
+# ---------------------------------------------------------------------------------------------- sharded runs
+def same_dataset(a: Path, b: Path, frames_of: list[np.ndarray]) -> None:
+    """Datasets ``a`` and ``b`` hold the same episodes: info.json, every data row, every meta/episodes column
+    (indices, from/to timestamps, per-episode stats), stats.json and tasks; the videos of ``b`` decode to
+    ``frames_of`` (PSNR >= 30) at the timestamps LeRobot seeks."""
+    info_a, data_a, eps_a = read_dataset(a)
+    info_b, data_b, eps_b = read_dataset(b)
+    assert info_a == info_b
+    assert list(data_a.columns) == list(data_b.columns) and len(data_a) == len(data_b)
+    for col in data_a.columns:
+        np.testing.assert_array_equal(np.stack(data_a[col].to_numpy()), np.stack(data_b[col].to_numpy()), err_msg=col)
+    assert list(eps_a.columns) == list(eps_b.columns)
+    for col in eps_a.columns:
+        va, vb = [np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v) for v in eps_a[col]], \
+                 [np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v) for v in eps_b[col]]
+        for x, y in zip(va, vb):
+            if x.dtype.kind == "f":
+                np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=col)
+            else:
+                np.testing.assert_array_equal(x, y, err_msg=col)
+    sa, sb = (json.loads((r / "meta" / "stats.json").read_text()) for r in (a, b))
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        for stat in sa[k]:
+            np.testing.assert_allclose(np.asarray(sa[k][stat], float), np.asarray(sb[k][stat], float), rtol=1e-9, err_msg=f"{k} {stat}")
+    assert pd.read_parquet(a / "meta" / "tasks.parquet").equals(pd.read_parquet(b / "meta" / "tasks.parquet"))
+    check_videos(b, info_b, eps_b, frames_of)
+
+
+def test_join_datasets_reorders_across_files(tmp_path):
+    """`join_datasets` on a dataset of several files, its episodes taken in another order: rows, indices,
+    stats and videos (cut out of their files without re-encoding) are those of the source episodes."""
+    from fastrecord.sinks.lerobot.join import episode_entries, join_datasets
+
+    record_double(tmp_path / "src", rounds=4, video_files_size_in_mb=0.004)
+    root = tmp_path / "src" / "double.lerobot"
+    info, data, episodes = read_dataset(root)
+    assert episodes[f"videos/{CAMERA_KEY}/file_index"].nunique() > 1
+    n = len(episodes)
+    order = list(range(n))[::2] + list(range(n))[1::2]
+    assert join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order)]) == n
+    ji, jd, je = read_dataset(tmp_path / "joined.lerobot")
+    assert (ji["total_episodes"], ji["total_frames"]) == (n, len(data))
+    assert je["episode_index"].tolist() == list(range(n)) and jd["index"].tolist() == list(range(len(data)))
+    assert je["length"].tolist() == episodes["length"].iloc[order].tolist()
+    for new, old in enumerate(order):
+        a, b = jd[jd["episode_index"] == new], data[data["episode_index"] == old]
+        np.testing.assert_array_equal(np.stack(a["action"].to_numpy()), np.stack(b["action"].to_numpy()))
+        np.testing.assert_array_equal(a["timestamp"], b["timestamp"])
+    np.testing.assert_allclose(json.loads((tmp_path / "joined.lerobot" / "meta" / "stats.json").read_text())["action"]["mean"],
+                               np.stack(data["action"].to_numpy()).mean(0), rtol=1e-6)
+    frames = {}
+    for (chunk, file), eps in episodes.groupby([f"videos/{CAMERA_KEY}/chunk_index", f"videos/{CAMERA_KEY}/file_index"]):
+        video, times, _, _ = decode_timed(root / info["video_path"].format(video_key=CAMERA_KEY, chunk_index=chunk, file_index=file))
+        for _, ep in eps.iterrows():
+            lo = ep[f"videos/{CAMERA_KEY}/from_timestamp"]
+            frames[int(ep["episode_index"])] = video[[int(np.argmin(abs(times - (lo + k / 20)))) for k in range(int(ep["length"]))]]
+    check_videos(tmp_path / "joined.lerobot", ji, je, [frames[old] for old in order], min_psnr=99)  # the same packets
+    assert [e["global_index"] for _, e, _ in episode_entries(tmp_path / "joined.lerobot")] == list(range(n))
+    with pytest.raises(ValueError, match=r"holds episodes 1, 3, 5.* that the datasets being joined no longer have"):
+        join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order) if g % 2 == 0])
+    assert read_dataset(tmp_path / "joined.lerobot")[0]["total_episodes"] == n  # left as it was

@@ -297,7 +297,7 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
         meta = json.loads(report.json_path.read_text())
         sources = [int(e["source_episode_id"]) for e in meta["episodes"]]
         missing = list(report.missing)
-        files = [report.h5_path, report.json_path]
+        files = [report.h5_path, report.json_path] + ([report.lerobot_path] if report.lerobot_path else [])
     elif plan.cfg.save_trajectory:
         missing = list(range(total))
     for s in done:

@@ -64,7 +64,6 @@ from fastrecord.shards.layout import (
     list_shards,
     owner,
     rank_info,
-    refuse_lerobot,
     results_rows,
     shard_dir,
     sharding_options,
@@ -81,7 +80,6 @@ from fastrecord.shards.schedule import (
 __all__ = [
     "RULE",
     "SHARDS_SUFFIX",
-    "refuse_lerobot",
     "DistributedRun",
     "EpisodeSchedule",
     "MergeReport",

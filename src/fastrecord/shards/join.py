@@ -58,6 +58,9 @@ class MergeReport:
     recording: list[int] = field(default_factory=list)  # ranks whose shard is being written now
     crashed: list[int] = field(default_factory=list)  # ranks whose shard was left by a run that did not close
     consolidated: bool = True  # NAME.h5 holds a copy of every episode (False: links into the shards)
+    lerobot_path: Path | None = None  # DIR/NAME.lerobot, joined from the shards' LeRobot datasets (None: they have none)
+    lerobot_episodes: int = 0  # episodes in it
+    lerobot_missing: list[int] = field(default_factory=list)  # in NAME.h5, but in no shard's LeRobot dataset files
 
     @property
     def ok(self) -> bool:
@@ -68,6 +71,12 @@ class MergeReport:
         out = [f"{self.h5_path}: {self.episodes} episodes from {len(self.shards)} shard(s)"
                + (" (one self-contained file)" if self.consolidated
                   else f" (index of links into {self.h5_path.stem}{SHARDS_SUFFIX}/: it opens only next to that folder)")]
+        if self.lerobot_path is not None:
+            out.append(f"{self.lerobot_path}: {self.lerobot_episodes} episodes (LeRobot v3.0)")
+        if self.lerobot_missing:
+            out.append(f"not in the shards' LeRobot datasets: {len(self.lerobot_missing)} global episodes "
+                       f"({ranges_text(self.lerobot_missing)}); a shard left by a crash holds them as parts: re-run the "
+                       f"recording command with --if-exists resume (or fastrecord consolidate the shard), then merge again")
         if self.expected is not None:
             out.append(f"expected {self.expected} global episodes (0..{self.expected - 1})")
         if self.dropped:
@@ -250,4 +259,31 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     from fastrecord.sinks.maniskill_h5.merge import join_runs
 
     join_runs(h5_path, sources, {**header, "episodes": episodes}, links=links)
+    _join_lerobot(run_dir, name, shards, report, set(order))
     return report
+
+
+def _join_lerobot(run_dir: Path, name: str, shards: dict[int, Path], report: MergeReport, in_h5: set[int]) -> None:
+    """Join the shards' LeRobot datasets ``NAME.lerobot`` (those that have one) into ``DIR/NAME.lerobot``:
+    each global episode once (the lowest rank's), ordered by global index, renumbered 0..N-1
+    (`fastrecord.sinks.lerobot.join`)."""
+    from fastrecord.sinks.lerobot.layout import DATASET_SUFFIX, PARTS_SUFFIX
+
+    roots = {rank: folder / f"{name}{DATASET_SUFFIX}" for rank, folder in shards.items()}
+    if not any(r.is_dir() or r.with_name(f"{name}{PARTS_SUFFIX}").is_dir() for r in roots.values()):
+        return
+    from fastrecord.sinks.lerobot.join import episode_entries, join_datasets
+
+    chosen: dict[int, tuple[Path, int, dict[str, Any]]] = {}
+    for rank, root in roots.items():
+        for ep, entry, _ in episode_entries(root) if root.is_dir() else ():
+            if "global_index" not in entry:
+                raise ValueError(f"{root} has episode {ep} without a global_index (written by an older fastrecord, or "
+                                 f"not by a sharded run); it cannot be placed in the joined dataset. Move {shards[rank]} "
+                                 f"out of {shards_root(run_dir, name)}")
+            g = global_index_of(entry, root, f", or move {shards[rank]} out of {shards_root(run_dir, name)}")
+            chosen.setdefault(g, (root, ep, {"global_index": g, "source_rank": rank}))
+    target = run_dir / f"{name}{DATASET_SUFFIX}"
+    report.lerobot_episodes = join_datasets(target, [chosen[g] for g in sorted(chosen)])
+    report.lerobot_path = target if target.is_dir() else None
+    report.lerobot_missing = sorted(in_h5 - set(chosen))
