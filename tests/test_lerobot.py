@@ -531,3 +531,97 @@ def test_join_datasets_reorders_across_files(tmp_path):
     with pytest.raises(ValueError, match=r"holds episodes 1, 3, 5.* that the datasets being joined no longer have"):
         join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order) if g % 2 == 0])
     assert read_dataset(tmp_path / "joined.lerobot")[0]["total_episodes"] == n  # left as it was
+
+
+SHARDED = ["-m", "fastrecord", "record", "PickCube-v1", "--obs-mode", "rgb", "--sensor-configs", json.dumps(dict(width=SIZE, height=SIZE)),
+           "--episodes", "5", "--max-episode-steps", "6", "--width", "64", "--height", "64", "--no-video", "--seed", "3", "--lerobot"]
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"), OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    """The same 5 PickCube-v1 episodes (rgb, --lerobot) recorded by one process and by torchrun with 2
+    ranks (gloo on 127.0.0.1); (plain run dir, sharded run dir, the sharded run's stdout)."""
+    base = tmp_path_factory.mktemp("lrshards")
+    r = subprocess.run([sys.executable, *SHARDED, "--output-dir", str(base / "plain")], capture_output=True, text=True,
+                       timeout=600, env=_clean_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *SHARDED,
+                        "--output-dir", str(base / "sharded")], capture_output=True, text=True, timeout=600, env=_clean_env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return base / "plain", base / "sharded", r.stdout
+
+
+def test_sharded_record_joins_the_lerobot_shards(sharded_runs):
+    plain, sharded, stdout = sharded_runs
+    assert "5 episodes from 2 shard(s)" in stdout and f"{sharded / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in stdout
+    for rank, gs in ((0, [0, 2, 4]), (1, [1, 3])):  # each rank's own dataset: its share, in its order
+        from fastrecord.sinks.lerobot.join import episode_entries
+
+        shard = sharded / "trajectory.shards" / f"rank{rank:05d}" / "trajectory.lerobot"
+        assert [(e["global_index"], e["source_rank"]) for _, e, _ in episode_entries(shard)] == [(g, rank) for g in gs]
+    with h5py.File(plain / "trajectory.h5") as f:
+        frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(5)]
+    same_dataset(plain / "trajectory.lerobot", sharded / "trajectory.lerobot", frames)
+    assert not [p.name for p in sharded.iterdir() if p.name.startswith(".trajectory.lerobot")]  # no temporaries left
+
+
+def test_merge_again_rebuilds_the_same_lerobot_dataset(sharded_runs, tmp_path):
+    """``fastrecord merge`` of the run again (a killed join's leftovers present): the same dataset; with a
+    shard gone, it refuses to drop that shard's episodes from the joined dataset."""
+    import shutil
+
+    plain, sharded, _ = sharded_runs
+    run = tmp_path / "run"
+    shutil.copytree(sharded, run)
+    (run / ".trajectory.lerobot.join" / "parts").mkdir(parents=True)  # what a killed join leaves
+    (run / ".trajectory.lerobot.join" / "parts" / "ep_00000000.parquet").write_bytes(b"torn")
+    r = subprocess.run([sys.executable, "-m", "fastrecord", "merge", str(run)], capture_output=True, text=True, timeout=300,
+                       env=_clean_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{run / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in r.stdout
+    assert not (run / ".trajectory.lerobot.join").exists()
+    with h5py.File(plain / "trajectory.h5") as f:
+        frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(5)]
+    same_dataset(plain / "trajectory.lerobot", run / "trajectory.lerobot", frames)
+    shutil.rmtree(run / "trajectory.shards" / "rank00001" / "trajectory.lerobot")
+    r = subprocess.run([sys.executable, "-m", "fastrecord", "merge", str(run)], capture_output=True, text=True, timeout=300,
+                       env=_clean_env())
+    assert r.returncode != 0 and "holds episodes 1, 3 that the datasets being joined no longer have" in r.stderr
+    assert read_dataset(run / "trajectory.lerobot")[0]["total_episodes"] == 5  # kept
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason=f"no Python with lerobot at {LEROBOT_PYTHON} (set FASTRECORD_LEROBOT_PYTHON)")
+def test_lerobot_loads_the_joined_dataset(sharded_runs, tmp_path):
+    """LeRobotDataset loads the joined dataset of the sharded run: every row; a row of global episode 3
+    (rank 1's second) has its recorded state, action and camera frame."""
+    plain, sharded, _ = sharded_runs
+    root = sharded / "trajectory.lerobot"
+    info, data, episodes = read_dataset(root)
+    row = int(episodes["dataset_from_index"].iloc[3]) + 2
+    script = (
+        "import sys, numpy as np\n"
+        "from lerobot.datasets.lerobot_dataset import LeRobotDataset\n"
+        "ds = LeRobotDataset('local/joined', root=sys.argv[1], video_backend='pyav')\n"
+        "item = ds[int(sys.argv[3])]\n"
+        "np.savez(sys.argv[2], n=len(ds), episodes=ds.num_episodes, image=item['observation.images.base_camera'].numpy(),\n"
+        "         state=item['observation.state'].numpy(), action=item['action'].numpy(), episode=int(item['episode_index']),\n"
+        "         frame=int(item['frame_index']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(root), str(tmp_path / "item.npz"), str(row)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.load(tmp_path / "item.npz")
+    assert (int(got["n"]), int(got["episodes"]), int(got["episode"]), int(got["frame"])) == (len(data), 5, 3, 2)
+    with h5py.File(sharded / "trajectory.h5") as f:  # the joined HDF5: traj_3 is global episode 3
+        qpos, action, rgb = f["traj_3/obs/agent/qpos"][2], f["traj_3/actions"][2], f["traj_3/obs/sensor_data/base_camera/rgb"][2]
+    np.testing.assert_array_equal(got["state"], qpos)
+    np.testing.assert_array_equal(got["action"], action)
+    assert psnr(np.round(got["image"].transpose(1, 2, 0) * 255).astype(np.uint8), rgb) >= 30
