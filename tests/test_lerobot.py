@@ -625,3 +625,48 @@ def test_lerobot_loads_the_joined_dataset(sharded_runs, tmp_path):
     np.testing.assert_array_equal(got["state"], qpos)
     np.testing.assert_array_equal(got["action"], action)
     assert psnr(np.round(got["image"].transpose(1, 2, 0) * 255).astype(np.uint8), rgb) >= 30
+
+
+def test_replay_workers_join_the_lerobot_shards(pickcube_run, tmp_path):
+    """``replay --workers 2 --lerobot``: each worker writes its share's dataset; the joined one (episodes
+    in the source's order) equals a one-process replay's in one env (the same order)."""
+    from fastrecord import replay_trajectories
+
+    kw = dict(obs_mode="rgb", lerobot=True, save_video=False, trajectory_name="rp")
+    one = replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "one"), workers=1, num_envs=1, **kw)  # in order
+    two = replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "two"), workers=2, **kw)
+    assert (one.kept, two.kept, two.workers) == (3, 3, 2) and tmp_path / "two" / "rp.lerobot" in two.files
+    with h5py.File(tmp_path / "one" / "rp.h5") as f:
+        frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(3)]
+    same_dataset(tmp_path / "one" / "rp.lerobot", tmp_path / "two" / "rp.lerobot", frames)
+
+
+def test_make_eval_envs_sharded_lerobot_without_trajectory(tmp_path, monkeypatch):
+    """make_eval_envs(episodes=3, record_kwargs=dict(lerobot=True)) (no trajectory, world size 1): closing
+    joins the shard's LeRobot dataset alone, global episodes 0..2 in order."""
+    from fastrecord import make_eval_envs
+    from fastrecord.make_env import sharding_of
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    env_kwargs = dict(obs_mode="rgb", render_mode="rgb_array", max_episode_steps=4, control_mode="pd_ee_delta_pos",
+                      sensor_configs=dict(width=SIZE, height=SIZE), human_render_camera_configs=dict(width=SIZE, height=SIZE))
+    envs = make_eval_envs("PushCube-v1", 2, "physx_cpu", env_kwargs, dict(obs_horizon=1), video_dir=str(tmp_path), episodes=3, seed=7,
+                          record_kwargs=dict(lerobot=True, save_video=False, trajectory_name="ev"))
+    try:
+        envs.reset()
+        batches = 0
+        while batches < 2:
+            _, _, _, truncated, _ = envs.step(np.zeros((2, 4), dtype=np.float32))
+            batches += bool(np.asarray(truncated).any())
+    finally:
+        envs.close()
+    report = sharding_of(envs).report
+    assert report.ok and not report.trajectory and report.lerobot_episodes == 3 and report.shards == {0: 3}
+    assert report.lines()[0] == f"{tmp_path / 'ev.lerobot'}: 3 episodes (LeRobot v3.0) from 1 shard(s); the shards hold no trajectory"
+    assert not (tmp_path / "ev.h5").exists()
+    info, data, episodes = read_dataset(tmp_path / "ev.lerobot")
+    assert episodes["length"].tolist() == [4, 4, 4] and data["index"].tolist() == list(range(12))
+    shard, _, _ = read_dataset(tmp_path / "ev.shards" / "rank00000" / "ev.lerobot")
+    assert shard == info
+    check_videos(tmp_path / "ev.lerobot", info, episodes)
