@@ -418,14 +418,6 @@ def test_lerobot_without_pyarrow_names_the_install(monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
-def test_lerobot_in_a_sharded_run_is_refused(pickcube_run, tmp_path):
-    from fastrecord import replay_trajectories
-
-    with pytest.raises(ValueError, match=r"lerobot=True \(--lerobot\) in a sharded run \(--workers 2; pass --workers 1\)"):
-        replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "out"), lerobot=True, workers=2)
-    assert not (tmp_path / "out").exists()
-
-
 def test_record_command_writes_only_lerobot(tmp_path):
     """``fastrecord record --lerobot --no-trajectory --no-video``: the LeRobot dataset alone, a state
     observation (obs_mode=state) as observation.state, no video."""
@@ -475,3 +467,206 @@ def test_lerobot_loads_a_dataset_of_many_files(tmp_path):
     for k, image in zip((1, 2), got["image"]):  # frames 1 and 2 of the episode
         ours = video[int(np.argmin(abs(times - (lo + k / 20))))]
         np.testing.assert_array_equal(np.round(image.transpose(1, 2, 0) * 255).astype(np.uint8), ours)
+
+
+# ---------------------------------------------------------------------------------------------- sharded runs
+def same_dataset(a: Path, b: Path, frames_of: list[np.ndarray]) -> None:
+    """Datasets ``a`` and ``b`` hold the same episodes: info.json, every data row, every meta/episodes column
+    (indices, from/to timestamps, per-episode stats), stats.json and tasks; the videos of ``b`` decode to
+    ``frames_of`` (PSNR >= 30) at the timestamps LeRobot seeks."""
+    info_a, data_a, eps_a = read_dataset(a)
+    info_b, data_b, eps_b = read_dataset(b)
+    assert info_a == info_b
+    assert list(data_a.columns) == list(data_b.columns) and len(data_a) == len(data_b)
+    for col in data_a.columns:
+        np.testing.assert_array_equal(np.stack(data_a[col].to_numpy()), np.stack(data_b[col].to_numpy()), err_msg=col)
+    assert list(eps_a.columns) == list(eps_b.columns)
+    for col in eps_a.columns:
+        va, vb = [np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v) for v in eps_a[col]], \
+                 [np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v) for v in eps_b[col]]
+        for x, y in zip(va, vb):
+            if x.dtype.kind == "f":
+                np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=col)
+            else:
+                np.testing.assert_array_equal(x, y, err_msg=col)
+    sa, sb = (json.loads((r / "meta" / "stats.json").read_text()) for r in (a, b))
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        for stat in sa[k]:
+            np.testing.assert_allclose(np.asarray(sa[k][stat], float), np.asarray(sb[k][stat], float), rtol=1e-9, err_msg=f"{k} {stat}")
+    assert pd.read_parquet(a / "meta" / "tasks.parquet").equals(pd.read_parquet(b / "meta" / "tasks.parquet"))
+    check_videos(b, info_b, eps_b, frames_of)
+
+
+def test_join_datasets_reorders_across_files(tmp_path):
+    """`join_datasets` on a dataset of several files, its episodes taken in another order: rows, indices,
+    stats and videos (cut out of their files without re-encoding) are those of the source episodes."""
+    from fastrecord.sinks.lerobot.join import episode_entries, join_datasets
+
+    record_double(tmp_path / "src", rounds=4, video_files_size_in_mb=0.004)
+    root = tmp_path / "src" / "double.lerobot"
+    info, data, episodes = read_dataset(root)
+    assert episodes[f"videos/{CAMERA_KEY}/file_index"].nunique() > 1
+    n = len(episodes)
+    order = list(range(n))[::2] + list(range(n))[1::2]
+    assert join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order)]) == n
+    ji, jd, je = read_dataset(tmp_path / "joined.lerobot")
+    assert (ji["total_episodes"], ji["total_frames"]) == (n, len(data))
+    assert je["episode_index"].tolist() == list(range(n)) and jd["index"].tolist() == list(range(len(data)))
+    assert je["length"].tolist() == episodes["length"].iloc[order].tolist()
+    for new, old in enumerate(order):
+        a, b = jd[jd["episode_index"] == new], data[data["episode_index"] == old]
+        np.testing.assert_array_equal(np.stack(a["action"].to_numpy()), np.stack(b["action"].to_numpy()))
+        np.testing.assert_array_equal(a["timestamp"], b["timestamp"])
+    np.testing.assert_allclose(json.loads((tmp_path / "joined.lerobot" / "meta" / "stats.json").read_text())["action"]["mean"],
+                               np.stack(data["action"].to_numpy()).mean(0), rtol=1e-6)
+    frames = {}
+    for (chunk, file), eps in episodes.groupby([f"videos/{CAMERA_KEY}/chunk_index", f"videos/{CAMERA_KEY}/file_index"]):
+        video, times, _, _ = decode_timed(root / info["video_path"].format(video_key=CAMERA_KEY, chunk_index=chunk, file_index=file))
+        for _, ep in eps.iterrows():
+            lo = ep[f"videos/{CAMERA_KEY}/from_timestamp"]
+            frames[int(ep["episode_index"])] = video[[int(np.argmin(abs(times - (lo + k / 20)))) for k in range(int(ep["length"]))]]
+    check_videos(tmp_path / "joined.lerobot", ji, je, [frames[old] for old in order], min_psnr=99)  # the same packets
+    assert [e["global_index"] for _, e, _ in episode_entries(tmp_path / "joined.lerobot")] == list(range(n))
+    with pytest.raises(ValueError, match=r"holds episodes 1, 3, 5.* that the datasets being joined no longer have"):
+        join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order) if g % 2 == 0])
+    assert read_dataset(tmp_path / "joined.lerobot")[0]["total_episodes"] == n  # left as it was
+
+
+SHARDED = ["-m", "fastrecord", "record", "PickCube-v1", "--obs-mode", "rgb", "--sensor-configs", json.dumps(dict(width=SIZE, height=SIZE)),
+           "--episodes", "5", "--max-episode-steps", "6", "--width", "64", "--height", "64", "--no-video", "--seed", "3", "--lerobot"]
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"), OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    """The same 5 PickCube-v1 episodes (rgb, --lerobot) recorded by one process and by torchrun with 2
+    ranks (gloo on 127.0.0.1); (plain run dir, sharded run dir, the sharded run's stdout)."""
+    base = tmp_path_factory.mktemp("lrshards")
+    r = subprocess.run([sys.executable, *SHARDED, "--output-dir", str(base / "plain")], capture_output=True, text=True,
+                       timeout=600, env=_clean_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *SHARDED,
+                        "--output-dir", str(base / "sharded")], capture_output=True, text=True, timeout=600, env=_clean_env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return base / "plain", base / "sharded", r.stdout
+
+
+def test_sharded_record_joins_the_lerobot_shards(sharded_runs):
+    plain, sharded, stdout = sharded_runs
+    assert "5 episodes from 2 shard(s)" in stdout and f"{sharded / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in stdout
+    for rank, gs in ((0, [0, 2, 4]), (1, [1, 3])):  # each rank's own dataset: its share, in its order
+        from fastrecord.sinks.lerobot.join import episode_entries
+
+        shard = sharded / "trajectory.shards" / f"rank{rank:05d}" / "trajectory.lerobot"
+        assert [(e["global_index"], e["source_rank"]) for _, e, _ in episode_entries(shard)] == [(g, rank) for g in gs]
+    with h5py.File(plain / "trajectory.h5") as f:
+        frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(5)]
+    same_dataset(plain / "trajectory.lerobot", sharded / "trajectory.lerobot", frames)
+    assert not [p.name for p in sharded.iterdir() if p.name.startswith(".trajectory.lerobot")]  # no temporaries left
+
+
+def test_merge_again_rebuilds_the_same_lerobot_dataset(sharded_runs, tmp_path):
+    """``fastrecord merge`` of the run again (a killed join's leftovers present): the same dataset; with a
+    shard gone, it refuses to drop that shard's episodes from the joined dataset."""
+    import shutil
+
+    plain, sharded, _ = sharded_runs
+    run = tmp_path / "run"
+    shutil.copytree(sharded, run)
+    (run / ".trajectory.lerobot.join" / "parts").mkdir(parents=True)  # what a killed join leaves
+    (run / ".trajectory.lerobot.join" / "parts" / "ep_00000000.parquet").write_bytes(b"torn")
+    r = subprocess.run([sys.executable, "-m", "fastrecord", "merge", str(run)], capture_output=True, text=True, timeout=300,
+                       env=_clean_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{run / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in r.stdout
+    assert not (run / ".trajectory.lerobot.join").exists()
+    with h5py.File(plain / "trajectory.h5") as f:
+        frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(5)]
+    same_dataset(plain / "trajectory.lerobot", run / "trajectory.lerobot", frames)
+    shutil.rmtree(run / "trajectory.shards" / "rank00001" / "trajectory.lerobot")
+    r = subprocess.run([sys.executable, "-m", "fastrecord", "merge", str(run)], capture_output=True, text=True, timeout=300,
+                       env=_clean_env())
+    assert r.returncode != 0 and "holds episodes 1, 3 that the datasets being joined no longer have" in r.stderr
+    assert read_dataset(run / "trajectory.lerobot")[0]["total_episodes"] == 5  # kept
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason=f"no Python with lerobot at {LEROBOT_PYTHON} (set FASTRECORD_LEROBOT_PYTHON)")
+def test_lerobot_loads_the_joined_dataset(sharded_runs, tmp_path):
+    """LeRobotDataset loads the joined dataset of the sharded run: every row; a row of global episode 3
+    (rank 1's second) has its recorded state, action and camera frame."""
+    plain, sharded, _ = sharded_runs
+    root = sharded / "trajectory.lerobot"
+    info, data, episodes = read_dataset(root)
+    row = int(episodes["dataset_from_index"].iloc[3]) + 2
+    script = (
+        "import sys, numpy as np\n"
+        "from lerobot.datasets.lerobot_dataset import LeRobotDataset\n"
+        "ds = LeRobotDataset('local/joined', root=sys.argv[1], video_backend='pyav')\n"
+        "item = ds[int(sys.argv[3])]\n"
+        "np.savez(sys.argv[2], n=len(ds), episodes=ds.num_episodes, image=item['observation.images.base_camera'].numpy(),\n"
+        "         state=item['observation.state'].numpy(), action=item['action'].numpy(), episode=int(item['episode_index']),\n"
+        "         frame=int(item['frame_index']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(root), str(tmp_path / "item.npz"), str(row)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.load(tmp_path / "item.npz")
+    assert (int(got["n"]), int(got["episodes"]), int(got["episode"]), int(got["frame"])) == (len(data), 5, 3, 2)
+    with h5py.File(sharded / "trajectory.h5") as f:  # the joined HDF5: traj_3 is global episode 3
+        qpos, action, rgb = f["traj_3/obs/agent/qpos"][2], f["traj_3/actions"][2], f["traj_3/obs/sensor_data/base_camera/rgb"][2]
+    np.testing.assert_array_equal(got["state"], qpos)
+    np.testing.assert_array_equal(got["action"], action)
+    assert psnr(np.round(got["image"].transpose(1, 2, 0) * 255).astype(np.uint8), rgb) >= 30
+
+
+def test_replay_workers_join_the_lerobot_shards(pickcube_run, tmp_path):
+    """``replay --workers 2 --lerobot``: each worker writes its share's dataset; the joined one (episodes
+    in the source's order) equals a one-process replay's in one env (the same order)."""
+    from fastrecord import replay_trajectories
+
+    kw = dict(obs_mode="rgb", lerobot=True, save_video=False, trajectory_name="rp")
+    one = replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "one"), workers=1, num_envs=1, **kw)  # in order
+    two = replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "two"), workers=2, **kw)
+    assert (one.kept, two.kept, two.workers) == (3, 3, 2) and tmp_path / "two" / "rp.lerobot" in two.files
+    with h5py.File(tmp_path / "one" / "rp.h5") as f:
+        frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(3)]
+    same_dataset(tmp_path / "one" / "rp.lerobot", tmp_path / "two" / "rp.lerobot", frames)
+
+
+def test_make_eval_envs_sharded_lerobot_without_trajectory(tmp_path, monkeypatch):
+    """make_eval_envs(episodes=3, record_kwargs=dict(lerobot=True)) (no trajectory, world size 1): closing
+    joins the shard's LeRobot dataset alone, global episodes 0..2 in order."""
+    from fastrecord import make_eval_envs
+    from fastrecord.make_env import sharding_of
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    env_kwargs = dict(obs_mode="rgb", render_mode="rgb_array", max_episode_steps=4, control_mode="pd_ee_delta_pos",
+                      sensor_configs=dict(width=SIZE, height=SIZE), human_render_camera_configs=dict(width=SIZE, height=SIZE))
+    envs = make_eval_envs("PushCube-v1", 2, "physx_cpu", env_kwargs, dict(obs_horizon=1), video_dir=str(tmp_path), episodes=3, seed=7,
+                          record_kwargs=dict(lerobot=True, save_video=False, trajectory_name="ev"))
+    try:
+        envs.reset()
+        batches = 0
+        while batches < 2:
+            _, _, _, truncated, _ = envs.step(np.zeros((2, 4), dtype=np.float32))
+            batches += bool(np.asarray(truncated).any())
+    finally:
+        envs.close()
+    report = sharding_of(envs).report
+    assert report.ok and not report.trajectory and report.lerobot_episodes == 3 and report.shards == {0: 3}
+    assert report.lines()[0] == f"{tmp_path / 'ev.lerobot'}: 3 episodes (LeRobot v3.0) from 1 shard(s); the shards hold no trajectory"
+    assert not (tmp_path / "ev.h5").exists()
+    info, data, episodes = read_dataset(tmp_path / "ev.lerobot")
+    assert episodes["length"].tolist() == [4, 4, 4] and data["index"].tolist() == list(range(12))
+    shard, _, _ = read_dataset(tmp_path / "ev.shards" / "rank00000" / "ev.lerobot")
+    assert shard == info
+    check_videos(tmp_path / "ev.lerobot", info, episodes)

@@ -130,8 +130,6 @@ def make_eval_envs(
         if render != given:  # the rank's GPU renders
             env_kwargs = {**env_kwargs, "render_backend": render}
         extra = dict(record_kwargs or {})
-        if extra.get("lerobot"):
-            shards.refuse_lerobot(f"make_eval_envs(episodes={episodes}); pass episodes=None")
         run = shards.DistributedRun(video_dir, extra.get("trajectory_name"), total=episodes, base_seed=seed,
                                     if_exists=extra.get("if_exists", "error"),
                                     options=dict(command="make_eval_envs", env_id=env_id, num_envs=num_envs,

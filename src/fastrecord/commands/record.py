@@ -316,8 +316,6 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
     from fastrecord import shards
 
     info = shards.rank_info()
-    if cfg.record.lerobot:
-        shards.refuse_lerobot("under torchrun; run without it")
     sim, render = shards.rank_backends(cfg.sim_backend, _render_backend(cfg.render_backend), info)
     run = shards.DistributedRun(cfg.output_dir, cfg.record.trajectory_name, total=cfg.episodes, base_seed=cfg.seed,
                                 if_exists=cfg.record.if_exists, options={"command": "record", "args": cfg.as_dict()}).open()

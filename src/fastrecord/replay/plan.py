@@ -178,17 +178,13 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     from fastrecord.shards import rank_info
 
     info = rank_info()
-    if cfg.option("lerobot") and (info.distributed or cfg.workers not in (None, 1)):
-        from fastrecord.shards import refuse_lerobot
-
-        refuse_lerobot("under torchrun; run without it" if info.distributed else f"--workers {cfg.workers}; pass --workers 1")
     if info.distributed and cfg.workers not in (None, 1):
         raise ValueError(f"--workers {cfg.workers} under torchrun: the {info.world_size} ranks are the workers (each "
                          f"replays its share); drop --workers, or run without torchrun")
     vector = cfg.vector
     cores = usable_cores(info.local_world_size)  # under torchrun the ranks of a host share its cores
     gpu_render = str(kwargs.get("render_backend")).lower() not in ("cpu", "sapien_cpu")
-    workers = (1 if info.distributed or cfg.option("lerobot") else cfg.workers if cfg.workers is not None
+    workers = (1 if info.distributed else cfg.workers if cfg.workers is not None
                else default_workers(cfg.num_envs, len(episodes), gpu_sim, gpu_render))
     workers = min(workers, len(episodes))
     if cfg.num_envs is not None:

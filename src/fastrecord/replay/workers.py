@@ -272,11 +272,12 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
 
 
 def _join(plan: ReplayPlan) -> Any:
-    """Join the shards into ``NAME.h5`` + ``NAME.json`` (`fastrecord.shards.merge`); its `MergeReport`, or
-    None when no shard has a trajectory to join (no trajectory written, or stopped before any episode)."""
+    """Join the shards into ``NAME.h5`` + ``NAME.json`` and ``NAME.lerobot`` (`fastrecord.shards.merge`);
+    its `MergeReport`, or None when no shard has anything to join (neither a trajectory nor a LeRobot
+    dataset written, or stopped before any episode)."""
     from fastrecord import shards
 
-    if not plan.cfg.save_trajectory:
+    if not (plan.cfg.save_trajectory or plan.cfg.option("lerobot")):
         return None
     try:
         return shards.merge(plan.out, plan.name, expected=len(plan.episodes))
@@ -293,13 +294,15 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
     files: list[Path] = []
     sources: list[int] = []
     missing: list[int] = []
-    if report is not None:
+    if report is not None and report.trajectory:
         meta = json.loads(report.json_path.read_text())
         sources = [int(e["source_episode_id"]) for e in meta["episodes"]]
         missing = list(report.missing)
         files = [report.h5_path, report.json_path]
     elif plan.cfg.save_trajectory:
         missing = list(range(total))
+    if report is not None and report.lerobot_path is not None:
+        files.append(report.lerobot_path)
     for s in done:
         files += [f for f in s.files if f.suffix == ".mp4"]
     files += [s.results_path for s in done if s.results_path is not None]

@@ -29,8 +29,11 @@ The contract (stable: `fastrecord record` under torchrun, ``make_eval_envs`` and
   agree, and the episodes sorted by ``g`` with ``episode_id = g``, ``global_index``, ``source_rank``,
   ``shard_episode_id``). It is idempotent and reads the shards only (they are kept); ``links=True``
   writes an index of external links into the shard files instead (no copy; it opens only next to
-  ``NAME.shards/``). It reports, rather than fails on, missing global episodes, episodes the keep filter
-  dropped, duplicates, and shards still recording or left by a crash (`MergeReport`).
+  ``NAME.shards/``). Shards with a LeRobot dataset (``lerobot=True``) are joined into ``DIR/NAME.lerobot``
+  the same way (`fastrecord.sinks.lerobot.join`: episodes ordered by ``g``, renumbered 0..N-1, videos
+  not re-encoded), also when they hold no trajectory. It reports, rather than fails on, missing global
+  episodes, episodes the keep filter dropped, duplicates, and shards still recording or left by a crash
+  (`MergeReport`).
 - **The run manifest.** ``DIR/NAME.fastrecord.json`` (a `fastrecord.sinks.RunDirectory` manifest) holds
   the arguments under ``options`` and the sharding under ``options["sharding"]``: ``world_size``,
   ``base_seed``, ``total``, ``rule``; ``fastrecord`` is the version. `DistributedRun.open` writes it (rank 0).
@@ -64,7 +67,6 @@ from fastrecord.shards.layout import (
     list_shards,
     owner,
     rank_info,
-    refuse_lerobot,
     results_rows,
     shard_dir,
     sharding_options,
@@ -81,7 +83,6 @@ from fastrecord.shards.schedule import (
 __all__ = [
     "RULE",
     "SHARDS_SUFFIX",
-    "refuse_lerobot",
     "DistributedRun",
     "EpisodeSchedule",
     "MergeReport",

@@ -58,6 +58,10 @@ class MergeReport:
     recording: list[int] = field(default_factory=list)  # ranks whose shard is being written now
     crashed: list[int] = field(default_factory=list)  # ranks whose shard was left by a run that did not close
     consolidated: bool = True  # NAME.h5 holds a copy of every episode (False: links into the shards)
+    trajectory: bool = True  # the shards have NAME.json/NAME.h5 (False: recorded without; only their LeRobot datasets joined)
+    lerobot_path: Path | None = None  # DIR/NAME.lerobot, joined from the shards' LeRobot datasets (None: they have none)
+    lerobot_episodes: int = 0  # episodes in it
+    lerobot_missing: list[int] = field(default_factory=list)  # in NAME.h5, but in no shard's LeRobot dataset files
 
     @property
     def ok(self) -> bool:
@@ -67,7 +71,15 @@ class MergeReport:
         """The report in words (``fastrecord merge`` prints it)."""
         out = [f"{self.h5_path}: {self.episodes} episodes from {len(self.shards)} shard(s)"
                + (" (one self-contained file)" if self.consolidated
-                  else f" (index of links into {self.h5_path.stem}{SHARDS_SUFFIX}/: it opens only next to that folder)")]
+                  else f" (index of links into {self.h5_path.stem}{SHARDS_SUFFIX}/: it opens only next to that folder)")
+               ] if self.trajectory else []
+        if self.lerobot_path is not None:
+            out.append(f"{self.lerobot_path}: {self.lerobot_episodes} episodes (LeRobot v3.0)"
+                       + ("" if self.trajectory else f" from {len(self.shards)} shard(s); the shards hold no trajectory"))
+        if self.lerobot_missing:
+            out.append(f"not in the shards' LeRobot datasets: {len(self.lerobot_missing)} global episodes "
+                       f"({ranges_text(self.lerobot_missing)}); a shard left by a crash holds them as parts: re-run the "
+                       f"recording command with --if-exists resume (or fastrecord consolidate the shard), then merge again")
         if self.expected is not None:
             out.append(f"expected {self.expected} global episodes (0..{self.expected - 1})")
         if self.dropped:
@@ -226,7 +238,8 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
                 report.duplicates.append(g)
                 continue
             chosen[g] = (rank, e)
-    if header is None:
+    lerobot = _lerobot_roots(shards, name)
+    if header is None and not lerobot:
         raise NothingToMerge(f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
                          f"or nothing finished); there is nothing to join")
 
@@ -241,13 +254,59 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
         episodes.append({**e, "episode_id": g, "global_index": g, "source_rank": rank,
                          "shard_episode_id": int(e["episode_id"])})
     report.episodes = len(episodes)
+    if header is not None:
+        from fastrecord.sinks.maniskill_h5.merge import join_runs
+
+        join_runs(h5_path, sources, {**header, "episodes": episodes}, links=links)
+    else:
+        report.trajectory = False
+    if lerobot:
+        present = _join_lerobot(run_dir, name, lerobot, report)
+        report.lerobot_missing = sorted(set(order) - set(present))
+        if header is None:
+            chosen = {g: (rank, {}) for g, rank in present.items()}
+            order = sorted(chosen)
     top = max([*order, *dropped], default=-1) + 1
     span = range(expected if expected is not None else top)
     report.dropped = sorted(g for g in dropped if g not in chosen)
     report.missing = [g for g in span if g not in chosen and g not in dropped]
     report.duplicates = sorted(set(report.duplicates))
-
-    from fastrecord.sinks.maniskill_h5.merge import join_runs
-
-    join_runs(h5_path, sources, {**header, "episodes": episodes}, links=links)
     return report
+
+
+def _lerobot_roots(shards: dict[int, Path], name: str) -> dict[int, Path]:
+    """{rank: its ``NAME.lerobot``} of the shards that recorded a LeRobot dataset (its folder, or its parts
+    folder, exists)."""
+    from fastrecord.sinks.lerobot.layout import dataset_paths
+
+    return {rank: dataset_paths(folder, name)[0] for rank, folder in shards.items()
+            if any(p.is_dir() for p in dataset_paths(folder, name))}
+
+
+def _join_lerobot(run_dir: Path, name: str, roots: dict[int, Path], report: MergeReport) -> dict[int, int]:
+    """Join the shards' LeRobot datasets ``roots`` into ``DIR/NAME.lerobot``: each global episode once
+    (the lowest rank's), ordered by global index, renumbered 0..N-1 (`fastrecord.sinks.lerobot.join`).
+    Returns {global episode: rank} of those joined. Without a trajectory, ``report.shards`` counts them."""
+    from fastrecord.sinks.lerobot.join import episode_entries, join_datasets
+    from fastrecord.sinks.lerobot.layout import DATASET_SUFFIX
+
+    shards = {rank: root.parent for rank, root in roots.items()}
+    chosen: dict[int, tuple[Path, int, dict[str, Any]]] = {}
+    for rank, root in roots.items():
+        for ep, entry, _ in episode_entries(root) if root.is_dir() else ():
+            if "global_index" not in entry:
+                raise ValueError(f"{root} has episode {ep} without a global_index (written by an older fastrecord, or "
+                                 f"not by a sharded run); it cannot be placed in the joined dataset. Move {shards[rank]} "
+                                 f"out of {shards_root(run_dir, name)}")
+            g = global_index_of(entry, root, f", or move {shards[rank]} out of {shards_root(run_dir, name)}")
+            if g in chosen:
+                report.duplicates.append(g)
+                continue
+            chosen[g] = (root, ep, {"global_index": g, "source_rank": rank})
+    target = run_dir / f"{name}{DATASET_SUFFIX}"
+    report.lerobot_episodes = join_datasets(target, [chosen[g] for g in sorted(chosen)])
+    report.lerobot_path = target if target.is_dir() else None
+    if not report.trajectory:
+        for _, _, entry in chosen.values():
+            report.shards[entry["source_rank"]] = report.shards.get(entry["source_rank"], 0) + 1
+    return {g: entry["source_rank"] for g, (_, _, entry) in chosen.items()}

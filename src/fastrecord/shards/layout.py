@@ -107,14 +107,6 @@ def episode_meta(g: int, rank: int) -> dict[str, int]:
     return {"global_index": int(g), "source_rank": int(rank)}
 
 
-def refuse_lerobot(how: str) -> None:
-    """The one refusal of ``lerobot=True`` in a sharded run (``how``: what makes it sharded, with the flag
-    that does not): merging does not join LeRobot datasets."""
-    raise ValueError(f"lerobot=True (--lerobot) in a sharded run ({how}): merge joins the shards' NAME.h5, not their "
-                     f"LeRobot datasets yet; record the LeRobot dataset in one process, or convert the merged NAME.h5 with "
-                     f"python -m mani_skill.trajectory.convert_to_lerobot")
-
-
 # ---------------------------------------------------------------------------------------------- paths
 def shards_root(run_dir: str | Path, name: str) -> Path:
     """``DIR/NAME.shards``: the folder of run ``NAME``'s shards."""

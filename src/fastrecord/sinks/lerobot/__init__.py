@@ -7,6 +7,8 @@ Modules:
 - `video`: `concat_mp4`, episode videos joined into one file without re-encoding (PyAV).
 - `writer`: `LeRobotWriter` (crash-safe parts, files rolled past a size limit, recovery) and `repair`.
 - `sink`: `LeRobotSink`, the recorder's sink.
+- `join`: `join_datasets`, episodes of several datasets (a sharded run's shards) into one, in a given
+  order (`fastrecord.shards.merge` runs it).
 
 Needs pyarrow and pandas: ``pip install 'fastrecord[lerobot]'``.
 """

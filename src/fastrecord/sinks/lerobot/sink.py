@@ -75,7 +75,8 @@ class LeRobotSink(Sink):
 
     def _write(self, job: tuple[int, Any]) -> None:
         seq, ep = job
-        self.writer.write_episode(seq, ep.datasets, ep.elapsed_steps)
+        entry = {k: ep.meta[k] for k in ("global_index", "source_rank") if k in ep.meta}
+        self.writer.write_episode(seq, ep.datasets, ep.elapsed_steps, entry)
 
     def raise_if_failed(self) -> None:
         self._pool.raise_if_failed()

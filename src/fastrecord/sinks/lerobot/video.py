@@ -9,6 +9,7 @@ with a key frame, so every frame decodes, and the shift is returned as the episo
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,3 +57,41 @@ def concat_mp4(segments: Sequence[Path], out: Path) -> list[tuple[float, float]]
     finally:
         tmp.unlink(missing_ok=True)
     return spans
+
+
+def split_mp4(src: Path, spans: Sequence[tuple[float, float]], outs: Sequence[Path]) -> None:
+    """Cut the episodes at ``spans`` (their (from, to) times in seconds, as `concat_mp4` returned them) out
+    of the dataset video ``src`` into ``outs`` (one MP4 each, its first frame at time 0) without
+    re-encoding, in one pass over ``src``: the inverse of `concat_mp4` (each episode starts with a key
+    frame, and its packets follow one another in the file)."""
+    if len(spans) != len(outs):
+        raise ValueError(f"split_mp4: {len(spans)} spans but {len(outs)} outputs")
+    with av.open(str(src)) as container:
+        stream = container.streams.video[0]
+        tb = stream.time_base
+        ticks = sorted((round(a / tb), round(b / tb), Path(o)) for (a, b), o in zip(spans, outs))
+        got = {o: [] for _, _, o in ticks}
+        starts = [a for a, _, _ in ticks]
+        for p in container.demux(stream):
+            if p.dts is None or p.pts is None:
+                continue
+            j = bisect.bisect_right(starts, p.pts) - 1
+            if j >= 0 and p.pts < ticks[j][1]:
+                got[ticks[j][2]].append((p, ticks[j][0]))
+        for a, b, out in ticks:
+            if not got[out]:
+                raise ValueError(f"{src} holds no video packets between {float(a * tb):.4f} s and {float(b * tb):.4f} s "
+                                 f"(an episode's from/to_timestamp in meta/episodes): the dataset's video and metadata disagree")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            try:
+                with av.open(str(tmp), "w", format="mp4") as dst:
+                    ostream = dst.add_stream_from_template(stream)
+                    for p, first in got.pop(out):
+                        p.pts -= first
+                        p.dts -= first
+                        p.stream = ostream
+                        dst.mux(p)
+                os.replace(tmp, out)
+            finally:
+                tmp.unlink(missing_ok=True)

@@ -88,6 +88,7 @@ class _Part:
     videos: dict[str, str]  # camera key -> segment file name
     data_bytes: int
     video_bytes: dict[str, int] = field(default_factory=dict)
+    entry: dict[str, Any] = field(default_factory=dict)  # the episode's place in a sharded run (global_index, source_rank)
 
 
 class LeRobotWriter:
@@ -135,9 +136,12 @@ class LeRobotWriter:
             self._order.append(seq)
             return seq
 
-    def write_episode(self, seq: int, datasets: Mapping[str, np.ndarray], length: int) -> None:
+    def write_episode(self, seq: int, datasets: Mapping[str, np.ndarray], length: int,
+                      entry: Mapping[str, Any] | None = None) -> None:
         """Commit episode ``seq`` as a part (videos encoded, then its rows), then write dataset files if
-        the committed parts passed a size limit."""
+        the committed parts passed a size limit. ``entry``: JSON fields kept with the episode in the
+        parquet metadata (a sharded run's ``global_index`` and ``source_rank``: `episode_entries` reads
+        them back, `fastrecord.sinks.lerobot.join` orders the joined dataset by them)."""
         from fastrecord.video import encode_mp4
 
         cols, images = episode_columns(datasets, length, self.fps)
@@ -155,11 +159,12 @@ class LeRobotWriter:
             written = Path(encode_mp4(self.parts / f"ep_{seq:08d}.{key}.mp4", frames, self.video))
             videos[key], video_bytes[key] = written.name, written.stat().st_size
         stats = episode_stats(cols, images)
-        meta = dict(seq=seq, length=int(length), stats=stats, videos=videos, dataset=self._settings())
+        entry = dict(entry or {})
+        meta = dict(seq=seq, length=int(length), stats=stats, videos=videos, dataset=self._settings(), entry=entry)
         table = self._table(cols).replace_schema_metadata({PART_META: json.dumps(meta)})
         path = self.parts / f"ep_{seq:08d}.parquet"
         self._write_parquet(table, path)
-        part = _Part(seq, int(length), stats, videos, path.stat().st_size, video_bytes)
+        part = _Part(seq, int(length), stats, videos, path.stat().st_size, video_bytes, entry)
         with self._lock:
             self._ready[seq] = part
         self.roll()
@@ -262,7 +267,7 @@ class LeRobotWriter:
             self._episode_stats.append(stats)
             index += n
         self._write_parquet(pa.concat_tables(tables), self.root / DATA_PATH.format(**where))
-        meta = dict(parts=[p.seq for p in batch], dataset=self._settings())
+        meta = dict(parts=[p.seq for p in batch], entries=[p.entry for p in batch], dataset=self._settings())
         episodes = pa.Table.from_pylist(rows).replace_schema_metadata({FILE_META: json.dumps(meta)})
         final = self.root / EPISODES_PATH.format(**where)
         pending = final.with_name(final.name + PENDING)  # complete, but not yet counted by info.json
@@ -329,7 +334,8 @@ class LeRobotWriter:
             meta = json.loads(self.pq.read_schema(p).metadata[PART_META])
             self._take_settings(meta["dataset"])
             sizes = {k: (self.parts / v).stat().st_size for k, v in meta["videos"].items()}
-            pending.append(_Part(seq, meta["length"], meta["stats"], meta["videos"], p.stat().st_size, sizes))
+            pending.append(_Part(seq, meta["length"], meta["stats"], meta["videos"], p.stat().st_size, sizes,
+                                 meta.get("entry", {})))
         committed = {p.seq for p in pending}
         for p in list(self.parts.iterdir()) if self.parts.is_dir() else ():
             m = PART_RE.match(p.name) or SEGMENT_RE.match(p.name)
