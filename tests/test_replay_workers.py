@@ -142,7 +142,7 @@ def test_killed_worker_then_rerun_resumes(tmp_path):
     first = json.loads((out / f"{NAME}.json").read_text())["episodes"]
     held = [e["global_index"] for e in first]
     assert {0, 2, 4, 6} <= set(held) and len(held) < 8  # worker 0's four, and what worker 1 had listed
-    assert f"of 8 episodes are missing" in stderr
+    assert "of 8 episodes are missing" in stderr
 
     proc = run_cli(argv)
     stdout, stderr = proc.communicate(timeout=600)
