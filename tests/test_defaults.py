@@ -82,7 +82,9 @@ def test_recorder_chooses_writers_from_the_observations(make_env, tmp_path, monk
     try:
         expected = {"state": 1, "rgb": 2}[obs_mode]
         sink = env.recorder.trajectory
-        assert sink.writers == sink.writer.num_writers == len(sink.writer.pids) - 1 == expected  # + the index process
+        assert sink.writers == sink.writer.num_writers == expected
+        # several writers have an index process beside them; one writer writes the index itself
+        assert len(sink.writer.pids) == (1 if expected == 1 else expected + 1)
         manifest = json.loads((tmp_path / "t.fastrecord.json").read_text())
         assert manifest["options"]["trajectory_writers"] == expected
         env.reset(seed=0)
