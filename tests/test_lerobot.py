@@ -98,6 +98,16 @@ WORKER = Path(__file__).with_name("lerobot_worker.py")
 LEROBOT_PYTHON = Path(os.environ.get("FASTRECORD_LEROBOT_PYTHON", "/tmp/lrvenv/bin/python"))
 
 
+def run_in_lerobot(script: str, root: Path, out: Path, row: int) -> np.lib.npyio.NpzFile:
+    """Run ``script`` (argv: dataset root, .npz to write, row) with lerobot's own Python, offline and without
+    this checkout on its path; the arrays it saved."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(root), str(out), str(row)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return np.load(out)
+
+
 def read_dataset(root: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """(info.json, every data row, every episode row) of a LeRobot dataset, files in order."""
     info = json.loads((root / "meta" / "info.json").read_text())
@@ -268,12 +278,8 @@ def test_lerobot_loads_the_dataset(pickcube_run, tmp_path):
         "         image=item['observation.images.base_camera'].numpy(), state=item['observation.state'].numpy(),\n"
         "         action=item['action'].numpy(), episode=int(item['episode_index']), frame=int(item['frame_index']))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
     row = 7  # episode 1, frame 2
-    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(pickcube_run / "demo.lerobot"), str(tmp_path / "item.npz"), str(row)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = np.load(tmp_path / "item.npz")
+    got = run_in_lerobot(script, pickcube_run / "demo.lerobot", tmp_path / "item.npz", row)
     assert (int(got["n"]), int(got["episodes"]), int(got["fps"]), str(got["task"])) == (11, 3, 20, "PickCube-v1")
     assert (int(got["episode"]), int(got["frame"])) == (1, 2)
     with h5py.File(pickcube_run / "demo.h5") as f:
@@ -453,11 +459,7 @@ def test_lerobot_loads_a_dataset_of_many_files(tmp_path):
         "item = ds[int(sys.argv[3])]\n"
         "np.savez(sys.argv[2], n=len(ds), image=item['observation.images.base_camera'].numpy(), episode=int(item['episode_index']))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(root), str(tmp_path / "item.npz"), str(row)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = np.load(tmp_path / "item.npz")
+    got = run_in_lerobot(script, root, tmp_path / "item.npz", row)
     assert (int(got["n"]), int(got["episode"])) == (len(data), 5)
     ep = episodes.iloc[5]
     assert ep[f"videos/{CAMERA_KEY}/file_index"] > 0
@@ -614,11 +616,7 @@ def test_lerobot_loads_the_joined_dataset(sharded_runs, tmp_path):
         "         state=item['observation.state'].numpy(), action=item['action'].numpy(), episode=int(item['episode_index']),\n"
         "         frame=int(item['frame_index']))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(root), str(tmp_path / "item.npz"), str(row)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = np.load(tmp_path / "item.npz")
+    got = run_in_lerobot(script, root, tmp_path / "item.npz", row)
     assert (int(got["n"]), int(got["episodes"]), int(got["episode"]), int(got["frame"])) == (len(data), 5, 3, 2)
     with h5py.File(sharded / "trajectory.h5") as f:  # the joined HDF5: traj_3 is global episode 3
         qpos, action, rgb = f["traj_3/obs/agent/qpos"][2], f["traj_3/actions"][2], f["traj_3/obs/sensor_data/base_camera/rgb"][2]
