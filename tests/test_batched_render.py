@@ -86,6 +86,8 @@ def test_make_eval_envs_renders_per_process_without_cuda(tmp_path):
     kw = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=4, **{k: v for k, v in SMALL.items() if "human" in k})
     with pytest.raises(ValueError, match="batched_render=True.*CUDA"):
         make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render=True)
+    with pytest.raises(ValueError, match="batched_render='yes' must be None"):
+        make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render="yes")
     with pytest.raises(ValueError, match="batched_render=True renders once a step.*render_substeps"):
         make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path),
                        batched_render=True, record_kwargs=dict(render_substeps=True))
@@ -235,3 +237,17 @@ def test_make_eval_envs_cpu_branch_records_batched_videos(tmp_path):
         with av.open(str(v)) as f:
             frames = [fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]
         assert len(frames) == 7 and frames[0].shape == (64, 64, 3)  # the reset frame and 6 steps
+
+
+def test_a_batched_render_that_cannot_go_on_is_a_runtime_failure_of_the_cli():
+    """A mirror that cannot rebuild its sub-env's scene, or a camera group the device cannot hold, is one
+    line and exit 1 in the CLI (`fastrecord.commands.cli.is_runtime_failure`), not a traceback."""
+    from fastrecord.commands.cli import failure_line, is_runtime_failure
+    from fastrecord.render import BatchedRenderError
+
+    e = BatchedRenderError("sub-env 3's scene (episode seed 7) could not be rebuilt; use --batched-render off")
+    assert is_runtime_failure(e) and not is_runtime_failure(RuntimeError("a bug"))
+    import argparse
+
+    line = failure_line(e, argparse.Namespace(command="merge"))
+    assert line.startswith("sub-env 3's scene") and "\n" not in line

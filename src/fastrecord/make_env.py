@@ -111,6 +111,16 @@ def make_eval_envs(
     num_stack = int(other_kwargs["obs_horizon"])
     if num_stack < 1:
         raise ValueError(f"other_kwargs['obs_horizon']={num_stack} must be >= 1")
+    from fastrecord.render import use_batched
+
+    if batched_render not in (None, True, False):
+        raise ValueError(f"batched_render={batched_render!r} must be None (batched where it can run), True or False")
+    # decided before a sharded run opens its folder: a refusal leaves nothing behind
+    batched = sim_backend == "physx_cpu" and use_batched(
+        batched_render, num_envs=num_envs, render_backend=env_kwargs.get("render_backend", "auto"),
+        render_mode=env_kwargs.get("render_mode"), videos=bool(video_dir),
+        substeps=bool((record_kwargs or {}).get("render_substeps")), flag="batched_render=True",
+        instead="batched_render=None (batched where it can run) or False, or render_backend='gpu' on a CUDA machine")
     rec: dict[str, Any] = dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE, source_desc=SOURCE_DESC,
                                keep=keep)
     if log is not None:
@@ -140,8 +150,7 @@ def make_eval_envs(
         sharding = shards.ShardedResets(run, num_envs)
 
     if sim_backend == "physx_cpu":
-        if _batched_render(batched_render, num_envs, env_kwargs, bool(video_dir),
-                           substeps=bool((record_kwargs or {}).get("render_substeps"))):
+        if batched:
             from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
 
             envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=True),
@@ -235,35 +244,6 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
 
 
 # ---------------------------------------------------------------------------------------------- CPU
-def _batched_render(wanted: bool | None, num_envs: int, env_kwargs: Mapping[str, Any], recording: bool,
-                    substeps: bool = False) -> bool:
-    """Whether the CPU branch renders in one batch (`fastrecord.render`); see ``batched_render``."""
-    from fastrecord import render
-
-    if wanted is False:
-        return False
-    if substeps:  # each sub-env renders its own substeps (fastrecord.substeps.SubstepFrames)
-        if wanted:
-            raise ValueError("batched_render=True renders once a step, and record_kwargs render_substeps=True wants a "
-                             "frame after every physics substep, which each sub-env renders itself; drop one of them")
-        return False
-    backend = env_kwargs.get("render_backend", "auto")
-    usable = render.available(backend)
-    if wanted is None:
-        return recording and num_envs > 1 and env_kwargs.get("render_mode") == "rgb_array" and usable
-    if not usable:
-        import torch
-
-        why = (f"render_backend={backend!r} renders on the CPU; pass render_backend='gpu'" if torch.cuda.is_available()
-               else "torch sees no CUDA device here")
-        raise ValueError(f"batched_render=True renders in one batch on a CUDA device, and {why}; or pass "
-                         f"batched_render=None (batched where it can run) or False")
-    if env_kwargs.get("render_mode") != "rgb_array":
-        raise ValueError(f"batched_render=True renders the envs' videos, which needs env_kwargs render_mode='rgb_array' "
-                         f"(got {env_kwargs.get('render_mode')!r})")
-    return True
-
-
 def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list,
                     report_poses: bool = False) -> gym.vector.VectorEnv:
     # more than one: each sub-env in a process of its own (AsyncVectorEnv)

@@ -216,11 +216,12 @@ def is_runtime_failure(e: BaseException) -> bool:
     """Whether ``e`` is a failure a user can meet while a command runs (exit 1, one line), not a bad option
     (a ValueError: exit 2) nor a bug (kept with its traceback): an OS error (disk full, permissions, a
     missing folder), a background writer's or encoder's `fastrecord.WorkerError`, an error of HDF5, PyAV
-    or W&B, a logger without its login."""
+    or W&B, a logger without its login, a batched render that cannot go on."""
+    from fastrecord.render import BatchedRenderError
     from fastrecord.sinks.loggers import LoggerLoginError
     from fastrecord.workers import WorkerError
 
-    if isinstance(e, (OSError, WorkerError, LoggerLoginError)):
+    if isinstance(e, (OSError, WorkerError, LoggerLoginError, BatchedRenderError)):
         return True
     return any(c.__module__.split(".")[0] in RUNTIME_MODULES for c in type(e).__mro__)
 

@@ -118,7 +118,12 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
         return ManiSkillVectorEnv(env, auto_reset=auto_reset, ignore_terminations=False)
 
     mode = gym.vector.AutoresetMode.NEXT_STEP if auto_reset else gym.vector.AutoresetMode.DISABLED
-    if _batched(cfg, kwargs["render_backend"]):
+    from fastrecord import render
+
+    wanted = {"auto": None, "on": True, "off": False}[cfg.batched_render]
+    if render.use_batched(wanted, num_envs=cfg.num_envs, render_backend=kwargs["render_backend"], render_mode="rgb_array",
+                          videos=cfg.record.save_video, substeps=cfg.record.render_substeps, flag="--batched-render on",
+                          instead="--batched-render auto or off"):
         # the envs step in processes of their own; this process renders them all in one batch
         from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
         from fastrecord.workers import forkserver_context
@@ -135,25 +140,6 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     except BaseException:
         envs.close()
         raise
-
-
-def _batched(cfg: RecordConfig, render_backend: str) -> bool:
-    """Whether `record`'s CPU vector env renders in one batch (`fastrecord.render`): --batched-render."""
-    from fastrecord import render
-
-    if cfg.batched_render == "off" or cfg.num_envs == 1 or not cfg.record.save_video:
-        return False
-    if cfg.record.render_substeps:  # each sub-env renders its own substeps
-        if cfg.batched_render == "on":
-            raise ValueError("--batched-render on renders once a step and --render-substeps wants a frame after every physics "
-                             "substep, which each sub-env renders itself; drop one of them")
-        return False
-    if render.available(render_backend):
-        return True
-    if cfg.batched_render == "on":
-        raise ValueError(f"--batched-render on renders on a CUDA device, and here render_backend={render_backend!r}"
-                         f"{'' if render.available('gpu') else ' (torch sees no CUDA device)'}; use --batched-render auto or off")
-    return False
 
 
 class _CpuEnvThunk:

@@ -21,6 +21,11 @@ one by one, in their own processes, as before (`available`).
 from __future__ import annotations
 
 
+class BatchedRenderError(RuntimeError):
+    """A batched render that cannot go on (a sub-env's scene its mirror cannot rebuild, a camera group the
+    device cannot hold): the message names the fix (``batched_render=False``, fewer or smaller cameras)."""
+
+
 def available(render_backend: str | None = "auto") -> bool:
     """Whether batched group rendering can run here: a CUDA device torch sees, and a ManiSkill render
     backend that renders on it ("auto", "gpu", "cuda[:N]", "sapien_cuda")."""
@@ -29,3 +34,31 @@ def available(render_backend: str | None = "auto") -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def use_batched(wanted: bool | None, *, num_envs: int, render_backend: str | None, render_mode: str | None,
+                videos: bool, substeps: bool, flag: str, instead: str) -> bool:
+    """Whether a vector env of ``num_envs`` CPU envs renders its videos in one batch.
+
+    ``wanted``: None chooses (more than one env, videos to record, ``render_mode="rgb_array"``, a CUDA
+    render backend, no ``render_substeps``); True requires it (a ValueError naming ``flag`` and the
+    choices ``instead`` where it cannot run); False never. Substep frames are each sub-env's own renders
+    (`fastrecord.substeps.SubstepFrames`), so they exclude a batched render."""
+    if wanted is False or not videos:
+        return False
+    if substeps:
+        if wanted:
+            raise ValueError(f"{flag} renders once a step and render_substeps wants a frame after every physics substep, "
+                             f"which each sub-env renders itself; drop one of them")
+        return False
+    usable = available(render_backend)
+    if wanted is None:
+        return num_envs > 1 and render_mode == "rgb_array" and usable
+    if not usable:
+        import torch
+
+        why = "" if torch.cuda.is_available() else " (torch sees no CUDA device)"
+        raise ValueError(f"{flag} renders on a CUDA device, and here render_backend={render_backend!r}{why}; use {instead}")
+    if render_mode != "rgb_array":
+        raise ValueError(f"{flag} renders the envs' videos, which needs render_mode='rgb_array' (got {render_mode!r})")
+    return True

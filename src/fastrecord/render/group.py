@@ -16,6 +16,7 @@ import numpy as np
 import sapien
 import torch
 
+from fastrecord.render import BatchedRenderError
 from fastrecord.render.bodies import POSE_WIDTH, RenderBodies
 
 CUDA_ROW = 13  # SAPIEN's CUDA rigid-body row: pose (7) then linear and angular velocity (6)
@@ -112,38 +113,32 @@ class GroupRenderer:
         self._hidden_rows = torch.as_tensor(hidden, dtype=torch.long, device=self.device)
         self.rebuilds += 1
 
-    def rows(self) -> list[int]:
-        """The number of pose rows of each env (its moving entities), for the current scenes."""
-        self._ensure()
-        return list(self._rows)
-
     def set_poses(self, poses: Sequence[np.ndarray] | np.ndarray | torch.Tensor) -> None:
         """Every env's entity poses, ``[B_i, 7]`` each (or all rows concatenated): what the next render shows."""
         self._ensure()
         assert self._poses is not None
+        if not isinstance(poses, (torch.Tensor, np.ndarray)):
+            got = [np.shape(p)[0] for p in poses]
+            if got != self._rows:
+                raise ValueError(f"poses for {got} entities per env, but the scenes have {self._rows}: a sub-env "
+                                 f"reconfigured without its mirror (call invalidate/resync first)")
+            poses = np.concatenate(poses, axis=0) if len(poses) > 1 else poses[0]
+        expected = (self._poses.shape[0], POSE_WIDTH)
+        if tuple(poses.shape) != expected:
+            raise ValueError(f"poses of shape {tuple(poses.shape)}; expected {expected}")
         if isinstance(poses, torch.Tensor):
             flat = poses
         else:
-            if not isinstance(poses, np.ndarray):
-                got = [np.shape(p)[0] for p in poses]
-                if got != self._rows:
-                    raise ValueError(f"poses for {got} entities per env, but the scenes have {self._rows}: a sub-env "
-                                     f"reconfigured without its mirror (call invalidate/resync first)")
-                poses = np.concatenate(poses, axis=0) if len(poses) > 1 else poses[0]
-            if np.shape(poses) != (self._poses.shape[0], POSE_WIDTH):
-                raise ValueError(f"poses of shape {np.shape(poses)}; expected ({self._poses.shape[0]}, {POSE_WIDTH})")
-            if self._host is None or self._host.shape[0] != self._poses.shape[0]:
-                self._host = torch.empty((self._poses.shape[0], POSE_WIDTH), dtype=torch.float32, pin_memory=True)
+            if self._host is None or self._host.shape[0] != expected[0]:
+                self._host = torch.empty(expected, dtype=torch.float32, pin_memory=True)
             self._host.numpy()[:] = poses  # pinned: the upload below neither stages nor asks CUDA what the memory is
             flat = self._host
-        if tuple(flat.shape) != (self._poses.shape[0], POSE_WIDTH):
-            raise ValueError(f"poses of shape {tuple(flat.shape)}; expected ({self._poses.shape[0]}, {POSE_WIDTH})")
         with torch.cuda.stream(self._stream):
             self._poses[:, :POSE_WIDTH].copy_(flat, non_blocking=True)
         self._stream.synchronize()  # SAPIEN reads the array on its own stream; the pinned buffer is free again
 
     def set_poses_from_envs(self) -> None:
-        """Poses read from the mirrors' own entities (after their states were set, e.g. in replay)."""
+        """Poses read from the mirrors' own entities (envs of this process whose states were set here)."""
         self.set_poses([b.poses() for b in self.bodies])
 
     def _camera_group(self, name: str) -> Any:
@@ -154,7 +149,7 @@ class GroupRenderer:
             try:
                 cg = self._group.create_camera_group([c.camera._render_cameras[0] for c in cams], textures)
             except RuntimeError as e:
-                raise RuntimeError(f"could not make one camera group of {len(cams)} {name!r} cameras on {self.device} "
+                raise BatchedRenderError(f"could not make one camera group of {len(cams)} {name!r} cameras on {self.device} "
                                    f"({e}); use fewer envs per process or smaller cameras") from e
             self._camera_groups[name] = cg
         return cg

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fastrecord.envs import SubEnvAccess
+from fastrecord.render import BatchedRenderError
 from fastrecord.render.bodies import RenderBodies
 from fastrecord.render.group import GroupRenderer
 
@@ -112,10 +113,10 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         bodies.refresh()
         mine = bodies.signature()
         if mine != signature:
-            raise RuntimeError(f"sub-env {i}'s scene (episode seed {seed}) could not be rebuilt in the rendering process: "
+            raise BatchedRenderError(f"sub-env {i}'s scene (episode seed {seed}) could not be rebuilt in the rendering process: "
                                f"the same env reset with seed {seed} and reconfigure=True looks different (its scene is "
                                f"not a function of its episode seed). Render each env in its own process instead "
-                               f"(fastrecord: batched_render=False)")
+                               f"(make_eval_envs(batched_render=False), fastrecord record --batched-render off)")
         self._signatures[i] = mine
         self.renderer.invalidate()
         self.mirror_rebuilds += 1
