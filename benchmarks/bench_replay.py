@@ -1,14 +1,19 @@
-"""Replay speed: `fastrecord replay --workers N` vs `--workers 1` vs ManiSkill's `replay_trajectory -n N`.
+"""Replay speed: `fastrecord replay` on its defaults (and labelled variants) vs ManiSkill's `replay_trajectory -n N`.
 
-The case of issue 10: PickCube-v1 episodes (random actions, truncated at --steps), replayed state -> rgb,
+The case of issues 10 and 19: PickCube-v1 episodes (random actions, truncated at --steps), replayed state -> rgb,
 trajectory only (no videos), with the same number of envs for every tool, wall time of the whole command
-(interpreter, imports and env creation included). Each repeat runs the three commands back to back and
-prints their ratios, measured in that repeat:
+(interpreter, imports and env creation included). Each repeat runs the commands back to back and prints
+their ratios, measured in that repeat:
 
     python benchmarks/bench_replay.py                                  # 96 episodes x 50 steps, one env per core
-    python benchmarks/bench_replay.py --workers auto,16,8,4            # fastrecord's default layout and others
+    python benchmarks/bench_replay.py --workers auto,16,8,4,1          # fastrecord's default layout and others
+    python benchmarks/bench_replay.py --num-envs 16 --batched-render auto,off --floor     # issue 19, on a GPU machine
     python benchmarks/bench_replay.py --episodes 8 --num-envs 2 --repeat 2 --sensor-size 64   # a 2-core machine
     python benchmarks/bench_replay.py --traj demos/trajectory.h5 --num-envs 16
+
+``--floor`` (CUDA) measures what one ``RenderSystemGroup`` of N of the input's sensor cameras takes a camera
+and prints each fastrecord replay loop (its workers' first start of replaying to their last end, start-up
+excluded) against the frames it drew times that per-camera time.
 
 fastrecord replays by env states (its default) and ManiSkill's tool with --use-env-states, so that both
 do the same work per step (set the recorded state, compute the observation); --by actions compares both
@@ -53,9 +58,12 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
     return folder / "pickcube.h5"
 
 
-def timed(argv: list[str], label: str) -> float:
+def timed(argv: list[str], label: str, loop: list[float] | None = None) -> float:
     """The command's wall time; fastrecord's own timeline lines (workers up / replaying / done, merge,
-    start-up) are printed under its label."""
+    start-up) are printed under its label, and the replay loop's seconds (the workers' first start of
+    replaying to their last end) appended to ``loop``."""
+    import re
+
     t0 = time.perf_counter()
     r = subprocess.run(argv, env=child_env(), capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -64,7 +72,54 @@ def timed(argv: list[str], label: str) -> float:
     for line in r.stdout.splitlines():
         if line.startswith(("workers (", "start-up", "speed:")):
             print(f"  {label}: {line}", flush=True)
+        m = re.search(r"replaying from ([\d.]+)-[\d.]+ s .*done at [\d.]+-([\d.]+) s", line)
+        if m and loop is not None:
+            loop.append(float(m.group(2)) - float(m.group(1)))
     return seconds
+
+
+def frames_in(json_path: Path, count: int) -> int:
+    """The frames a replay of the first ``count`` episodes draws: every step of every episode, and its reset."""
+    episodes = json.loads(json_path.read_text())["episodes"][:count]
+    return sum(int(e["elapsed_steps"]) + 1 for e in episodes)
+
+
+def measure_floor(n: int, src: Path, reps: int = 50) -> float:
+    """Milliseconds a camera of one ``RenderSystemGroup`` of ``n`` envs of the input's task and cameras takes to
+    draw its sensor picture (update_render + take_picture + reading the colour texture, nothing else)."""
+    import gymnasium as gym
+    import torch
+
+    import mani_skill.envs  # noqa: F401
+    from fastrecord.render.group import GroupRenderer
+
+    info = json.loads(src.with_suffix(".json").read_text())["env_info"]
+    kw = {k: v for k, v in info["env_kwargs"].items() if k not in ("num_envs", "sim_backend", "render_backend", "obs_mode")}
+    envs = [gym.make(info["env_id"], obs_mode="rgb", sim_backend="physx_cpu", render_backend="gpu", **kw) for _ in range(n)]
+    try:
+        for i, e in enumerate(envs):
+            e.reset(seed=i)
+        group = GroupRenderer(envs)
+        name = next(iter(envs[0].unwrapped.scene.sensors))
+        group.set_poses_from_envs()
+        group.sensor_data(name, ("rgb",))
+        cg = group._camera_group(name)
+
+        def draw() -> None:
+            group._group.update_render()
+            cg.take_picture()
+            cg.get_picture_cuda("Color").torch()
+
+        draw()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            draw()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps * 1e3 / n
+    finally:
+        for e in envs:
+            e.close()
 
 
 def episodes_in(json_path: Path) -> int:
@@ -75,12 +130,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traj", help="the NAME.h5 to replay (default: record PickCube-v1 episodes first)")
     p.add_argument("--episodes", type=int, default=96, help="episodes to record when --traj is not given")
+    p.add_argument("--count", type=int, help="replay only the first COUNT episodes of the input (both tools' --count)")
     p.add_argument("--steps", type=int, default=50, help="steps per recorded episode")
     p.add_argument("--sensor-size", type=int, help="record with square sensor cameras of this size (default: the task's)")
     p.add_argument("--num-envs", type=int, default=os.cpu_count() or 1, help="envs for every tool (default: one per core)")
     p.add_argument("--workers", default="auto",
                    help="fastrecord's workers: a number, several separated by commas (each is run), or auto "
                         "(fastrecord's own default, see `fastrecord replay --help`)")
+    p.add_argument("--batched-render", default="auto",
+                   help="fastrecord's --batched-render: auto (its default), on, off, or several separated by commas (each "
+                        "is run with each --workers layout), e.g. auto,off")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure the batched-render floor (CUDA): one RenderSystemGroup of --num-envs sensor cameras, "
+                        "and judge fastrecord's replay loop (workers' first start to last end) against frames x that "
+                        "per-camera time")
     p.add_argument("--by", choices=("states", "actions"), default="states")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--work-dir", help="where inputs and outputs go (default: a temporary folder, removed)")
@@ -91,28 +154,46 @@ def main() -> None:
     try:
         src = Path(args.traj) if args.traj else record_input(work / "input", args.episodes, args.steps, args.sensor_size)
         total = episodes_in(src.with_suffix(".json"))
+        if args.count is not None:
+            total = min(total, args.count)
         print(f"input: {src} ({total} episodes, {json.loads(src.with_suffix('.json').read_text())['env_info']['env_id']}); "
               f"{n} envs, state -> rgb, trajectory only, by {args.by}; {os.cpu_count()} cores; wall time of each "
               f"command, start-up included", flush=True)
         fr = [sys.executable, "-m", "fastrecord", "replay", str(src), "--obs-mode", "rgb", "--no-video", "--quiet",
-              "--overwrite", "--num-envs", str(n), "--by", args.by, "--trajectory-name", "replayed"]
+              "--overwrite", "--num-envs", str(n), "--by", args.by, "--trajectory-name", "replayed",
+              "--count", str(total)]
         ms_dir = work / "maniskill"
         ms_dir.mkdir(parents=True, exist_ok=True)
         ms_src = ms_dir / src.name
         shutil.copy(src, ms_src)
         shutil.copy(src.with_suffix(".json"), ms_src.with_suffix(".json"))
         ms = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(ms_src), "-o", "rgb",
-              "--save-traj", "--allow-failure", "-n", str(n)] + (["--use-env-states"] if args.by == "states" else [])
+              "--save-traj", "--allow-failure", "-n", str(n), "--count", str(total)] + (["--use-env-states"] if args.by == "states" else [])
         runs, outputs = {}, {}
-        for w in dict.fromkeys(layouts + ["1"]):  # each layout asked for, and one process
-            label = "fastrecord (its default --workers)" if w == "auto" else f"fastrecord --workers {w}"
-            runs[label] = fr + ([] if w == "auto" else ["--workers", w]) + ["--output-dir", str(work / f"fr_{w}")]
-            outputs[label] = work / f"fr_{w}" / "replayed.json"
+        batched = [b.strip() for b in str(args.batched_render).split(",") if b.strip()]
+        for w in layouts:  # each layout asked for (1: one process), with each --batched-render asked for
+            for b in batched:
+                label = ("fastrecord (defaults)" if (w, b) == ("auto", "auto") else
+                         "fastrecord " + " ".join(f for f in ("" if w == "auto" else f"--workers {w}",
+                                                              "" if b == "auto" else f"--batched-render {b}") if f))
+                folder = work / f"fr_{w}_{b}"
+                runs[label] = (fr + ([] if w == "auto" else ["--workers", w]) + ([] if b == "auto" else ["--batched-render", b])
+                               + ["--output-dir", str(folder)])
+                outputs[label] = folder / "replayed.json"
         runs[f"ManiSkill -n {n}"] = ms
         seconds: dict[str, list[float]] = {k: [] for k in runs}
+        floor_ms = measure_floor(n, src) if args.floor else None
+        frames = frames_in(src.with_suffix(".json"), total)
+        if floor_ms is not None:
+            print(f"floor: one group of {n} sensor cameras {floor_ms * n:.2f} ms = {floor_ms:.3f} ms a camera; {frames} "
+                  f"frames (steps + resets) -> {frames * floor_ms / 1e3:.2f} s", flush=True)
         for r in range(args.repeat):
             for label, argv in runs.items():
-                seconds[label].append(timed(argv, label))
+                loop: list[float] = []
+                seconds[label].append(timed(argv, label, loop))
+                if floor_ms is not None and loop:
+                    print(f"  {label}: replay loop {loop[0]:.2f} s = {loop[0] / (frames * floor_ms / 1e3):.2f}x the floor",
+                          flush=True)
             for label, path in outputs.items():
                 if episodes_in(path) != total:
                     sys.exit(f"{label} wrote {episodes_in(path)} episodes, not {total}")

@@ -67,8 +67,8 @@ from fastrecord.exits import StopSignals
 from fastrecord.checks import env_kwargs_of, load_config, parse_env_kwarg
 from fastrecord.options import add_record_flags
 from fastrecord.replay.api import run_replay
-from fastrecord.replay.config import (BY_CHOICES, RECORDING_OPTIONS, RENDER_MODES, VECTOR_CHOICES, ReplayConfig,
-                                      ReplaySummary, ReplayWorkerError)
+from fastrecord.replay.config import (BATCHED_RENDER_CHOICES, BY_CHOICES, RECORDING_OPTIONS, RENDER_MODES, VECTOR_CHOICES,
+                                      ReplayConfig, ReplaySummary, ReplayWorkerError)
 from fastrecord.replay.layout import ENVS_PER_WORKER, MANY_CORES
 from fastrecord.workers import freeze_imports
 
@@ -88,6 +88,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vector", choices=VECTOR_CHOICES, help="auto | sync | async (CPU vector env) | batched (GPU sim)")
     p.add_argument("--sim-backend", help="physx_cpu | physx_cuda (default: the file's, CPU where CUDA is absent)")
     p.add_argument("--render-backend", help="auto | cpu | gpu")
+    p.add_argument("--batched-render", choices=BATCHED_RENDER_CHOICES,
+                   help="CPU simulation: draw each worker's envs in one batch per camera (one RenderSystemGroup on the "
+                        "CUDA device) for image observations and videos; auto (default): where it can run")
     p.add_argument("--obs-mode", help="observation mode of the new trajectory, e.g. rgb, rgbd, pointcloud")
     p.add_argument("--width", type=int, help="video camera width")
     p.add_argument("--height", type=int, help="video camera height")

@@ -21,6 +21,7 @@ from fastrecord.render.bodies import POSE_WIDTH, RenderBodies
 
 CUDA_ROW = 13  # SAPIEN's CUDA rigid-body row: pose (7) then linear and angular velocity (6)
 HIDDEN_AT = 99999.0  # where a hidden object is put while sensors take their pictures (ManiSkill's GPU-sim way)
+MODALITIES = ("rgb", "depth", "position", "segmentation", "normal", "albedo")  # what ManiSkill's Camera.get_obs can give
 
 
 def _entities_of(obj: Any) -> list[Any]:
@@ -154,13 +155,9 @@ class GroupRenderer:
             self._camera_groups[name] = cg
         return cg
 
-    def render(self, name: str, *, sensor: bool | None = None) -> torch.Tensor:
-        """Every env's picture from camera ``name``: ``[N, H, W, 3]`` uint8 on the CUDA device, as the env's
-        own render would give it (``render_rgb_array`` for a human camera: hidden objects shown; a sensor's
-        rgb: hidden objects hidden). ``sensor`` overrides which of the two ``name`` is."""
+    def _take_picture(self, name: str, is_sensor: bool) -> Any:
+        """Camera ``name``'s picture of every env at the poses set: returns its camera group, read next."""
         self._ensure()
-        cam0 = _camera(self.envs[0], name)
-        is_sensor = name not in self.envs[0].scene.human_render_cameras if sensor is None else sensor
         cg = self._camera_group(name)
         if self._copied is not None:  # the last picture left SAPIEN's buffer before this one overwrites it
             self._copied.synchronize()
@@ -176,13 +173,45 @@ class GroupRenderer:
                 self._poses[self._hidden_rows, :3] = kept
             self._stream.synchronize()
         cg.take_picture()
-        for tex, modalities in cam0.config.shader_config.texture_names.items():
+        return cg
+
+    def _copied_out(self, pictures: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copies of ``pictures`` (a texture transform's output is often a view of SAPIEN's buffer, which the
+        next picture overwrites): the copies are done before the next picture is taken."""
+        out = {}
+        for key, value in pictures.items():
+            out[key] = torch.empty(value.shape, dtype=value.dtype, device=self.device)
+            out[key].copy_(value)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return out
+
+    def render(self, name: str, *, sensor: bool | None = None) -> torch.Tensor:
+        """Every env's picture from camera ``name``: ``[N, H, W, 3]`` uint8 on the CUDA device, as the env's
+        own render would give it (``render_rgb_array`` for a human camera: hidden objects shown; a sensor's
+        rgb: hidden objects hidden). ``sensor`` overrides which of the two ``name`` is."""
+        cam0 = _camera(self.envs[0], name)
+        is_sensor = name not in self.envs[0].scene.human_render_cameras if sensor is None else sensor
+        shader = cam0.config.shader_config
+        for tex, modalities in shader.texture_names.items():
             if "rgb" in modalities:
-                picture = cg.get_picture_cuda(tex).torch()
-                rgb = cam0.config.shader_config.texture_transforms[tex](picture)["rgb"][..., :3]
-                out = torch.empty(rgb.shape, dtype=torch.uint8, device=self.device)
-                out.copy_(rgb)  # a uint8 texture's transform is a view of SAPIEN's buffer: copy it out
-                self._copied = torch.cuda.Event()
-                self._copied.record()
-                return out
-        raise ValueError(f"camera {name!r} has no rgb texture (its shader gives {dict(cam0.config.shader_config.texture_names)})")
+                cg = self._take_picture(name, is_sensor)
+                rgb = shader.texture_transforms[tex](cg.get_picture_cuda(tex).torch())["rgb"][..., :3]
+                return self._copied_out({"rgb": rgb})["rgb"]
+        raise ValueError(f"camera {name!r} has no rgb texture (its shader gives {dict(shader.texture_names)})")
+
+    def sensor_data(self, name: str, modalities: Sequence[str], apply_texture_transforms: bool = True) -> dict[str, torch.Tensor]:
+        """Sensor camera ``name``'s observation of every env, as ManiSkill's ``Camera.get_obs`` gives one env's
+        (hidden objects hidden): ``{modality: [N, ...]}`` on the CUDA device for the ``modalities`` asked for
+        (rgb, depth, position, segmentation, normal, albedo), the texture transforms of the camera's shader
+        applied; without them ``{texture name: raw picture}``."""
+        shader = _camera(self.envs[0], name).config.shader_config
+        textures = [tex for tex, gives in shader.texture_names.items() if any(m in gives for m in modalities)]
+        cg = self._take_picture(name, True)
+        images: dict[str, torch.Tensor] = {}
+        for tex in textures:
+            picture = cg.get_picture_cuda(tex).torch()
+            images |= shader.texture_transforms[tex](picture) if apply_texture_transforms else {tex: picture}
+        if apply_texture_transforms:  # as Camera.get_obs: a texture gives several modalities, those not asked for go
+            images = {k: v for k, v in images.items() if k not in MODALITIES or k in modalities}
+        return self._copied_out(images)

@@ -19,6 +19,7 @@ from fastrecord.options import RecordOptions, cli_option_names, record_options
 BY_CHOICES = ("states", "actions")
 CONVERTERS = ("pd_joint_pos", "pd_joint_delta_pos")  # control modes ManiSkill's conversion code starts from
 VECTOR_CHOICES = ("auto", "sync", "async", "batched")
+BATCHED_RENDER_CHOICES = ("auto", "on", "off")
 CPU_BACKENDS = ("physx_cpu", "cpu")
 RENDER_MODES = ("rgb_array", "sensors", "all")  # render modes a replay's videos can take
 
@@ -68,6 +69,7 @@ class ReplayConfig:
     vector: str = "auto"  # auto | sync | async (gymnasium vector env of CPU envs) | batched (one ManiSkill env)
     sim_backend: str = "auto"  # auto (the file's, CPU where CUDA is absent) | physx_cpu | physx_cuda
     render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
+    batched_render: str = "auto"  # CPU sim: each worker's envs drawn in one batch per camera on the GPU: auto (where it can run) | on | off
     obs_mode: str | None = None  # observation mode of the new trajectory (None: the file's)
     width: int | None = None  # video camera width (None: the file's / the task's)
     height: int | None = None  # video camera height
@@ -104,6 +106,7 @@ class ReplayConfig:
         if self.by is not None:
             check_choice(self, "by", BY_CHOICES)
         check_choice(self, "vector", VECTOR_CHOICES)
+        check_choice(self, "batched_render", BATCHED_RENDER_CHOICES)
         check_choice(self, "render_mode", RENDER_MODES)
         check_at_least(self, 1, count="--count", num_envs="--num-envs", width="--width", height="--height", workers="--workers")
         if self.resume and self.overwrite:

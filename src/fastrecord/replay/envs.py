@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fastrecord.envs import SubEnvAccess
+from fastrecord.replay.grouped import GroupedSyncVectorEnv, PreparedSyncVectorEnv
 from fastrecord.workers import forkserver_context, freeze_imports
 
 
@@ -84,6 +85,7 @@ class ReplayStates(gym.Wrapper):
         self._last_frame: Any = None
         self._time_limit = self._direct_step_time_limit()
         self._prepared: Any = None  # the action `prepare` took, until `step` observes it
+        self.grouped = False  # rendered in a RenderSystemGroup by its vector env (`prepare`)
         # `prepare` submits the cameras' renders: only worth it where the observation has cameras, and only
         # where BaseEnv computes it as ManiSkill 3.0 does (render, capture, read: `_rendered` skips the first two)
         visual = getattr(getattr(base, "obs_mode_struct", None), "visual", None)
@@ -99,6 +101,11 @@ class ReplayStates(gym.Wrapper):
         return gym_utils.find_max_episode_steps_value(self.env)
 
     # -- plans
+    @property
+    def replay_states(self) -> ReplayStates:
+        """This wrapper, found from above through ``get_wrapper_attr`` (`fastrecord.replay.grouped`)."""
+        return self
+
     @property
     def replay_plan(self) -> dict[str, Any] | None:
         return self._plans[0]
@@ -159,26 +166,32 @@ class ReplayStates(gym.Wrapper):
         self._prepared = None
         return obs, info
 
-    def prepare(self, action: Any) -> None:
+    def prepare(self, action: Any) -> bool:
         """The first half of the next `step` (with the same action), for a vector env that holds several
-        single envs in one process (`_PreparedSyncVectorEnv`): simulate, set the recorded state and
+        single envs in one process (`PreparedSyncVectorEnv`): simulate, set the recorded state and
         submit the cameras' renders, without waiting for them. SAPIEN renders asynchronously, so the
         renders of all of a process's envs then run together on the GPU before the first is read
         (on a GPU, 4 envs: 2.4 ms an env-step against 4.8 one after the other). Does nothing where
         `step` would not take its direct path (by actions, idle, another wrapper below) or the
-        observation has no camera."""
+        observation has no camera.
+
+        ``grouped`` (the env renders in a `fastrecord.render.group.GroupRenderer`, `GroupedSyncVectorEnv`):
+        simulate and set the state only, by actions too; the vector env then renders every env's sensors in
+        one batch. Returns whether the env now holds the state its next `step` observes."""
         if self._prepared is not None or not self._camera_obs or self._idle():
-            return
+            return False
         rows = self._per_step_rows()
-        if not rows or self._time_limit is False:
-            return
-        base = self.env.unwrapped
+        if self._time_limit is False or not (rows or self.grouped):
+            return False
         stepped = self._advance(action, rows)
-        for obj in base._hidden_objects:  # as BaseEnv._get_obs_sensor_data, before its render
-            obj.hide_visual()
-        base.scene.update_render(update_sensors=True, update_human_render_cameras=False)
-        base.capture_sensor_data()
+        if not self.grouped:
+            base = self.env.unwrapped
+            for obj in base._hidden_objects:  # as BaseEnv._get_obs_sensor_data, before its render
+                obj.hide_visual()
+            base.scene.update_render(update_sensors=True, update_human_render_cameras=False)
+            base.capture_sensor_data()
         self._prepared = action if stepped is None else stepped
+        return True
 
     def step(self, action: Any):
         if self._prepared is not None:  # `prepare` simulated, set the state and rendered: observe
@@ -216,7 +229,8 @@ class ReplayStates(gym.Wrapper):
         stepped = base._step_action(action)
         base._elapsed_steps += 1
         self._t[self._active] += 1
-        self._set_states(rows)
+        if rows:
+            self._set_states(rows)
         return stepped
 
     def _finish(self, obs: Any, rew: Any, terminated: Any, info: dict, truncated: Any = None) -> tuple:
@@ -322,6 +336,10 @@ class _DoneInInfo(gym.Wrapper):
 class _DoneFromInfo(SubEnvAccess, gym.vector.VectorWrapper):
     """Puts the sub-envs' true terminated/truncated flags (see `_DoneInInfo`) back for the recorder."""
 
+    @property
+    def renders_batched(self) -> bool:  # read by fastrecord's VectorEnvView (a GroupedSyncVectorEnv below)
+        return getattr(self.env, "renders_batched", False)
+
     def step(self, actions: Any):
         obs, rew, _, _, info = self.env.step(actions)
         info = dict(info)
@@ -366,17 +384,6 @@ def in_worker(thunk: Callable[[], gym.Env]) -> gym.Env:
     return thunk()
 
 
-class _PreparedSyncVectorEnv(gym.vector.SyncVectorEnv):
-    """A SyncVectorEnv of replay envs (one process) whose step first `ReplayStates.prepare`s every env
-    (simulate, set the state, submit the renders) and then steps them (read the pictures, observe):
-    the renders of all its envs overlap on the GPU instead of each waiting for its own."""
-
-    def step(self, actions: Any):
-        for env, action in zip(self.envs, gym.vector.utils.iterate(self.action_space, actions)):
-            env.get_wrapper_attr("prepare")(action)
-        return super().step(actions)
-
-
 RecorderKwargs = Callable[[int], dict[str, Any]]  # control_freq -> RecordEpisode kwargs (`ReplayPlan.recorder_kwargs`)
 
 
@@ -386,7 +393,9 @@ class VectorBatch:
     Owns: the vector env (sub-processes with ``asynchronous``) and the `RecordEpisode` wrapped around it."""
 
     def __init__(self, thunk: Callable[[], gym.Env], num_envs: int, asynchronous: bool,
-                 rec_kwargs: RecorderKwargs) -> None:
+                 rec_kwargs: RecorderKwargs, render_device: str | None = None) -> None:
+        """``render_device``: a CUDA device the envs (in this process) render on in one batch
+        (`fastrecord.replay.grouped.GroupedSyncVectorEnv`); None: each env renders itself."""
         from fastrecord.record import RecordEpisode
 
         mode = gym.vector.AutoresetMode.DISABLED
@@ -394,8 +403,10 @@ class VectorBatch:
             thunk = functools.partial(in_worker, thunk)
             forkserver_context()  # its sub-envs start with ManiSkill imported
             envs = gym.vector.AsyncVectorEnv([thunk] * num_envs, context="forkserver", autoreset_mode=mode)
+        elif render_device is not None:
+            envs = GroupedSyncVectorEnv([thunk] * num_envs, device=render_device, autoreset_mode=mode)
         else:
-            envs = _PreparedSyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
+            envs = PreparedSyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
         self.envs = envs
         self.num_envs = num_envs
         try:

@@ -77,6 +77,7 @@ class ReplayPlan:
     vector: str  # sync | async | batched
     workers: int  # processes replaying a share each (1: this one)
     distributed: bool = False  # a torchrun rank: the ranks are the workers (fastrecord.shards)
+    render_device: str | None = None  # CUDA device each worker's envs are drawn on in one batch (None: each env draws itself)
 
     @property
     def if_exists(self) -> str:
@@ -204,11 +205,13 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
             raise ValueError(f"{str(out / name)}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
                              f"--workers 2 or more (or under torchrun), or pass --overwrite")
     per_worker = -(-n // workers)  # the largest share
+    render_device = _render_device(cfg, kwargs, per_worker, gpu_sim or convert, vector)
     if vector == "auto":
         # CPU envs: up to ENVS_PER_WORKER in this process, their renders submitted together (on 2 cores: one
         # process holding 2 envs 36-38 s, the 2 in sub-processes 46 s); more in sub-processes, one each (on 16
-        # cores with a GPU, 16 envs: 34.9 s in sub-processes, 39.2 s in one process)
-        vector = "batched" if gpu_sim else ("async" if per_worker > ENVS_PER_WORKER else "sync")
+        # cores with a GPU, 16 envs: 34.9 s in sub-processes, 39.2 s in one process); drawn in one batch: in
+        # this process
+        vector = "batched" if gpu_sim else ("sync" if render_device or per_worker <= ENVS_PER_WORKER else "async")
     if vector == "batched" and per_worker > 1 and by == "actions" and not cfg.use_first_env_state:
         raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
                          "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
@@ -218,10 +221,42 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     if vector in ("sync", "async") and gpu_sim and not convert:
         raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
     plan = ReplayPlan(cfg, traj, episodes, env_id, kwargs, ori_kwargs, max_steps, sim_backend, gpu_sim, source_mode, convert,
-                 out, name, n, vector, workers, info.distributed)
+                      out, name, n, vector, workers, info.distributed, render_device)
 
     plan.recorder_kwargs(out, name, Verdict(), None)(20)  # the recorder's options, checked: before any env or file
     return plan
+
+
+def _render_device(cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, own_env: bool, vector: str) -> str | None:
+    """The CUDA device on which each worker draws its CPU-simulated envs in one batch per camera name
+    (`fastrecord.replay.grouped`), or None. ``--batched-render auto`` batches where a worker holds more than
+    one env, renders on a CUDA device and draws something (camera observations, or videos of the render
+    camera in ``rgb_array`` mode); ``on`` requires it (a ValueError naming the fix); ``off`` never.
+    ``own_env``: GPU simulation (it draws in one batch by itself) or a control mode conversion (one env)."""
+    from fastrecord import render
+    from fastrecord.render.vector import device_of
+
+    wanted = {"auto": None, "on": True, "off": False}[cfg.batched_render]
+    if wanted is False:
+        return None
+    if own_env or vector in ("async", "batched"):
+        if wanted:
+            why = ("GPU simulation draws its envs in one batch by itself, and a conversion (-c) runs one env" if own_env
+                   else f"--vector {vector} holds {'its envs in processes of their own' if vector == 'async' else 'one env'}; "
+                        f"use --vector sync or auto")
+            raise ValueError(f"--batched-render on draws the CPU-simulated envs a process holds, and {why}; or drop "
+                             f"--batched-render")
+        return None
+    obs_mode = kwargs.get("obs_mode") or "state"
+    camera_obs = obs_mode not in ("state", "state_dict", "none")
+    render_videos = cfg.save_video and cfg.video_source == "render"
+    if not render.use_batched(wanted, num_envs=per_worker,
+                              render_backend=kwargs.get("render_backend"),
+                              render_mode=kwargs.get("render_mode") if render_videos else "rgb_array",
+                              videos=camera_obs or render_videos, substeps=bool(cfg.option("render_substeps")),
+                              flag="--batched-render on", instead="--batched-render off or auto"):
+        return None
+    return device_of(kwargs.get("render_backend"))
 
 
 def check_input(traj: TrajectoryFile, episodes: list[dict[str, Any]]) -> None:

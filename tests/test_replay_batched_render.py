@@ -1,0 +1,177 @@
+"""`fastrecord replay` drawing each worker's CPU-simulated envs in one batch (`fastrecord.replay.grouped`):
+where the plan chooses it (here, on the CPU, with the CUDA check stood in for), and on a CUDA machine
+(``gpu``) a replay drawn in one batch equals the same replay with every env drawing itself: camera
+observations, every other recorded value, and the videos, by states and by actions, across resets that
+reconfigure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+
+from conftest import leaves
+
+SMALL = dict(human_render_camera_configs=dict(width=64, height=64), sensor_configs=dict(width=48, height=48))
+LENGTHS = (5, 8, 3, 6)  # episodes that end at different steps
+
+
+def record_input(out: Path, env_id: str = "PickCube-v1", **kw) -> Path:
+    """Random-action episodes of ``LENGTHS`` steps, state observations, recorded by fastrecord."""
+    import mani_skill.envs  # noqa: F401
+
+    from fastrecord import RecordEpisode
+
+    env = gym.make(env_id, obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu", max_episode_steps=10,
+                   **SMALL, **kw)
+    env = RecordEpisode(env, str(out), trajectory_name="demo", save_video=False)
+    env.action_space.seed(3)
+    for seed, steps in enumerate(LENGTHS):
+        env.reset(seed=seed)
+        for _ in range(steps):
+            env.step(env.action_space.sample())
+    env.close()
+    return out / "demo.h5"
+
+
+@pytest.fixture(scope="module")
+def pickcube_file(tmp_path_factory) -> Path:
+    return record_input(tmp_path_factory.mktemp("input"))
+
+
+def _plan(path: Path, tmp_path: Path, **kw):
+    from fastrecord.replay.config import ReplayConfig
+    from fastrecord.replay.plan import make_plan
+    from fastrecord.sinks.maniskill_h5 import open_trajectory
+
+    cfg = ReplayConfig.from_values(dict(traj_path=str(path), output_dir=str(tmp_path / "out"), progress=False, **kw))
+    traj = open_trajectory(cfg.traj_path)
+    try:
+        return make_plan(cfg, traj)
+    finally:
+        traj.close()
+
+
+def test_the_plan_draws_in_one_batch_where_it_can(pickcube_file, tmp_path, monkeypatch):
+    """auto: camera observations or render videos, more than one env a worker, a CUDA render device; the envs
+    then sit in the worker's own process (sync). on: required, else one error naming the fix."""
+    import fastrecord.render
+
+    monkeypatch.setattr(fastrecord.render, "available", lambda backend="auto": backend in ("gpu", "auto") or str(backend).startswith("cuda"))
+    rgb = dict(obs_mode="rgb", render_backend="gpu", num_envs=4, workers=1)
+    plan = _plan(pickcube_file, tmp_path, **rgb)
+    assert (plan.render_device, plan.vector) == ("cuda", "sync")
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "render_backend": "cuda:1"}).render_device == "cuda:1"
+    assert _plan(pickcube_file, tmp_path, **rgb, batched_render="off").render_device is None
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "num_envs": 1}).render_device is None  # one env: nothing to batch
+    # state observations and no video: nothing drawn; state observations with render videos: drawn
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}, save_video=False).render_device is None
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}).render_device == "cuda"
+    # videos of the sensors' render mode come from each env's own render_sensors: not batched
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}, render_mode="sensors").render_device is None
+    assert _plan(pickcube_file, tmp_path, **rgb, vector="async").render_device is None
+    with pytest.raises(ValueError, match=r"--batched-render on .*--vector async .*use --vector sync or auto"):
+        _plan(pickcube_file, tmp_path, **rgb, vector="async", batched_render="on")
+    with pytest.raises(ValueError, match="render_substeps"):
+        _plan(pickcube_file, tmp_path, **rgb, batched_render="on", render_substeps=True)
+    with pytest.raises(ValueError, match=r"--batched-render on renders on a CUDA device.*render_backend='cpu'"):
+        _plan(pickcube_file, tmp_path, **{**rgb, "render_backend": "cpu"}, batched_render="on")
+    with pytest.raises(ValueError, match="batched_render='yes' is unknown; use one of auto, on, off"):
+        _plan(pickcube_file, tmp_path, **rgb, batched_render="yes")
+
+
+def test_replay_batched_render_on_without_cuda_is_one_line(pickcube_file, tmp_path, capsys):
+    import torch
+
+    from fastrecord.commands.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    rc = main(["replay", str(pickcube_file), "--obs-mode", "rgb", "--batched-render", "on", "--output-dir",
+               str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--batched-render on renders on a CUDA device" in err and "--batched-render off or auto" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # refused before anything was made
+
+
+# ------------------------------------------------------------------------------------------ on a GPU
+def _psnr_min(a: np.ndarray, b: np.ndarray) -> float:
+    from fastrecord.testing import frame_psnr
+
+    if np.array_equal(a, b):
+        return float("inf")
+    return float(np.min(frame_psnr(a.reshape(-1, *a.shape[-3:]), b.reshape(-1, *b.shape[-3:]))))
+
+
+def _assert_same_replays(a: Path, b: Path) -> None:
+    """Two replays of one input: the same episodes, every recorded value equal (pictures: PSNR >= 40)."""
+    meta_a, meta_b = (json.loads(p.with_suffix(".json").read_text()) for p in (a, b))
+    assert [e["source_episode_id"] for e in meta_a["episodes"]] == [e["source_episode_id"] for e in meta_b["episodes"]]
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        for ep in meta_a["episodes"]:
+            key = f"traj_{ep['episode_id']}"
+            la, lb = leaves(fa[key]), leaves(fb[key])
+            assert la.keys() == lb.keys()
+            pictures = [k for k in la if k.startswith("obs/sensor_data/")]
+            assert any(k.endswith("/rgb") for k in pictures), sorted(la)
+            for k in la:
+                if k in pictures and la[k].dtype == np.uint8:
+                    assert _psnr_min(la[k], lb[k]) >= 40, (key, k)
+                elif k in pictures:  # depth and the like: a few units where an edge pixel differs
+                    assert np.mean(la[k] != lb[k]) < 0.01, (key, k)
+                else:
+                    np.testing.assert_allclose(la[k], lb[k], atol=1e-5, err_msg=f"{key} {k}")
+
+
+def _assert_same_videos(a: Path, b: Path) -> None:
+    from fastrecord.video import decode_mp4
+
+    va, vb = sorted(a.glob("*.mp4")), sorted(b.glob("*.mp4"))
+    assert [p.name for p in va] == [p.name for p in vb] and va
+    for pa, pb in zip(va, vb):
+        fa, fb = decode_mp4(pa), decode_mp4(pb)
+        assert fa.shape == fb.shape and _psnr_min(fa, fb) >= 40, pa.name
+
+
+def _replay_both(src: Path, tmp_path: Path, **kw) -> tuple[Path, Path]:
+    import fastrecord
+
+    out = {}
+    for batched in ("on", "off"):
+        s = fastrecord.replay_trajectories(src, tmp_path / batched, trajectory_name="out", num_envs=3, workers=1,
+                                           vector="sync", batched_render=batched, progress=False, **kw)
+        assert s.episodes == len(LENGTHS)
+        out[batched] = tmp_path / batched
+    return out["on"], out["off"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("by", ["states", "actions"])
+def test_grouped_replay_equals_each_env_drawing_itself(pickcube_file, tmp_path, by):
+    """PickCube-v1 state -> rgb, 3 envs over 4 episodes of different lengths (slots refilled mid-run):
+    the sensor pictures (its goal hidden), agent/extra/sensor_param, states, rewards and the render camera's
+    videos (its goal shown) equal a replay whose envs draw themselves."""
+    assert _plan(pickcube_file, tmp_path, obs_mode="rgb", num_envs=3, workers=1, vector="sync").render_device is not None
+    on, off = _replay_both(pickcube_file, tmp_path, obs_mode="rgb", by=by)
+    _assert_same_replays(on / "out.h5", off / "out.h5")
+    _assert_same_videos(on, off)
+
+
+@pytest.mark.gpu
+def test_grouped_replay_follows_reconfiguring_resets(tmp_path):
+    """PegInsertionSide-v1 (panda) reconfigures at every reset (its peg and box sizes come from the episode
+    seed): the group is rebuilt with each new scene, and the replay still equals the unbatched one (rgbd:
+    depth too)."""
+    try:
+        src = record_input(tmp_path / "input", "PegInsertionSide-v1", robot_uids="panda", reconfiguration_freq=1)
+    except (RuntimeError, OSError) as e:
+        if "No such file" in str(e) or "stdin" in str(e):
+            pytest.skip(f"PegInsertionSide-v1's assets are not on this machine: {e}")
+        raise
+    on, off = _replay_both(src, tmp_path, obs_mode="rgbd", save_video=False)
+    _assert_same_replays(on / "out.h5", off / "out.h5")
