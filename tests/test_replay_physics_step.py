@@ -11,7 +11,8 @@ of every obs mode but "none", and in the dense reward) are those of the env's la
 controller's target (``pd_ee_target_delta_pose``: ``agent/controller`` in the observation and the
 ``controller`` env state) is not part of what ``set_state_dict`` sets. Pictures depend on poses only and
 are the same either way. No obs mode is free of it (info and reward are computed in every mode), so the
-replay keeps the physics step in every mode.
+replay keeps the physics step in every mode. A reset takes no physics step: its contacts are the previous
+episode's.
 """
 
 from __future__ import annotations
@@ -163,6 +164,21 @@ def test_state_observation_needs_the_physics_step(grasp, make_base, obs_mode):
                 np.testing.assert_array_equal(a, b, err_msg=k)
         # the observation as the obs mode returns it ("state": one vector, is_grasped in it) differs too
         assert obs_mode == "none" or any(not np.array_equal(r["flat"][k], s["flat"][k]) for r, s in zip(rows, stepped) for k in r["flat"])
+
+
+def test_reset_observation_holds_the_previous_episodes_contacts(grasp, make_base):
+    """A reset takes no physics step either (ManiSkill 3.0.1, by seed or to a recorded state): its
+    ``is_grasped`` is the last step's of the episode before, in a recording as in a replay. Row 0 of an
+    episode's contact-based observations is therefore not a function of its recorded state, and no replay
+    reproduces it but by chance; from row 1 on, the physics step makes them the recording's."""
+    base = make_base("state_dict", control_mode="pd_ee_delta_pos")
+    replay(base, grasp, physics_step=True)  # ends with the cube held at the goal
+    first = tree_stack([tree_index(read_tree(grasp["env_states"]), 0)], torch.device(base.device))
+    _, info = base.reset(seed=SEED, options=dict(reset_to_env_states=dict(env_states=first)))
+    assert not grasp["obs/extra/is_grasped"][0]  # recorded in a fresh env: the gripper open, the cube on the table
+    assert bool(info["is_grasped"])  # the same state, after an episode that ended holding the cube
+    _, info = base.reset(seed=SEED)  # a seeded reset alike
+    assert bool(info["is_grasped"])
 
 
 def test_controller_target_needs_the_physics_step(tmp_path, make_base):
