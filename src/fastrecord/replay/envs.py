@@ -223,7 +223,9 @@ class ReplayStates(gym.Wrapper):
 
     def _advance(self, action: Any, rows: list[int]) -> Any:
         """BaseEnv.step without its observation and reward: they would be of the simulated state, which
-        the recorded one replaces at once (for camera observations, a second render per step). Returns
+        the recorded one replaces at once (for camera observations, a second render per step). The
+        physics step stays in every obs mode: contact forces (PickCube's is_grasped) and a controller's
+        target are not in the recorded state (tests/test_replay_physics_step.py, docs/replay.md). Returns
         the action as the env took it (None: as given)."""
         base = self.env.unwrapped
         stepped = base._step_action(action)
