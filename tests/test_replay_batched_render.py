@@ -99,6 +99,42 @@ def test_replay_batched_render_on_without_cuda_is_one_line(pickcube_file, tmp_pa
     assert not (tmp_path / "out").exists()  # refused before anything was made
 
 
+def test_a_replay_videos_last_frame_shows_the_episodes_last_state(pickcube_file, tmp_path):
+    """Each env's last frame is drawn after its last step (a replay env that finished its episode holds its
+    frame only from the next step on; it once held it on the last step, repeating the frame before)."""
+    import mani_skill.envs  # noqa: F401
+    import torch
+
+    import fastrecord
+    from fastrecord.replay.envs import tree_index, tree_stack
+    from fastrecord.testing import frame_psnr
+    from fastrecord.video import decode_mp4
+
+    fastrecord.replay_trajectories(pickcube_file, tmp_path, trajectory_name="out", num_envs=3, workers=1, vector="sync",
+                                   obs_mode="state", progress=False, video_crf=10)
+    meta = json.loads((tmp_path / "out.json").read_text())
+    env = gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu", **SMALL)
+    try:
+        with h5py.File(tmp_path / "out.h5", "r") as f:
+            for ep in meta["episodes"]:
+                frames = decode_mp4(next(tmp_path.glob(f"{ep['episode_id']}_env*.mp4")))
+                env.reset(seed=ep["episode_seed"])
+                states = leaves(f[f"traj_{ep['episode_id']}"]["env_states"])
+                tree: dict = {}
+                for k, v in states.items():
+                    node = tree
+                    *parents, leaf = k.split("/")
+                    for part in parents:
+                        node = node.setdefault(part, {})
+                    node[leaf] = v
+                env.unwrapped.set_state_dict(tree_stack([tree_index(tree, len(frames) - 1)], torch.device("cpu")))
+                own = np.asarray(torch.as_tensor(env.render()).cpu()).reshape(frames[-1:].shape)
+                last, before = (float(frame_psnr(frames[[i]], own)[0]) for i in (-1, -2))
+                assert last >= 30 and last > before + 3, (ep["episode_id"], last, before)
+    finally:
+        env.close()
+
+
 # ------------------------------------------------------------------------------------------ on a GPU
 def _psnr_min(a: np.ndarray, b: np.ndarray) -> float:
     from fastrecord.testing import frame_psnr

@@ -83,6 +83,7 @@ class ReplayStates(gym.Wrapper):
         self._state_keys: set[str] | None = None
         self._last_step: tuple | None = None
         self._last_frame: Any = None
+        self._holding = False  # a single env idle since before its last step: `render` returns its held frame
         self._time_limit = self._direct_step_time_limit()
         self._prepared: Any = None  # the action `prepare` took, until `step` observes it
         self.grouped = False  # rendered in a RenderSystemGroup by its vector env (`prepare`)
@@ -164,6 +165,7 @@ class ReplayStates(gym.Wrapper):
             self._active[e] = p is not None and p["length"] > 0
         self._last_step = None
         self._prepared = None
+        self._holding = False
         return obs, info
 
     def prepare(self, action: Any) -> bool:
@@ -195,11 +197,12 @@ class ReplayStates(gym.Wrapper):
 
     def step(self, action: Any):
         if self._prepared is not None:  # `prepare` simulated, set the state and rendered: observe
-            stepped, self._prepared = self._prepared, None
+            stepped, self._prepared, self._holding = self._prepared, None, False
             with _rendered(self.env.unwrapped):
                 obs, rew, terminated, info = self._observe(stepped, {})
             return self._finish(obs, rew, terminated, info)
-        if self._idle():
+        self._holding = self._idle()
+        if self._holding:
             return self._last_step  # the episode is over: hold still until the next plan
         rows = self._per_step_rows()
         if rows and self._time_limit is not False:
@@ -245,7 +248,7 @@ class ReplayStates(gym.Wrapper):
         return self._last_step
 
     def render(self):
-        if self.n == 1 and not self._active.any() and self._last_frame is not None:
+        if self._holding and self._last_frame is not None:  # not on the step that ended the episode: its frame is new
             return self._last_frame
         self._last_frame = self.env.render()
         return self._last_frame
