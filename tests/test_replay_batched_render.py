@@ -211,3 +211,14 @@ def test_grouped_replay_follows_reconfiguring_resets(tmp_path):
         raise
     on, off = _replay_both(src, tmp_path, obs_mode="rgbd", save_video=False)
     _assert_same_replays(on / "out.h5", off / "out.h5")
+
+
+def test_draw_groups_reads_its_measurement_knob(monkeypatch):
+    from fastrecord.replay.grouped import draw_groups
+
+    assert draw_groups() == 2
+    monkeypatch.setenv("FASTRECORD_DRAW_GROUPS", "1")
+    assert draw_groups() == 1
+    monkeypatch.setenv("FASTRECORD_DRAW_GROUPS", "0")
+    with pytest.raises(ValueError, match="FASTRECORD_DRAW_GROUPS='0' must be a whole number >= 1; unset it"):
+        draw_groups()

@@ -155,13 +155,14 @@ class GroupRenderer:
             self._camera_groups[name] = cg
         return cg
 
-    def _take_picture(self, name: str, is_sensor: bool) -> Any:
-        """Camera ``name``'s picture of every env at the poses set: returns its camera group, read next."""
+    def take_pictures(self, names: Sequence[str], *, sensor: bool) -> None:
+        """Submit cameras ``names``' pictures of every env at the poses set (``sensor``: hidden objects hidden):
+        SAPIEN draws them while this thread goes on; `read_sensor_data` waits for them."""
         self._ensure()
-        cg = self._camera_group(name)
-        if self._copied is not None:  # the last picture left SAPIEN's buffer before this one overwrites it
+        groups = [self._camera_group(name) for name in names]
+        if self._copied is not None:  # the last picture left SAPIEN's buffers before these overwrite them
             self._copied.synchronize()
-        hide = is_sensor and len(self._hidden_rows) > 0
+        hide = sensor and len(self._hidden_rows) > 0
         if hide:  # as ManiSkill hides objects in GPU simulation: moved far away for this picture
             with torch.cuda.stream(self._stream):
                 kept = self._poses[self._hidden_rows, :3].clone()
@@ -172,8 +173,8 @@ class GroupRenderer:
             with torch.cuda.stream(self._stream):
                 self._poses[self._hidden_rows, :3] = kept
             self._stream.synchronize()
-        cg.take_picture()
-        return cg
+        for cg in groups:
+            cg.take_picture()
 
     def _copied_out(self, pictures: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Copies of ``pictures`` (a texture transform's output is often a view of SAPIEN's buffer, which the
@@ -190,24 +191,27 @@ class GroupRenderer:
         """Every env's picture from camera ``name``: ``[N, H, W, 3]`` uint8 on the CUDA device, as the env's
         own render would give it (``render_rgb_array`` for a human camera: hidden objects shown; a sensor's
         rgb: hidden objects hidden). ``sensor`` overrides which of the two ``name`` is."""
-        cam0 = _camera(self.envs[0], name)
         is_sensor = name not in self.envs[0].scene.human_render_cameras if sensor is None else sensor
-        shader = cam0.config.shader_config
-        for tex, modalities in shader.texture_names.items():
-            if "rgb" in modalities:
-                cg = self._take_picture(name, is_sensor)
-                rgb = shader.texture_transforms[tex](cg.get_picture_cuda(tex).torch())["rgb"][..., :3]
-                return self._copied_out({"rgb": rgb})["rgb"]
-        raise ValueError(f"camera {name!r} has no rgb texture (its shader gives {dict(shader.texture_names)})")
+        if not any("rgb" in gives for gives in _camera(self.envs[0], name).config.shader_config.texture_names.values()):
+            raise ValueError(f"camera {name!r} has no rgb texture (its shader gives "
+                             f"{dict(_camera(self.envs[0], name).config.shader_config.texture_names)})")
+        self.take_pictures([name], sensor=is_sensor)
+        rgb = self.read_sensor_data(name, ("rgb",))["rgb"]
+        return rgb if rgb.shape[-1] == 3 else rgb[..., :3].contiguous()
 
     def sensor_data(self, name: str, modalities: Sequence[str], apply_texture_transforms: bool = True) -> dict[str, torch.Tensor]:
-        """Sensor camera ``name``'s observation of every env, as ManiSkill's ``Camera.get_obs`` gives one env's
-        (hidden objects hidden): ``{modality: [N, ...]}`` on the CUDA device for the ``modalities`` asked for
-        (rgb, depth, position, segmentation, normal, albedo), the texture transforms of the camera's shader
-        applied; without them ``{texture name: raw picture}``."""
+        """Sensor camera ``name``'s observation of every env (`take_pictures` then `read_sensor_data`)."""
+        self.take_pictures([name], sensor=True)
+        return self.read_sensor_data(name, modalities, apply_texture_transforms)
+
+    def read_sensor_data(self, name: str, modalities: Sequence[str], apply_texture_transforms: bool = True) -> dict[str, torch.Tensor]:
+        """Camera ``name``'s last picture (`take_pictures`) as ManiSkill's ``Camera.get_obs`` gives one env's:
+        ``{modality: [N, ...]}`` on the CUDA device for the ``modalities`` asked for (rgb, depth, position,
+        segmentation, normal, albedo), the texture transforms of the camera's shader applied; without them
+        ``{texture name: raw picture}``. Copies: SAPIEN's buffers are free for the next picture once they are done."""
         shader = _camera(self.envs[0], name).config.shader_config
         textures = [tex for tex, gives in shader.texture_names.items() if any(m in gives for m in modalities)]
-        cg = self._take_picture(name, True)
+        cg = self._camera_group(name)
         images: dict[str, torch.Tensor] = {}
         for tex in textures:
             picture = cg.get_picture_cuda(tex).torch()
