@@ -58,14 +58,14 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
     return folder / "pickcube.h5"
 
 
-def timed(argv: list[str], label: str, loop: list[float] | None = None, extra_env: dict[str, str] | None = None) -> float:
+def timed(argv: list[str], label: str, loop: list[float] | None = None) -> float:
     """The command's wall time; fastrecord's own timeline lines (workers up / replaying / done, merge,
     start-up) are printed under its label, and the replay loop's seconds (the workers' first start of
     replaying to their last end) appended to ``loop``."""
     import re
 
     t0 = time.perf_counter()
-    r = subprocess.run(argv, env={**child_env(), **(extra_env or {})}, capture_output=True, text=True)
+    r = subprocess.run(argv, env=child_env(), capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"{label} failed ({' '.join(argv)}):\n{r.stderr[-3000:]}")
@@ -152,9 +152,6 @@ def main() -> None:
     p.add_argument("--batched-render", default="auto",
                    help="fastrecord's --batched-render: auto (its default), on, off, or several separated by commas (each "
                         "is run with each --workers layout), e.g. auto,off")
-    p.add_argument("--draw-groups", default="",
-                   help="a sweep beside the defaults: fastrecord (default layout) with FASTRECORD_DRAW_GROUPS set to each of "
-                        "these, comma-separated (groups a worker's envs are split into when drawn in batches; default 2)")
     p.add_argument("--floor", action="store_true",
                    help="also measure the batched-render floor (CUDA): one RenderSystemGroup of --num-envs sensor cameras, "
                         "and judge fastrecord's replay loop (workers' first start to last end) against frames x that "
@@ -195,13 +192,6 @@ def main() -> None:
                 runs[label] = (fr + ([] if w == "auto" else ["--workers", w]) + ([] if b == "auto" else ["--batched-render", b])
                                + ["--output-dir", str(folder)])
                 outputs[label] = folder / "replayed.json"
-        envs_of: dict[str, dict[str, str]] = {}
-        for g in [x.strip() for x in args.draw_groups.split(",") if x.strip()]:
-            label = f"fastrecord FASTRECORD_DRAW_GROUPS={g} (sweep)"
-            folder = work / f"fr_groups{g}"
-            runs[label] = fr + ["--output-dir", str(folder)]
-            outputs[label] = folder / "replayed.json"
-            envs_of[label] = {"FASTRECORD_DRAW_GROUPS": g}
         runs[f"ManiSkill -n {n}"] = ms
         seconds: dict[str, list[float]] = {k: [] for k in runs}
         floor_ms = measure_floor(n, src) if args.floor else None
@@ -212,7 +202,7 @@ def main() -> None:
         for r in range(args.repeat):
             for label, argv in runs.items():
                 loop: list[float] = []
-                seconds[label].append(timed(argv, label, loop, envs_of.get(label)))
+                seconds[label].append(timed(argv, label, loop))
                 if floor_ms is not None and loop:
                     print(f"  {label}: replay loop {loop[0]:.2f} s = {loop[0] / (frames * floor_ms / 1e3):.2f}x the floor",
                           flush=True)

@@ -158,8 +158,10 @@ def _assert_same_replays(a: Path, b: Path) -> None:
             for k in la:
                 if k in pictures and la[k].dtype == np.uint8:
                     assert _psnr_min(la[k], lb[k]) >= 40, (key, k)
-                elif k in pictures:  # depth and the like: a few units where an edge pixel differs
-                    assert np.mean(la[k] != lb[k]) < 0.01, (key, k)
+                elif k in pictures:  # depth (int16 mm) and the like: poses go to the GPU as float32 there, so
+                    # a pixel's depth may round to the next millimetre
+                    close = np.abs(la[k].astype(np.int64) - lb[k].astype(np.int64)) <= 2
+                    assert np.mean(close) >= 0.995, (key, k, float(np.mean(close)))
                 else:
                     np.testing.assert_allclose(la[k], lb[k], atol=1e-5, err_msg=f"{key} {k}")
 
@@ -212,13 +214,3 @@ def test_grouped_replay_follows_reconfiguring_resets(tmp_path):
     on, off = _replay_both(src, tmp_path, obs_mode="rgbd", save_video=False)
     _assert_same_replays(on / "out.h5", off / "out.h5")
 
-
-def test_draw_groups_reads_its_measurement_knob(monkeypatch):
-    from fastrecord.replay.grouped import draw_groups
-
-    assert draw_groups() == 2
-    monkeypatch.setenv("FASTRECORD_DRAW_GROUPS", "1")
-    assert draw_groups() == 1
-    monkeypatch.setenv("FASTRECORD_DRAW_GROUPS", "0")
-    with pytest.raises(ValueError, match="FASTRECORD_DRAW_GROUPS='0' must be a whole number >= 1; unset it"):
-        draw_groups()
