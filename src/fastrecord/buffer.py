@@ -57,7 +57,7 @@ class _Pack:
     leaf ``name`` the columns ``members[name] = (lo, hi, shape)`` (its field: a view, ``[capacity, num_envs,
     *shape]``). A step that brings every member writes them with one ``cat`` into ``storage[t]``."""
 
-    __slots__ = ("storage", "flat", "host", "members")
+    __slots__ = ("storage", "device", "flat", "host", "members")
 
     def __init__(self, storage: torch.Tensor, members: dict[str, tuple[int, int, tuple[int, ...]]]) -> None:
         self.members = members
@@ -65,6 +65,7 @@ class _Pack:
 
     def set_storage(self, storage: torch.Tensor) -> None:
         self.storage = storage
+        self.device = storage.device
         self.flat = storage.view(-1, storage.shape[2])
         self.host = _host_view(storage)
 
@@ -87,12 +88,18 @@ def _packable(value: torch.Tensor) -> bool:
 
 def flatten_tree(tree: Mapping | torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
     """{"a": {"b": x}} -> {"prefix/a/b": x}; a bare tensor -> {prefix: x}."""
-    if not isinstance(tree, Mapping):
-        return {prefix: tree}
     out: dict[str, torch.Tensor] = {}
-    for k, v in tree.items():
-        out.update(flatten_tree(v, f"{prefix}/{k}"))
+    _flatten_into(out, tree, prefix)
     return out
+
+
+def _flatten_into(out: dict[str, Any], tree: Any, prefix: str) -> None:
+    # every step walks the observation: tensors tested first (a Mapping test is an ABC check)
+    if isinstance(tree, torch.Tensor) or not isinstance(tree, Mapping):
+        out[prefix] = tree
+        return
+    for k, v in tree.items():
+        _flatten_into(out, v, f"{prefix}/{k}")
 
 
 def free_bytes(device: torch.device) -> int:
@@ -129,6 +136,7 @@ class EpisodeBuffer:
         self._bufs: dict[str, torch.Tensor] = {}
         self._flat: dict[str, torch.Tensor] = {}  # the same storage viewed as [capacity * num_envs, ...]
         self._host: dict[str, np.ndarray | None] = {}  # the same storage as numpy, for CPU fields (see `step`)
+        self._sig: dict[str, tuple[torch.Size, torch.dtype]] = {}  # each field's [num_envs, *shape] and dtype
         self._packs: list[_Pack] = []  # small leaves sharing a storage
         self._pack_of: dict[str, _Pack] = {}
         self._rows = np.arange(num_envs)
@@ -166,6 +174,7 @@ class EpisodeBuffer:
 
     def _set(self, name: str, buf: torch.Tensor) -> None:
         self._bufs[name] = buf
+        self._sig[name] = (torch.Size((self.num_envs, *buf.shape[2:])), buf.dtype)  # what a step's leaf looks like
         self._flat[name] = buf.view(-1, *buf.shape[2:])
         self._host[name] = _host_view(buf)
 
@@ -173,7 +182,11 @@ class EpisodeBuffer:
         """A field for every leaf of ``data`` (shape and dtype as the leaf's): new ones allocated, small new
         leaves of one device and dtype packed together (`_Pack`)."""
         new: dict[str, torch.Tensor] = {}
+        sig = self._sig
         for name, value in data.items():
+            known = sig.get(name)
+            if known is not None and value.shape == known[0] and value.dtype == known[1]:
+                continue  # the common case, without slicing shapes
             buf = self._bufs.get(name)
             if buf is not None and buf.shape[2:] == value.shape[1:] and buf.dtype == value.dtype:
                 continue
@@ -216,7 +229,7 @@ class EpisodeBuffer:
     def _drop(self, name: str) -> None:
         if name not in self._bufs:
             return
-        del self._bufs[name], self._flat[name], self._host[name]
+        del self._bufs[name], self._flat[name], self._host[name], self._sig[name]
         pack = self._pack_of.get(name)
         if pack is not None:  # the pack dissolves: its other leaves stay where they are, written one by one
             self._packs.remove(pack)
@@ -341,22 +354,30 @@ class EpisodeBuffer:
 
     def _write_pack(self, pack: _Pack, values: list[torch.Tensor], lo: int, hi: int) -> None:
         """Every member of ``pack`` at once: one ``cat`` (into the slot, or then one ``index_copy_``)."""
-        n, device = self.num_envs, pack.storage.device
+        n, device = self.num_envs, pack.device
         cols = []
         for v in values:
             if v.requires_grad:  # e.g. actions of a policy run with gradients on: cat(out=) takes none
                 v = v.detach()
             if v.device != device:
                 v = v.to(device, non_blocking=device.type == "cuda")
-            cols.append(v.reshape(n, -1) if v.shape[0] == n else v.reshape(v.shape[0], -1).expand(n, -1))
-        if pack.host is not None:  # CPU: numpy, as `_write_leaf`
-            arrays = [_host_view(c) for c in cols]
-            if all(a is not None for a in arrays):
-                if lo == hi:
-                    np.concatenate(arrays, axis=1, out=pack.host[lo])
-                else:
-                    pack.host[self.cursor, self._rows] = np.concatenate(arrays, axis=1)
-                return
+            cols.append(v)
+        if pack.host is not None:  # CPU: numpy, as `_write_leaf` (the pack's dtype is one numpy has)
+            arrays = []
+            for c in cols:
+                a = c.numpy()
+                if a.ndim != 2:
+                    a = a.reshape(a.shape[0], -1)
+                arrays.append(a if a.shape[0] == n else np.broadcast_to(a, (n, a.shape[1])))
+            if lo == hi:
+                np.concatenate(arrays, axis=1, out=pack.host[lo])
+            else:
+                pack.host[self.cursor, self._rows] = np.concatenate(arrays, axis=1)
+            return
+        for i, c in enumerate(cols):
+            if c.ndim != 2:
+                c = c.reshape(c.shape[0], -1)
+            cols[i] = c if c.shape[0] == n else c.expand(n, -1)
         if lo == hi:
             torch.cat(cols, dim=1, out=pack.storage[lo])
         else:
