@@ -101,7 +101,10 @@ def _short(r: dict[str, Any]) -> dict[str, Any]:
 def _machine(device: torch.device) -> dict[str, Any]:
     import av
 
-    info: dict[str, Any] = dict(cpus=os.cpu_count(), python=sys.version.split()[0], torch=torch.__version__, av=av.__version__)
+    from fastrecord.options import usable_cores
+
+    # cpus: the cores this process may use (its affinity mask, what the defaults are sized by); cpu_count: the machine's
+    info: dict[str, Any] = dict(cpus=usable_cores(), cpu_count=os.cpu_count(), python=sys.version.split()[0], torch=torch.__version__, av=av.__version__)
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     from fastrecord.video import encode as video
@@ -137,10 +140,16 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
+def _cores(machine: dict[str, Any]) -> str:
+    """'16 cores', or '4 of 16 cores' where the affinity mask (or torchrun's ranks) leaves this process fewer."""
+    usable, total = machine["cpus"], machine.get("cpu_count")
+    return f"{usable} cores" if total in (None, usable) else f"{usable} of {total} cores"
+
+
 def format_table(r: dict[str, Any]) -> str:
     cfg = r["config"]
     lines = [f"fastrecord bench: {cfg['num_envs']} envs x {cfg['height']}x{cfg['width']}, {cfg['episode_steps']}-step episodes, "
-             f"{r['machine'].get('gpu', 'CPU')}, {r['machine']['cpus']} cores; frames: {cfg['content']}",
+             f"{r['machine'].get('gpu', 'CPU')}, {_cores(r['machine'])}; frames: {cfg['content']}",
              "", "| what | value |", "| --- | --- |"]
 
     def row(k: str, v: Any) -> None:

@@ -4,6 +4,7 @@
     python benchmarks/profile_step.py --num-envs 128 --size 512 --gap-ms 20     # idle gaps between steps (as a sim)
     python benchmarks/profile_step.py --num-envs 128 --size 512 --busy 16       # 16 busy processes (as encoders)
     python benchmarks/profile_step.py --real-env PickCube-v1 --size 512         # one real env (GPU render on CUDA)
+    python benchmarks/profile_step.py --num-envs 128 --size 128 --trajectory --obs-mode rgb   # image observations
 
 The batched source is `fastrecord.testing.BatchedDoubleEnv` replaying a clip bank, as in `fastrecord bench`
 (render is one gather on the device, its time summed in ``busy_seconds``).
@@ -67,8 +68,9 @@ class Timers:
             setattr(owner, name, orig)
 
 
-def _inside(prof: Any, label: str, top: int = 25) -> list[tuple[str, float, int]]:
-    """Self CPU time (us) of every op that ran under ``label`` ranges, by op name."""
+def _inside(prof: Any, label: str, top: int = 25) -> tuple[list[tuple[str, float, int]], float]:
+    """Self CPU time (us) of every op that ran under ``label`` ranges, by op name (the ``top`` ones), and the
+    ops (calls) per range in all."""
     agg: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
 
     def walk(ev: Any) -> None:
@@ -84,7 +86,7 @@ def _inside(prof: Any, label: str, top: int = 25) -> list[tuple[str, float, int]
             n += 1
             walk(ev)
     rows = sorted(((k, v[0] / max(1, n), int(v[1] / max(1, n))) for k, v in agg.items()), key=lambda r: -r[1])
-    return rows[:top]
+    return rows[:top], sum(v[1] for v in agg.values()) / max(1, n)
 
 
 def make_env(args: argparse.Namespace, device: str) -> Any:
@@ -98,7 +100,7 @@ def make_env(args: argparse.Namespace, device: str) -> Any:
                         render_backend=render, human_render_camera_configs=dict(width=args.size, height=args.size))
         return base
     bank = gradient_clips(clips=4, frames=16, height=args.size, width=args.size)
-    return BatchedDoubleEnv(num_envs=args.num_envs, max_episode_steps=10**6, device=device, bank=bank)
+    return BatchedDoubleEnv(num_envs=args.num_envs, max_episode_steps=10**6, device=device, bank=bank, obs_mode=args.obs_mode)
 
 
 def main() -> None:
@@ -107,6 +109,9 @@ def main() -> None:
     p.add_argument("--size", type=int, default=512)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--trajectory", action="store_true", help="also record obs/states/rewards")
+    p.add_argument("--obs-mode", default="state", choices=("state", "rgb"),
+                   help="the batched source's observations: a state vector, or ManiSkill's rgb dict (state leaves + a "
+                        "--size camera image; recorded with --trajectory)")
     p.add_argument("--gap-ms", type=float, default=0.0, help="sleep between steps (an idle host, as during a sim step)")
     p.add_argument("--busy", type=int, default=0, help="processes spinning on the CPU meanwhile (as encoders)")
     p.add_argument("--real-env", default=None, help="profile around a real ManiSkill env (one env) instead")
@@ -167,7 +172,7 @@ def main() -> None:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / args.steps
         what = args.real_env or f"{args.num_envs} envs, bank render"
-        print(f"== {what}, {args.size}x{args.size}, trajectory={args.trajectory}, gap {args.gap_ms} ms, sync {args.sync}, "
+        print(f"== {what}, {args.size}x{args.size}, obs {args.obs_mode}, trajectory={args.trajectory}, gap {args.gap_ms} ms, sync {args.sync}, "
               f"{args.busy} busy processes, {device}; loop {1000 * wall:.3f} ms/step")
         t = timers.t
         on = t["on_step"]
@@ -185,8 +190,9 @@ def main() -> None:
             run(50)
             if device == "cuda":
                 torch.cuda.synchronize()
-        print("ops inside on_step, self CPU us per step (calls per step), profiler on:")
-        for name, us, calls in _inside(prof, LABEL):
+        rows, calls_per_step = _inside(prof, LABEL)
+        print(f"ops inside on_step, self CPU us per step (calls per step), profiler on; {calls_per_step:.1f} calls a step in all:")
+        for name, us, calls in rows:
             print(f"  {us:9.1f} us  x{calls:<3d} {name}")
         if device == "cuda":
             print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))

@@ -45,6 +45,7 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     # the default row runs fastrecord's default and says what it resolved to; the tuned row is labelled as such
     from fastrecord.options import default_trajectory_writers, usable_cores
 
+    assert r["machine"]["cpus"] == usable_cores() and f"{usable_cores()} " in table.splitlines()[0]  # the affinity mask's
     assert io["trajectory_writers"] is None and io["default_writers"] == default_trajectory_writers(usable_cores(), True)
     assert f"default: trajectory_writers=None -> {io['default_writers']} (chosen for {usable_cores()} usable cores" in table
     (tuned,) = io["sweep"]

@@ -98,6 +98,77 @@ def test_restart_from_last_moves_the_last_slot_to_slot_0():
     assert episode(buf, 0) == [[0, 2], [0, 3]] and episode(buf, 1) == [[1, t] for t in range(4)]
 
 
+# ---------------------------------------------------------------------------------------------- packed small leaves
+def small(step: int | list[int], n: int = N, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Small leaves (a pack per dtype) whose rows say whose they are: env e at step t."""
+    t = torch.as_tensor(step).expand(n)
+    e = torch.arange(n)
+    return {"actions": torch.stack([e, t, -t], dim=1).to(dtype), "rewards": (10 * e + t).to(dtype),
+            "obs/pose": (100 * e + t).view(n, 1, 1).to(dtype) + torch.arange(12, dtype=dtype).view(1, 3, 4),
+            "terminated": t % 2 == 1, "success": e == t, "frames": (10 * e + t).to(torch.uint8).view(n, 1, 1, 1).expand(n, 4, 4, 3)}
+
+
+def rows_of(buf: EpisodeBuffer, env: int, steps: list[int], dtype: torch.dtype) -> None:
+    """Every field of ``env`` holds ``small(step)``'s row of that env in slots ``0..len(steps) - 1``."""
+    for name in ("actions", "rewards", "obs/pose", "terminated", "success", "frames"):
+        want = torch.stack([small(t, dtype=dtype)[name][env] for t in steps])
+        torch.testing.assert_close(buf.fields[name][: len(steps), env], want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: no numpy dtype, torch's write path
+def test_small_leaves_share_a_storage_and_keep_their_rows(dtype):
+    buf = EpisodeBuffer(N, 3)
+    buf.start(np.arange(N), small(0, dtype=dtype))
+    f = buf.fields
+    assert f["actions"].shape == (3, N, 3) and f["rewards"].shape == (3, N) and f["obs/pose"].shape == (3, N, 3, 4)
+    assert f["terminated"].shape == f["success"].shape == (3, N) and f["success"].dtype == torch.bool
+    # one storage for the small leaves of a dtype (one write a step), images apart
+    ptr = {n: f[n].untyped_storage().data_ptr() for n in f}
+    assert ptr["actions"] == ptr["rewards"] == ptr["obs/pose"] and ptr["terminated"] == ptr["success"]
+    assert len(set(ptr.values())) == 3
+    buf.step(small(1, dtype=dtype))  # every env at one slot
+    buf.start(np.array([1]), small(0, dtype=dtype))  # env 1 anew: envs at different slots
+    buf.step(small([2, 1, 2], dtype=dtype))
+    buf.step(small([3, 2, 3], dtype=dtype))  # past the capacity: grown
+    assert buf.capacity == 6
+    assert buf.cursor.tolist() == [3, 2, 3]
+    rows_of(buf, 0, [0, 1, 2, 3], dtype)
+    rows_of(buf, 1, [0, 1, 2], dtype)
+    buf.step(small([4, 3, 0], dtype=dtype), restart=np.array([False, False, True]))
+    rows_of(buf, 2, [0], dtype)
+    rows_of(buf, 1, [0, 1, 2, 3], dtype)
+    partial = small([5, 4, 1], dtype=dtype)
+    del partial["success"]  # a step without one member: the others are written leaf by leaf
+    buf.step(partial)
+    assert buf.cursor.tolist() == [5, 4, 1]
+    rows_of(buf, 0, [0, 1, 2, 3, 4], dtype)  # slots 0..4 as before
+    assert buf.fields["actions"][5, 0].tolist() == [0, 5, -5] and buf.fields["rewards"][4, 1].item() == 14
+    buf.restart_from_last(np.array([0]))
+    assert buf.fields["obs/pose"][0, 0].tolist() == small(5, dtype=dtype)["obs/pose"][0].tolist()
+    if dtype is torch.bfloat16:
+        return  # the reads below hand out numpy arrays, which have no bfloat16
+    # the reads at episode ends see the same rows
+    got = buf.read_rows(np.array([1, 2]), last=["actions", "terminated"], whole=["rewards"])
+    assert got["actions"].tolist() == [[1, 4, -4], [2, 1, -1]] and got["terminated"].tolist() == [False, True]
+    assert got["whole/rewards"][1, :2].tolist() == [20, 21]
+    out = buf.gather(np.array([2, 1]))
+    assert out["obs/pose"].shape == (2, 5, 3, 4) and out["obs/pose"][1, 4].tolist() == small(4, dtype=dtype)["obs/pose"][1].tolist()
+
+
+def test_a_packed_leaf_that_changes_shape_at_a_full_reset_gets_its_own_storage():
+    buf = EpisodeBuffer(N, 4)
+    buf.start(np.arange(N), small(0))
+    buf.step(small(1))
+    with pytest.raises(ValueError, match="recorded field 'actions' changed from \\[3\\] torch.float32 to \\[2\\]"):
+        buf.step({**small(2), "actions": torch.zeros(N, 2)})
+    bigger = {**small(0), "obs/pose": torch.ones(N, 5)}
+    buf.start(np.arange(N), bigger)  # a reconfiguring full reset: every cursor is at 0
+    assert buf.fields["obs/pose"].shape == (4, N, 5)
+    buf.step({**small(1), "obs/pose": torch.full((N, 5), 2.0)})
+    assert buf.fields["obs/pose"][:2, 2].tolist() == [[1.0] * 5, [2.0] * 5]
+    assert buf.fields["actions"][1, 2].tolist() == [2, 1, -1] and buf.fields["rewards"][1, 2].item() == 21
+
+
 # ---------------------------------------------------------------------------------------------- growth
 def test_growth_keeps_contents():
     buf = EpisodeBuffer(N, 2)

@@ -90,6 +90,22 @@ def test_encoder_process_matches_thread_encode_and_reads_staging_in_place(tmp_pa
 
 
 @needs_shm
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs an affinity mask (Linux)")
+def test_encoder_pool_is_capped_at_the_affinity_masks_cores(monkeypatch):
+    # taskset / a container's cpuset narrow the cores this process may use: the pool counts those, not the machine's
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        with EncoderProcessPool() as enc:
+            assert enc.max_processes == 1
+    finally:
+        os.sched_setaffinity(0, before)
+    with EncoderProcessPool() as enc:
+        assert enc.max_processes == len(before)
+
+
+@needs_shm
 def test_encoder_process_errors_surface_in_the_caller(tmp_path):
     with EncoderProcessPool(max_processes=1) as enc:
         with pytest.raises(FileNotFoundError, match="No such file") as info:

@@ -5,8 +5,11 @@ observation leaves, env-state leaves, actions, rewards, flags) and the per-env c
 env holds its episode's reset data; slot t holds the data after its t-th step. Time-major, so that the
 common step (every env at the same slot t) writes each leaf as one contiguous block ``buf[t]``: one
 plain copy kernel, whatever the buffer's size. Envs at different slots take one ``index_copy_`` per
-leaf. No Python loop over envs; the only device-to-host copy is `gather`, once per batch of finished
-episodes.
+leaf. Small leaves of one device and dtype that appear together (the step's flags; actions and rewards;
+observation and env-state vectors) share one storage side by side (`_Pack`), so a step writes them with
+one ``cat`` (each a kernel launch on CUDA) rather than a copy each; every leaf is still a field of its
+own shape, a view of that storage. No Python loop over envs; the only device-to-host copy is `gather`,
+once per batch of finished episodes.
 """
 
 from __future__ import annotations
@@ -49,14 +52,54 @@ class LeafTransform(Protocol):
     def wrap(self, host: np.ndarray, ready: Any) -> np.ndarray: ...
 
 
+class _Pack:
+    """Small leaves of one device and dtype stored side by side: ``storage`` ``[capacity, num_envs, width]``,
+    leaf ``name`` the columns ``members[name] = (lo, hi, shape)`` (its field: a view, ``[capacity, num_envs,
+    *shape]``). A step that brings every member writes them with one ``cat`` into ``storage[t]``."""
+
+    __slots__ = ("storage", "device", "flat", "host", "members")
+
+    def __init__(self, storage: torch.Tensor, members: dict[str, tuple[int, int, tuple[int, ...]]]) -> None:
+        self.members = members
+        self.set_storage(storage)
+
+    def set_storage(self, storage: torch.Tensor) -> None:
+        self.storage = storage
+        self.device = storage.device
+        self.flat = storage.view(-1, storage.shape[2])
+        self.host = _host_view(storage)
+
+    def view(self, name: str) -> torch.Tensor:
+        lo, hi, shape = self.members[name]
+        if not shape:
+            return self.storage[:, :, lo]
+        cols = self.storage[:, :, lo:hi]
+        return cols if len(shape) == 1 else cols.unflatten(2, shape)
+
+
+_PACK_MAX_DIMS = 2  # leaves packed: at most 2 dims an env (not images) ...
+_PACK_MAX_ELEMENTS = 1024  # ... and at most this many elements an env
+
+
+def _packable(value: torch.Tensor) -> bool:
+    per_env = int(np.prod(value.shape[1:], dtype=np.int64))
+    return 1 <= value.ndim <= _PACK_MAX_DIMS + 1 and 0 < per_env <= _PACK_MAX_ELEMENTS
+
+
 def flatten_tree(tree: Mapping | torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
     """{"a": {"b": x}} -> {"prefix/a/b": x}; a bare tensor -> {prefix: x}."""
-    if not isinstance(tree, Mapping):
-        return {prefix: tree}
     out: dict[str, torch.Tensor] = {}
-    for k, v in tree.items():
-        out.update(flatten_tree(v, f"{prefix}/{k}"))
+    _flatten_into(out, tree, prefix)
     return out
+
+
+def _flatten_into(out: dict[str, Any], tree: Any, prefix: str) -> None:
+    # every step walks the observation: tensors tested first (a Mapping test is an ABC check)
+    if isinstance(tree, torch.Tensor) or not isinstance(tree, Mapping):
+        out[prefix] = tree
+        return
+    for k, v in tree.items():
+        _flatten_into(out, v, f"{prefix}/{k}")
 
 
 def free_bytes(device: torch.device) -> int:
@@ -93,6 +136,9 @@ class EpisodeBuffer:
         self._bufs: dict[str, torch.Tensor] = {}
         self._flat: dict[str, torch.Tensor] = {}  # the same storage viewed as [capacity * num_envs, ...]
         self._host: dict[str, np.ndarray | None] = {}  # the same storage as numpy, for CPU fields (see `step`)
+        self._sig: dict[str, tuple[torch.Size, torch.dtype]] = {}  # each field's [num_envs, *shape] and dtype
+        self._packs: list[_Pack] = []  # small leaves sharing a storage
+        self._pack_of: dict[str, _Pack] = {}
         self._rows = np.arange(num_envs)
         # per device: the flat slot of every env (cursor * num_envs + row), advanced by one add_ a step;
         # dropped whenever cursors move otherwise (resets, restarts) and rebuilt from `cursor`
@@ -106,6 +152,10 @@ class EpisodeBuffer:
 
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._bufs.values())
+
+    def _storages(self) -> list[torch.Tensor]:
+        """Every tensor that holds fields (a pack's storage once), for copies of whole slots."""
+        return [p.storage for p in self._packs] + [b for n, b in self._bufs.items() if n not in self._pack_of]
 
     def _alloc(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, capacity: int, device: torch.device) -> torch.Tensor:
         full = (capacity, self.num_envs, *shape)
@@ -124,37 +174,90 @@ class EpisodeBuffer:
 
     def _set(self, name: str, buf: torch.Tensor) -> None:
         self._bufs[name] = buf
+        self._sig[name] = (torch.Size((self.num_envs, *buf.shape[2:])), buf.dtype)  # what a step's leaf looks like
         self._flat[name] = buf.view(-1, *buf.shape[2:])
         self._host[name] = _host_view(buf)
 
-    def _ensure_field(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        buf = self._bufs.get(name)
-        if buf is not None and buf.shape[2:] == value.shape[1:] and buf.dtype == value.dtype:
-            return buf
-        if buf is not None and (self.cursor > 0).any():
-            raise ValueError(
-                f"recorded field {name!r} changed from {list(buf.shape[2:])} {buf.dtype} to {list(value.shape[1:])} "
-                f"{value.dtype} while episodes were in progress; reconfigure only with a full reset"
-            )
-        self._bufs.pop(name, None)
-        self._set(name, self._alloc(name, tuple(value.shape[1:]), value.dtype, self.capacity, value.device))
-        return self._bufs[name]
+    def _ensure_fields(self, data: Mapping[str, torch.Tensor]) -> None:
+        """A field for every leaf of ``data`` (shape and dtype as the leaf's): new ones allocated, small new
+        leaves of one device and dtype packed together (`_Pack`)."""
+        new: dict[str, torch.Tensor] = {}
+        sig = self._sig
+        for name, value in data.items():
+            known = sig.get(name)
+            if known is not None and value.shape == known[0] and value.dtype == known[1]:
+                continue  # the common case, without slicing shapes
+            buf = self._bufs.get(name)
+            if buf is not None and buf.shape[2:] == value.shape[1:] and buf.dtype == value.dtype:
+                continue
+            if buf is not None and (self.cursor > 0).any():
+                raise ValueError(
+                    f"recorded field {name!r} changed from {list(buf.shape[2:])} {buf.dtype} to {list(value.shape[1:])} "
+                    f"{value.dtype} while episodes were in progress; reconfigure only with a full reset"
+                )
+            new[name] = value
+        if not new:
+            return
+        groups: dict[tuple[torch.device, torch.dtype], list[str]] = {}
+        for name, value in new.items():
+            if _packable(value):
+                groups.setdefault((value.device, value.dtype), []).append(name)
+        packs: list[_Pack] = []
+        for (device, dtype), names in groups.items():
+            if len(names) < 2:
+                continue
+            members, width = {}, 0
+            for n in names:
+                shape = tuple(new[n].shape[1:])
+                members[n] = (width, width + int(np.prod(shape, dtype=np.int64)), shape)
+                width = members[n][1]
+            label = " + ".join(repr(n) for n in names)  # a BufferTooLargeError names every leaf of the pack
+            packs.append(_Pack(self._alloc(label, (width,), dtype, self.capacity, device), members))
+        single = {name: self._alloc(name, tuple(value.shape[1:]), value.dtype, self.capacity, value.device)
+                  for name, value in new.items() if not any(name in p.members for p in packs)}
+        # everything allocated: now replace the old fields
+        for name in new:
+            self._drop(name)
+        for pack in packs:
+            self._packs.append(pack)
+            for name in pack.members:
+                self._pack_of[name] = pack
+                self._set(name, pack.view(name))
+        for name, buf in single.items():
+            self._set(name, buf)
+
+    def _drop(self, name: str) -> None:
+        if name not in self._bufs:
+            return
+        del self._bufs[name], self._flat[name], self._host[name], self._sig[name]
+        pack = self._pack_of.get(name)
+        if pack is not None:  # the pack dissolves: its other leaves stay where they are, written one by one
+            self._packs.remove(pack)
+            for n in pack.members:
+                del self._pack_of[n]
 
     def retain_only(self, names: set[str]) -> None:
         """Drop fields no longer produced (e.g. after a reconfiguring full reset)."""
         for name in list(self._bufs):
             if name not in names:
-                del self._bufs[name], self._flat[name], self._host[name]
+                self._drop(name)
 
     def _grow(self, min_capacity: int) -> None:
         """All fields get the larger capacity, or none does: every new tensor is allocated before any
         replaces its field, so a `BufferTooLargeError` leaves the buffer (and its episodes) as it was."""
         new_cap = max(2 * self.capacity, min_capacity)
         grown = {name: self._alloc(name, tuple(buf.shape[2:]), buf.dtype, new_cap, buf.device)
-                 for name, buf in self._bufs.items()}
+                 for name, buf in self._bufs.items() if name not in self._pack_of}
+        packs = [(p, self._alloc(" + ".join(repr(n) for n in p.members), tuple(p.storage.shape[2:]), p.storage.dtype,
+                                 new_cap, p.storage.device)) for p in self._packs]
         for name, new in grown.items():
             new[: self.capacity] = self._bufs[name]
             self._set(name, new)
+        for pack, new in packs:
+            new[: self.capacity] = pack.storage
+            pack.set_storage(new)
+            for name in pack.members:
+                self._set(name, pack.view(name))
         self.capacity = new_cap
 
     # ------------------------------------------------------------------ writes
@@ -162,18 +265,22 @@ class EpisodeBuffer:
         """Begin new episodes for ``env_idx``: slot 0 gets their rows of ``data`` (rows of all envs)."""
         self.cursor[env_idx] = 0
         self._slots.clear()
-        whole = len(env_idx) == self.num_envs
+        self._ensure_fields(data)
+        if len(env_idx) == self.num_envs:
+            self._write(data, 0, 0)
+            return
+        rows: dict[torch.device, torch.Tensor] = {}  # env_idx on each device, copied there once
         for name, value in data.items():
-            buf = self._ensure_field(name, value)
+            buf = self._bufs[name]
             if value.device != buf.device:
                 value = value.to(buf.device, non_blocking=buf.is_cuda)
-            if whole:
-                buf[0] = value
-            elif (dst := _host_view(buf[0])) is not None and (src := _host_view(value)) is not None:
+            if (dst := _host_view(buf[0])) is not None and (src := _host_view(value)) is not None:
                 dst[env_idx] = src[env_idx]  # numpy: torch's CPU advanced indexing is slow for image rows
             else:
-                rows = torch.as_tensor(env_idx, device=buf.device)
-                buf[0, rows] = value[rows]
+                r = rows.get(buf.device)
+                if r is None:
+                    r = rows[buf.device] = torch.as_tensor(env_idx, device=buf.device)
+                buf[0, r] = value[r]
 
     def end(self, env_idx: np.ndarray) -> None:
         """The episodes of ``env_idx`` are over: only a reset (`start`) begins them again."""
@@ -201,8 +308,7 @@ class EpisodeBuffer:
         lo, hi = int(cursor.min()), int(cursor.max())
         if hi >= self.capacity:
             self._grow(hi + 1)  # before any state changes: a failure leaves every episode as it was
-        for name, value in data.items():  # likewise fields seen for the first time
-            self._ensure_field(name, value)
+        self._ensure_fields(data)  # likewise fields seen for the first time
         # from here on nothing can fail for lack of memory: commit the new cursors, then write
         self.cursor = cursor
         if restarting:
@@ -210,25 +316,72 @@ class EpisodeBuffer:
         else:
             for slots in self._slots.values():
                 slots.add_(self.num_envs)
-        flat = self._flat
+        self._write(data, lo, hi)
+
+    def _write(self, data: Mapping[str, torch.Tensor], lo: int, hi: int) -> None:
+        """Every env's row of ``data`` into its slot ``cursor`` (all at slot ``lo`` if ``lo == hi``)."""
+        packed = self._pack_of
         for name, value in data.items():
-            buf = self._ensure_field(name, value)
-            if value.device != buf.device:
-                value = value.to(buf.device, non_blocking=buf.is_cuda)
-            if value.shape[0] != self.num_envs:
-                value = value.expand(self.num_envs, *buf.shape[2:])
-            if (dst := self._host[name]) is not None and (src := _host_view(value)) is not None:
-                # CPU leaves through numpy: torch's CPU kernels split image copies over its intra-op
-                # threads, which wait for cores the writer processes hold (index_copy_ of 8 envs x 64x64
-                # RGB: 0.6-6 ms a call; numpy: 0.01 ms)
-                if lo == hi:
-                    dst[lo] = src
-                else:
-                    dst[self.cursor, self._rows] = src
-            elif lo == hi:
-                buf[lo].copy_(value)
+            if name not in packed:
+                self._write_leaf(name, value, lo, hi)
+        for pack in self._packs:
+            values = [data.get(name) for name in pack.members]
+            if all(v is not None for v in values):
+                self._write_pack(pack, values, lo, hi)
+            else:  # a step without some member (an info key that comes and goes): leaf by leaf
+                for name, value in zip(pack.members, values):
+                    if value is not None:
+                        self._write_leaf(name, value, lo, hi)
+
+    def _write_leaf(self, name: str, value: torch.Tensor, lo: int, hi: int) -> None:
+        buf = self._bufs[name]
+        if value.device != buf.device:
+            value = value.to(buf.device, non_blocking=buf.is_cuda)
+        if value.shape[0] != self.num_envs:
+            value = value.expand(self.num_envs, *buf.shape[2:])
+        if (dst := self._host[name]) is not None and (src := _host_view(value)) is not None:
+            # CPU leaves through numpy: torch's CPU kernels split image copies over its intra-op
+            # threads, which wait for cores the writer processes hold (index_copy_ of 8 envs x 64x64
+            # RGB: 0.6-6 ms a call; numpy: 0.01 ms)
+            if lo == hi:
+                dst[lo] = src
             else:
-                flat[name].index_copy_(0, self._slots_on(buf.device), value)
+                dst[self.cursor, self._rows] = src
+        elif lo == hi:
+            buf[lo].copy_(value)
+        else:
+            self._flat[name].index_copy_(0, self._slots_on(buf.device), value)
+
+    def _write_pack(self, pack: _Pack, values: list[torch.Tensor], lo: int, hi: int) -> None:
+        """Every member of ``pack`` at once: one ``cat`` (into the slot, or then one ``index_copy_``)."""
+        n, device = self.num_envs, pack.device
+        cols = []
+        for v in values:
+            if v.requires_grad:  # e.g. actions of a policy run with gradients on: cat(out=) takes none
+                v = v.detach()
+            if v.device != device:
+                v = v.to(device, non_blocking=device.type == "cuda")
+            cols.append(v)
+        if pack.host is not None:  # CPU: numpy, as `_write_leaf` (the pack's dtype is one numpy has)
+            arrays = []
+            for c in cols:
+                a = c.numpy()
+                if a.ndim != 2:
+                    a = a.reshape(a.shape[0], -1)
+                arrays.append(a if a.shape[0] == n else np.broadcast_to(a, (n, a.shape[1])))
+            if lo == hi:
+                np.concatenate(arrays, axis=1, out=pack.host[lo])
+            else:
+                pack.host[self.cursor, self._rows] = np.concatenate(arrays, axis=1)
+            return
+        for i, c in enumerate(cols):
+            if c.ndim != 2:
+                c = c.reshape(c.shape[0], -1)
+            cols[i] = c if c.shape[0] == n else c.expand(n, -1)
+        if lo == hi:
+            torch.cat(cols, dim=1, out=pack.storage[lo])
+        else:
+            pack.flat.index_copy_(0, self._slots_on(device), torch.cat(cols, dim=1))
 
     def _slots_on(self, device: torch.device) -> torch.Tensor:
         slots = self._slots.get(device)
@@ -246,7 +399,7 @@ class EpisodeBuffer:
 
     def restart_from_last(self, env_idx: np.ndarray) -> None:
         """Start new episodes for ``env_idx`` at their current state (slot cursor -> slot 0)."""
-        for buf in self._bufs.values():
+        for buf in self._storages():
             rows = torch.as_tensor(env_idx, device=buf.device)
             last = torch.as_tensor(self.cursor[env_idx], device=buf.device)
             buf[0, rows] = buf[last, rows]
@@ -264,16 +417,20 @@ class EpisodeBuffer:
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         length = int(self.cursor[env_idx].max()) + 1 if len(env_idx) else 0
         srcs: dict[str, torch.Tensor] = {}
+        index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # env_idx and their cursors, copied once a device
         for keys, prefix in ((last, ""), (whole, "whole/")):
             for n in keys:
                 buf = self._bufs.get(n)
                 if buf is None:
                     continue
-                rows = torch.as_tensor(env_idx, device=buf.device)
+                if buf.device not in index:
+                    index[buf.device] = (torch.as_tensor(env_idx, device=buf.device),
+                                         torch.as_tensor(self.cursor[env_idx], device=buf.device))
+                rows, slots = index[buf.device]
                 if prefix:
                     srcs[prefix + n] = buf[:length, rows].transpose(0, 1)
                 else:
-                    srcs[n] = buf[torch.as_tensor(self.cursor[env_idx], device=buf.device), rows]
+                    srcs[n] = buf[slots, rows]
         srcs.update(extra or {})
         out: dict[str, Any] = {}
         devices = set()

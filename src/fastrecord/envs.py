@@ -30,9 +30,12 @@ IMAGE_RENDER_MODES = ("rgb_array", "sensors", "all")
 def to_batched(x: Any, device: torch.device | None, add_batch_dim: bool) -> Any:
     """Tree of arrays/tensors/scalars -> tree of tensors with a leading env dim, on ``device`` (None: where
     they are; arrays and scalars on the CPU)."""
-    if isinstance(x, Mapping):
+    if isinstance(x, torch.Tensor):  # first: every step batches the observation's leaves (a Mapping test is an ABC check)
+        t = x
+    elif isinstance(x, Mapping):
         return {k: to_batched(v, device, add_batch_dim) for k, v in x.items()}
-    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    else:
+        t = torch.as_tensor(np.asarray(x))
     if add_batch_dim or t.ndim == 0:
         t = t[None]
     return t if device is None else t.to(device, non_blocking=True)

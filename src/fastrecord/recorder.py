@@ -97,6 +97,7 @@ class EpisodeRecorder:
 
         self._seeds = np.zeros(self.num_envs, dtype=np.int64)
         self._returns: torch.Tensor | None = None  # each env's running return (float64, where rewards come from)
+        self._returns_zero = np.ones(self.num_envs, dtype=bool)  # zeroed, and no step added since
         self._reset_kwargs: list[dict] = [{} for _ in range(self.num_envs)]
         # extra JSON entry fields of each env's next written episode, set by the caller (a replay's
         # source_episode_id): in the part files from the start, so a crashed run's episodes keep them
@@ -235,11 +236,14 @@ class EpisodeRecorder:
         self._zero_returns(env_idx)
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
-        for e in env_idx:
-            kw = copy.deepcopy(reset_kwargs)
-            if self.view.per_env_seeds:  # per-env episodes: the env's own seed
-                kw = {k: v for k, v in kw.items() if k != "options"} | {"seed": int(self._seeds[e])}
-            self._reset_kwargs[e] = kw
+        if self.view.per_env_seeds:  # per-env episodes: the env's own seed (where the caller's was, else last)
+            rest = {k: v for k, v in reset_kwargs.items() if k != "options"}
+            rest.setdefault("seed", None)
+            for e, seed in zip(np.asarray(env_idx).tolist(), self._seeds[env_idx].tolist()):
+                self._reset_kwargs[e] = {k: seed if k == "seed" else copy.deepcopy(v) for k, v in rest.items()}
+        else:
+            for e in env_idx:
+                self._reset_kwargs[e] = copy.deepcopy(reset_kwargs)
 
     def on_step(self, action: Any, obs: Any, rew: Any, terminated: Any, truncated: Any, info: Mapping,
                 restart: np.ndarray | None = None) -> None:
@@ -282,15 +286,25 @@ class EpisodeRecorder:
         return out
 
     def _zero_returns(self, env_idx: np.ndarray) -> None:
-        if self._returns is not None:
-            self._returns[torch.as_tensor(np.asarray(env_idx), device=self._returns.device)] = 0
+        if self._returns is None:
+            return
+        idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
+        idx = idx[~self._returns_zero[idx]]  # already 0 (a finalize, then the reset): no device work
+        if not len(idx):
+            return
+        self._returns_zero[idx] = True
+        if self._returns_zero.all():  # every env's return is to be 0: no index copied to the device
+            self._returns.zero_()
+        else:
+            self._returns[torch.as_tensor(idx, device=self._returns.device)] = 0
 
     def _add_rewards(self, rew: Any, restart: np.ndarray | None) -> None:
         """Add a step's rewards ``[N]`` (``restart`` envs were auto-reset instead: theirs start at 0)."""
         rew = torch.as_tensor(rew).reshape(-1)
         if self._returns is None:
             self._returns = torch.zeros(rew.shape[0], dtype=torch.float64, device=rew.device)
-        self._returns += rew.to(self._returns.device, torch.float64)
+        self._returns += rew.to(self._returns.device)  # summed in float64: one kernel, no float64 copy first
+        self._returns_zero[:] = False
         if restart is not None and restart.any():
             self._zero_returns(np.flatnonzero(restart))
 
@@ -353,7 +367,7 @@ class EpisodeRecorder:
         which must not yet include the (large) gather of the frames."""
         buf = self.buffer
         lengths = buf.cursor[rows].copy()
-        extra = {} if self._returns is None else {"returns": self._returns[torch.as_tensor(rows, device=self._returns.device)]}
+        extra = {} if self._returns is None else {"returns": self._returns}  # every env's (tiny): no index to the device
         # one transfer for every flag the events and the keep filter need
         got = buf.read_rows(rows, last=["success", "terminated", "truncated", "fail"], whole=["success"], extra=extra)
         last = {n: np.asarray(got[n]).reshape(len(rows)).astype(bool) for n in ("success", "terminated", "truncated", "fail")
@@ -363,7 +377,7 @@ class EpisodeRecorder:
             flags = np.asarray(got["whole/success"]).reshape(len(rows), -1).astype(bool)
             steps = np.arange(flags.shape[1])
             once = (flags & (steps[None] >= 1) & (steps[None] <= lengths[:, None])).any(axis=1)
-        returns = np.asarray(got["returns"], dtype=np.float64) if "returns" in got else np.zeros(len(rows))
+        returns = np.asarray(got["returns"], dtype=np.float64)[rows] if "returns" in got else np.zeros(len(rows))
         return dict(lengths=lengths, last=last, once=once, returns=returns)
 
     def _events(self, rows: np.ndarray, keep: np.ndarray, first_id: int, ended: dict[str, Any]) -> list[EpisodeEnded]:
@@ -423,13 +437,14 @@ class EpisodeRecorder:
         lengths = self.buffer.cursor[kept]
         control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
         episodes: list[EpisodeData] = []
+        fields = {name: field_of(name) for name in host}
         for i, e in enumerate(kept):
             t = int(lengths[i])
             datasets: dict[str, np.ndarray] = {}
             overlay: dict[str, np.ndarray] = {}
             frames = None
             for name, arr in host.items():
-                f = field_of(name)
+                f = fields[name]
                 a = arr[i, : t + 1] if f.kind == "state" else arr[i, 1 : t + 1]
                 if f.name == "frames":
                     if self.frames_per_step > 1:  # [t + 1, k, ...] -> the reset's frame and k frames a step

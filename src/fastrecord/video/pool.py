@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from fastrecord.options import usable_cores
 from fastrecord.processes import ChildDied, IsolatedProcess, RemoteError
 from fastrecord.staging import StagingPool, locate, on_arena_close, shared_memory_supported
 from fastrecord.video.encode import (
@@ -92,7 +93,8 @@ class EncoderStats:
 
 
 class EncoderProcessPool:
-    """Owns: encoder processes (started on demand, at most ``max_processes``; idle ones stop after
+    """Owns: encoder processes (started on demand, at most ``max_processes``, by default the usable cores:
+    `fastrecord.options.usable_cores`, the affinity mask's; idle ones stop after
     ``idle_timeout`` seconds) and the arenas each has mapped.
 
     `encode` is called from many threads; each call takes one idle process for the whole video, so
@@ -103,7 +105,7 @@ class EncoderProcessPool:
                  staging: StagingPool | None = None) -> None:
         if not shared_memory_supported():
             raise ValueError("EncoderProcessPool needs Linux (memfd and fd passing); use VideoSettings(executor='thread')")
-        self.max_processes = max_processes or max(1, os.cpu_count() or 1)
+        self.max_processes = max_processes or usable_cores()  # the affinity mask's cores, as every default
         self.idle_timeout = idle_timeout
         # frames not already in staging memory are copied into arenas of this pool's own: one per
         # video in flight, so no count limit (the callers' queue bounds them)
