@@ -139,7 +139,9 @@ class GroupRenderer:
         self._stream.synchronize()  # SAPIEN reads the array on its own stream; the pinned buffer is free again
 
     def set_poses_from_envs(self) -> None:
-        """Poses read from the mirrors' own entities (envs of this process whose states were set here)."""
+        """Poses read from the envs' own entities (envs of this process whose states were set here). The
+        entity lists are refreshed first: an env that reconfigured has a new scene, whose entities these are."""
+        self._ensure()
         self.set_poses([b.poses() for b in self.bodies])
 
     def _camera_group(self, name: str) -> Any:
