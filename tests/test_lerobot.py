@@ -361,7 +361,11 @@ def check_killed(out: Path, durable: int) -> tuple[int, int]:
         check_videos(root, info, episodes)
     committing = list(root.glob("meta/episodes/*/*.parquet.pending"))  # a file committed, its meta being written
     in_files += sum(pq.read_metadata(p).num_rows for p in committing)
-    pending = sorted(parts.glob("ep_*.parquet")) if parts.is_dir() else []
+    from fastrecord.sinks.lerobot.writer import FILE_META
+
+    consumed = {seq for p in [*root.glob("meta/episodes/*/*.parquet"), *committing]  # parts a file holds: removed
+                for seq in json.loads(pq.read_schema(p).metadata[FILE_META])["parts"]}  # after it (a kill may come first)
+    pending = [p for p in sorted(parts.glob("ep_*.parquet")) if int(p.name[3:11]) not in consumed] if parts.is_dir() else []
     for p in pending:  # a finished episode not yet in a file: its rows and its video
         table = pq.read_table(p)
         video, _, _, _ = decode_timed(p.with_name(p.stem + f".{CAMERA_KEY}.mp4"))
@@ -403,6 +407,47 @@ def test_lerobot_sigkill_then_resume(tmp_path):
     assert len(episodes) == in_files + pending + 4
     # the resumed run's 4 episodes follow in both (each output keeps what it had committed at the kill)
     np.testing.assert_array_equal(ours[-16:], np.concatenate(theirs[-4:]))
+
+
+def test_a_kill_while_a_file_is_committed_leaves_a_loadable_dataset(tmp_path):
+    """The process dies inside the step that ends a dataset file, after its episodes file was committed and
+    before meta/info.json counts it (deterministic here; SIGKILL once hit that window): the dataset as
+    LeRobot's reader loads it (every data/*/*.parquet) still agrees with info.json, the new file's rows
+    wait under a hidden name, and a resumed run shows them and goes on."""
+    script = (
+        "import os, sys, torch\n"
+        f"sys.path.insert(0, {str(WORKER.parent)!r})\n"
+        "from fastrecord.sinks.lerobot import writer\n"
+        "calls = []\n"
+        "original = writer.LeRobotWriter._write_meta\n"
+        "def write_meta(self):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 2:\n"
+        "        os._exit(9)  # as a kill: no cleanup, no flush\n"
+        "    original(self)\n"
+        "writer.LeRobotWriter._write_meta = write_meta\n"
+        "from lerobot_worker import main\n"
+        "main(sys.argv[1], 'error')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 9, r.stderr[-3000:]
+    root = tmp_path / "crash.lerobot"
+    assert list(root.glob("meta/episodes/*/*.parquet.pending")) and list(root.glob("data/*/.file-*.parquet.next"))
+    in_files, pending = check_killed(tmp_path, durable=0)  # info.json, the visible rows and episodes agree
+    committing = list(root.glob("meta/episodes/*/*.parquet.pending"))
+    committed = sum(pq.read_metadata(p).num_rows for p in committing)
+    assert in_files > committed > 0  # the first file is in the dataset, the second committed but not yet shown
+    sys.path.insert(0, str(WORKER.parent))
+    from lerobot_worker import make
+
+    env = make(str(tmp_path), "resume")
+    env.reset(seed=100)
+    for _ in range(4):
+        env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
+    env.close()
+    assert not list(root.rglob(".*.next"))
+    episodes, _, _ = check_complete(tmp_path, at_least=in_files + pending + 4, durable=1)
+    assert len(episodes) == in_files + pending + 4
 
 
 def test_lerobot_sigkill_then_consolidate(tmp_path):

@@ -9,12 +9,14 @@ become the next dataset file of each kind: ``data/chunk-CCC/file-FFF.parquet``, 
 ``videos/<key>/chunk-CCC/file-FFF.mp4`` per camera (the episode videos joined without re-encoding,
 `fastrecord.sinks.lerobot.video.concat_mp4`) and ``meta/episodes/chunk-CCC/file-FFF.parquet``, first
 written as ``file-FFF.parquet.pending``: the commit of the file (its parquet metadata lists the parts it
-holds). Then ``meta/tasks.parquet``, ``meta/stats.json`` and ``meta/info.json`` are rewritten with the
-new totals, the episodes file takes its name (so LeRobot's reader sees it and the totals together) and
-the parts are removed. Every file appears atomically, and no dataset file is ever rewritten.
+holds; the data file is written before it under a hidden name). Then ``meta/tasks.parquet``,
+``meta/stats.json`` and ``meta/info.json`` are rewritten with the new totals, the data file and then the
+episodes file take their names (so LeRobot's reader sees them and the totals together) and the parts
+are removed. Every file appears atomically, and no dataset file is ever rewritten.
 
 After a kill, every finished episode is readable: those of earlier files in the dataset (LeRobot loads
-it: its files and meta/info.json agree, but for a kill between the two renames that end a file), the
+it: its files and meta/info.json agree, but for a kill between the two renames that end a file: a data
+file's rows wait under a hidden name, ``.file-FFF.parquet.next``, until info.json counts them), the
 others as parts (parquet + MP4). Opening the writer again on the same folders (``resume``:
 ``if_exists="resume"``, or `repair`, which ``fastrecord consolidate NAME.lerobot`` runs) removes what
 an interrupted step left half done (dataset files past the last committed episodes file, parts already
@@ -266,7 +268,9 @@ class LeRobotWriter:
             rows.append(row)
             self._episode_stats.append(stats)
             index += n
-        self._write_parquet(pa.concat_tables(tables), self.root / DATA_PATH.format(**where))
+        data = self.root / DATA_PATH.format(**where)
+        staged = _staged(data)  # hidden from LeRobot's reader (which loads every data/*/*.parquet) until info.json counts it
+        self._write_parquet(pa.concat_tables(tables), staged)
         meta = dict(parts=[p.seq for p in batch], entries=[p.entry for p in batch], dataset=self._settings())
         episodes = pa.Table.from_pylist(rows).replace_schema_metadata({FILE_META: json.dumps(meta)})
         final = self.root / EPISODES_PATH.format(**where)
@@ -274,7 +278,8 @@ class LeRobotWriter:
         self._write_parquet(episodes, pending)  # the commit of this file: a recovery finishes the steps below
         self.files, self.episodes, self.frames = self.files + 1, first + len(batch), index
         self._write_meta()
-        pending.replace(final)  # LeRobot's reader sees it with info.json's new totals (but for this rename)
+        staged.replace(data)  # LeRobot's reader sees the rows and the episodes with info.json's new totals
+        pending.replace(final)  # (but for a kill between these two renames)
         for part in batch:
             self._remove_part(part.seq)
 
@@ -302,7 +307,11 @@ class LeRobotWriter:
         docstring."""
         consumed: set[int] = set()
         for p in (self.root / "meta" / "episodes").glob(f"chunk-*/file-*.parquet{PENDING}"):
-            p.replace(p.with_name(p.name[: -len(PENDING)]))  # committed: info.json is rewritten below
+            final = p.with_name(p.name[: -len(PENDING)])
+            data = self.root / "data" / final.relative_to(self.root / "meta" / "episodes")
+            if _staged(data).exists():  # committed with its rows still hidden: shown now
+                _staged(data).replace(data)
+            p.replace(final)  # committed: info.json is rewritten below
         paths = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
         for path in paths:
             table = self.pq.read_table(path)
@@ -366,6 +375,11 @@ class LeRobotWriter:
                     p.unlink()  # videos of parts that never committed
             if not any(self.parts.iterdir()):
                 shutil.rmtree(self.parts, ignore_errors=True)
+
+
+def _staged(data: Path) -> Path:
+    """Where a data file's rows wait, hidden, until meta/info.json counts them (``.file-FFF.parquet.next``)."""
+    return data.with_name(f".{data.name}.next")
 
 
 def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: int) -> dict[str, dict[str, Any]]:
