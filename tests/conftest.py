@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
+import time
 
 import h5py
 import numpy as np
@@ -103,3 +106,27 @@ def read_only(tmp_path):
     """A read-only folder: a read-only tmpfs (root passes permission bits, not a read-only mount)."""
     with tmpfs(tmp_path / "ro", "ro,size=1m") as mnt:
         yield mnt
+
+
+def run_then_kill(argv: list[str], min_finished: int, extra_s: float, sig: int = signal.SIGKILL) -> tuple[int, int]:
+    """Start the worker ``argv`` (it prints ``finished N`` as episodes become durable), wait until ``min_finished``,
+    go on ``extra_s``, send ``sig``. Returns (episodes the worker had reported durable, its exit status)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    finished = 0
+    try:
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            if line.startswith("finished"):
+                finished = int(line.split()[1])
+                if finished >= min_finished:
+                    break
+            assert time.monotonic() < deadline, "worker too slow"
+        os.set_blocking(proc.stdout.fileno(), False)
+        time.sleep(extra_s)  # now kill at an arbitrary moment of recording/writing
+        for line in proc.stdout:  # reports printed meanwhile
+            if line.startswith("finished"):
+                finished = int(line.split()[1])
+    finally:
+        proc.send_signal(sig)
+        code = proc.wait(timeout=120)
+    return finished, code

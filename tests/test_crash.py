@@ -5,17 +5,17 @@ the process opted in (`fastrecord.install_signal_handlers`, as the ``fastrecord`
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+
+from conftest import run_then_kill
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 
@@ -28,24 +28,7 @@ def record_then_kill(out: Path, kind: str, min_finished: int, extra_s: float, si
     status to ``codes``. ``opt_in``: the worker calls `fastrecord.install_signal_handlers` first.
     """
     argv = [sys.executable, str(WORKER), str(out), kind] + (["signals"] if opt_in else [])
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    finished = 0
-    try:
-        deadline = time.monotonic() + 300
-        for line in proc.stdout:
-            if line.startswith("finished"):
-                finished = int(line.split()[1])
-                if finished >= min_finished:
-                    break
-            assert time.monotonic() < deadline, "worker too slow"
-        os.set_blocking(proc.stdout.fileno(), False)
-        time.sleep(extra_s)  # now kill at an arbitrary moment of recording/writing
-        for line in proc.stdout:  # reports printed meanwhile
-            if line.startswith("finished"):
-                finished = int(line.split()[1])
-    finally:
-        proc.send_signal(sig)
-        code = proc.wait(timeout=120)
+    finished, code = run_then_kill(argv, min_finished, extra_s, sig)
     if codes is not None:
         codes.append(code)
     return finished

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import av
@@ -28,6 +26,7 @@ for module in ("pandas", "cv2", "pyarrow", "tyro"):
 import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from conftest import run_then_kill  # noqa: E402
 from fastrecord import RecordEpisode  # noqa: E402
 from fastrecord.sinks.lerobot import LeRobotSink  # noqa: E402
 from fastrecord.testing import BatchedDoubleEnv, psnr  # noqa: E402
@@ -328,25 +327,7 @@ def test_lerobot_files_roll_past_the_size_limit_and_keep_success(tmp_path):
 def kill_worker(out: Path, min_finished: int) -> int:
     """Run tests/lerobot_worker.py until ``min_finished`` episodes are committed, go on a moment, SIGKILL it;
     returns how many it had reported committed."""
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(out)], stdout=subprocess.PIPE, text=True)
-    finished = 0
-    try:
-        deadline = time.monotonic() + 300
-        for line in proc.stdout:
-            if line.startswith("finished"):
-                finished = int(line.split()[1])
-                if finished >= min_finished:
-                    break
-            assert time.monotonic() < deadline, "worker too slow"
-        os.set_blocking(proc.stdout.fileno(), False)
-        time.sleep(0.7)
-        for line in proc.stdout:
-            if line.startswith("finished"):
-                finished = int(line.split()[1])
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=120)
-    return finished
+    return run_then_kill([sys.executable, str(WORKER), str(out)], min_finished, 0.7)[0]
 
 
 def check_killed(out: Path, durable: int) -> tuple[int, int]:

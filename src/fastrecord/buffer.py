@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -79,6 +79,11 @@ class _Pack:
 
 _PACK_MAX_DIMS = 2  # leaves packed: at most 2 dims an env (not images) ...
 _PACK_MAX_ELEMENTS = 1024  # ... and at most this many elements an env
+
+
+def _pack_label(names: Iterable[str]) -> str:
+    """A pack's name in a `BufferTooLargeError`: every leaf of it."""
+    return " + ".join(repr(n) for n in names)
 
 
 def _packable(value: torch.Tensor) -> bool:
@@ -211,8 +216,7 @@ class EpisodeBuffer:
                 shape = tuple(new[n].shape[1:])
                 members[n] = (width, width + int(np.prod(shape, dtype=np.int64)), shape)
                 width = members[n][1]
-            label = " + ".join(repr(n) for n in names)  # a BufferTooLargeError names every leaf of the pack
-            packs.append(_Pack(self._alloc(label, (width,), dtype, self.capacity, device), members))
+            packs.append(_Pack(self._alloc(_pack_label(names), (width,), dtype, self.capacity, device), members))
         single = {name: self._alloc(name, tuple(value.shape[1:]), value.dtype, self.capacity, value.device)
                   for name, value in new.items() if not any(name in p.members for p in packs)}
         # everything allocated: now replace the old fields
@@ -248,8 +252,8 @@ class EpisodeBuffer:
         new_cap = max(2 * self.capacity, min_capacity)
         grown = {name: self._alloc(name, tuple(buf.shape[2:]), buf.dtype, new_cap, buf.device)
                  for name, buf in self._bufs.items() if name not in self._pack_of}
-        packs = [(p, self._alloc(" + ".join(repr(n) for n in p.members), tuple(p.storage.shape[2:]), p.storage.dtype,
-                                 new_cap, p.storage.device)) for p in self._packs]
+        packs = [(p, self._alloc(_pack_label(p.members), tuple(p.storage.shape[2:]), p.storage.dtype, new_cap, p.storage.device))
+                 for p in self._packs]
         for name, new in grown.items():
             new[: self.capacity] = self._bufs[name]
             self._set(name, new)

@@ -194,9 +194,9 @@ class GroupRenderer:
         own render would give it (``render_rgb_array`` for a human camera: hidden objects shown; a sensor's
         rgb: hidden objects hidden). ``sensor`` overrides which of the two ``name`` is."""
         is_sensor = name not in self.envs[0].scene.human_render_cameras if sensor is None else sensor
-        if not any("rgb" in gives for gives in _camera(self.envs[0], name).config.shader_config.texture_names.values()):
-            raise ValueError(f"camera {name!r} has no rgb texture (its shader gives "
-                             f"{dict(_camera(self.envs[0], name).config.shader_config.texture_names)})")
+        textures = _camera(self.envs[0], name).config.shader_config.texture_names
+        if not any("rgb" in gives for gives in textures.values()):
+            raise ValueError(f"camera {name!r} has no rgb texture (its shader gives {dict(textures)})")
         self.take_pictures([name], sensor=is_sensor)
         rgb = self.read_sensor_data(name, ("rgb",))["rgb"]
         return rgb if rgb.shape[-1] == 3 else rgb[..., :3].contiguous()

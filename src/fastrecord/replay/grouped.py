@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from fastrecord.render.group import GroupRenderer
+from fastrecord.render.group import MODALITIES, GroupRenderer
 
 STATE_MODES = ("state", "state_dict")
 
@@ -46,7 +46,7 @@ def sensor_modalities(base: Any) -> tuple[str, ...]:
     if base.obs_mode in STATE_MODES:  # ManiSkill renders rgb and depth there when asked (not by default)
         return ("rgb", "depth")
     visual = base.obs_mode_struct.visual
-    return tuple(m for m in ("rgb", "depth", "position", "segmentation", "normal", "albedo") if getattr(visual, m, False))
+    return tuple(m for m in MODALITIES if getattr(visual, m, False))
 
 
 def groupable(base: Any) -> str | None:

@@ -152,11 +152,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a synced hidden temporary file and an atomic rename (a reader sees
+    the old file or the new one, never half of one)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -409,7 +411,7 @@ class RunDirectory:
                 updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), options=self.options, counters=self.counters,
                 files=self._files,
             )
-            _atomic_write_text(self.manifest_path, json.dumps(data, indent=2, default=repr))
+            atomic_write_bytes(self.manifest_path, json.dumps(data, indent=2, default=repr).encode())
             self._created = True
             self._dirty = False
             self._last_write = now

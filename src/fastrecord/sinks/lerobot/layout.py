@@ -25,12 +25,13 @@ Needs numpy only (pyarrow is imported by the writer).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fastrecord.sinks.base import atomic_write_bytes
 
 CODEBASE_VERSION = "v3.0"
 DEFAULT_CHUNK_SIZE = 1000  # files per chunk folder (LeRobot's DEFAULT_CHUNK_SIZE)
@@ -220,19 +221,11 @@ def info_json(*, features: Mapping[str, Any], fps: float, robot_type: str, episo
     }
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a synced temporary file and an atomic rename."""
+def write_file(path: Path, data: bytes) -> None:
+    """A dataset file: its folder made, then written atomically (`fastrecord.sinks.base.atomic_write_bytes`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(path, data)
 
 
 def write_json(path: Path, data: Any) -> None:
-    atomic_write_bytes(path, json.dumps(data, indent=4).encode())
+    write_file(path, json.dumps(data, indent=4).encode())

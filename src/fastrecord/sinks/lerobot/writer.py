@@ -47,7 +47,6 @@ from fastrecord.sinks.lerobot.layout import (
     TASKS_PATH,
     VIDEO_PATH,
     aggregate_stats,
-    atomic_write_bytes,
     chunk_file,
     episode_columns,
     episode_stats,
@@ -55,6 +54,7 @@ from fastrecord.sinks.lerobot.layout import (
     flat_stats,
     info_json,
     unflat_stats,
+    write_file,
     write_json,
 )
 
@@ -196,7 +196,7 @@ class LeRobotWriter:
 
         buf = io.BytesIO()
         self.pq.write_table(table, buf)
-        atomic_write_bytes(path, buf.getvalue())
+        write_file(path, buf.getvalue())
 
     # -------------------------------------------------------------- dataset files
     def roll(self, final: bool = False) -> None:
