@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The linter (ruff) and the type checker (mypy), configured in pyproject.toml ([tool.ruff], [tool.mypy]);
+# .ci/run runs this before the tests. Both come with the test extra (pip install -e ".[test]", pinned).
+#   ruff: src/ with the full rule set; tests/, benchmarks/ and scripts/ with a few rules fewer
+#   mypy: src/fastrecord (the public entry points strictly; the modules still to fix are listed there)
+# Usage: bash scripts/lint.sh          (exit 1 when either finds something; both always run)
+#        bash scripts/lint.sh --fix    (ruff applies its safe fixes first, then reports what is left)
+#        PYTHON=/path/to/python bash scripts/lint.sh   (default: .venv/bin/python, else python3)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+fix=()
+[ "${1:-}" = "--fix" ] && fix=(--fix)
+status=0
+echo "ruff check src tests benchmarks scripts"
+"$PY" -m ruff check --output-format concise "${fix[@]}" src tests benchmarks scripts || status=1
+echo "mypy (pyproject.toml: src/fastrecord)"
+"$PY" -m mypy || status=1
+exit $status
