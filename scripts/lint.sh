@@ -4,17 +4,20 @@
 #   ruff: src/ with the full rule set; tests/, benchmarks/ and scripts/ with a few rules fewer
 #   mypy: src/fastrecord (the public entry points strictly; the modules still to fix are listed there)
 # Usage: bash scripts/lint.sh          (exit 1 when either finds something; both always run)
-#        bash scripts/lint.sh --fix    (ruff applies its safe fixes first, then reports what is left)
+#        bash scripts/lint.sh --fix    (first ruff's safe fixes, and the statements holding lines over 120
+#                                       characters formatted (scripts/wrap_long_lines.py); then the report)
 #        PYTHON=/path/to/python bash scripts/lint.sh   (default: .venv/bin/python, else python3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-fix=()
-[ "${1:-}" = "--fix" ] && fix=(--fix)
+if [ "${1:-}" = "--fix" ]; then
+  "$PY" -m ruff check --fix --quiet src tests benchmarks scripts || true
+  "$PY" scripts/wrap_long_lines.py src tests benchmarks scripts
+fi
 status=0
 echo "ruff check src tests benchmarks scripts"
-"$PY" -m ruff check --output-format concise "${fix[@]}" src tests benchmarks scripts || status=1
+"$PY" -m ruff check --output-format concise src tests benchmarks scripts || status=1
 echo "mypy (pyproject.toml: src/fastrecord)"
 "$PY" -m mypy || status=1
 exit $status
