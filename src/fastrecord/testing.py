@@ -62,7 +62,7 @@ class BatchedDoubleEnv(gym.Env):
     the frame source (`frames_for` or a clip bank on ``device``), and the counters ``render_calls`` and
     ``busy_seconds``."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}  # type: ignore[misc]  # Env's, shared
 
     def __init__(self, num_envs: int = 4, max_episode_steps: int = 8, size: int = 32, device: str | torch.device = "cpu",
                  success_step: list[int] | None = None, render_mode: str | None = "rgb_array", *,
@@ -233,7 +233,7 @@ class BatchedDoubleEnv(gym.Env):
     def _after_simulation_step(self) -> None:
         """Called after each physics substep of a step (ManiSkill's hook; nothing by default)."""
 
-    def render(self) -> torch.Tensor:
+    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.render
         t0 = time.perf_counter()
         self.render_calls += 1
         img = self._frames()
