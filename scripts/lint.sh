@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 if [ "${1:-}" = "--fix" ]; then
-  "$PY" -m ruff check --fix --quiet src tests benchmarks scripts || true
+  "$PY" -m ruff check --fix --quiet src tests benchmarks scripts >/dev/null || true  # what is left: below
   "$PY" scripts/wrap_long_lines.py src tests benchmarks scripts
 fi
 status=0
