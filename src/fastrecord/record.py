@@ -32,6 +32,7 @@ from fastrecord.sinks.base import Sink
 if TYPE_CHECKING:
     from fastrecord.sinks.maniskill_h5 import TrajectoryWriter
 
+
 def _env_idx(options: Mapping | None, num_envs: int, key: str) -> np.ndarray:
     if options is None or options.get(key) is None:
         return np.arange(num_envs)
