@@ -18,6 +18,28 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# The public API (docs/api.md lists it, tests/test_api.py holds the two equal); every other module is
+# internal unless docs/api.md names it. Where each name lives: imported on first use (__getattr__).
+__all__ = [
+    # recording
+    "RecordEpisode",
+    "RecordVectorEpisode",
+    "RecordOptions",
+    "make_eval_envs",
+    # outputs
+    "Sink",
+    "BackgroundSink",
+    # replay
+    "replay_trajectories",
+    "ReplayConfig",
+    "ReplaySummary",
+    # process end
+    "install_signal_handlers",
+    # errors
+    "OutputExistsError",
+    "BufferTooLargeError",
+    "WorkerError",
+]
 _EXPORTS = {
     "RecordEpisode": "fastrecord.record",
     "RecordVectorEpisode": "fastrecord.record",
@@ -25,19 +47,17 @@ _EXPORTS = {
     "make_eval_envs": "fastrecord.make_env",
     "Sink": "fastrecord.sinks",
     "BackgroundSink": "fastrecord.sinks",
-    "OutputExistsError": "fastrecord.sinks",
-    "EpisodeBuffer": "fastrecord.buffer",
-    "BufferTooLargeError": "fastrecord.buffer",
-    "WorkerError": "fastrecord.workers",
-    "install_signal_handlers": "fastrecord.exits",
     "replay_trajectories": "fastrecord.replay",
     "ReplayConfig": "fastrecord.replay",
     "ReplaySummary": "fastrecord.replay",
+    "install_signal_handlers": "fastrecord.exits",
+    "OutputExistsError": "fastrecord.sinks",
+    "BufferTooLargeError": "fastrecord.buffer",
+    "WorkerError": "fastrecord.workers",
 }
-__all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
+    from fastrecord.buffer import BufferTooLargeError
     from fastrecord.exits import install_signal_handlers
     from fastrecord.make_env import make_eval_envs
     from fastrecord.options import RecordOptions

@@ -23,7 +23,7 @@ import sys
 import threading
 import weakref
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Closable(Protocol):
@@ -105,7 +105,7 @@ class StopSignals:
     def __init__(self, command: str) -> None:
         self.command = command
         self.signum: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler signal.signal returned
 
     @property
     def requested(self) -> bool:

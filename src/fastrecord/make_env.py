@@ -49,7 +49,7 @@ def make_eval_envs(
     episodes: int | None = None,
     seed: int = 0,
     batched_render: bool | None = None,
-):
+) -> gym.vector.VectorEnv:
     """Create vectorized environments for evaluation, recording every env's videos to ``video_dir``.
 
     Args (the baseline's):

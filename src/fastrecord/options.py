@@ -1,8 +1,9 @@
 """The recorder's options, declared once: `RecordOptions`.
 
 The wrappers (`RecordEpisode`, `RecordVectorEpisode`) take exactly these arguments after ``env`` and
-``output_dir`` (ManiSkill's positional order first, fastrecord's additions keyword-only), their
-signature and docstring are derived from this class, and the command-line flags of ``fastrecord record``
+``output_dir`` (ManiSkill's positional order first, fastrecord's additions keyword-only), written out
+in their signatures (tests/test_api.py holds them equal to these fields), their docstring is derived
+from this class, and the command-line flags of ``fastrecord record``
 and ``scripts/evaluate.py`` are generated from its field metadata (`add_record_flags`: help, default,
 choices). Every value is checked when the options are built, before anything touches the disk; a bad
 value raises a `ValueError` naming the value, the allowed values and the fix.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import math
 import typing
 import numbers
@@ -196,20 +196,6 @@ def options_help() -> str:
         default = f.default if f.default is not dataclasses.MISSING else None
         lines.append(f"        {f.name} (default {default!r}): {f.metadata['help']}")
     return "\n".join(lines)
-
-
-def wrapper_signature(*, vector: bool, method: bool) -> inspect.Signature:
-    """The wrappers' signature: env, output_dir, then `RecordOptions`' fields, then ``sinks``
-    (``self`` first for ``__init__``)."""
-    P = inspect.Parameter
-    env_ann = "gym.vector.VectorEnv" if vector else "gym.Env"
-    params = [P("self", P.POSITIONAL_OR_KEYWORD)] if method else []
-    params += [P("env", P.POSITIONAL_OR_KEYWORD, annotation=env_ann), P("output_dir", P.POSITIONAL_OR_KEYWORD, annotation="str | Path")]
-    for f in dataclasses.fields(RecordOptions):
-        kind = P.KEYWORD_ONLY if f.kw_only else P.POSITIONAL_OR_KEYWORD
-        params.append(P(f.name, kind, default=f.default, annotation=f.type))
-    params.append(P("sinks", P.KEYWORD_ONLY, default=(), annotation="Sequence[fastrecord.sinks.Sink]"))
-    return inspect.Signature(params)
 
 
 # ---------------------------------------------------------------------------------------------- the CLI's flags

@@ -157,7 +157,11 @@ def _rebuild_exception(d: dict[str, Any], where: str) -> BaseException:
     if e is None:
         e = RemoteError(f"{d['type']}: {d['message']}")
     e.remote_traceback = d["traceback"]  # type: ignore[attr-defined]
-    e.add_note(f"(raised in {where}; its traceback:\n{d['traceback'].rstrip()})")
+    note = f"(raised in {where}; its traceback:\n{d['traceback'].rstrip()})"
+    if sys.version_info >= (3, 11):
+        e.add_note(note)
+    else:  # Python 3.10 has no add_note (mypy at python_version 3.10 found the call); traceback then omits it
+        e.__notes__ = [*getattr(e, "__notes__", []), note]  # type: ignore[attr-defined]
     return e
 
 
@@ -228,7 +232,7 @@ def _child_main(fd: int, module: str, parent_pid: int, nice: int, keep_after_err
             os._exit(1)
 
     if not keep_after_error:
-        sys.unraisablehook = lambda u: report(u.exc_value, True)
+        sys.unraisablehook = lambda u: report(u.exc_value or RuntimeError(u.err_msg or "unraisable"), True)
         # Cython destructors (h5py's, on a full disk) print through sys.excepthook before sys.unraisablehook:
         # the error goes to the parent, which reports it once, instead of a traceback on the user's terminal
         sys.excepthook = lambda kind, value, tb: report(value, True)

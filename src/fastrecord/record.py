@@ -3,24 +3,34 @@
 `RecordEpisode` (a ``gym.Wrapper`` for ManiSkill envs, ``num_envs >= 1``) and `RecordVectorEpisode` (a
 gymnasium ``VectorWrapper`` for vector envs of ManiSkill CPU envs) only translate step/reset calls into
 an `EpisodeRecorder` (`fastrecord.recorder`), which owns the buffer and hands finished episodes to the
-sinks. Their arguments are `RecordOptions` (`fastrecord.options`), declared once.
+sinks. Their parameters after ``env`` and ``output_dir`` are `RecordOptions`' fields (`fastrecord.options`,
+the one declaration of their defaults, meaning and checks), written out with their types so that an IDE
+and a type checker see them: ManiSkill 3.0.1's in its positional order, then fastrecord's keyword-only
+ones, then ``sinks`` (tests/test_api.py holds the two declarations equal).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import dataclasses
+import difflib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from fastrecord.envs import ManiSkillView, SubEnvAccess, VectorEnvView
-from fastrecord.options import RecordOptions, options_help, wrapper_signature
+from fastrecord.episode import KeepFilter
+from fastrecord.options import IfExists, RecordOptions, VideoLayout, options_help
 from fastrecord.recorder import EpisodeRecorder, to_numpy
 from fastrecord.sinks.base import Sink
+
+if TYPE_CHECKING:
+    from fastrecord.sinks.maniskill_h5 import TrajectoryWriter
 
 
 def _env_idx(options: Mapping | None, num_envs: int, key: str) -> np.ndarray:
@@ -42,12 +52,12 @@ class _H5FileHandle:
     """What ManiSkill's scripts read from ``env._h5_file``: ``filename``; ``close()`` writes everything
     queued (the file stays consistent; fastrecord's writer keeps recording into it)."""
 
-    def __init__(self, rec: EpisodeRecorder) -> None:
-        self._rec = rec
+    def __init__(self, writer: TrajectoryWriter, rec: EpisodeRecorder) -> None:
+        self._writer, self._rec = writer, rec
 
     @property
     def filename(self) -> str:
-        return str(self._rec.trajectory.writer.h5_path)
+        return str(self._writer.h5_path)
 
     def close(self) -> None:
         if not self._rec.closed:
@@ -60,13 +70,13 @@ class _RecorderMixin:
 
     _rec: EpisodeRecorder
 
-    def _make_recorder(self, view: Any, output_dir: str | Path, args: tuple, kwargs: dict[str, Any],
-                       sinks: Sequence[Sink]) -> None:
-        try:
-            options = RecordOptions(*args, **kwargs)
-        except TypeError as e:  # an unknown or doubled argument
-            raise TypeError(f"{type(self).__name__}: {e}; its arguments are env, output_dir and "
-                            f"{[f for f in RecordOptions.__dataclass_fields__]} plus sinks") from None
+    def __new__(cls, env: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls is RecordEpisode and isinstance(env, gym.vector.VectorEnv):
+            return RecordVectorEpisode(env, *args, **kwargs)  # a different class: Python skips __init__ here
+        _check_arguments(cls, env, args, kwargs)
+        return super().__new__(cls)
+
+    def _make_recorder(self, view: Any, output_dir: str | Path, options: RecordOptions, sinks: Sequence[Sink]) -> None:
         self.options = options
         self._rec = EpisodeRecorder(view, output_dir, options, sinks)
         self.output_dir = self._rec.output_dir
@@ -99,24 +109,25 @@ class _RecorderMixin:
         """The id of the last episode saved (-1 before the first), as ManiSkill counts."""
         return self._rec.next_episode_id - 1
 
-    def _trajectory_attr(self, name: str) -> Any:
-        if self._rec.trajectory is None:
+    def _trajectory_writer(self, name: str) -> TrajectoryWriter:
+        """The trajectory's writer, for ManiSkill's attribute ``name``."""
+        sink = self._rec.trajectory
+        if sink is None or sink.writer is None:  # the recorder opens the writer when it is built
             raise AttributeError(f"{name} exists only with save_trajectory=True (ManiSkill's wrapper has none either)")
-        return self._rec.trajectory
+        return sink.writer
 
     @property
     def _h5_file(self) -> _H5FileHandle:
-        self._trajectory_attr("_h5_file")
-        return _H5FileHandle(self._rec)
+        return _H5FileHandle(self._trajectory_writer("_h5_file"), self._rec)
 
     @property
     def _json_path(self) -> str:
-        return str(self._trajectory_attr("_json_path").writer.json_path)
+        return str(self._trajectory_writer("_json_path").json_path)
 
     @property
     def _json_data(self) -> dict[str, Any]:
         """The JSON of the trajectory: header and the episodes committed so far."""
-        return self._trajectory_attr("_json_data").writer.json_data
+        return self._trajectory_writer("_json_data").json_data
 
     @property
     def recorder(self) -> EpisodeRecorder:
@@ -132,7 +143,7 @@ class _RecorderMixin:
         idx = np.arange(self._rec.num_envs) if env_idxs_to_flush is None else to_numpy(env_idxs_to_flush).reshape(-1)
         if save:
             self._rec.finalize(idx, split=True)
-        else:
+        elif self._rec.buffer is not None:  # None: nothing recorded yet, nothing to drop
             self._rec.buffer.restart_from_last(idx)
 
     def flush_video(self, name: str | None = None, suffix: str = "", verbose: bool = False,
@@ -154,14 +165,45 @@ class RecordEpisode(_RecorderMixin, gym.Wrapper):
     auto-reset) and at close.
     """ + _RECORDER_DOC_ARGS
 
-    def __new__(cls, env: Any, *args: Any, **kwargs: Any):
-        if cls is RecordEpisode and isinstance(env, gym.vector.VectorEnv):
-            return RecordVectorEpisode(env, *args, **kwargs)
-        return super().__new__(cls)
-
-    def __init__(self, env: gym.Env, output_dir: str | Path, *args: Any, sinks: Sequence[Sink] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        env: gym.Env | gym.vector.VectorEnv,  # a vector env gets a RecordVectorEpisode (__new__)
+        output_dir: str | Path,
+        # ManiSkill 3.0.1's parameters, in its order (RecordOptions: the same fields, defaults and types)
+        save_trajectory: bool = True,
+        trajectory_name: str | None = None,
+        save_video: bool = True,
+        info_on_video: bool = False,
+        save_on_reset: bool = True,
+        save_video_trigger: Callable[[int], bool] | None = None,
+        max_steps_per_video: int | None = None,
+        clean_on_close: bool = True,
+        record_reward: bool = True,
+        record_env_state: bool = True,
+        video_fps: float = 30,
+        render_substeps: bool = False,
+        avoid_overwriting_video: bool = False,
+        source_type: str | None = None,
+        source_desc: str | None = None,
+        *,
+        keep: KeepFilter = "all",
+        if_exists: IfExists = "error",
+        video_layout: VideoLayout = "per_env",
+        video_source: str = "render",
+        video_codec: str = "auto",
+        video_crf: int = 23,
+        video_preset: str = "ultrafast",
+        video_workers: int | None = None,
+        trajectory_writers: int | None = None,
+        trajectory_compression: str = "gzip:1",
+        buffer_capacity: int | None = None,
+        lerobot: bool = False,
+        sinks: Sequence[Sink] = (),
+    ) -> None:
+        options = _options(locals())  # first: locals() holds the parameters only
+        env = cast("gym.Env", env)  # __new__ sent a vector env to RecordVectorEpisode
         gym.Wrapper.__init__(self, env)
-        self._make_recorder(ManiSkillView(env), output_dir, args, kwargs, sinks)
+        self._make_recorder(ManiSkillView(env), output_dir, options, sinks)
         self._closed = False
 
     @property
@@ -169,23 +211,25 @@ class RecordEpisode(_RecorderMixin, gym.Wrapper):
         return self._rec.num_envs
 
     @property
-    def base_env(self):
+    def base_env(self) -> Any:
         return self.env.unwrapped
 
-    def reset(self, *args: Any, seed: int | list[int] | None = None, options: dict | None = None, **kwargs: Any):
+    def reset(self, *args: Any, seed: int | list[int] | None = None, options: dict | None = None,
+              **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         env_idx = _env_idx(options, self.num_envs, "env_idx")
         if self.save_on_reset:
             self._rec.finalize(env_idx)
         elif self._rec.buffer is not None:
             self._rec.buffer.end(env_idx)  # not saved: ManiSkill's save_on_reset=False
-        obs, info = self.env.reset(*args, seed=seed, options=options, **kwargs)
+        # ManiSkill's reset takes a seed per env (a list) where gymnasium's type says int
+        obs, info = self.env.reset(*args, seed=seed, options=options, **kwargs)  # type: ignore[arg-type]
         reset_kwargs = copy.deepcopy(dict(options=_plain(options), **kwargs))
         if seed is not None:
             reset_kwargs["seed"] = seed
         self._rec.on_reset(obs, env_idx, reset_kwargs)
         return obs, info
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         self._rec.before_step()
         obs, rew, terminated, truncated, info = self.env.step(action)
         self._rec.on_step(action, obs, rew, terminated, truncated, info)
@@ -215,8 +259,42 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
     the next step restarts it) and DISABLED (``reset(options={"reset_mask": ...})``).
     """ + _RECORDER_DOC_ARGS
 
-    def __init__(self, env: gym.vector.VectorEnv, output_dir: str | Path, *args: Any, sinks: Sequence[Sink] = (),
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        env: gym.vector.VectorEnv,
+        output_dir: str | Path,
+        # ManiSkill 3.0.1's parameters, in its order (RecordOptions: the same fields, defaults and types)
+        save_trajectory: bool = True,
+        trajectory_name: str | None = None,
+        save_video: bool = True,
+        info_on_video: bool = False,
+        save_on_reset: bool = True,
+        save_video_trigger: Callable[[int], bool] | None = None,
+        max_steps_per_video: int | None = None,
+        clean_on_close: bool = True,
+        record_reward: bool = True,
+        record_env_state: bool = True,
+        video_fps: float = 30,
+        render_substeps: bool = False,
+        avoid_overwriting_video: bool = False,
+        source_type: str | None = None,
+        source_desc: str | None = None,
+        *,
+        keep: KeepFilter = "all",
+        if_exists: IfExists = "error",
+        video_layout: VideoLayout = "per_env",
+        video_source: str = "render",
+        video_codec: str = "auto",
+        video_crf: int = 23,
+        video_preset: str = "ultrafast",
+        video_workers: int | None = None,
+        trajectory_writers: int | None = None,
+        trajectory_compression: str = "gzip:1",
+        buffer_capacity: int | None = None,
+        lerobot: bool = False,
+        sinks: Sequence[Sink] = (),
+    ) -> None:
+        options = _options(locals())  # first: locals() holds the parameters only
         gym.vector.VectorWrapper.__init__(self, env)
         mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if mode == gym.vector.AutoresetMode.SAME_STEP:
@@ -225,11 +303,11 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
                 "vector env with autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP (the default) or DISABLED"
             )
         self._autoreset = mode == gym.vector.AutoresetMode.NEXT_STEP
-        self._make_recorder(VectorEnvView(env), output_dir, args, kwargs, sinks)
+        self._make_recorder(VectorEnvView(env), output_dir, options, sinks)
         self._pending_restart = np.zeros(env.num_envs, dtype=bool)
         self._closed = False
 
-    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None) -> tuple[Any, dict[str, Any]]:
         env_idx = _env_idx(options, self.num_envs, "reset_mask")
         if self.save_on_reset:
             self._rec.finalize(env_idx)
@@ -239,7 +317,7 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         self._rec.on_reset(obs, env_idx, kw)
         return obs, info
 
-    def step(self, actions: Any):
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         self._rec.before_step()
         obs, rew, terminated, truncated, info = self.env.step(actions)
         restart = self._pending_restart.copy() if self._autoreset else None
@@ -261,7 +339,27 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
             self.env.close(**kwargs)
 
 
-# the signatures help() and IDEs show: RecordOptions' fields
-for _cls, _vector in ((RecordEpisode, False), (RecordVectorEpisode, True)):
-    _cls.__init__.__signature__ = wrapper_signature(vector=_vector, method=True)
-    _cls.__signature__ = wrapper_signature(vector=_vector, method=False)
+def _options(values: Mapping[str, Any]) -> RecordOptions:
+    """`RecordOptions` from a wrapper's parameters (``locals()`` of its ``__init__``: its parameters are the
+    fields, by name)."""
+    return RecordOptions(**{f.name: values[f.name] for f in dataclasses.fields(RecordOptions)})
+
+
+def _check_arguments(cls: type, env: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise a TypeError naming the valid parameters when ``cls(env, *args, **kwargs)`` cannot bind (an
+    unknown, misspelt or doubled argument): Python's own message names only the bad one."""
+    signature = inspect.signature(cls)  # its __init__'s, without self (below)
+    try:
+        signature.bind(env, *args, **kwargs)
+    except TypeError as e:
+        names = list(signature.parameters)
+        close = [m for k in kwargs if k not in names for m in difflib.get_close_matches(k, names, n=1)]
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise TypeError(f"{cls.__name__}: {e}; {hint}its parameters are {names}") from None
+
+
+# What help() and inspect.signature(RecordEpisode) show: the explicit __init__ (without it, __new__'s
+# (env, *args, **kwargs) would hide it; type checkers read __init__ itself).
+for _cls in (RecordEpisode, RecordVectorEpisode):
+    _sig = inspect.signature(_cls.__init__)
+    setattr(_cls, "__signature__", _sig.replace(parameters=list(_sig.parameters.values())[1:]))  # noqa: B010

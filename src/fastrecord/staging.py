@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class Arena:
         except BaseException:
             os.close(self.fd)
             raise
-        self.buffer = np.frombuffer(self.mm, dtype=np.uint8)  # exports the mapping; dropped in close()
+        self.buffer: np.ndarray | None = np.frombuffer(self.mm, dtype=np.uint8)  # exports the mapping; close() drops it
         self.address = self.buffer.ctypes.data
         self.pinned = pin and _cuda_host_register(self.address, size)
         self.pending: Any = None  # event of an asynchronous copy into this arena, awaited before reuse
@@ -277,7 +277,8 @@ class StagingPool:
                 open_ = self._shared.get(pin)
                 if open_ is None or open_.room < want:
                     self._shared.pop(pin, None)  # the pool moves on: the old arena returns once its regions die
-                    open_ = self._shared[pin] = self.lease(self.share_bytes - _FIELD_ALIGN * 64, pin)
+                    open_ = cast(Lease, self.lease(self.share_bytes - _FIELD_ALIGN * 64, pin))  # not shared: whole
+                    self._shared[pin] = open_
                 return open_.sub(want)
         size = _arena_size(want)
         with self._lock:
@@ -313,7 +314,7 @@ class StagingPool:
         if arena is not None and arena.pending is not None:  # its last lease was dropped mid-copy
             arena.pending.synchronize()
             arena.pending = None
-        if make:
+        if arena is None:  # make: none free, and room made for one (or waited past wait_timeout)
             try:
                 arena = self._make(want, pin)
             finally:

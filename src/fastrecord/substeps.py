@@ -129,10 +129,12 @@ class SubstepFrames(gym.Wrapper):
     def fastrecord_substep_capture(self, on: bool) -> int:
         """Switch capturing on or off; returns the env's ``sim_steps_per_control``."""
         base = self.env.unwrapped
-        if self._capture is None or vars(base).get(ATTR) is not self._capture:  # first use, or detached by a recorder
-            self._capture = SubstepCapture.attach(base, self.env.render)
-        self._capture.active = bool(on)
-        return self._capture.substeps
+        capture = self._capture if vars(base).get(ATTR) is self._capture else None
+        if capture is None:  # first use, or detached by a recorder
+            capture = SubstepCapture.attach(base, self.env.render)
+            self._capture = capture
+        capture.active = bool(on)
+        return capture.substeps
 
     def fastrecord_substep_frames(self) -> np.ndarray | None:
         """The substep frames of the last step, ``[substeps, H, W, 3]`` uint8, or None (none captured)."""

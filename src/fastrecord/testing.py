@@ -62,7 +62,7 @@ class BatchedDoubleEnv(gym.Env):
     the frame source (`frames_for` or a clip bank on ``device``), and the counters ``render_calls`` and
     ``busy_seconds``."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}  # type: ignore[misc]  # Env's, shared
 
     def __init__(self, num_envs: int = 4, max_episode_steps: int = 8, size: int = 32, device: str | torch.device = "cpu",
                  success_step: list[int] | None = None, render_mode: str | None = "rgb_array", *,
@@ -185,7 +185,8 @@ class BatchedDoubleEnv(gym.Env):
             return torch.from_numpy(self._bank_rows.numpy()[rows.numpy()])
         return self._bank_rows.index_select(0, rows)
 
-    def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | Sequence[int] | None = None,
+              options: dict | None = None) -> tuple[Any, dict[str, Any]]:
         t0 = time.perf_counter()
         idx = (options or {}).get("env_idx")
         rows = np.arange(self.num_envs) if idx is None else np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64).reshape(-1)
@@ -208,7 +209,9 @@ class BatchedDoubleEnv(gym.Env):
         self.busy_seconds += time.perf_counter() - t0
         return obs, {"reconfigure": False}
 
-    def step(self, action: Any):
+    def step(  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.step
+        self, action: Any
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         t0 = time.perf_counter()
         if self.sim_seconds:
             time.sleep(self.sim_seconds)
@@ -233,7 +236,7 @@ class BatchedDoubleEnv(gym.Env):
     def _after_simulation_step(self) -> None:
         """Called after each physics substep of a step (ManiSkill's hook; nothing by default)."""
 
-    def render(self) -> torch.Tensor:
+    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.render
         t0 = time.perf_counter()
         self.render_calls += 1
         img = self._frames()
@@ -284,7 +287,7 @@ def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: tor
     y = torch.arange(size, device=pos.device).view(1, size, 1)
     x = torch.arange(size, device=pos.device).view(1, 1, size)
     base = (pos[:, 0].view(n, 1, 1) * 60 + elapsed.view(n, 1, 1).float() * 23)
-    def tri(v):  # a triangle wave: no wrap-around edges for the encoder to smear
+    def tri(v: torch.Tensor) -> torch.Tensor:  # a triangle wave: no wrap-around edges for the encoder to smear
         return 255 - ((v % 510) - 255).abs()
 
     r = tri(base + 2 * x)

@@ -20,6 +20,8 @@ one by one, in their own processes, as before (`available`).
 
 from __future__ import annotations
 
+__all__ = ["BatchedRenderError", "available", "use_batched"]  # internal (docs/api.md): for fastrecord's own modules
+
 
 class BatchedRenderError(RuntimeError):
     """A batched render that cannot go on (a sub-env's scene its mirror cannot rebuild, a camera group the

@@ -64,7 +64,21 @@ _EXPORTS = {
     "replay_trajectories": "fastrecord.replay.api",
     "run_replay": "fastrecord.replay.api",
 }
-__all__ = list(_EXPORTS)
+__all__ = [  # the keys of _EXPORTS (tests/test_api.py), spelt out for linters and type checkers
+    "BY_CHOICES",
+    "RECORDING_OPTIONS",
+    "RENDER_MODES",
+    "REPLAY_DECIDES",
+    "VECTOR_CHOICES",
+    "Divergence",
+    "ReplayConfig",
+    "ReplaySummary",
+    "ReplayWorkerError",
+    "StopRequest",
+    "default_workers",
+    "replay_trajectories",
+    "run_replay",
+]
 
 if TYPE_CHECKING:
     from fastrecord.replay.api import replay_trajectories, run_replay
