@@ -480,7 +480,7 @@ def test_join_datasets_reorders_across_files(tmp_path):
         np.testing.assert_array_equal(np.stack(a["action"].to_numpy()), np.stack(b["action"].to_numpy()))
         np.testing.assert_array_equal(a["timestamp"], b["timestamp"])
     np.testing.assert_allclose(json.loads((tmp_path / "joined.lerobot" / "meta" / "stats.json").read_text())["action"]["mean"],
-                               np.stack(data["action"].to_numpy()).mean(0), rtol=1e-6)
+                               np.stack(data["action"].to_numpy()).astype(np.float64).mean(0), rtol=1e-6)
     frames = {}
     for (chunk, file), eps in episodes.groupby([f"videos/{CAMERA_KEY}/chunk_index", f"videos/{CAMERA_KEY}/file_index"]):
         video, times, _, _ = decode_timed(root / info["video_path"].format(video_key=CAMERA_KEY, chunk_index=chunk, file_index=file))
