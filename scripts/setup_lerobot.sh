@@ -8,23 +8,26 @@
 #           one built for torch 2.10), PyAV (LeRobot's other video backend)
 # Where: a cache outside the clone, so that CI (a fresh clone each run, on the same machine) builds it once:
 #   $FASTRECORD_CACHE (default /var/cache/fastrecord if writable, else ~/.cache/fastrecord)/lerobot-KEY/, KEY a
-#   hash of this script and the interpreter; a changed script builds a new one. `.venv-lerobot` in the repository
-#   root (git-ignored) links to it; the tests run `.venv-lerobot/bin/python` (FASTRECORD_LEROBOT_PYTHON
-#   overrides). Caches of other keys unused for 14 days are removed.
+#   hash of what makes the venv (REQS, BUILD below, the interpreter's version): other edits of this script
+#   reuse it. `.venv-lerobot` in the repository root (git-ignored) links to it; the tests run
+#   `.venv-lerobot/bin/python` (FASTRECORD_LEROBOT_PYTHON overrides). Venvs of other keys unused for 7 days
+#   are removed.
 # Usage: bash scripts/setup_lerobot.sh    (idempotent: about a second when the cached venv is there; a build
-#        takes ~4-6 min, mostly downloading; run as root or with sudo available for apt)
+#        takes 5-10 min on a 2-core machine, mostly downloading and unpacking; run as root or with sudo for apt)
 #        PYTHON=python3.12 bash scripts/setup_lerobot.sh   (the interpreter that creates the venv; default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 REQS=(lerobot==0.4.4 torch==2.10.0 torchvision==0.25.0 torchcodec==0.10.0)
+BUILD=1  # bump when the build steps below change what the venv holds (a new KEY: a fresh build)
 
 # torchcodec dlopens FFmpeg's libraries (major versions 4-8; Debian 12 has 5.1, 13 has 7.1)
 have_ffmpeg_libs() {
-  local lib
+  local lib libs
+  libs=$(PATH=$PATH:/sbin:/usr/sbin ldconfig -p)
   for lib in avutil avcodec avformat avdevice avfilter swscale swresample; do
-    ldconfig -p | grep -q "lib$lib\.so\." || return 1
+    grep -q "lib$lib\.so\." <<<"$libs" || return 1
   done
 }
 if ! have_ffmpeg_libs; then
@@ -33,16 +36,20 @@ if ! have_ffmpeg_libs; then
 fi
 
 PY=${PYTHON:-python3}
-key=$( { cat scripts/setup_lerobot.sh; "$PY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
+key=$( { echo "${REQS[*]} $BUILD"; "$PY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
 CACHE=${FASTRECORD_CACHE:-/var/cache/fastrecord}
 if ! mkdir -p "$CACHE" 2>/dev/null || [ ! -w "$CACHE" ]; then
-  [ -n "${FASTRECORD_CACHE:-}" ] && { echo "setup_lerobot.sh: FASTRECORD_CACHE=$CACHE is not writable; pick another folder" >&2; exit 1; }
+  if [ -n "${FASTRECORD_CACHE:-}" ]; then
+    echo "setup_lerobot.sh: FASTRECORD_CACHE=$CACHE is not writable; pick another folder" >&2
+    exit 1
+  fi
   CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/fastrecord
   mkdir -p "$CACHE"
 fi
 VENV=$CACHE/lerobot-$key
 versions() {
-  "$VENV/bin/python" -c 'from importlib.metadata import version as v; print(" ".join(f"{d} {v(d)}" for d in ("lerobot", "torch", "torchcodec", "av")))'
+  "$VENV/bin/python" -c 'from importlib.metadata import version as v
+print(" ".join(f"{d} {v(d)}" for d in ("lerobot", "torch", "torchcodec", "av")))'
 }
 
 exec 9>"$VENV.lock"
@@ -66,13 +73,13 @@ touch "$VENV/.setup-stamp"  # last use, for the clean-up below
 flock -u 9
 ln -sfn "$VENV" .venv-lerobot
 
-# Remove the venvs of other keys (made by another version of this script) that no run has used for 14 days,
+# Remove the venvs of other keys (made by another version of this script) that no run has used for 7 days,
 # unless one is being built right now (its lock is held).
 for old in "$CACHE"/lerobot-*/; do
   old=${old%/}
   [ "$old" = "$VENV" ] && continue
   used=$old/.setup-stamp; [ -f "$used" ] || used=$old  # a build that never finished: its folder's age
-  [ -n "$(find "$used" -maxdepth 0 -mtime +14)" ] || continue
+  [ -n "$(find "$used" -maxdepth 0 -mtime +7)" ] || continue
   ( flock -n 9 && rm -rf "$old" "$old.lock" ) 9>"$old.lock" || true
 done
 echo "setup_lerobot done (.venv-lerobot -> $VENV): $v"

@@ -27,8 +27,9 @@ import numpy as np
 import pytest
 import torch
 
-pd = pytest.importorskip("pandas", reason="reading LeRobot datasets needs pandas: pip install -e '.[lerobot]'")
-pq = pytest.importorskip("pyarrow.parquet", reason="reading LeRobot datasets needs pyarrow: pip install -e '.[lerobot]'")
+INSTALL = "pip install -e '.[lerobot]'"
+pd = pytest.importorskip("pandas", reason=f"reading LeRobot datasets needs pandas: {INSTALL}")
+pq = pytest.importorskip("pyarrow.parquet", reason=f"reading LeRobot datasets needs pyarrow: {INSTALL}")
 
 from fastrecord import RecordEpisode  # noqa: E402
 from fastrecord.sinks.lerobot import LeRobotSink  # noqa: E402
@@ -93,8 +94,9 @@ def one_file(tmp_path_factory) -> tuple[Path, Path]:
     import mani_skill.envs  # noqa: F401  (registers the tasks)
 
     out = tmp_path_factory.mktemp("one_file")
+    camera = dict(width=SIZE, height=SIZE)
     env = gym.make("PickCube-v1", obs_mode="rgb", render_mode="rgb_array", sim_backend="physx_cpu", max_episode_steps=6,
-                   sensor_configs=dict(width=SIZE, height=SIZE), human_render_camera_configs=dict(width=SIZE, height=SIZE))
+                   sensor_configs=camera, human_render_camera_configs=camera)
     env = RecordEpisode(env, out, trajectory_name="demo", save_video=False, lerobot=True)
     env.reset(seed=0)
     for steps in (6, 4, 6, 3):
@@ -130,7 +132,8 @@ def joined(tmp_path_factory) -> tuple[Path, Path]:
                         "-m", "fastrecord", "record", "PickCube-v1", "--obs-mode", "rgb",
                         "--sensor-configs", json.dumps(dict(width=SIZE, height=SIZE)), "--episodes", "5",
                         "--max-episode-steps", "6", "--width", "64", "--height", "64", "--no-video", "--seed", "3",
-                        "--lerobot", "--output-dir", str(out)], capture_output=True, text=True, timeout=600, env=_clean_env())
+                        "--lerobot", "--output-dir", str(out)],
+                       capture_output=True, text=True, timeout=600, env=_clean_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "5 episodes from 2 shard(s)" in r.stdout
     return out / "trajectory.lerobot", out / "trajectory.h5"
