@@ -169,11 +169,15 @@ def video_frames(root: Path, info: dict, episode: pd.Series, key: str) -> np.nda
     return np.stack(picked)
 
 
+def recorded(h5_path: Path, episode: int, path: str) -> np.ndarray:
+    """``traj_<episode>/<path>`` of the HDF5 recording of the same run (its episodes are the dataset's, in order)."""
+    with h5py.File(h5_path) as f:
+        return f[f"traj_{episode}/{path}"][:]
+
+
 def recorded_frames(h5_path: Path, episode: int, key: str) -> np.ndarray:
     """The camera frames the env returned in episode ``episode`` (its rows: the last observation has no row)."""
-    camera = key.removeprefix("observation.images.")
-    with h5py.File(h5_path) as f:
-        return f[f"traj_{episode}/obs/sensor_data/{camera}/rgb"][:-1]
+    return recorded(h5_path, episode, f"obs/sensor_data/{key.removeprefix('observation.images.')}/rgb")[:-1]
 
 
 def as_uint8(images: np.ndarray) -> np.ndarray:
@@ -185,9 +189,10 @@ def as_uint8(images: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("dataset", ["one_file", "many_files", "joined"])
 def test_lerobot_reads_random_rows_with_both_video_backends(dataset, lerobot, request, tmp_path):
     """LeRobotDataset, with torchcodec and with pyav: as many rows and episodes as the dataset holds; random rows
-    (and the last) hold their parquet values for every non-video feature of info.json and their task; each
-    camera returns the row's frame and the one before (padded at an episode's start), equal to our PyAV decode
-    of the file (exactly, with either backend) and matching the frames the env returned (PSNR >= 30 dB)."""
+    (and the last) hold their parquet values for every non-video feature of info.json, their task and the
+    recorded action; each camera returns the row's frame and the one before (padded at an episode's start),
+    equal to our PyAV decode of the file (exactly, with either backend) and matching the frames the env returned
+    (PSNR >= 30 dB)."""
     root, h5_path = request.getfixturevalue(dataset)
     info, data, episodes, tasks = read_dataset(root)
     cameras = [k for k, v in info["features"].items() if v["dtype"] == "video"]
@@ -217,6 +222,7 @@ def test_lerobot_reads_random_rows_with_both_video_backends(dataset, lerobot, re
                 np.testing.assert_array_equal(np.ravel(item[key]), np.ravel(parquet[key]).astype(item[key].dtype),
                                               err_msg=f"{backend} row {row} {key}")
             assert str(item["task"]) == tasks[int(parquet["task_index"])]
+            np.testing.assert_array_equal(item["action"], recorded(h5_path, ep, "actions")[k])  # the env's action
             for cam in cameras:
                 frames = as_uint8(item[cam])  # [2, H, W, 3]: frame k - 1 (k = 0: frame 0, padded), frame k
                 assert frames.shape == (2, *info["features"][cam]["shape"]), (backend, cam, frames.shape)
