@@ -411,3 +411,23 @@ def test_bad_state_keys_name_the_fix(tmp_path):
         RecordOptions(lerobot_gop=0)
     with pytest.raises(Exception, match=r"lerobot_state_keys: 'agent/nothing' names no observation leaf.*agent/qpos"):
         record(tmp_path, (2,), lerobot_state_keys="agent/nothing")
+
+
+@pytest.mark.parametrize("column", [
+    np.random.default_rng(2).normal(0, 3, (257, 6)).astype(np.float32),  # floats, several dimensions
+    np.round(np.random.default_rng(3).normal(0, 2, (100, 3))).astype(np.float32),  # heavy ties
+    np.full((40, 2), 0.25, dtype=np.float32),  # a constant: every edge equal in float32
+    np.random.default_rng(4).random((64, 1)) > 0.3,  # booleans
+    np.arange(1000, 1023, dtype=np.int64),  # integers, 1-D
+    np.array([[1.5, -2.0]], dtype=np.float32),  # one row: quantiles are the mean
+    np.array([[1.5], [-2.0]], dtype=np.float32),  # two rows
+], ids=["float", "ties", "constant", "bool", "int", "one-row", "two-rows"])
+def test_vector_stats_are_lerobots(column):
+    """Every column kind's statistics equal LeRobot's (copied above), values and dtypes."""
+    from fastrecord.sinks.lerobot.stats import vector_stats
+
+    ours, theirs = vector_stats(column), lerobot_feature_stats(column, image=False)
+    assert set(ours) == set(theirs)
+    for stat, want in theirs.items():
+        np.testing.assert_array_equal(ours[stat], want, err_msg=stat)
+        assert ours[stat].dtype == want.dtype and ours[stat].shape == want.shape, stat

@@ -87,9 +87,13 @@ class LeRobotSink(Sink):
 
     def raise_if_failed(self) -> None:
         self._pool.raise_if_failed()
+        self.writer.raise_if_failed()
 
     def wait_until_done(self) -> None:
+        """Every submitted episode written, and in the dataset's files (LeRobot loads it from here on)."""
         self._pool.wait_until_done()
+        self.writer.roll(final=True)
+        self.writer.raise_if_failed()
 
     def close(self) -> None:
         """Drain the queue, then write the last dataset files (also after a failed episode: the others are

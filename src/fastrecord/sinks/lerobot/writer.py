@@ -33,6 +33,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,7 +105,7 @@ class _OpenFile:
     group: int  # its running number (chunk_file)
     parts: list[int] = field(default_factory=list)  # the parts it holds
     entries: list[dict[str, Any]] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)  # its meta/episodes rows
+    rows: Any = None  # its meta/episodes rows (a pyarrow Table; None: no episode yet)
     data_bytes: int = 0
     video_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -135,13 +136,17 @@ class LeRobotWriter:
         self.files = 0  # dataset files written (of each kind)
         self.episodes = 0  # episodes in them
         self.frames = 0  # rows in them
-        self._episode_stats: list[dict[str, Any]] = []  # per episode in files, for stats.json
+        self._stats: dict[str, Any] | None = None  # stats.json: the episodes' in files, aggregated as LeRobot does
         self._open: _OpenFile | None = None  # the file group still growing (None: the next batch starts one)
         self._order: list[int] = []  # parts expected, in episode order, not yet in a file
         self._ready: dict[int, _Part] = {}  # committed parts by sequence number
         self._next_seq = 0
         self._lock = threading.Lock()  # the fields above
         self._files_lock = threading.Lock()  # one thread writes dataset files at a time
+        self._quiet_until = 0.0  # time.monotonic() before which parts wait (`roll`)
+        self._timer: threading.Timer | None = None  # writes the waiting parts after the quiet time
+        self._error: BaseException | None = None  # the timer's write failed: raised by the next call
+        self._closed = False
         if resume:
             self._recover()
         elif self._holds_anything():
@@ -223,8 +228,15 @@ class LeRobotWriter:
     def roll(self, final: bool = False) -> None:
         """Put the committed parts, in episode order, into the dataset's files: the last file group grows
         (is rewritten with them) until it passes a size limit, then the next one starts. Returns at once
-        while another thread is at it (that thread takes the newly committed parts too), unless ``final``."""
+        while another thread is at it (that thread takes the newly committed parts too), unless ``final``.
+        A rewrite costs more as its group grows, so writing keeps to a third of the time: until twice the
+        last write's duration has passed, the parts wait (committed; a timer writes them then)."""
+        if not final:
+            self.raise_if_failed()
         while True:
+            if not final and time.monotonic() < self._quiet_until:
+                self._wake_later()
+                return
             if not self._files_lock.acquire(blocking=final):
                 return
             try:
@@ -233,16 +245,45 @@ class LeRobotWriter:
                         batch = self._committed()
                     if not batch:
                         break
+                    start = time.monotonic()
                     self._write_batch(batch)
+                    self._quiet_until = time.monotonic() + 2 * (time.monotonic() - start)
                     with self._lock:
                         for part in batch:
                             self._order.remove(part.seq)
                             del self._ready[part.seq]
+                    if not final:  # the parts committed meanwhile wait for the quiet time
+                        break
             finally:
                 self._files_lock.release()
             with self._lock:  # a part committed while this thread held the lock, and its thread returned
                 if final or not self._committed():
                     return
+
+    def _wake_later(self) -> None:
+        """A timer that writes the waiting parts once the quiet time is over (one at a time)."""
+        with self._lock:
+            if self._timer is not None or self._closed:
+                return
+            self._timer = threading.Timer(max(0.0, self._quiet_until - time.monotonic()), self._on_timer)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._closed:
+                return
+        try:
+            self.roll()
+        except BaseException as e:  # noqa: BLE001 - kept, raised in the caller's thread (raise_if_failed)
+            self._error = self._error or e
+
+    def raise_if_failed(self) -> None:
+        """Raise the error of a background write (the timer's), once, in the caller's thread."""
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
 
     def _committed(self) -> list[_Part]:
         """The committed prefix of the episode order."""
@@ -288,11 +329,11 @@ class LeRobotWriter:
         spans = {}
         for k in cameras:
             path = self.root / VIDEO_PATH.format(video_key=k, **where)
-            old = [path] if open_.rows else []
+            old = [path] if open_.rows is not None else []
             spans[k] = concat_mp4([*old, *(self.parts / p.videos[k] for p in batch)], path)[len(old):]
             open_.video_bytes[k] = path.stat().st_size
         data = self.root / DATA_PATH.format(**where)
-        tables = [self.pq.read_table(data)] if open_.rows else []
+        tables = [self.pq.read_table(data)] if open_.rows is not None else []
         rows = []
         first, index = self.episodes, self.frames
         for j, part in enumerate(batch):
@@ -310,16 +351,17 @@ class LeRobotWriter:
             row.update(flat_stats(stats))
             row.update({"meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file})
             rows.append(row)
-            self._episode_stats.append(stats)
+            self._stats = stats if self._stats is None else aggregate_stats([self._stats, stats])  # LeRobot's save_episode
             index += n
         staged = _staged(data)  # hidden from LeRobot's reader (which loads every data/*/*.parquet) until info.json counts it
         self._write_parquet(pa.concat_tables(tables), staged)
         open_.data_bytes = staged.stat().st_size
-        open_.rows += rows
+        new_rows = pa.Table.from_pylist(rows)
+        open_.rows = new_rows if open_.rows is None else pa.concat_tables([open_.rows, new_rows], promote_options="default")
         open_.parts += [p.seq for p in batch]
         open_.entries += [p.entry for p in batch]
         meta = dict(parts=open_.parts, entries=open_.entries, dataset=self._settings())
-        episodes = pa.Table.from_pylist(open_.rows).replace_schema_metadata({FILE_META: json.dumps(meta)})
+        episodes = open_.rows.replace_schema_metadata({FILE_META: json.dumps(meta)})
         final = self.root / EPISODES_PATH.format(**where)
         pending = final.with_name(final.name + PENDING)  # complete, but not yet counted by info.json
         self._write_parquet(episodes, pending)  # the commit of this file: a recovery finishes the steps below
@@ -328,7 +370,7 @@ class LeRobotWriter:
         pending.replace(final)
         self._write_meta()  # info.json last: LeRobot's reader sees the new episodes from here on
         for part in batch:
-            self._remove_part(part.seq)
+            self._remove_part(part)
 
     def _write_meta(self) -> None:
         import pandas as pd
@@ -338,12 +380,13 @@ class LeRobotWriter:
                          data_mb=self.data_mb, video_mb=self.video_mb)
         tasks = pd.DataFrame({"task_index": [0]}, index=[self.task])
         self._write_parquet(self.pa.Table.from_pandas(tasks), self.root / TASKS_PATH)
-        write_json(self.root / STATS_PATH, aggregate_stats(self._episode_stats))
+        write_json(self.root / STATS_PATH, self._stats or {})
         write_json(self.root / INFO_PATH, info)
 
-    def _remove_part(self, seq: int) -> None:
-        for p in self.parts.glob(f"ep_{seq:08d}.*"):
-            p.unlink(missing_ok=True)
+    def _remove_part(self, part: _Part) -> None:
+        """Its files by name (a glob would list the whole parts folder for every episode)."""
+        for name in (f"ep_{part.seq:08d}.parquet", *part.videos.values()):
+            (self.parts / name).unlink(missing_ok=True)
 
     # -------------------------------------------------------------- recovery
     def _holds_anything(self) -> bool:
@@ -360,16 +403,22 @@ class LeRobotWriter:
                 _staged(data).replace(data)
             p.replace(final)  # committed: info.json is rewritten below
         paths = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+        found: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []
         for path in paths:
             table = self.pq.read_table(path)
             meta = json.loads(table.schema.metadata[FILE_META])
             consumed.update(meta["parts"])
             self._take_settings(meta["dataset"])
-            for row in table.to_pylist():
-                self._episode_stats.append(unflat_stats(row))
+            rows = table.to_pylist()
+            for row in rows:
+                found.append(unflat_stats(row))
                 self.frames = max(self.frames, int(row["dataset_to_index"]))
             self.episodes += table.num_rows
+        self._stats = aggregate_stats(found) if found else None
         self.files = len(paths)
+        if paths:
+            self._trim_videos(len(paths) - 1, rows)
         for kind in ("data", "videos"):  # files of a file group whose episodes file was never committed
             for p in (self.root / kind).rglob("*") if (self.root / kind).is_dir() else ():
                 m = re.match(r"^chunk-(\d+)$", p.parent.name), re.match(r"^file-(\d+)\.(parquet|mp4)$", p.name)
@@ -404,6 +453,22 @@ class LeRobotWriter:
             self._write_meta()  # what a kill after a file's commit left undone
         self._next_seq = max(seqs) + 1 if seqs else 0
 
+    def _trim_videos(self, group: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Cut the last file group's videos back to its episodes (``rows``): a kill after a video's new
+        version and before its episodes file left frames past them (unread, but not part of the dataset)."""
+        from fastrecord.sinks.lerobot.video import split_mp4
+
+        where = dict(zip(("chunk_index", "file_index"), chunk_file(group, self.chunks_size)))
+        for key in [k for k, v in (self.features or {}).items() if v.get("dtype") == "video"]:
+            path = self.root / VIDEO_PATH.format(video_key=key, **where)
+            end = max(float(r[f"videos/{key}/to_timestamp"]) for r in rows)
+            with av_open(path) as c:
+                stream = c.streams.video[0]
+                last = max((p.pts + (p.duration or 0) for p in c.demux(stream) if p.pts is not None), default=0)
+                longer = float(last * stream.time_base) > end + 1e-6
+            if longer:
+                split_mp4(path, [(0.0, end)], [path])
+
     @property
     def pending(self) -> int:
         """Committed episodes not yet in a dataset file."""
@@ -412,16 +477,26 @@ class LeRobotWriter:
 
     def close(self) -> None:
         """Put every committed part into dataset files (parts that never committed are dropped: their
-        episodes failed), then remove the parts folder."""
+        episodes failed), then remove the parts folder; raises a background write's error."""
         with self._lock:
             self._order = [s for s in self._order if s in self._ready]
+            self._closed, timer, self._timer = True, self._timer, None
+        if timer is not None:
+            timer.cancel()
         self.roll(final=True)
+        self.raise_if_failed()
         if self.parts.is_dir():
             for p in self.parts.iterdir():
                 if not PART_RE.match(p.name):
                     p.unlink()  # videos of parts that never committed
             if not any(self.parts.iterdir()):
                 shutil.rmtree(self.parts, ignore_errors=True)
+
+
+def av_open(path: Path) -> Any:
+    import av
+
+    return av.open(str(path))
 
 
 def _staged(data: Path) -> Path:
