@@ -431,3 +431,30 @@ def test_vector_stats_are_lerobots(column):
     for stat, want in theirs.items():
         np.testing.assert_array_equal(ours[stat], want, err_msg=stat)
         assert ours[stat].dtype == want.dtype and ours[stat].shape == want.shape, stat
+
+
+def test_episodes_finishing_during_the_quiet_time_go_in_by_the_timer(rgb_run, tmp_path):
+    """Episodes committed within the quiet time after a write (rewrites keep to a third of the time) wait as
+    parts and a timer writes them without a further call; close() then has nothing left but the final write."""
+    import time
+
+    from fastrecord.sinks.lerobot import LeRobotWriter
+    from fastrecord.video import VideoSettings
+
+    out, _ = rgb_run
+    with h5py.File(out / "pc.h5") as f:
+        trajs = [leaves(f[f"traj_{i}"]) for i in range(2)]
+    w = LeRobotWriter(tmp_path / "t.lerobot", tmp_path / "t.lerobot.parts", fps=FPS, task="PickCube-v1",
+                      video=VideoSettings(fps=FPS, gop=2, executor="thread"))
+    w.write_episode(w.reserve(), trajs[0], len(trajs[0]["actions"]))
+    info = tmp_path / "t.lerobot" / "meta" / "info.json"
+    assert json.loads(info.read_text())["total_episodes"] == 1  # in at once
+    w._quiet_until = time.monotonic() + 0.5  # as after a write of 0.25 s
+    w.write_episode(w.reserve(), trajs[1], len(trajs[1]["actions"]))
+    assert json.loads(info.read_text())["total_episodes"] == 1 and w.pending == 1  # waits, committed
+    deadline = time.monotonic() + 20
+    while json.loads(info.read_text())["total_episodes"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads(info.read_text())["total_episodes"] == 2 and w.pending == 0
+    w.close()
+    assert json.loads(info.read_text())["total_frames"] == sum(len(t["actions"]) for t in trajs)

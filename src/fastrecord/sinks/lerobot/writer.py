@@ -16,9 +16,10 @@ episodes file as ``file-FFF.parquet.pending`` (the commit of the group: its parq
 parts it holds), the renames that give both their names, then ``meta/tasks.parquet``,
 ``meta/stats.json`` and ``meta/info.json`` with the new totals, and the parts are removed.
 
-LeRobot's reader reads the episodes and rows that meta/info.json counts (its length is
-``total_frames``), and every file appears atomically, so after a kill at any moment LeRobot loads the
-dataset as it is, with every episode that was finished (whose ``roll`` returned), every frame readable:
+Rewrites keep to a third of the time (`roll`: parts committed within twice the last write's duration
+wait for a timer). LeRobot's reader reads the episodes and rows that meta/info.json counts (its length
+is ``total_frames``), and every file appears atomically, so after a kill at any moment LeRobot loads the
+dataset as it is, with every episode a group write took in, every frame readable:
 rows and episodes past info.json's totals wait there unseen, a video's episodes past them are never
 asked for. Opening the writer again on the same folders (``resume``: ``if_exists="resume"``, or
 `repair`, which ``fastrecord consolidate NAME.lerobot`` runs) finishes a committed group's renames,
