@@ -117,7 +117,8 @@ def main() -> None:
     rng = random.Random(0)
     picks = [rng.randrange(len(every)) for _ in range(args.queries)]
     print(f"{len(eps)} episodes x {args.steps} frames, {args.size}x{args.size}, {args.queries} random frames read\n")
-    print(f"{'encoding':40s} {'encode f/s':>10s} {'KiB/frame':>9s} {'PSNR':>5s} {'pyav f/s':>8s} {'time vs LeRobot':>15s}"
+    print(f"{'encoding':40s} {'encode f/s':>10s} {'KiB/frame':>9s} {'PSNR':>5s} {'pyav f/s':>8s} "
+          f"{'time vs LeRobot':>15s}"
           f" {'cached f/s':>10s} {'time vs LeRobot':>15s}")
     ref = ref_cached = None
     with tempfile.TemporaryDirectory() as tmp:

@@ -347,8 +347,8 @@ def state_by_names(trajs: list[dict[str, np.ndarray]], names: list[str]) -> np.n
     cols = []
     for name in names:
         leaf, _, i = name.rpartition(".") if name.rpartition(".")[2].isdigit() else (name, "", "")
-        cols.append(np.concatenate([t["obs/" + leaf.replace(".", "/")][:-1].reshape(len(t["actions"]), -1)[:, int(i or 0)]
-                                    for t in trajs]))
+        leaf = "obs/" + leaf.replace(".", "/")
+        cols.append(np.concatenate([t[leaf][:-1].reshape(len(t["actions"]), -1)[:, int(i or 0)] for t in trajs]))
     return np.stack(cols, 1).astype(np.float32)
 
 

@@ -117,7 +117,8 @@ def lerobot_aggregate(stats_list):
         mean = (means * counts).sum(axis=0) / total
         var = ((variances + (means - mean) ** 2) * counts).sum(axis=0) / total
         agg = {"min": np.min(np.stack([s["min"] for s in items]), axis=0),
-               "max": np.max(np.stack([s["max"] for s in items]), axis=0), "mean": mean, "std": np.sqrt(var), "count": total}
+               "max": np.max(np.stack([s["max"] for s in items]), axis=0), "mean": mean, "std": np.sqrt(var),
+               "count": total}
         for q in QKEYS:
             agg[q] = (np.stack([s[q] for s in items]) * counts).sum(axis=0) / total
         out[key] = agg
@@ -201,7 +202,8 @@ def rgb_run(tmp_path_factory):
 
 
 def episodes_table(root: Path) -> pd.DataFrame:
-    return pd.concat([pd.read_parquet(p) for p in sorted((root / "meta" / "episodes").glob("*/*.parquet"))], ignore_index=True)
+    files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
+    return pd.concat([pd.read_parquet(p) for p in files], ignore_index=True)
 
 
 def decoded_frames(root: Path, info: dict, episodes: pd.DataFrame) -> int:
@@ -281,7 +283,8 @@ def test_stats_are_lerobots(rgb_run):
             if key == CAMERA and stat == "std":
                 continue
             # 1e-7: LeRobot squares its in-memory float32 episode std in float32, we the stored float64 value
-            np.testing.assert_allclose(np.asarray(stats[key][stat], dtype=np.float64), v, rtol=1e-7, err_msg=f"{key} {stat}")
+            got = np.asarray(stats[key][stat], dtype=np.float64)
+            np.testing.assert_allclose(got, v, rtol=1e-7, err_msg=f"{key} {stat}")
     assert stats["index"]["min"] == [0] and stats["index"]["max"] == [12] and stats["next.done"]["min"] == [False]
     assert stats["action"]["count"] == [13] and stats[CAMERA]["count"] == [13]  # every frame of short episodes
 

@@ -116,10 +116,10 @@ class RecordOptions:
     lerobot: bool = _opt(False, "also write a LeRobot v3.0 dataset NAME.lerobot/ (a row per step at the env's control "
                               "frequency, sensor cameras as H.264 videos; needs pip install 'fastrecord[lerobot]')", kw_only=True)
     lerobot_video_codec: str | None = _opt(
-        None, "encoder of the LeRobot dataset's videos: None (video_codec's), 'libx264', or 'libsvtav1' (AV1, LeRobot's "
-        "own default: files ~1.5x smaller, encoding ~6x slower; docs/format.md)", kw_only=True)
-    lerobot_gop: int = _opt(2, "keyframe interval of the LeRobot videos in frames (2, as LeRobot: training reads random "
-                               "frames, each decoded from the key frame before it; docs/format.md)", kw_only=True)
+        None, "encoder of the LeRobot dataset's videos: None (video_codec's), 'libx264', or 'libsvtav1' (AV1, "
+        "LeRobot's own default: files ~1.5x smaller, encoding ~6x slower; docs/format.md)", kw_only=True)
+    lerobot_gop: int = _opt(2, "keyframe interval of the LeRobot videos in frames (2, as LeRobot: training reads "
+                               "random frames, each decoded from the key frame before it; docs/format.md)", kw_only=True)
     lerobot_crf: int | None = _opt(None, "rate factor of the LeRobot videos (None: video_crf for H.264, LeRobot's 30 "
                                          "for libsvtav1, whose range is 0-63)", kw_only=True)
     lerobot_state_keys: str | tuple[str, ...] | None = _opt(
@@ -165,15 +165,17 @@ class RecordOptions:
         if not isinstance(self.video_preset, str):
             raise ValueError(f"video_preset={self.video_preset!r} must be a preset name such as 'ultrafast'")
         _positive_int_or_none("video_workers", self.video_workers, 1, "e.g. 4, or None for one per core")
-        _positive_int_or_none("video_gop", self.video_gop, 1, "frames between key frames, e.g. 2, or None for the encoder's")
+        _positive_int_or_none("video_gop", self.video_gop, 1, "frames between key frames, e.g. 2, or None: the encoder's")
         _positive_int_or_none("lerobot_gop", self.lerobot_gop, 1, "frames between key frames, e.g. 2")
         if self.lerobot_gop is None:
             raise ValueError("lerobot_gop=None: the LeRobot videos need a keyframe interval; use an integer >= 1 (e.g. 2)")
-        if self.lerobot_video_codec is not None and (not isinstance(self.lerobot_video_codec, str) or not self.lerobot_video_codec):
-            raise ValueError(f"lerobot_video_codec={self.lerobot_video_codec!r} must be an encoder name such as 'libx264' "
-                             f"or 'libsvtav1', or None for video_codec's")
-        if self.lerobot_crf is not None and (isinstance(self.lerobot_crf, bool) or not isinstance(self.lerobot_crf, numbers.Integral)):
-            raise ValueError(f"lerobot_crf={self.lerobot_crf!r} must be an integer (libx264: 0-51, libsvtav1: 0-63) or None")
+        codec = self.lerobot_video_codec
+        if codec is not None and (not isinstance(codec, str) or not codec):
+            raise ValueError(f"lerobot_video_codec={codec!r} must be an encoder name such as 'libx264' or 'libsvtav1', "
+                             f"or None for video_codec's")
+        crf = self.lerobot_crf
+        if crf is not None and (isinstance(crf, bool) or not isinstance(crf, numbers.Integral)):
+            raise ValueError(f"lerobot_crf={crf!r} must be an integer (libx264: 0-51, libsvtav1: 0-63) or None")
         state_keys(self.lerobot_state_keys)
         _positive_int_or_none("trajectory_writers", self.trajectory_writers, 1, "e.g. 1 or 4, or None to size it to the machine")
         from fastrecord.sinks.maniskill_h5 import parse_compression  # the one list of choices, with the writer
@@ -198,8 +200,8 @@ def state_keys(value: Any) -> tuple[str, ...] | None:
         return None
     keys = tuple(k.strip() for k in value.split(",")) if isinstance(value, str) else value
     if not isinstance(keys, (tuple, list)) or not keys or not all(isinstance(k, str) and k.strip("/. ") for k in keys):
-        raise ValueError(f"lerobot_state_keys={value!r} must name observation keys, e.g. 'agent/qpos,extra/tcp_pose' or "
-                         f"('agent', 'extra'), or be None for every non-image observation leaf")
+        raise ValueError(f"lerobot_state_keys={value!r} must name observation keys, e.g. 'agent/qpos,extra/tcp_pose' "
+                         f"or ('agent', 'extra'), or be None for every non-image observation leaf")
     return tuple(k.strip() for k in keys)
 
 

@@ -127,14 +127,16 @@ def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int]) 
     crf = options.lerobot_crf if options.lerobot_crf is not None else 30 if codec == "libsvtav1" else options.video_crf
     video = VideoSettings(codec=codec, crf=int(crf), preset=options.video_preset, gop=options.lerobot_gop)
     keys = state_keys(options.lerobot_state_keys)
-    return LeRobotSink(fps, task, video, robot_type=robot, workers=workers, state_keys=keys, state_layout=state_layout(view))
+    return LeRobotSink(fps, task, video, robot_type=robot, workers=workers, state_keys=keys,
+                       state_layout=state_layout(view))
 
 
 def state_layout(view: EnvView) -> list[tuple[str, int]] | None:
     """The leaves of a ManiSkill env's state dictionary (``agent``, then ``extra``, each leaf in the order
     the env returns it: ManiSkill's flattened state observation) as ``(path, width)``, ``("agent/qpos",
     9)``, a width of 0 for a scalar per env (``extra/is_grasped``); None where the env has none."""
-    base = getattr(getattr(view, "base", None), "unwrapped", None) or getattr(getattr(view, "env", None), "unwrapped", None)
+    base = getattr(getattr(view, "base", None), "unwrapped", None)
+    base = base or getattr(getattr(view, "env", None), "unwrapped", None)
     if base is None or not hasattr(base, "_get_obs_state_dict") or not hasattr(base, "get_info"):
         return None
     try:

@@ -176,8 +176,9 @@ def _field_errors(s: VideoSettings) -> str | None:
     if s.codec == "libx264" and s.preset not in X264_PRESETS:
         return (f"video_preset={s.preset!r} is not a libx264 preset; use one of {', '.join(X264_PRESETS)} "
                 f"(e.g. 'ultrafast' for speed, 'medium' for smaller files)")
-    if s.gop is not None and (isinstance(s.gop, (bool, np.bool_)) or not isinstance(s.gop, numbers.Integral) or s.gop < 1):
-        return f"video_gop={s.gop!r} must be an integer >= 1 (frames between key frames; e.g. 2) or None (the encoder's default)"
+    gop = s.gop
+    if gop is not None and (isinstance(gop, (bool, np.bool_)) or not isinstance(gop, numbers.Integral) or gop < 1):
+        return f"video_gop={gop!r} must be an integer >= 1 (frames between key frames; e.g. 2) or None (the encoder's)"
     if isinstance(s.threads, (bool, np.bool_)) or not isinstance(s.threads, numbers.Integral) or s.threads < 1:
         return f"video_threads={s.threads!r} must be an integer >= 1 (encoder threads per video; e.g. 1)"
     if not isinstance(s.pix_fmt, str):

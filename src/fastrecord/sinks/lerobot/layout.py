@@ -131,8 +131,9 @@ def state_names(leaves: Sequence[str], datasets: Mapping[str, np.ndarray],
     return out
 
 
-def episode_columns(datasets: Mapping[str, np.ndarray], length: int, fps: float, state_keys: Sequence[str] | None = None,
-                    layout: Sequence[tuple[str, int]] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def episode_columns(datasets: Mapping[str, np.ndarray], length: int, fps: float,
+                    state_keys: Sequence[str] | None = None, layout: Sequence[tuple[str, int]] | None = None,
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The columns of one episode of ``length`` steps (``{feature: [T] or [T, D]}``, index columns with
     provisional episode values) and its camera frames (``{observation.images.<cam>: [T, H, W, 3] uint8}``),
     from the episode's trajectory arrays (`fastrecord.episode.EpisodeData.datasets`); ``observation.state``

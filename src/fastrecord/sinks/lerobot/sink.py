@@ -31,7 +31,8 @@ class LeRobotSink(Sink):
     string of every episode (the env id); ``video``: the encoder settings of the camera videos (their
     ``fps`` is set to ``fps``; a ``gop`` of None becomes 2, LeRobot's: training reads random frames);
     ``state_keys``: the observation leaves of ``observation.state`` (None: every leaf but the cameras');
-    ``state_layout``: the env's state leaves in its order, with their widths (`fastrecord.sinks.factory.state_layout`). The size limits and
+    ``state_layout``: the env's state leaves in its order, with their widths
+    (`fastrecord.sinks.factory.state_layout`). The size limits and
     ``chunks_size`` are LeRobot's defaults."""
 
     wants_datasets = True

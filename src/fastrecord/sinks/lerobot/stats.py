@@ -161,7 +161,8 @@ def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- episodes
-def episode_stats(cols: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray], fps: float) -> dict[str, dict[str, list]]:
+def episode_stats(cols: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray],
+                  fps: float) -> dict[str, dict[str, list]]:
     """Every feature's statistics of one episode, as JSON-ready lists (``.tolist()``: integers stay
     integers, booleans booleans). ``timestamp`` from frame_index / ``fps`` in float64, as LeRobot."""
     out = {}

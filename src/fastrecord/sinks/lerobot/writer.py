@@ -61,7 +61,14 @@ from fastrecord.sinks.lerobot.layout import (
     write_file,
     write_json,
 )
-from fastrecord.sinks.lerobot.stats import aggregate_stats, episode_stats, flat_stats, listed, unflat_stats, vector_stats
+from fastrecord.sinks.lerobot.stats import (
+    aggregate_stats,
+    episode_stats,
+    flat_stats,
+    listed,
+    unflat_stats,
+    vector_stats,
+)
 
 PART_META = b"fastrecord.lerobot.part"  # a part's parquet metadata: its episode and the dataset's settings
 FILE_META = b"fastrecord.lerobot.parts"  # an episodes file's parquet metadata: the parts it holds
@@ -352,13 +359,16 @@ class LeRobotWriter:
             row.update(flat_stats(stats))
             row.update({"meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file})
             rows.append(row)
-            self._stats = stats if self._stats is None else aggregate_stats([self._stats, stats])  # LeRobot's save_episode
+            # as LeRobot's save_episode aggregates: the dataset's so far with the new episode's
+            self._stats = stats if self._stats is None else aggregate_stats([self._stats, stats])
             index += n
         staged = _staged(data)  # hidden from LeRobot's reader (which loads every data/*/*.parquet) until info.json counts it
         self._write_parquet(pa.concat_tables(tables), staged)
         open_.data_bytes = staged.stat().st_size
         new_rows = pa.Table.from_pylist(rows)
-        open_.rows = new_rows if open_.rows is None else pa.concat_tables([open_.rows, new_rows], promote_options="default")
+        if open_.rows is not None:
+            new_rows = pa.concat_tables([open_.rows, new_rows], promote_options="default")
+        open_.rows = new_rows
         open_.parts += [p.seq for p in batch]
         open_.entries += [p.entry for p in batch]
         meta = dict(parts=open_.parts, entries=open_.entries, dataset=self._settings())
@@ -505,7 +515,8 @@ def _staged(data: Path) -> Path:
     return data.with_name(f".{data.name}.next")
 
 
-def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: int, n: int) -> dict[str, dict[str, Any]]:
+def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: int,
+            n: int) -> dict[str, dict[str, Any]]:
     """An episode's statistics with its final ``episode_index`` and ``index`` (the part's were provisional)."""
     out = {k: dict(v) for k, v in stats.items()}
     out["episode_index"] = listed(vector_stats(np.full(n, episode, dtype=np.int64)))
