@@ -298,8 +298,10 @@ def test_lerobot_loads_the_dataset(pickcube_run, tmp_path):
     assert (int(got["n"]), int(got["episodes"]), int(got["fps"]), str(got["task"])) == (11, 3, 20, "PickCube-v1")
     assert (int(got["episode"]), int(got["frame"])) == (1, 2)
     with h5py.File(pickcube_run / "demo.h5") as f:
-        qpos, action, rgb = f["traj_1/obs/agent/qpos"][2], f["traj_1/actions"][2], f["traj_1/obs/sensor_data/base_camera/rgb"][2]
-    np.testing.assert_array_equal(got["state"], qpos)
+        action, rgb = f["traj_1/actions"][2], f["traj_1/obs/sensor_data/base_camera/rgb"][2]
+        names = read_dataset(pickcube_run / "demo.lerobot")[0]["features"]["observation.state"]["names"]
+        state = state_by_names([leaves_of(f["traj_1"])], names)[2]  # every non-image leaf, as its names say
+    np.testing.assert_array_equal(got["state"], state)
     np.testing.assert_array_equal(got["action"], action)
     image = np.round(got["image"].transpose(1, 2, 0) * 255).astype(np.uint8)  # LeRobot: [C, H, W] float in [0, 1]
     video, times, _, _ = decode_timed(pickcube_run / "demo.lerobot" / "videos" / CAMERA_KEY / "chunk-000" / "file-000.mp4")
@@ -678,8 +680,9 @@ def test_lerobot_loads_the_joined_dataset(sharded_runs, tmp_path):
     got = run_in_lerobot(script, root, tmp_path / "item.npz", row)
     assert (int(got["n"]), int(got["episodes"]), int(got["episode"]), int(got["frame"])) == (len(data), 5, 3, 2)
     with h5py.File(sharded / "trajectory.h5") as f:  # the joined HDF5: traj_3 is global episode 3
-        qpos, action, rgb = f["traj_3/obs/agent/qpos"][2], f["traj_3/actions"][2], f["traj_3/obs/sensor_data/base_camera/rgb"][2]
-    np.testing.assert_array_equal(got["state"], qpos)
+        action, rgb = f["traj_3/actions"][2], f["traj_3/obs/sensor_data/base_camera/rgb"][2]
+        state = state_by_names([leaves_of(f["traj_3"])], info["features"]["observation.state"]["names"])[2]
+    np.testing.assert_array_equal(got["state"], state)
     np.testing.assert_array_equal(got["action"], action)
     assert psnr(np.round(got["image"].transpose(1, 2, 0) * 255).astype(np.uint8), rgb) >= 30
 
