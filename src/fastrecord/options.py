@@ -103,6 +103,8 @@ class RecordOptions:
     video_codec: str = _opt("auto", "'auto' (h264_nvenc where it encodes, else libx264) or a PyAV video encoder", kw_only=True)
     video_crf: int = _opt(23, "constant rate factor (lower is better quality; libx264: 0-51)", kw_only=True)
     video_preset: str = _opt("ultrafast", "libx264 preset (ultrafast keeps up with GPU envs)", kw_only=True)
+    video_gop: int | None = _opt(None, "keyframe interval of the MP4 videos in frames (None: the encoder's default, "
+                                 "libx264's 250: one key frame per episode video)", kw_only=True)
     video_workers: int | None = _opt(None, "background encoder processes (None: one per usable core, at most 16)", kw_only=True)
     trajectory_writers: int | None = _opt(
         None, "HDF5 writer processes, each compressing whole batches of episodes (None: chosen when the recorder is "
@@ -113,6 +115,16 @@ class RecordOptions:
     buffer_capacity: int | None = _opt(None, "steps per env held on the device (None: max_episode_steps + 1; longer episodes grow it)", kw_only=True)
     lerobot: bool = _opt(False, "also write a LeRobot v3.0 dataset NAME.lerobot/ (a row per step at the env's control "
                               "frequency, sensor cameras as H.264 videos; needs pip install 'fastrecord[lerobot]')", kw_only=True)
+    lerobot_video_codec: str | None = _opt(
+        None, "encoder of the LeRobot dataset's videos: None (video_codec's), 'libx264', or 'libsvtav1' (AV1, "
+        "LeRobot's own default: files ~1.5x smaller, encoding ~6x slower; docs/format.md)", kw_only=True)
+    lerobot_gop: int = _opt(2, "keyframe interval of the LeRobot videos in frames (2, as LeRobot: training reads "
+                               "random frames, each decoded from the key frame before it; docs/format.md)", kw_only=True)
+    lerobot_crf: int | None = _opt(None, "rate factor of the LeRobot videos (None: video_crf for H.264, LeRobot's 30 "
+                                         "for libsvtav1, whose range is 0-63)", kw_only=True)
+    lerobot_state_keys: str | tuple[str, ...] | None = _opt(
+        None, "observation leaves that make the LeRobot dataset's observation.state, in this order, e.g. "
+        "'agent/qpos,extra/tcp_pose' (None: every non-image leaf: agent, then extra)", kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("save_trajectory", "save_video", "info_on_video", "save_on_reset", "clean_on_close",
@@ -153,6 +165,18 @@ class RecordOptions:
         if not isinstance(self.video_preset, str):
             raise ValueError(f"video_preset={self.video_preset!r} must be a preset name such as 'ultrafast'")
         _positive_int_or_none("video_workers", self.video_workers, 1, "e.g. 4, or None for one per core")
+        _positive_int_or_none("video_gop", self.video_gop, 1, "frames between key frames, e.g. 2, or None: the encoder's")
+        _positive_int_or_none("lerobot_gop", self.lerobot_gop, 1, "frames between key frames, e.g. 2")
+        if self.lerobot_gop is None:
+            raise ValueError("lerobot_gop=None: the LeRobot videos need a keyframe interval; use an integer >= 1 (e.g. 2)")
+        codec = self.lerobot_video_codec
+        if codec is not None and (not isinstance(codec, str) or not codec):
+            raise ValueError(f"lerobot_video_codec={codec!r} must be an encoder name such as 'libx264' or 'libsvtav1', "
+                             f"or None for video_codec's")
+        crf = self.lerobot_crf
+        if crf is not None and (isinstance(crf, bool) or not isinstance(crf, numbers.Integral)):
+            raise ValueError(f"lerobot_crf={crf!r} must be an integer (libx264: 0-51, libsvtav1: 0-63) or None")
+        state_keys(self.lerobot_state_keys)
         _positive_int_or_none("trajectory_writers", self.trajectory_writers, 1, "e.g. 1 or 4, or None to size it to the machine")
         from fastrecord.sinks.maniskill_h5 import parse_compression  # the one list of choices, with the writer
 
@@ -167,6 +191,18 @@ class RecordOptions:
             v = getattr(self, f.name)
             out[f.name] = getattr(v, "__qualname__", repr(v)) if callable(v) else v
         return out
+
+
+def state_keys(value: Any) -> tuple[str, ...] | None:
+    """``lerobot_state_keys`` as a tuple of observation keys (a string is split at commas), or None;
+    ValueError for anything else."""
+    if value is None:
+        return None
+    keys = tuple(k.strip() for k in value.split(",")) if isinstance(value, str) else value
+    if not isinstance(keys, (tuple, list)) or not keys or not all(isinstance(k, str) and k.strip("/. ") for k in keys):
+        raise ValueError(f"lerobot_state_keys={value!r} must name observation keys, e.g. 'agent/qpos,extra/tcp_pose' "
+                         f"or ('agent', 'extra'), or be None for every non-image observation leaf")
+    return tuple(k.strip() for k in keys)
 
 
 def check_video_fps(fps: Any) -> None:

@@ -76,7 +76,8 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
         from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
 
         settings = check_video_settings(VideoSettings(codec=resolve_codec(options.video_codec), crf=int(options.video_crf),
-                                                      preset=options.video_preset, fps=options.video_fps))
+                                                      preset=options.video_preset, fps=options.video_fps,
+                                                      gop=options.video_gop))
         workers = options.video_workers
         if workers is None:
             workers = chosen["video_workers"] = default_video_workers(usable_cores())
@@ -106,7 +107,9 @@ def env_attribute(view: EnvView, name: str) -> Any:
 
 def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int]) -> LeRobotSink:
     """The `LeRobotSink` of ``lerobot=True``: a row per env step at the env's control frequency (else
-    ``video_fps``), the env id as the task, the robot uid as ``robot_type``, the video options' encoder."""
+    ``video_fps``), the env id as the task, the robot uid as ``robot_type``, the ``lerobot_*`` encoder
+    options (the video options' where None), ``lerobot_state_keys``, and the env's state layout
+    (`state_layout`: the order of observation.state and the names of a flat state observation)."""
     from fastrecord.sinks.lerobot import LeRobotSink
     from fastrecord.video import VideoSettings, resolve_codec
 
@@ -118,5 +121,40 @@ def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int]) 
         isinstance(r, str) for r in robot) else "unknown"
     task = (view.env_info() or {}).get("env_id") or "unknown task"
     workers = options.video_workers or chosen.setdefault("video_workers", default_video_workers(usable_cores()))
-    video = VideoSettings(codec=resolve_codec(options.video_codec), crf=int(options.video_crf), preset=options.video_preset)
-    return LeRobotSink(fps, task, video, robot_type=robot, workers=workers)
+    from fastrecord.options import state_keys
+
+    codec = resolve_codec(options.lerobot_video_codec or options.video_codec)
+    crf = options.lerobot_crf if options.lerobot_crf is not None else 30 if codec == "libsvtav1" else options.video_crf
+    video = VideoSettings(codec=codec, crf=int(crf), preset=options.video_preset, gop=options.lerobot_gop)
+    keys = state_keys(options.lerobot_state_keys)
+    return LeRobotSink(fps, task, video, robot_type=robot, workers=workers, state_keys=keys,
+                       state_layout=state_layout(view))
+
+
+def state_layout(view: EnvView) -> list[tuple[str, int]] | None:
+    """The leaves of a ManiSkill env's state dictionary (``agent``, then ``extra``, each leaf in the order
+    the env returns it: ManiSkill's flattened state observation) as ``(path, width)``, ``("agent/qpos",
+    9)``, a width of 0 for a scalar per env (``extra/is_grasped``); None where the env has none."""
+    base = getattr(getattr(view, "base", None), "unwrapped", None)
+    base = base or getattr(getattr(view, "env", None), "unwrapped", None)
+    if base is None or not hasattr(base, "_get_obs_state_dict") or not hasattr(base, "get_info"):
+        return None
+    try:
+        state = base._get_obs_state_dict(base.get_info())
+    except Exception:  # noqa: BLE001 - a custom env: observation.state falls back to sorted leaves, state.<i> names
+        return None
+    out: list[tuple[str, int]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}/{k}" if prefix else str(k), v)
+            return
+        shape = tuple(getattr(value, "shape", ()))[1:]  # [num_envs, ...]
+        width = 1
+        for d in shape:
+            width *= int(d)
+        out.append((prefix, width if shape else 0))
+
+    walk("", state)
+    return out

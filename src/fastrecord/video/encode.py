@@ -40,7 +40,8 @@ _AUTO_CODECS = ("h264_nvenc", "libx264")
 EXECUTORS = ("auto", "process", "thread")
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 # the crf (or NVENC cq) each encoder takes; other encoders get no rate option from us
-CRF_RANGES = {"libx264": (0, 51), "h264_nvenc": (0, 51)}
+CRF_RANGES = {"libx264": (0, 51), "h264_nvenc": (0, 51), "libsvtav1": (0, 63)}
+SVTAV1_PRESET = "12"  # libsvtav1's speed preset (0-13) when ``preset`` is not a number: LeRobot's (the fastest)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class VideoSettings:
     fps: int | float | Fraction = 30  # frames per second of the file; a fraction (7.5, 29.97) is encoded as
     # Fraction(fps).limit_denominator(1001)
     executor: str = "auto"  # where encode_mp4 encodes: auto (a helper process where supported) | process | thread
+    gop: int | None = None  # keyframe interval in frames (the encoder's ``g``; 1: every frame a key frame); None: the
+    # encoder's default (libx264: 250, one key frame per episode video). Training reads random frames: docs/format.md
 
 
 class EncoderError(RuntimeError):
@@ -131,11 +134,16 @@ def check_frames(frames: Any) -> str:
 
 
 def _stream_options(settings: VideoSettings) -> dict[str, str]:
+    """The encoder's options: its rate (crf, or NVENC's cq), its preset and the keyframe interval ``g``."""
+    gop = {} if settings.gop is None else {"g": str(settings.gop)}
     if settings.codec == "libx264":
-        return {"crf": str(settings.crf), "preset": settings.preset}
+        return {"crf": str(settings.crf), "preset": settings.preset, **gop}
     if settings.codec == "h264_nvenc":
-        return {"cq": str(settings.crf), "preset": "p4"}
-    return {}
+        return {"cq": str(settings.crf), "preset": "p4", **gop}
+    if settings.codec == "libsvtav1":  # as LeRobot's encode_video_frames passes them
+        preset = settings.preset if settings.preset.isdigit() else SVTAV1_PRESET
+        return {"crf": str(settings.crf), "preset": preset, **gop, "svtav1-params": f"lp={settings.threads}"}
+    return gop
 
 
 def _stream_rate(fps: int | float | Fraction) -> int | Fraction:
@@ -168,6 +176,9 @@ def _field_errors(s: VideoSettings) -> str | None:
     if s.codec == "libx264" and s.preset not in X264_PRESETS:
         return (f"video_preset={s.preset!r} is not a libx264 preset; use one of {', '.join(X264_PRESETS)} "
                 f"(e.g. 'ultrafast' for speed, 'medium' for smaller files)")
+    gop = s.gop
+    if gop is not None and (isinstance(gop, (bool, np.bool_)) or not isinstance(gop, numbers.Integral) or gop < 1):
+        return f"video_gop={gop!r} must be an integer >= 1 (frames between key frames; e.g. 2) or None (the encoder's)"
     if isinstance(s.threads, (bool, np.bool_)) or not isinstance(s.threads, numbers.Integral) or s.threads < 1:
         return f"video_threads={s.threads!r} must be an integer >= 1 (encoder threads per video; e.g. 1)"
     if not isinstance(s.pix_fmt, str):
@@ -252,6 +263,8 @@ def _encode_to(target: str | io.BytesIO, frames: np.ndarray, settings: VideoSett
         height, width = frames.shape[1], frames.shape[2]
     else:
         height, width = frames.shape[1] * 2 // 3, frames.shape[2]
+    if settings.codec == "libsvtav1":
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its whole configuration to stderr at each open
     with av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream(settings.codec, rate=_stream_rate(settings.fps))
         stream.width, stream.height = width, height

@@ -21,12 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastrecord.sinks.lerobot.layout import (
-    DATA_PATH,
-    INFO_PATH,
-    VIDEO_PATH,
-    unflat_stats,
-)
+from fastrecord.sinks.lerobot.layout import DATA_PATH, INFO_PATH, VIDEO_PATH
+from fastrecord.sinks.lerobot.stats import unflat_stats
 from fastrecord.sinks.lerobot.writer import FILE_META, PART_META, LeRobotWriter, import_pyarrow
 
 

@@ -1,23 +1,23 @@
-"""LeRobot v3.0's layout and fastrecord's mapping onto it: paths, columns, features, statistics.
+"""LeRobot v3.0's layout and fastrecord's mapping onto it: paths, columns, features, meta/info.json.
 
 A run named ``NAME`` with ``lerobot=True`` writes the dataset folder ``NAME.lerobot/`` (LeRobot's
 ``root``) and, while it records or after a crash, ``NAME.lerobot.parts/`` (one committed part per
 finished episode, see `fastrecord.sinks.lerobot.writer`)::
 
     NAME.lerobot/meta/info.json                                  codebase_version v3.0, totals, fps, features
-    NAME.lerobot/meta/stats.json                                 mean/std/min/max/count of every feature
+    NAME.lerobot/meta/stats.json                                 min/max/mean/std/count/q01..q99 of every feature
     NAME.lerobot/meta/tasks.parquet                              the task (the env id) -> task_index 0
     NAME.lerobot/meta/episodes/chunk-CCC/file-FFF.parquet        a row per episode: length, indices, offsets, stats
     NAME.lerobot/data/chunk-CCC/file-FFF.parquet                 a row per step
     NAME.lerobot/videos/<key>/chunk-CCC/file-FFF.mp4             many episodes per file, one after the other
 
-The mapping of ManiSkill's trajectory (`episode_columns`; ManiSkill's ``convert_to_lerobot`` maps the
-first three the same way, the rest it does not write): ``actions`` -> ``action``, ``obs/agent/qpos``
-(or a flat state observation) -> ``observation.state``, ``obs/sensor_data/<cam>/rgb`` ->
-``observation.images.<cam>`` (video), ``rewards`` -> ``next.reward``, ``terminated | truncated`` ->
-``next.done``, ``success`` -> ``next.success`` (LeRobot's names in its simulation datasets). An
-episode of T steps is T rows: observation t with action t and its outcome (the last observation, after
-the last action, is not a row).
+The mapping of ManiSkill's trajectory (`episode_columns`): ``actions`` -> ``action``, every non-image
+observation leaf side by side (or the flat state observation; `state_leaves`, `state_names`) ->
+``observation.state``, ``obs/sensor_data/<cam>/rgb`` -> ``observation.images.<cam>`` (video),
+``rewards`` -> ``next.reward``, ``terminated | truncated`` -> ``next.done``, ``success`` ->
+``next.success`` (LeRobot's names in its simulation datasets). An episode of T steps is T rows:
+observation t with action t and its outcome (the last observation, after the last action, is not a row).
+The statistics are `fastrecord.sinks.lerobot.stats`'.
 
 Needs numpy only (pyarrow is imported by the writer).
 """
@@ -36,7 +36,7 @@ from fastrecord.sinks.base import atomic_write_bytes
 CODEBASE_VERSION = "v3.0"
 DEFAULT_CHUNK_SIZE = 1000  # files per chunk folder (LeRobot's DEFAULT_CHUNK_SIZE)
 DEFAULT_DATA_FILE_SIZE_IN_MB = 100  # a data file is closed past this size (LeRobot's default)
-DEFAULT_VIDEO_FILE_SIZE_IN_MB = 500  # a video file is closed past this size (LeRobot's default)
+DEFAULT_VIDEO_FILE_SIZE_IN_MB = 200  # a video file is closed past this size (LeRobot 0.4's default)
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -46,6 +46,8 @@ STATS_PATH = "meta/stats.json"
 DATASET_SUFFIX = ".lerobot"  # NAME.lerobot/: the dataset
 PARTS_SUFFIX = ".lerobot.parts"  # NAME.lerobot.parts/: finished episodes not yet in the dataset's files
 IMAGE_PREFIX = "observation.images."
+# the codec's canonical name in a video feature's info (what LeRobot's get_video_info reads from the file)
+CODEC_NAMES = {"libx264": "h264", "h264_nvenc": "h264", "libsvtav1": "av1", "libaom-av1": "av1", "libx265": "hevc"}
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 # LeRobot's DEFAULT_FEATURES: the bookkeeping columns of every dataset
 INDEX_FEATURES = {
@@ -55,7 +57,7 @@ INDEX_FEATURES = {
     "index": {"dtype": "int64", "shape": [1], "names": None},
     "task_index": {"dtype": "int64", "shape": [1], "names": None},
 }
-STAT_NAMES = ("min", "max", "mean", "std", "count")
+IMAGE_GROUPS = ("sensor_data", "sensor_param")  # observation groups outside observation.state (cameras, their poses)
 
 
 def dataset_paths(output_dir: Path, name: str) -> tuple[Path, Path]:
@@ -78,24 +80,77 @@ def _flat(a: np.ndarray, t: int) -> np.ndarray:
     return np.asarray(a[:t]).reshape(t, -1)
 
 
-def episode_columns(datasets: Mapping[str, np.ndarray], length: int, fps: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def state_leaves(datasets: Mapping[str, np.ndarray], keys: Sequence[str] | None = None,
+                 layout: Sequence[tuple[str, int]] | None = None) -> list[str]:
+    """The trajectory leaves that make ``observation.state``, in order: with ``keys`` None, every
+    observation leaf but the cameras' (``obs/sensor_data/...``, ``obs/sensor_param/...``) in the env's
+    order (``layout``: ManiSkill's state dictionary, ``agent`` then ``extra``, each leaf as the env returns
+    it: the order of ManiSkill's flattened state observation; leaves it lacks after them, sorted), or
+    the whole flat observation ``obs`` (obs_mode="state"); else the leaves under each of ``keys``
+    (``"agent/qpos"``, ``"extra"``, dots or slashes), in the order of ``keys``. ValueError for a key
+    that names no leaf."""
+    if keys is None:
+        if "obs" in datasets:
+            return ["obs"]
+        rank = {f"obs/{path}": i for i, (path, _) in enumerate(layout or ())}
+        found = [k for k in datasets if k.startswith("obs/") and k.split("/")[1] not in IMAGE_GROUPS]
+        return sorted(found, key=lambda k: (rank.get(k, len(rank)), k))
+    out: list[str] = []
+    for key in keys:
+        prefix = "obs/" + key.strip("/").replace(".", "/")
+        found = [k for k in datasets if (k == prefix or k.startswith(prefix + "/")) and k not in out]
+        if not found:
+            have = sorted({"/".join(k.split("/")[1:3]) for k in datasets if k.startswith("obs/")})
+            raise ValueError(f"lerobot_state_keys: {key!r} names no observation leaf of the episode; use some of "
+                             f"{have} (or None: every leaf but the cameras')")
+        out += found
+    return out
+
+
+def _dimension_names(path: str, width: int) -> list[str]:
+    """``agent.qpos.0``, ... of a leaf ``agent/qpos``; a scalar leaf (width 0) is named as it is."""
+    base = path.replace("/", ".")
+    return [base] if width == 0 else [f"{base}.{i}" for i in range(width)]
+
+
+def state_names(leaves: Sequence[str], datasets: Mapping[str, np.ndarray],
+                layout: Sequence[tuple[str, int]] | None = None) -> list[str]:
+    """A name per dimension of ``observation.state``: ``agent.qpos.0`` (the leaf's path after ``obs/``, dots
+    for slashes, then the index in its flattened row; a scalar leaf, ``extra.is_grasped``, has no index);
+    the flat observation of obs_mode="state" is named by the env's state ``layout`` where its widths add
+    up to the observation's (ManiSkill flattens that dictionary into it), else ``state.0``, ``state.1``, ..."""
+    out: list[str] = []
+    for leaf in leaves:
+        a = datasets[leaf]
+        width = int(np.prod(a.shape[1:], dtype=np.int64))
+        if leaf == "obs":
+            named = [n for path, w in (layout or ()) for n in _dimension_names(path, w)]
+            out += named if len(named) == width else [f"state.{i}" for i in range(width)]
+            continue
+        out += _dimension_names(leaf[len("obs/"):], 0 if a.ndim == 1 else width)
+    return out
+
+
+def episode_columns(datasets: Mapping[str, np.ndarray], length: int, fps: float,
+                    state_keys: Sequence[str] | None = None, layout: Sequence[tuple[str, int]] | None = None,
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The columns of one episode of ``length`` steps (``{feature: [T] or [T, D]}``, index columns with
     provisional episode values) and its camera frames (``{observation.images.<cam>: [T, H, W, 3] uint8}``),
-    from the episode's trajectory arrays (`fastrecord.episode.EpisodeData.datasets`)."""
+    from the episode's trajectory arrays (`fastrecord.episode.EpisodeData.datasets`); ``observation.state``
+    holds the leaves of `state_leaves` (``state_keys``, ``layout``) side by side, as float32."""
     t = int(length)
     cols: dict[str, np.ndarray] = {}
-    if "obs/agent/qpos" in datasets:
-        cols["observation.state"] = _flat(datasets["obs/agent/qpos"], t).astype(np.float32, copy=False)
-    elif "obs" in datasets:  # a flat observation (obs_mode="state"): the whole vector
-        cols["observation.state"] = _flat(datasets["obs"], t).astype(np.float32, copy=False)
+    leaves = state_leaves(datasets, state_keys, layout)
+    if leaves:
+        cols["observation.state"] = np.concatenate([_flat(datasets[k], t).astype(np.float32) for k in leaves], axis=1)
     if "actions" in datasets:
         cols["action"] = _flat(datasets["actions"], t).astype(np.float32, copy=False)
     else:  # per-agent actions (multi-agent envs): concatenated in key order
-        leaves = sorted(k for k in datasets if k.startswith("actions/"))
-        if not leaves:
+        actions = sorted(k for k in datasets if k.startswith("actions/"))
+        if not actions:
             raise ValueError("the episode has no actions to write as LeRobot's 'action' column (datasets: "
                              f"{sorted(datasets)[:8]}...)")
-        cols["action"] = np.concatenate([_flat(datasets[k], t) for k in leaves], axis=1).astype(np.float32, copy=False)
+        cols["action"] = np.concatenate([_flat(datasets[k], t) for k in actions], axis=1).astype(np.float32, copy=False)
     if "rewards" in datasets:
         cols["next.reward"] = np.asarray(datasets["rewards"][:t], dtype=np.float32).reshape(t)
     done = np.zeros(t, dtype=bool)
@@ -120,101 +175,43 @@ def episode_columns(datasets: Mapping[str, np.ndarray], length: int, fps: float)
     return cols, images
 
 
-def features_of(cols: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray], fps: float, codec: str) -> dict[str, Any]:
-    """info.json's ``features`` for an episode's columns and camera frames."""
+def features_of(cols: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray], fps: float, codec: str,
+                state: Sequence[str] | None = None) -> dict[str, Any]:
+    """info.json's ``features`` for an episode's columns and camera frames, as LeRobot's
+    ``LeRobotDataset.create`` and ``get_video_info`` write them (dtype, shape, names; a video's ``info``).
+    ``state``: the names of ``observation.state``'s dimensions (`state_names`)."""
     out: dict[str, Any] = {}
-    names = {"action": "action_{}", "observation.state": "joint_{}"}
     for key, a in cols.items():
         if key in INDEX_FEATURES:
             continue
         dtype = "bool" if a.dtype == np.bool_ else str(a.dtype)
         width = a.shape[1] if a.ndim == 2 else 1
-        fmt = names.get(key)
-        out[key] = {"dtype": dtype, "shape": [width], "names": [fmt.format(i) for i in range(width)] if fmt else None}
+        names = None
+        if key == "action":
+            names = [f"action_{i}" for i in range(width)]
+        elif key == "observation.state":
+            names = list(state) if state is not None and len(state) == width else [f"state.{i}" for i in range(width)]
+        out[key] = {"dtype": dtype, "shape": [width], "names": names}
     for key, frames in images.items():
         h, w = frames.shape[1] + frames.shape[1] % 2, frames.shape[2] + frames.shape[2] % 2  # yuv420p: even sides
         out[key] = {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
-                    "info": {"video.fps": float(fps), "video.height": h, "video.width": w, "video.channels": 3,
-                             "video.codec": "h264" if "264" in codec else codec, "video.pix_fmt": "yuv420p",
-                             "video.is_depth_map": False, "has_audio": False}}
+                    "info": {"video.height": h, "video.width": w, "video.codec": CODEC_NAMES.get(codec, codec),
+                             "video.pix_fmt": "yuv420p", "video.is_depth_map": False,
+                             "video.fps": int(fps) if float(fps).is_integer() else float(fps), "video.channels": 3,
+                             "has_audio": False}}
     out.update({k: dict(v) for k, v in INDEX_FEATURES.items()})
-    for v in out.values():
-        v["fps"] = float(fps)  # as ManiSkill's converter writes them
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- statistics
-def column_stats(a: np.ndarray) -> dict[str, list]:
-    """min/max/mean/std/count of a column ``[T]`` or ``[T, D]`` over its rows (lists of length D, or 1)."""
-    x = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
-    return {"min": x.min(0).tolist(), "max": x.max(0).tolist(), "mean": x.mean(0).tolist(), "std": x.std(0).tolist(),
-            "count": [int(len(a))]}
-
-
-def image_stats(frames: np.ndarray) -> dict[str, list]:
-    """Per-channel min/max/mean/std of ``[T, H, W, 3]`` uint8 frames scaled to [0, 1], LeRobot's shape
-    ``[3, 1, 1]``; count: the frames."""
-    x = frames.reshape(-1, 3)
-    n = x.shape[0]
-    s = x.sum(0, dtype=np.float64)
-    sq = np.einsum("ij,ij->j", x, x, dtype=np.float64) if n < 1 << 26 else (x.astype(np.float64) ** 2).sum(0)
-    mean = s / n
-    std = np.sqrt(np.maximum(sq / n - mean**2, 0.0))
-
-    def shaped(v: np.ndarray) -> list:
-        return [[[float(c)]] for c in v]
-
-    return {"min": shaped(x.min(0) / 255.0), "max": shaped(x.max(0) / 255.0), "mean": shaped(mean / 255.0),
-            "std": shaped(std / 255.0), "count": [int(frames.shape[0])]}
-
-
-def episode_stats(cols: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray]) -> dict[str, dict[str, list]]:
-    return {**{k: column_stats(v) for k, v in cols.items()}, **{k: image_stats(v) for k, v in images.items()}}
-
-
-def aggregate_stats(per_episode: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """The dataset's statistics from its episodes': counts add up, means are weighted, variances combine
-    (within plus between episodes), min and max are element-wise."""
-    out: dict[str, dict[str, Any]] = {}
-    keys = dict.fromkeys(k for s in per_episode for k in s)
-    for key in keys:
-        items = [s[key] for s in per_episode if key in s]
-        n = np.array([float(np.ravel(i["count"])[0]) for i in items])
-        means = np.stack([np.asarray(i["mean"], dtype=np.float64) for i in items])
-        stds = np.stack([np.asarray(i["std"], dtype=np.float64) for i in items])
-        w = (n / n.sum()).reshape(-1, *([1] * (means.ndim - 1)))
-        mean = (w * means).sum(0)
-        var = (w * (stds**2 + (means - mean) ** 2)).sum(0)
-        out[key] = {"min": np.min(np.stack([np.asarray(i["min"], dtype=np.float64) for i in items]), 0).tolist(),
-                    "max": np.max(np.stack([np.asarray(i["max"], dtype=np.float64) for i in items]), 0).tolist(),
-                    "mean": mean.tolist(), "std": np.sqrt(var).tolist(), "count": [int(n.sum())]}
-    return out
-
-
-def flat_stats(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``{feature: {stat: v}}`` -> ``{"stats/<feature>/<stat>": v}`` (meta/episodes' columns)."""
-    return {f"stats/{k}/{s}": v for k, d in stats.items() for s, v in d.items()}
-
-
-def unflat_stats(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for col, v in row.items():
-        if col.startswith("stats/") and v is not None:
-            feature, stat = col[len("stats/"):].rsplit("/", 1)
-            out.setdefault(feature, {})[stat] = v
     return out
 
 
 # ---------------------------------------------------------------------------------------------- meta
-def info_json(*, features: Mapping[str, Any], fps: float, robot_type: str, episodes: int, frames: int, files: int,
+def info_json(*, features: Mapping[str, Any], fps: float, robot_type: str, episodes: int, frames: int,
               chunks_size: int, data_mb: float, video_mb: float) -> dict[str, Any]:
-    """meta/info.json: LeRobot's keys (``create_empty_dataset_info``) and the two ManiSkill's converter adds
-    (``total_chunks``, ``total_videos``)."""
+    """meta/info.json: LeRobot's keys, in its order (``create_empty_dataset_info`` and the totals its
+    ``save_episode`` keeps)."""
     cameras = [k for k, v in features.items() if v.get("dtype") == "video"]
     return {
         "codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": episodes,
-        "total_frames": frames, "total_tasks": 1, "total_videos": episodes * len(cameras),
-        "total_chunks": (files + chunks_size - 1) // chunks_size if files else 0, "chunks_size": chunks_size,
+        "total_frames": frames, "total_tasks": 1, "chunks_size": chunks_size,
         "data_files_size_in_mb": data_mb, "video_files_size_in_mb": video_mb,
         "fps": int(fps) if float(fps).is_integer() else float(fps), "splits": {"train": f"0:{episodes}"},
         "data_path": DATA_PATH, "video_path": VIDEO_PATH if cameras else None, "features": dict(features),

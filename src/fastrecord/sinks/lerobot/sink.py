@@ -29,11 +29,16 @@ class LeRobotSink(Sink):
 
     ``fps``: the dataset's frame rate (the env's control frequency: a row per step); ``task``: the task
     string of every episode (the env id); ``video``: the encoder settings of the camera videos (their
-    ``fps`` is set to ``fps``). The size limits and ``chunks_size`` are LeRobot's defaults."""
+    ``fps`` is set to ``fps``; a ``gop`` of None becomes 2, LeRobot's: training reads random frames);
+    ``state_keys``: the observation leaves of ``observation.state`` (None: every leaf but the cameras');
+    ``state_layout``: the env's state leaves in its order, with their widths
+    (`fastrecord.sinks.factory.state_layout`). The size limits and
+    ``chunks_size`` are LeRobot's defaults."""
 
     wants_datasets = True
 
     def __init__(self, fps: float, task: str, video: VideoSettings, *, robot_type: str = "unknown", workers: int = 1,
+                 state_keys: Sequence[str] | None = None, state_layout: Sequence[tuple[str, int]] | None = None,
                  data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
                  video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB, chunks_size: int = DEFAULT_CHUNK_SIZE) -> None:
         import_pyarrow()  # before anything is written: the error names the install command
@@ -44,7 +49,9 @@ class LeRobotSink(Sink):
         if not (isinstance(fps, (int, float)) and fps > 0):
             raise ValueError(f"fps={fps!r} must be a positive number of rows (steps) per second")
         self.fps, self.task, self.robot_type = fps, task, robot_type
-        self.video = check_video_settings(replace(video, fps=fps))
+        self.video = check_video_settings(replace(video, fps=fps, gop=2 if video.gop is None else video.gop))
+        self.state_keys = None if state_keys is None else tuple(state_keys)
+        self.state_layout = None if state_layout is None else [(str(p), int(w)) for p, w in state_layout]
         self.workers = max(1, int(workers))
         self.limits = dict(data_files_size_in_mb=data_files_size_in_mb, video_files_size_in_mb=video_files_size_in_mb,
                            chunks_size=chunks_size)
@@ -56,7 +63,8 @@ class LeRobotSink(Sink):
         super().open(run)
         root, parts = dataset_paths(run.output_dir, run.name)
         self.writer = LeRobotWriter(root, parts, fps=self.fps, task=self.task, robot_type=self.robot_type, video=self.video,
-                                    resume=run.resuming, **self.limits)
+                                    resume=run.resuming, state_keys=self.state_keys, state_layout=self.state_layout,
+                                    **self.limits)
         from fastrecord.video.encode import use_processes
 
         if use_processes(self.video):
@@ -80,9 +88,13 @@ class LeRobotSink(Sink):
 
     def raise_if_failed(self) -> None:
         self._pool.raise_if_failed()
+        self.writer.raise_if_failed()
 
     def wait_until_done(self) -> None:
+        """Every submitted episode written, and in the dataset's files (LeRobot loads it from here on)."""
         self._pool.wait_until_done()
+        self.writer.roll(final=True)
+        self.writer.raise_if_failed()
 
     def close(self) -> None:
         """Drain the queue, then write the last dataset files (also after a failed episode: the others are

@@ -36,7 +36,7 @@ def concat_mp4(segments: Sequence[Path], out: Path) -> list[tuple[float, float]]
                     if not packets:
                         raise ValueError(f"{path} holds no video packets")
                     if ostream is None:
-                        ostream = container.add_stream_from_template(stream)
+                        ostream = container.add_stream_from_template(stream, opaque=True)
                         time_base = stream.time_base
                     elif stream.time_base != time_base:
                         raise ValueError(f"{path}: time base {stream.time_base} differs from the first video's {time_base}")
@@ -86,7 +86,7 @@ def split_mp4(src: Path, spans: Sequence[tuple[float, float]], outs: Sequence[Pa
             tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
             try:
                 with av.open(str(tmp), "w", format="mp4") as dst:
-                    ostream = dst.add_stream_from_template(stream)
+                    ostream = dst.add_stream_from_template(stream, opaque=True)
                     for p, first in got.pop(out):
                         p.pts -= first
                         p.dts -= first

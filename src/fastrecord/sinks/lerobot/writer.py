@@ -3,24 +3,29 @@
 Each finished episode first becomes a committed *part* in ``NAME.lerobot.parts/``: its camera videos
 (``ep_SSSSSSSS.<key>.mp4``, encoded in fastrecord's encoder processes) and then its rows
 (``ep_SSSSSSSS.parquet``, written under a temporary name and renamed: the commit; its parquet metadata
-carries the episode's statistics and the dataset's features). Once the committed parts, in episode
-order, pass a file size limit (LeRobot's: 100 MB of data, 500 MB of video), and at ``close()``, they
-become the next dataset file of each kind: ``data/chunk-CCC/file-FFF.parquet``, one
-``videos/<key>/chunk-CCC/file-FFF.mp4`` per camera (the episode videos joined without re-encoding,
-`fastrecord.sinks.lerobot.video.concat_mp4`) and ``meta/episodes/chunk-CCC/file-FFF.parquet``, first
-written as ``file-FFF.parquet.pending``: the commit of the file (its parquet metadata lists the parts it
-holds; the data file is written before it under a hidden name). Then ``meta/tasks.parquet``,
-``meta/stats.json`` and ``meta/info.json`` are rewritten with the new totals, the data file and then the
-episodes file take their names (so LeRobot's reader sees them and the totals together) and the parts
-are removed. Every file appears atomically, and no dataset file is ever rewritten.
+carries the episode's statistics and the dataset's features). Right after, the committed parts, in
+episode order, go into the dataset's last file group (`roll`; one thread at a time, taking every part
+committed meanwhile): ``data/chunk-CCC/file-FFF.parquet``, one ``videos/<key>/chunk-CCC/file-FFF.mp4``
+per camera and ``meta/episodes/chunk-CCC/file-FFF.parquet``. That group grows: it is rewritten with the
+new episodes after its old ones (the videos joined without re-encoding,
+`fastrecord.sinks.lerobot.video.concat_mp4`: the old episodes keep their times) until it passes a size
+limit (LeRobot's: 100 MB of data, 200 MB of video), then the next group starts; LeRobot's own writer
+rewrites its current video file at every episode the same way. Writing a group: the videos (through a
+temporary file and a rename each), the rows under a hidden name (``.file-FFF.parquet.next``), the
+episodes file as ``file-FFF.parquet.pending`` (the commit of the group: its parquet metadata lists the
+parts it holds), the renames that give both their names, then ``meta/tasks.parquet``,
+``meta/stats.json`` and ``meta/info.json`` with the new totals, and the parts are removed.
 
-After a kill, every finished episode is readable: those of earlier files in the dataset (LeRobot loads
-it: its files and meta/info.json agree, but for a kill between the two renames that end a file: a data
-file's rows wait under a hidden name, ``.file-FFF.parquet.next``, until info.json counts them), the
-others as parts (parquet + MP4). Opening the writer again on the same folders (``resume``:
-``if_exists="resume"``, or `repair`, which ``fastrecord consolidate NAME.lerobot`` runs) removes what
-an interrupted step left half done (dataset files past the last committed episodes file, parts already
-in a file, videos of uncommitted parts) and carries on: the pending parts go into the next file.
+Rewrites keep to a third of the time (`roll`: parts committed within twice the last write's duration
+wait for a timer). LeRobot's reader reads the episodes and rows that meta/info.json counts (its length
+is ``total_frames``), and every file appears atomically, so after a kill at any moment LeRobot loads the
+dataset as it is, with every episode a group write took in, every frame readable:
+rows and episodes past info.json's totals wait there unseen, a video's episodes past them are never
+asked for. Opening the writer again on the same folders (``resume``: ``if_exists="resume"``, or
+`repair`, which ``fastrecord consolidate NAME.lerobot`` runs) finishes a committed group's renames,
+counts what info.json did not, removes what an interrupted step left half done (dataset files past the
+last committed episodes file, parts already in a file, videos of uncommitted parts) and carries on: the
+pending parts go into a new file group.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,16 +52,22 @@ from fastrecord.sinks.lerobot.layout import (
     STATS_PATH,
     TASKS_PATH,
     VIDEO_PATH,
-    aggregate_stats,
     chunk_file,
     episode_columns,
-    episode_stats,
     features_of,
-    flat_stats,
     info_json,
-    unflat_stats,
+    state_leaves,
+    state_names,
     write_file,
     write_json,
+)
+from fastrecord.sinks.lerobot.stats import (
+    aggregate_stats,
+    episode_stats,
+    flat_stats,
+    listed,
+    unflat_stats,
+    vector_stats,
 )
 
 PART_META = b"fastrecord.lerobot.part"  # a part's parquet metadata: its episode and the dataset's settings
@@ -93,6 +105,19 @@ class _Part:
     entry: dict[str, Any] = field(default_factory=dict)  # the episode's place in a sharded run (global_index, source_rank)
 
 
+@dataclass
+class _OpenFile:
+    """The last file group of the dataset, still growing: rewritten with each new batch of parts until
+    it passes a size limit."""
+
+    group: int  # its running number (chunk_file)
+    parts: list[int] = field(default_factory=list)  # the parts it holds
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    rows: Any = None  # its meta/episodes rows (a pyarrow Table; None: no episode yet)
+    data_bytes: int = 0
+    video_bytes: dict[str, int] = field(default_factory=dict)
+
+
 class LeRobotWriter:
     """Owns: the dataset folder ``root`` and its parts folder ``parts`` (see the module docstring), the
     order of the episodes (``reserve``), the files written so far and the dataset's features (fixed by
@@ -102,6 +127,7 @@ class LeRobotWriter:
 
     def __init__(self, root: Path, parts: Path, *, fps: float | None = None, task: str | None = None,
                  robot_type: str | None = None, video: Any = None, resume: bool = False,
+                 state_keys: Sequence[str] | None = None, state_layout: Sequence[tuple[str, int]] | None = None,
                  chunks_size: int = DEFAULT_CHUNK_SIZE, data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
                  video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB) -> None:
         self.pa = import_pyarrow()
@@ -111,17 +137,24 @@ class LeRobotWriter:
         self.root, self.parts = Path(root), Path(parts)
         self.fps, self.task, self.robot_type = fps, task, robot_type
         self.video = video  # fastrecord.video.VideoSettings of the episode videos (fps = the dataset's)
+        self.state_keys = state_keys  # observation leaves of observation.state (None: all but the cameras')
+        self.state_layout = state_layout  # the env's state leaves (path, width) in its order
         self.chunks_size, self.data_mb, self.video_mb = chunks_size, data_files_size_in_mb, video_files_size_in_mb
         self.features: dict[str, Any] | None = None
         self.files = 0  # dataset files written (of each kind)
         self.episodes = 0  # episodes in them
         self.frames = 0  # rows in them
-        self._episode_stats: list[dict[str, Any]] = []  # per episode in files, for stats.json
+        self._stats: dict[str, Any] | None = None  # stats.json: the episodes' in files, aggregated as LeRobot does
+        self._open: _OpenFile | None = None  # the file group still growing (None: the next batch starts one)
         self._order: list[int] = []  # parts expected, in episode order, not yet in a file
         self._ready: dict[int, _Part] = {}  # committed parts by sequence number
         self._next_seq = 0
         self._lock = threading.Lock()  # the fields above
         self._files_lock = threading.Lock()  # one thread writes dataset files at a time
+        self._quiet_until = 0.0  # time.monotonic() before which parts wait (`roll`)
+        self._timer: threading.Timer | None = None  # writes the waiting parts after the quiet time
+        self._error: BaseException | None = None  # the timer's write failed: raised by the next call
+        self._closed = False
         if resume:
             self._recover()
         elif self._holds_anything():
@@ -140,14 +173,15 @@ class LeRobotWriter:
 
     def write_episode(self, seq: int, datasets: Mapping[str, np.ndarray], length: int,
                       entry: Mapping[str, Any] | None = None) -> None:
-        """Commit episode ``seq`` as a part (videos encoded, then its rows), then write dataset files if
-        the committed parts passed a size limit. ``entry``: JSON fields kept with the episode in the
-        parquet metadata (a sharded run's ``global_index`` and ``source_rank``: `episode_entries` reads
-        them back, `fastrecord.sinks.lerobot.join` orders the joined dataset by them)."""
+        """Commit episode ``seq`` as a part (videos encoded, then its rows, statistics computed), then
+        put the committed parts into the dataset's files (`roll`). ``entry``: JSON fields kept with the
+        episode in the parquet metadata (a sharded run's ``global_index`` and ``source_rank``:
+        `episode_entries` reads them back, `fastrecord.sinks.lerobot.join` orders the joined dataset by them)."""
         from fastrecord.video import encode_mp4
 
-        cols, images = episode_columns(datasets, length, self.fps)
-        features = features_of(cols, images, self.fps, self.video.codec if self.video else "h264")
+        cols, images = episode_columns(datasets, length, self.fps, self.state_keys, self.state_layout)
+        names = state_names(state_leaves(datasets, self.state_keys, self.state_layout), datasets, self.state_layout)
+        features = features_of(cols, images, self.fps, self.video.codec if self.video else "libx264", names)
         with self._lock:
             if self.features is None:
                 self.features = features
@@ -160,7 +194,7 @@ class LeRobotWriter:
         for key, frames in images.items():
             written = Path(encode_mp4(self.parts / f"ep_{seq:08d}.{key}.mp4", frames, self.video))
             videos[key], video_bytes[key] = written.name, written.stat().st_size
-        stats = episode_stats(cols, images)
+        stats = episode_stats(cols, images, self.fps)
         entry = dict(entry or {})
         meta = dict(seq=seq, length=int(length), stats=stats, videos=videos, dataset=self._settings(), entry=entry)
         table = self._table(cols).replace_schema_metadata({PART_META: json.dumps(meta)})
@@ -200,56 +234,115 @@ class LeRobotWriter:
 
     # -------------------------------------------------------------- dataset files
     def roll(self, final: bool = False) -> None:
-        """Write dataset files of the committed parts in episode order: those past a size limit (each file
-        closed once past it), or with ``final`` all of them. Returns at once while another thread is at
-        it (that thread takes the newly committed parts too), unless ``final``."""
+        """Put the committed parts, in episode order, into the dataset's files: the last file group grows
+        (is rewritten with them) until it passes a size limit, then the next one starts. Returns at once
+        while another thread is at it (that thread takes the newly committed parts too), unless ``final``.
+        A rewrite costs more as its group grows, so writing keeps to a third of the time: until twice the
+        last write's duration has passed, the parts wait (committed; a timer writes them then)."""
+        if not final:
+            self.raise_if_failed()
         while True:
+            if not final and time.monotonic() < self._quiet_until:
+                self._wake_later()
+                return
             if not self._files_lock.acquire(blocking=final):
                 return
             try:
                 while True:
                     with self._lock:
-                        batch = self._next_file(final)
+                        batch = self._committed()
                     if not batch:
                         break
-                    self._write_file(batch)
+                    start = time.monotonic()
+                    self._write_batch(batch)
+                    self._quiet_until = time.monotonic() + 2 * (time.monotonic() - start)
                     with self._lock:
                         for part in batch:
                             self._order.remove(part.seq)
                             del self._ready[part.seq]
+                    if not final:  # the parts committed meanwhile wait for the quiet time
+                        break
             finally:
                 self._files_lock.release()
             with self._lock:  # a part committed while this thread held the lock, and its thread returned
-                if final or not self._next_file(False):
+                if final or not self._committed():
                     return
 
-    def _next_file(self, final: bool) -> list[_Part]:
-        """The parts of the next dataset file: the committed prefix of the episode order up to the part that
-        passes a size limit; with ``final`` the whole committed prefix if none does."""
+    def _wake_later(self) -> None:
+        """A timer that writes the waiting parts once the quiet time is over (one at a time)."""
+        with self._lock:
+            if self._timer is not None or self._closed:
+                return
+            self._timer = threading.Timer(max(0.0, self._quiet_until - time.monotonic()), self._on_timer)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._closed:
+                return
+        try:
+            self.roll()
+        except BaseException as e:  # noqa: BLE001 - kept, raised in the caller's thread (raise_if_failed)
+            self._error = self._error or e
+
+    def raise_if_failed(self) -> None:
+        """Raise the error of a background write (the timer's), once, in the caller's thread."""
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _committed(self) -> list[_Part]:
+        """The committed prefix of the episode order."""
         batch: list[_Part] = []
-        data, video = 0, {}
         for seq in self._order:
             part = self._ready.get(seq)
             if part is None:
                 break
             batch.append(part)
-            data += part.data_bytes
-            for k, v in part.video_bytes.items():
-                video[k] = video.get(k, 0) + v
-            if data >= self.data_mb * 2**20 or any(v >= self.video_mb * 2**20 for v in video.values()):
-                return batch
-        return batch if final else []
+        return batch
 
-    def _write_file(self, batch: Sequence[_Part]) -> None:
+    def _write_batch(self, batch: Sequence[_Part]) -> None:
+        """Write ``batch`` into the open file group, closing it (and starting the next) where a size limit
+        is passed."""
+        i = 0
+        while i < len(batch):
+            open_ = self._open or _OpenFile(self.files)
+            data, video = open_.data_bytes, dict(open_.video_bytes)
+            j, full = i, False
+            while j < len(batch) and not full:
+                part = batch[j]
+                data += part.data_bytes
+                for k, v in part.video_bytes.items():
+                    video[k] = video.get(k, 0) + v
+                full = data >= self.data_mb * 2**20 or any(v >= self.video_mb * 2**20 for v in video.values())
+                j += 1
+            self._write_file(open_, batch[i:j])
+            self._open = None if full else open_
+            i = j
+
+    def _write_file(self, open_: _OpenFile, batch: Sequence[_Part]) -> None:
+        """(Re)write the file group ``open_`` with ``batch`` after the episodes it holds: each camera's video
+        (the old file's packets, then the parts', without re-encoding: the episodes already in it keep their
+        times), then the rows under a hidden name, then the episodes file as ``.pending`` (the commit), the
+        renames that give both their names, and the meta files, meta/info.json last: LeRobot's reader reads
+        the rows and episodes info.json counts, so every step leaves the dataset it loads whole."""
         pa = self.pa
-        chunk, file = chunk_file(self.files, self.chunks_size)
+        chunk, file = chunk_file(open_.group, self.chunks_size)
         where = dict(chunk_index=chunk, file_index=file)
         cameras = [k for k, v in (self.features or {}).items() if v.get("dtype") == "video"]
         from fastrecord.sinks.lerobot.video import concat_mp4
 
-        spans = {k: concat_mp4([self.parts / p.videos[k] for p in batch], self.root / VIDEO_PATH.format(video_key=k, **where))
-                 for k in cameras}
-        tables, rows = [], []
+        spans = {}
+        for k in cameras:
+            path = self.root / VIDEO_PATH.format(video_key=k, **where)
+            old = [path] if open_.rows is not None else []
+            spans[k] = concat_mp4([*old, *(self.parts / p.videos[k] for p in batch)], path)[len(old):]
+            open_.video_bytes[k] = path.stat().st_size
+        data = self.root / DATA_PATH.format(**where)
+        tables = [self.pq.read_table(data)] if open_.rows is not None else []
+        rows = []
         first, index = self.episodes, self.frames
         for j, part in enumerate(batch):
             t = self.pq.read_table(self.parts / f"ep_{part.seq:08d}.parquet").replace_schema_metadata(None)
@@ -257,7 +350,7 @@ class LeRobotWriter:
             t = t.set_column(t.schema.get_field_index("episode_index"), "episode_index", pa.array(np.full(n, ep, np.int64)))
             t = t.set_column(t.schema.get_field_index("index"), "index", pa.array(np.arange(index, index + n, dtype=np.int64)))
             tables.append(t)
-            stats = _placed(part.stats, ep, index)
+            stats = _placed(part.stats, ep, index, n)
             row: dict[str, Any] = {"episode_index": ep, "tasks": [self.task], "length": n, "data/chunk_index": chunk,
                                    "data/file_index": file, "dataset_from_index": index, "dataset_to_index": index + n}
             for k in cameras:
@@ -266,37 +359,45 @@ class LeRobotWriter:
             row.update(flat_stats(stats))
             row.update({"meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file})
             rows.append(row)
-            self._episode_stats.append(stats)
+            # as LeRobot's save_episode aggregates: the dataset's so far with the new episode's
+            self._stats = stats if self._stats is None else aggregate_stats([self._stats, stats])
             index += n
-        data = self.root / DATA_PATH.format(**where)
         staged = _staged(data)  # hidden from LeRobot's reader (which loads every data/*/*.parquet) until info.json counts it
         self._write_parquet(pa.concat_tables(tables), staged)
-        meta = dict(parts=[p.seq for p in batch], entries=[p.entry for p in batch], dataset=self._settings())
-        episodes = pa.Table.from_pylist(rows).replace_schema_metadata({FILE_META: json.dumps(meta)})
+        open_.data_bytes = staged.stat().st_size
+        new_rows = pa.Table.from_pylist(rows)
+        if open_.rows is not None:
+            new_rows = pa.concat_tables([open_.rows, new_rows], promote_options="default")
+        open_.rows = new_rows
+        open_.parts += [p.seq for p in batch]
+        open_.entries += [p.entry for p in batch]
+        meta = dict(parts=open_.parts, entries=open_.entries, dataset=self._settings())
+        episodes = open_.rows.replace_schema_metadata({FILE_META: json.dumps(meta)})
         final = self.root / EPISODES_PATH.format(**where)
         pending = final.with_name(final.name + PENDING)  # complete, but not yet counted by info.json
         self._write_parquet(episodes, pending)  # the commit of this file: a recovery finishes the steps below
-        self.files, self.episodes, self.frames = self.files + 1, first + len(batch), index
-        self._write_meta()
-        staged.replace(data)  # LeRobot's reader sees the rows and the episodes with info.json's new totals
-        pending.replace(final)  # (but for a kill between these two renames)
+        self.files, self.episodes, self.frames = max(self.files, open_.group + 1), first + len(batch), index
+        staged.replace(data)  # rows past info.json's totals: LeRobot's reader reads only what info.json counts
+        pending.replace(final)
+        self._write_meta()  # info.json last: LeRobot's reader sees the new episodes from here on
         for part in batch:
-            self._remove_part(part.seq)
+            self._remove_part(part)
 
     def _write_meta(self) -> None:
         import pandas as pd
 
         info = info_json(features=self.features or {}, fps=self.fps, robot_type=self.robot_type or "unknown",
-                         episodes=self.episodes, frames=self.frames, files=self.files, chunks_size=self.chunks_size,
+                         episodes=self.episodes, frames=self.frames, chunks_size=self.chunks_size,
                          data_mb=self.data_mb, video_mb=self.video_mb)
         tasks = pd.DataFrame({"task_index": [0]}, index=[self.task])
         self._write_parquet(self.pa.Table.from_pandas(tasks), self.root / TASKS_PATH)
-        write_json(self.root / STATS_PATH, aggregate_stats(self._episode_stats))
+        write_json(self.root / STATS_PATH, self._stats or {})
         write_json(self.root / INFO_PATH, info)
 
-    def _remove_part(self, seq: int) -> None:
-        for p in self.parts.glob(f"ep_{seq:08d}.*"):
-            p.unlink(missing_ok=True)
+    def _remove_part(self, part: _Part) -> None:
+        """Its files by name (a glob would list the whole parts folder for every episode)."""
+        for name in (f"ep_{part.seq:08d}.parquet", *part.videos.values()):
+            (self.parts / name).unlink(missing_ok=True)
 
     # -------------------------------------------------------------- recovery
     def _holds_anything(self) -> bool:
@@ -313,16 +414,22 @@ class LeRobotWriter:
                 _staged(data).replace(data)
             p.replace(final)  # committed: info.json is rewritten below
         paths = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+        found: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []
         for path in paths:
             table = self.pq.read_table(path)
             meta = json.loads(table.schema.metadata[FILE_META])
             consumed.update(meta["parts"])
             self._take_settings(meta["dataset"])
-            for row in table.to_pylist():
-                self._episode_stats.append(unflat_stats(row))
+            rows = table.to_pylist()
+            for row in rows:
+                found.append(unflat_stats(row))
                 self.frames = max(self.frames, int(row["dataset_to_index"]))
             self.episodes += table.num_rows
+        self._stats = aggregate_stats(found) if found else None
         self.files = len(paths)
+        if paths:
+            self._trim_videos(len(paths) - 1, rows)
         for kind in ("data", "videos"):  # files of a file group whose episodes file was never committed
             for p in (self.root / kind).rglob("*") if (self.root / kind).is_dir() else ():
                 m = re.match(r"^chunk-(\d+)$", p.parent.name), re.match(r"^file-(\d+)\.(parquet|mp4)$", p.name)
@@ -357,6 +464,22 @@ class LeRobotWriter:
             self._write_meta()  # what a kill after a file's commit left undone
         self._next_seq = max(seqs) + 1 if seqs else 0
 
+    def _trim_videos(self, group: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Cut the last file group's videos back to its episodes (``rows``): a kill after a video's new
+        version and before its episodes file left frames past them (unread, but not part of the dataset)."""
+        from fastrecord.sinks.lerobot.video import split_mp4
+
+        where = dict(zip(("chunk_index", "file_index"), chunk_file(group, self.chunks_size)))
+        for key in [k for k, v in (self.features or {}).items() if v.get("dtype") == "video"]:
+            path = self.root / VIDEO_PATH.format(video_key=key, **where)
+            end = max(float(r[f"videos/{key}/to_timestamp"]) for r in rows)
+            with av_open(path) as c:
+                stream = c.streams.video[0]
+                last = max((p.pts + (p.duration or 0) for p in c.demux(stream) if p.pts is not None), default=0)
+                longer = float(last * stream.time_base) > end + 1e-6
+            if longer:
+                split_mp4(path, [(0.0, end)], [path])
+
     @property
     def pending(self) -> int:
         """Committed episodes not yet in a dataset file."""
@@ -365,10 +488,14 @@ class LeRobotWriter:
 
     def close(self) -> None:
         """Put every committed part into dataset files (parts that never committed are dropped: their
-        episodes failed), then remove the parts folder."""
+        episodes failed), then remove the parts folder; raises a background write's error."""
         with self._lock:
             self._order = [s for s in self._order if s in self._ready]
+            self._closed, timer, self._timer = True, self._timer, None
+        if timer is not None:
+            timer.cancel()
         self.roll(final=True)
+        self.raise_if_failed()
         if self.parts.is_dir():
             for p in self.parts.iterdir():
                 if not PART_RE.match(p.name):
@@ -377,19 +504,23 @@ class LeRobotWriter:
                 shutil.rmtree(self.parts, ignore_errors=True)
 
 
+def av_open(path: Path) -> Any:
+    import av
+
+    return av.open(str(path))
+
+
 def _staged(data: Path) -> Path:
     """Where a data file's rows wait, hidden, until meta/info.json counts them (``.file-FFF.parquet.next``)."""
     return data.with_name(f".{data.name}.next")
 
 
-def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: int) -> dict[str, dict[str, Any]]:
+def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: int,
+            n: int) -> dict[str, dict[str, Any]]:
     """An episode's statistics with its final ``episode_index`` and ``index`` (the part's were provisional)."""
     out = {k: dict(v) for k, v in stats.items()}
-    n = out["frame_index"]["count"]
-    out["episode_index"] = {"min": [episode], "max": [episode], "mean": [float(episode)], "std": [0.0], "count": n}
-    f = out["frame_index"]
-    out["index"] = {"min": [f["min"][0] + first_index], "max": [f["max"][0] + first_index],
-                    "mean": [f["mean"][0] + first_index], "std": f["std"], "count": n}
+    out["episode_index"] = listed(vector_stats(np.full(n, episode, dtype=np.int64)))
+    out["index"] = listed(vector_stats(np.arange(first_index, first_index + n, dtype=np.int64)))
     return out
 
 
