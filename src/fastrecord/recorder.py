@@ -200,6 +200,20 @@ class EpisodeRecorder:
                 out.update(flatten_tree(self.view.batch(value), name))
         return out
 
+    def _size_writers(self, leaves: Mapping[str, Any]) -> None:
+        """``trajectory_writers=None``: at the first reset, size the HDF5 writers from the observations the env
+        returned (it may declare a flat Box and return camera images): image leaves get more writers."""
+        if self.trajectory is None or self.options.trajectory_writers is not None:
+            return
+        from fastrecord.options import default_trajectory_writers, usable_cores
+        from fastrecord.sinks.maniskill_h5.layout import IMAGE_KEYS
+
+        images = any(n.startswith("obs") and n.rsplit("/", 1)[-1] in IMAGE_KEYS for n in leaves)
+        wanted = default_trajectory_writers(usable_cores(), images)
+        if wanted > self.trajectory.writers:
+            self.trajectory.add_writers(wanted)
+            self.run.options["trajectory_writers"] = wanted  # the manifest records the count used
+
     def _reserve_staging(self, buf: EpisodeBuffer) -> None:
         """At the first reset: have the staging pool make (and pin) an arena for a batch of finished
         episodes' frames on a background thread now, so the first episodes out do not wait for it."""
@@ -233,11 +247,12 @@ class EpisodeRecorder:
         buf.start(env_idx, leaves)
         if not self._staging_reserved:
             self._reserve_staging(buf)
+            self._size_writers(leaves)
         self._zero_returns(env_idx)
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
         if self.view.per_env_seeds:  # per-env episodes: the env's own seed (where the caller's was, else last)
-            rest = {k: v for k, v in reset_kwargs.items() if k != "options"}
+            rest = dict(reset_kwargs)  # options (what a sub-env's reset got) as RecordEpisode records them
             rest.setdefault("seed", None)
             for e, seed in zip(np.asarray(env_idx).tolist(), self._seeds[env_idx].tolist()):
                 self._reset_kwargs[e] = {k: seed if k == "seed" else copy.deepcopy(v) for k, v in rest.items()}
