@@ -26,7 +26,9 @@ def _base_envs(env: Any) -> list[Any]:
 
 def _pick_cube_action(u: Any) -> torch.Tensor:
     cube, tcp, goal = u.cube.pose.p, u.agent.tcp.pose.p, u.goal_site.pose.p
-    grasped = u.agent.is_grasping(u.cube)
+    # at an episode's first step the contacts are the previous episode's (a reset runs no physics step):
+    # the first action then depends on what came before, and a dataset on the world size and on resumes
+    grasped = u.agent.is_grasping(u.cube) & (u.elapsed_steps > 0).to(cube.device)
     dxy = torch.linalg.norm((cube - tcp)[:, :2], dim=1)
     dz = tcp[:, 2] - cube[:, 2]
     above = cube + torch.tensor([0.0, 0.0, 0.04], device=cube.device)
