@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fastrecord.envs import ManiSkillView, SubEnvAccess, VectorEnvView
-from fastrecord.options import RecordOptions, options_help, wrapper_signature
+from fastrecord.options import RecordOptions, check_output_dir, options_help, wrapper_signature
 from fastrecord.recorder import EpisodeRecorder, to_numpy
 from fastrecord.sinks.base import Sink
 
@@ -62,6 +62,7 @@ class _RecorderMixin:
 
     def _make_recorder(self, view: Any, output_dir: str | Path, args: tuple, kwargs: dict[str, Any],
                        sinks: Sequence[Sink]) -> None:
+        check_output_dir(output_dir, type(self).__name__)
         try:
             options = RecordOptions(*args, **kwargs)
         except TypeError as e:  # an unknown or doubled argument
@@ -233,9 +234,12 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         env_idx = _env_idx(options, self.num_envs, "reset_mask")
         if self.save_on_reset:
             self._rec.finalize(env_idx)
+        elif self._rec.buffer is not None:
+            self._rec.buffer.end(env_idx)  # not saved: ManiSkill's save_on_reset=False, as RecordEpisode
         obs, info = self.env.reset(seed=seed, options=options)
         self._pending_restart[env_idx] = False
-        kw: dict[str, Any] = {"options": {k: v for k, v in (options or {}).items() if k != "reset_mask"}}
+        rest = {k: v for k, v in (options or {}).items() if k != "reset_mask"}  # what each sub-env's reset got
+        kw: dict[str, Any] = {"options": _plain(rest) or None}  # None as RecordEpisode records a reset without options
         self._rec.on_reset(obs, env_idx, kw)
         return obs, info
 
@@ -247,7 +251,7 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         done = np.logical_or(to_numpy(terminated), to_numpy(truncated))
         if self._autoreset:
             self._pending_restart = done
-            if done.any():
+            if done.any() and self.save_on_reset:  # else flush_trajectory() before the next step saves it
                 self._rec.finalize(np.flatnonzero(done))
         return obs, rew, terminated, truncated, info
 
