@@ -126,7 +126,8 @@ def test_writers_follow_the_observations_returned_not_the_declared_space(make_en
         env.close()
     assert json.loads((tmp_path / "t.fastrecord.json").read_text())["options"]["trajectory_writers"] == 2
     with h5py.File(tmp_path / "t.h5", "r") as f:  # both episodes written, images read back
-        assert [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"].shape for i in (0, 1)] == [(4, 16, 16, 3), (2, 16, 16, 3)]
+        shapes = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"].shape for i in (0, 1)]
+        assert shapes == [(4, 16, 16, 3), (2, 16, 16, 3)]
 
 
 def test_explicit_writers_are_used_as_given(make_env, tmp_path):

@@ -22,7 +22,8 @@ import pytest
 from test_shards import TORCHRUN, _env
 
 POLICY = ["--policy", "fastrecord.policies:pick_cube_policy", "--control-mode", "pd_ee_delta_pos"]
-RECORD = ["-m", "fastrecord", "record", "PickCube-v1", *POLICY, "--max-episode-steps", "30", "--no-video", "--seed", "3"]
+RECORD = ["-m", "fastrecord", "record", "PickCube-v1", *POLICY, "--max-episode-steps", "30", "--no-video",
+          "--seed", "3"]
 EPISODES = 6
 
 

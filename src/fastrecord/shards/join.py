@@ -275,7 +275,8 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     return report
 
 
-def _join_results(run_dir: Path, name: str, shards: dict[int, Path], chosen: dict[int, tuple[int, dict[str, Any]]]) -> None:
+def _join_results(run_dir: Path, name: str, shards: dict[int, Path],
+                  chosen: dict[int, tuple[int, dict[str, Any]]]) -> None:
     """``DIR/NAME.results.jsonl``: every global episode's results row once, by global index, as an unsharded
     run's (``episode_id`` its id in the joined ``NAME.h5``, null if not kept; ``video`` relative to ``DIR``):
     a kept episode's row is the one of the shard entry joined, an episode not kept gets its last row."""
