@@ -201,3 +201,16 @@ def test_python_errors_name_the_parameter_not_a_flag(tmp_path):
                                          r"pass width=16384 or less$"):
         replay_trajectories(tmp_path / "demo.h5", tmp_path / "out", width=20000)
     assert not (tmp_path / "out").exists()
+
+
+def test_frames_larger_than_h264_are_refused_before_anything_renders(make_env, tmp_path):
+    """A human render camera wider than libx264 encodes (16384): refused when the wrapper is made, naming the
+    camera and the fix (the encoder refused it only after an episode had rendered, leaving a run behind)."""
+    out = tmp_path / "out"
+    env = make_env("PickCube-v1", human_render_camera_configs=dict(width=20000, height=64))
+    with pytest.raises(ValueError, match=r"camera 'render_camera' makes 20000x64 frames, larger than the 16384 pixels "
+                                         r"a side H.264 \(libx264\) encodes; create the env with "
+                                         r"human_render_camera_configs=dict\(width=..., height=...\)"):
+        RecordEpisode(env, out)
+    assert not out.exists()
+    RecordEpisode(env, out, save_video=False).close()  # trajectories alone render nothing

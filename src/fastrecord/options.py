@@ -105,8 +105,8 @@ class RecordOptions:
     video_preset: str = _opt("ultrafast", "libx264 preset (ultrafast keeps up with GPU envs)", kw_only=True)
     video_workers: int | None = _opt(None, "background encoder processes (None: one per usable core, at most 16)", kw_only=True)
     trajectory_writers: int | None = _opt(
-        None, "HDF5 writer processes, each compressing whole batches of episodes (None: chosen when the recorder is "
-        "built: 1 when the observations hold no image leaves, else half the usable cores, 1 to 8)", kw_only=True)
+        None, "HDF5 writer processes, each compressing whole batches of episodes (None: 1 when the observations hold "
+        "no image leaves, else half the usable cores, 1 to 8; decided from the first reset's observations)", kw_only=True)
     trajectory_compression: str = _opt(
         "gzip:1", "compression of image observations in NAME.h5: 'gzip:1' ... 'gzip:9' (ManiSkill writes 'gzip:5'), "
         "'lzf' or 'none' (docs/format.md: Image observations on disk)", kw_only=True)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
-from fastrecord.cameras import check_video_source
+from fastrecord.cameras import check_frame_sides, check_video_source
 from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
 from fastrecord.exits import close_at_exit, forget_at_exit
@@ -63,6 +63,8 @@ class EpisodeRecorder:
                 f"or set save_video=False."
             )
         check_video_source(opts.video_source, view.env)  # a bad camera name: before the run directory is made
+        if opts.save_video:
+            check_frame_sides(opts.video_source, view.env)  # frames H.264 cannot encode: likewise
         self.options = opts
         self.view = view
         self.num_envs = view.num_envs
