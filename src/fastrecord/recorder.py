@@ -47,6 +47,10 @@ def _with_env_dim(action: Any, space: Any) -> Any:
     return action[None] if shape is not None and tuple(np.shape(action)) == tuple(shape) else action
 
 
+# reset options that say which env slots reset: where an episode ran, not what it is (not in its reset_kwargs)
+ENV_SLOT_KEYS = ("env_idx", "reset_mask")
+
+
 class EpisodeRecorder:
     """Owns: the `EpisodeBuffer`, the sinks (made by `build_sinks`), the `RunDirectory`, episode ids,
     per-env episode metadata (seed, reset kwargs, running return) and the keep filter.
@@ -254,7 +258,9 @@ class EpisodeRecorder:
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
         if self.view.per_env_seeds:  # per-env episodes: the env's own seed (where the caller's was, else last)
-            rest = dict(reset_kwargs)  # options (what a sub-env's reset got) as RecordEpisode records them
+            rest = dict(reset_kwargs)
+            if "options" in rest:  # as RecordEpisode records them, less the env slots (which depend on the layout)
+                rest["options"] = {k: v for k, v in (rest["options"] or {}).items() if k not in ENV_SLOT_KEYS} or None
             rest.setdefault("seed", None)
             for e, seed in zip(np.asarray(env_idx).tolist(), self._seeds[env_idx].tolist()):
                 self._reset_kwargs[e] = {k: seed if k == "seed" else copy.deepcopy(v) for k, v in rest.items()}
