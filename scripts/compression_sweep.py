@@ -1,4 +1,4 @@
-"""Size and speed of the HDF5 layouts and compressions for image observations (README "Image observations
+"""Size and speed of the HDF5 layouts and compressions for image observations (docs/format.md "Image observations
 on disk"): PickCube-v1 sensor frames under random actions, written with h5py as fastrecord's writer does.
 
     python scripts/compression_sweep.py                    # 64x64 and 128x128, 2 episodes of 41 frames

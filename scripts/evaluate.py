@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
                         "(VIDEO_DIR/tensorboard) or W&B (VIDEO_DIR/wandb); --keep all for the policy's success rate")
     # every other recording option (--keep, --if-exists, --video-crf, ...), from fastrecord.RecordOptions;
-    # make_eval_envs decides the info overlay and the video pieces (the baseline's videos)
-    recording = add_record_flags(p, exclude=("save_trajectory", "trajectory_name", "info_on_video", "max_steps_per_video"),
+    # make_eval_envs decides the info overlay and the video pieces (the baseline's videos); save_on_reset=False would
+    # save nothing (this script makes no flush_* calls)
+    recording = add_record_flags(p, exclude=("save_trajectory", "trajectory_name", "info_on_video",
+                                             "max_steps_per_video", "save_on_reset"),
                                  defaults={"keep": "success"})
     args = p.parse_args(argv)
     keep = args.keep or "success"

@@ -108,25 +108,53 @@ def read_only(tmp_path):
         yield mnt
 
 
-def run_then_kill(argv: list[str], min_finished: int, extra_s: float, sig: int = signal.SIGKILL) -> tuple[int, int]:
+def run_then_kill(argv: list[str], min_finished: int, extra_s: float, sig: int = signal.SIGKILL,
+                  timeout: float = 300, stop_timeout: float = 120) -> tuple[int, int]:
     """Start the worker ``argv`` (it prints ``finished N`` as episodes become durable), wait until ``min_finished``,
-    go on ``extra_s``, send ``sig``. Returns (episodes the worker had reported durable, its exit status)."""
+    go on ``extra_s``, send ``sig``. Returns (episodes the worker had reported durable, its exit status).
+
+    Never hangs: a worker that has not reported ``min_finished`` within ``timeout`` s (silent or not), or one
+    that outlives ``sig`` by ``stop_timeout`` s, is SIGKILLed and the test fails (the reads wait on a
+    deadline, not on the worker's next line)."""
+    import selectors
+
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    finished = 0
+    os.set_blocking(proc.stdout.fileno(), False)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    finished, pending = 0, ""
+
+    def read_until(deadline: float, enough: int | None) -> bool:
+        """Read the worker's lines until ``deadline``, its exit, or (``enough``) that many finished."""
+        nonlocal finished, pending
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+                if proc.poll() is not None:
+                    return False
+                continue
+            chunk = proc.stdout.read()
+            if not chunk:  # end of file: the worker closed its output (exited)
+                return False
+            *lines, pending = (pending + chunk).split("\n")
+            for line in lines:
+                if line.startswith("finished"):
+                    finished = int(line.split()[1])
+            if enough is not None and finished >= enough:
+                return True
+        return enough is None
+
     try:
-        deadline = time.monotonic() + 300
-        for line in proc.stdout:
-            if line.startswith("finished"):
-                finished = int(line.split()[1])
-                if finished >= min_finished:
-                    break
-            assert time.monotonic() < deadline, "worker too slow"
-        os.set_blocking(proc.stdout.fileno(), False)
-        time.sleep(extra_s)  # now kill at an arbitrary moment of recording/writing
-        for line in proc.stdout:  # reports printed meanwhile
-            if line.startswith("finished"):
-                finished = int(line.split()[1])
+        reached = read_until(time.monotonic() + timeout, min_finished)
+        assert reached or proc.poll() is not None, f"worker too slow: {finished}/{min_finished} episodes in {timeout} s"
+        read_until(time.monotonic() + extra_s, None)  # now kill at an arbitrary moment of recording/writing
     finally:
         proc.send_signal(sig)
-        code = proc.wait(timeout=120)
+        try:
+            code = proc.wait(timeout=stop_timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"worker did not stop within {stop_timeout} s of signal {sig}") from None
+        finally:
+            sel.close()
     return finished, code

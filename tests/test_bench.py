@@ -49,7 +49,13 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     assert io["trajectory_writers"] is None and io["default_writers"] == default_trajectory_writers(usable_cores(), True)
     assert f"default: trajectory_writers=None -> {io['default_writers']} (chosen for {usable_cores()} usable cores" in table
     (tuned,) = io["sweep"]
-    assert tuned["trajectory_writers"] == tuned["run"]["writers_started"] == 2 and tuned["ratio"] > 0
+    assert tuned["trajectory_writers"] == tuned["run"]["writers_started"] == 2
+    # every ratio is the quotient of the two rates it names (not just positive): tuned, and the summary's speedup
+    assert tuned["ratio"] == pytest.approx(tuned["run"]["env_steps_per_s"] / io["maniskill_runs"][0]["env_steps_per_s"])
+    assert tuned["ratio_with_setup"] == pytest.approx(
+        tuned["run"]["env_steps_per_s_with_setup"] / io["maniskill_runs"][0]["env_steps_per_s_with_setup"])
+    speedup = fr["env_frames_per_s"] / r["maniskill"]["env_frames_per_s"]
+    assert r["summary"]["speedup"] == pytest.approx(speedup) and f"{speedup:.1f}x" in table
     assert tuned["run"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"]
     assert "imageobs, tuned: trajectory_writers=2 (not the default)" in table
     # the same pair beside a spinning process (BenchConfig's default imageobs_busy_cores=1), in the same run

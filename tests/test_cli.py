@@ -74,10 +74,29 @@ def _write(path, text: str):
 
 BAD_INPUTS = [
     # (argv after the command, regex of the message)
-    (["record", "--num-envs", "0"], r"num_envs=0 must be at least 1; pass --num-envs N"),
-    (["record", "--episodes", "0"], r"episodes=0 must be at least 1; pass --episodes N"),
-    (["record", "--width", "-64"], r"width=-64 must be at least 1; pass --width N"),
-    (["record", "--height", "-1"], r"height=-1 must be at least 1; pass --height N"),
+    (["record", "--num-envs", "0"], r"num_envs=0 must be at least 1; pass num_envs=1 or more \(the --num-envs flag"),
+    (["record", "--episodes", "0"], r"episodes=0 must be at least 1; .*the --episodes flag"),
+    (["record", "--width", "-64"], r"width=-64 must be at least 1; .*the --width flag"),
+    (["record", "--width", "100000"], r"width=100000 is larger than the 16384 pixels H.264 \(libx264\) encodes; pass "
+                                      r"width=16384 or less \(the --width flag"),
+    (["record", "--height", "-1"], r"height=-1 must be at least 1; .*the --height flag"),
+    (["record", "--reward-mode", "foo"], r"reward_mode='foo' is not a reward mode of PickCube-v1; use one of "
+                                         r"normalized_dense, dense, sparse, none$"),
+    (["record", "--env-kwargs", "reward_mode=bogus"], r"reward_mode='bogus' is not a reward mode of PickCube-v1"),
+    (["record", "--robot-uids", "pandaa"], r"robot_uids='pandaa': 'pandaa' is not a registered ManiSkill robot; "
+                                           r"did you mean panda"),
+    (["record", "--sim-config", '{{"bogus": 1}}'],
+     r"PickCube-v1 refused its keywords \(.*sim_config=\{'bogus': 1\}.*\): UnexpectedDataError: .*bogus"),
+    (["record", "--no-save-on-reset"], r"save_on_reset=False saves episodes only through flush_trajectory\(\)/"
+                                       r"flush_video\(\) calls, which fastrecord record never makes: it would record "
+                                       r"nothing; drop --no-save-on-reset"),
+    (["record", "--policy", "fastrecord.policies:pick_cube_policy"],
+     r"policy='fastrecord.policies:pick_cube_policy' drives control_mode='pd_ee_delta_pos' and this run has the task's "
+     r"default; pass --control-mode pd_ee_delta_pos$"),
+    (["record", "--policy", "fastrecord.policies:pick_cube_policy", "--control-mode", "pd_joint_pos"],
+     r"this run has 'pd_joint_pos'; pass --control-mode pd_ee_delta_pos$"),
+    (["record", "--bogus"], r"unrecognized arguments: --bogus; see fastrecord record --help$"),
+    (["record", "--num-envs", "x"], r"argument --num-envs: invalid int value: 'x'; see fastrecord record --help$"),
     (["record", "--video-fps", "0"], r"video_fps=0(\.0)? must be a positive number of frames per second .*the --video-fps flag"),
     (["record", "--video-fps", "-30"], r"video_fps=-30(\.0)? must be a positive number"),
     (["record", "--video-workers", "0"], r"video_workers=0 must be an integer >= 1"),
@@ -90,7 +109,8 @@ BAD_INPUTS = [
     (["record", "--config", "{not_mapping}"], r"config file '.*list\.yaml' must hold a mapping of option: value, got list"),
     (["record", "--config", "{unknown}"], r"unknown option\(s\) \['env'\] for RecordConfig"),
     (["record", "--config", "{wrong_type}"], r"num_envs='two' must be int, not str"),
-    (["replay", "demo.h5", "--num-envs", "0"], r"num_envs=0 must be at least 1; pass --num-envs N"),
+    (["replay", "demo.h5", "--num-envs", "0"], r"num_envs=0 must be at least 1; .*the --num-envs flag"),
+    (["replay", "demo.h5", "--width", "20000"], r"width=20000 is larger than the 16384 pixels"),
     (["replay", "demo.h5", "--width", "-1"], r"width=-1 must be at least 1"),
     (["replay", "demo.h5", "--video-fps", "-5"], r"video_fps=-5(\.0)? must be a positive number"),
     (["replay", "demo.h5", "--count", "0"], r"count=0 must be at least 1"),

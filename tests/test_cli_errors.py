@@ -146,3 +146,52 @@ def test_debug_keeps_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTRECORD_DEBUG", "1")
     with pytest.raises(FileNotFoundError):
         main(["gallery", str(tmp_path), "--output", missing])
+
+
+def test_a_policy_that_refuses_the_env_leaves_no_run(tmp_path, monkeypatch, capsys):
+    """A policy factory's ``check_env`` sees the env before the recorder opens the run (issue 28.7): its
+    refusal is one line, exit 2, and the output folder is not created."""
+    (tmp_path / "picky_policy.py").write_text(
+        "def factory(env):\n    raise AssertionError('check_env runs first')\n\n\n"
+        "def _check(env):\n"
+        "    raise ValueError(f'picky needs 7 envs, the env has {env.unwrapped.num_envs}; pass --num-envs 7')\n\n\n"
+        "factory.check_env = _check\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "rec"
+    assert main(["record", "PickCube-v1", "--policy", "picky_policy:factory", "--episodes", "1", "--width", "32",
+                 "--height", "32", "--output-dir", str(out)]) == 2
+    line = assert_one_line(capsys.readouterr().err, "record")
+    assert line.endswith("picky needs 7 envs, the env has 1; pass --num-envs 7"), line
+    assert not out.exists()
+
+
+def test_debug_flag_keeps_the_traceback_of_a_refused_env_keyword(tmp_path):
+    bad = ["record", "PickCube-v1", "--sim-config", '{"bogus": 1}', "--output-dir", str(tmp_path / "o")]
+    r = fastrecord(*bad, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = assert_one_line(r.stderr, "record")
+    assert "PickCube-v1 refused its keywords" in line and "bogus" in line, line
+    r = fastrecord(*bad, "--debug", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" in r.stderr and "UnexpectedDataError" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_replay_refusals_on_a_default_recording_are_one_line(tmp_path, capsys):
+    """A recording in the task's default control mode (pd_joint_delta_pos): ``-c pd_ee_delta_pose`` (ManiSkill's
+    conversion code asserts it converts that mode to pd_joint_pos only) and a reward mode the task lacks are one
+    line each, exit 2, nothing written."""
+    src = tmp_path / "src"
+    assert main(["record", "PickCube-v1", "--episodes", "1", "--max-episode-steps", "2", "--no-video",
+                 "--output-dir", str(src)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "rep"
+    assert main(["replay", str(src / "trajectory.h5"), "-c", "pd_ee_delta_pose", "--output-dir", str(out)]) == 2
+    line = assert_one_line(capsys.readouterr().err, "replay")
+    assert line.endswith("ManiSkill's conversion code converts pd_joint_delta_pos only to pd_joint_pos, not to "
+                         "'pd_ee_delta_pose'; pass -c pd_joint_pos (and convert that replay to 'pd_ee_delta_pose'), "
+                         "or record in pd_joint_pos"), line
+    assert main(["replay", str(src / "trajectory.h5"), "--reward-mode", "foo", "--output-dir", str(out)]) == 2
+    line = assert_one_line(capsys.readouterr().err, "replay")
+    assert line.endswith("reward_mode='foo' is not a reward mode of PickCube-v1; use one of normalized_dense, dense, "
+                         "sparse, none"), line
+    assert not out.exists()

@@ -113,6 +113,10 @@ def test_help_texts(capsys, argv, expected):
         assert " ".join(piece.split()) in text, piece
     if argv[0] == "record":  # the old help read as the opposite of the flag, and said threads for processes
         assert "(default: save_video=True)" not in text and "thread" not in text
+    if argv[0] in ("record", "replay"):  # "default: none" read as the value none (a reward mode); a moved section
+        assert "(default: none)" not in text and "README: Image" not in text
+        assert "normalized_dense, none (default: the task's)" in text or argv[0] == "replay"
+        assert "(docs/format.md: Image observations on disk)" in text
 
 
 # ---------------------------------------------------------------------------------------------- one-line errors

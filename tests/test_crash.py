@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -129,3 +130,19 @@ def test_recording_leaves_the_process_signal_handlers_alone(tmp_path):
         assert fastrecord.install_signal_handlers() is False and signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_run_then_kill_never_hangs():
+    """The helper fails, and kills the worker, when the worker stays silent or ignores the signal (it used to
+    block on the worker's next line, and wait for its exit, without end)."""
+    silent = [sys.executable, "-c", "import time; time.sleep(60)"]
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match="worker too slow: 0/1 episodes in 2 s"):
+        run_then_kill(silent, 1, 0.0, timeout=2)
+    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('finished 1', flush=True); time.sleep(60)"]
+    with pytest.raises(AssertionError, match="did not stop within 2 s of signal"):
+        run_then_kill(stubborn, 1, 0.0, sig=signal.SIGTERM, timeout=30, stop_timeout=2)
+    assert time.monotonic() - t0 < 30
+    assert run_then_kill([sys.executable, "-c", "print('finished 3', flush=True); import time; time.sleep(60)"],
+                         2, 0.2) == (3, -signal.SIGKILL)

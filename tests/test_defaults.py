@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+import gymnasium as gym
+import h5py
 import numpy as np
 import pytest
 from gymnasium import spaces
@@ -91,6 +93,41 @@ def test_recorder_chooses_writers_from_the_observations(make_env, tmp_path, monk
         env.step(env.action_space.sample())
     finally:
         env.close()
+
+
+class _DeclaresFlatBox(gym.Wrapper):
+    """An env that declares a flat Box observation space but returns ManiSkill's rgb observation dicts."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (10,), np.float32)
+
+
+def test_writers_follow_the_observations_returned_not_the_declared_space(make_env, tmp_path, monkeypatch):
+    """The writer count is chosen from the observations the env returns (at the first reset): an env that
+    declares a flat Box but returns camera images gets the writers of image observations (issue 28.9)."""
+    from fastrecord import RecordEpisode
+
+    for where in ("fastrecord.sinks.factory.usable_cores", "fastrecord.options.usable_cores"):
+        monkeypatch.setattr(where, lambda: 4)  # a 4-core machine: rgb gets 2 writers
+    env = RecordEpisode(_DeclaresFlatBox(make_env(obs_mode="rgb", sensor_configs=dict(width=16, height=16))), tmp_path,
+                        trajectory_name="t", save_video=False)
+    try:
+        sink = env.recorder.trajectory
+        assert sink.writer.num_writers == 1  # chosen from the declared space: no image leaves
+        obs, _ = env.reset(seed=0)
+        assert obs["sensor_data"]["base_camera"]["rgb"].shape[-1] == 3
+        assert sink.writers == sink.writer.num_writers == 2 and len(sink.writer.pids) == 2  # index in writer 0
+        for _ in range(3):
+            env.step(env.action_space.sample())
+        env.reset(seed=1)
+        env.step(env.action_space.sample())
+    finally:
+        env.close()
+    assert json.loads((tmp_path / "t.fastrecord.json").read_text())["options"]["trajectory_writers"] == 2
+    with h5py.File(tmp_path / "t.h5", "r") as f:  # both episodes written, images read back
+        shapes = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"].shape for i in (0, 1)]
+        assert shapes == [(4, 16, 16, 3), (2, 16, 16, 3)]
 
 
 def test_explicit_writers_are_used_as_given(make_env, tmp_path):

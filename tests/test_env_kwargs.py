@@ -133,9 +133,16 @@ def test_replay_render_substeps(tmp_path, capsys):
                  "--num-envs", "2", "--workers", "1", "--width", "32", "--height", "32", "--render-substeps",
                  "--no-trajectory"]) == 0
     assert recorded.shape[0] == 1 + 4 * (100 // 20 + 1)
-    ours = [decode_mp4(p) for p in sorted((tmp_path / "rep").glob("*.mp4"))]
-    theirs = [decode_mp4(p) for p in sorted(src.glob("*.mp4"))]
-    assert len(ours) == len(theirs) == 2
-    for replayed in ours:  # the substeps re-simulated from the recorded states: the recording's pictures
+    ours, theirs = _videos_by_seed(tmp_path / "rep"), _videos_by_seed(src)
+    assert sorted(ours) == sorted(theirs) and len(ours) == 2
+    for seed, replayed in ours.items():  # the substeps re-simulated from the recorded states: the recording's pictures
         assert replayed.shape == recorded.shape
-        assert max(frame_psnr(replayed, r).min() for r in theirs) >= 28
+        assert frame_psnr(replayed, theirs[seed]).min() >= 28, seed  # frame by frame, against its own episode
+        other = next(v for s, v in theirs.items() if s != seed)
+        assert frame_psnr(replayed, other).min() < 28, seed  # the check tells the two episodes apart
+
+
+def _videos_by_seed(folder) -> dict[int, np.ndarray]:
+    """{episode seed: its decoded video} of a run, from its results file (each row names its episode's video)."""
+    rows = [json.loads(line) for line in next(folder.glob("*.results.jsonl")).read_text().splitlines()]
+    return {row["seed"]: decode_mp4(folder / row["video"]) for row in rows}

@@ -178,3 +178,39 @@ def test_lifecycle(tmp_path):
     with pytest.raises(RuntimeError, match="recorder is closed"):
         env.step(torch.zeros(2, 3))
     assert len(json.loads((tmp_path / "t.json").read_text())["episodes"]) == 2  # flushed at close
+
+
+@pytest.mark.parametrize("output_dir", [123, None, b"out", ""])
+def test_output_dir_that_is_not_a_path(tmp_path, monkeypatch, output_dir):
+    """``RecordEpisode(env, 123)`` names output_dir and the fix (it was a bare TypeError from pathlib)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=rf"RecordEpisode: output_dir={output_dir!r} must be a folder path \(str or "
+                                        r"pathlib.Path\), e.g. 'recordings'"):
+        RecordEpisode(BatchedDoubleEnv(), output_dir)
+    assert not any(tmp_path.iterdir())
+
+
+def test_python_errors_name_the_parameter_not_a_flag(tmp_path):
+    """A value checked by a run configuration names the Python keyword when called from Python (the CLI adds
+    the flag: test_cli.py)."""
+    from fastrecord import replay_trajectories
+
+    with pytest.raises(ValueError, match=r"^count=-1 must be at least 1; pass count=1 or more$"):
+        replay_trajectories(tmp_path / "demo.h5", tmp_path / "out", count=-1)
+    with pytest.raises(ValueError, match=r"^width=20000 is larger than the 16384 pixels H.264 \(libx264\) encodes; "
+                                         r"pass width=16384 or less$"):
+        replay_trajectories(tmp_path / "demo.h5", tmp_path / "out", width=20000)
+    assert not (tmp_path / "out").exists()
+
+
+def test_frames_larger_than_h264_are_refused_before_anything_renders(make_env, tmp_path):
+    """A human render camera wider than libx264 encodes (16384): refused when the wrapper is made, naming the
+    camera and the fix (the encoder refused it only after an episode had rendered, leaving a run behind)."""
+    out = tmp_path / "out"
+    env = make_env("PickCube-v1", human_render_camera_configs=dict(width=20000, height=64))
+    with pytest.raises(ValueError, match=r"camera 'render_camera' makes 20000x64 frames, larger than the 16384 pixels "
+                                         r"a side H.264 \(libx264\) encodes; create the env with "
+                                         r"human_render_camera_configs=dict\(width=..., height=...\)"):
+        RecordEpisode(env, out)
+    assert not out.exists()
+    RecordEpisode(env, out, save_video=False).close()  # trajectories alone render nothing

@@ -43,13 +43,8 @@ DEFAULT = {(ENV_IDS[0], m) for m in ("state_dict", "state", "rgbd", "pointcloud"
 DEFAULT_SENSOR = {(ENV_IDS[0], "rgbd")}
 DEFAULT_PARTIAL = {(ENV_IDS[0], "state"), ("StackCube-v1", "rgbd")}
 
-# fastrecord bugs these cases find (strict: the mark must go when the bug is fixed)
-MULTI_AGENT = pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="fastrecord bug: a multi-agent env (dict action space) at num_envs=1 steps with unbatched per-agent "
-           "actions {'panda-0': (8,), ...}; EpisodeBuffer.step expands them to [num_envs, ...] and fails "
-           "('expanded size of the tensor (1) must match the existing size (8)'). ManiSkill's wrapper batches "
-           "each leaf (common.batch) and writes actions/<agent> datasets")
+# fastrecord bugs these cases find: env id -> a strict pytest.mark.xfail naming the bug (the mark goes when the bug is
+# fixed; the multi-agent one went with its fix: TwoRobotPickCube-v1 runs unmarked in the default set)
 KNOWN_BUGS: dict = {}
 
 

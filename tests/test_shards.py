@@ -490,3 +490,20 @@ def test_make_eval_envs_sharded_in_one_process(tmp_path, monkeypatch):
     data = read_dataset(tmp_path / "ev.h5")
     assert {g: (e["seed"], e["reset_kwargs"]["seed"], e["steps"]) for g, e in data.items()} == {g: (7 + g, 7 + g, 4) for g in range(3)}
     assert len(list(shards.shard_dir(tmp_path, "ev", 0).glob("*.mp4"))) == 3
+
+
+def test_joined_run_has_one_results_file(tmp_path, monkeypatch):
+    """The run directory of a sharded run has NAME.results.jsonl, as an unsharded run's (issue 28.11): every
+    global episode's row once, by global index, its episode_id the joined file's, its video relative to the
+    run directory; a resume adds the new episodes' rows without repeating the earlier ones."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _record_double(tmp_path, total=4, save_video=True)
+    _record_double(tmp_path, total=6, if_exists="resume", save_video=True)
+    rows = [json.loads(x) for x in (tmp_path / "double.results.jsonl").read_text().splitlines()]
+    assert [(r["global_index"], r["episode_id"], r["source_rank"]) for r in rows] == [(g, g, 0) for g in range(6)]
+    meta = json.loads((tmp_path / "double.json").read_text())["episodes"]
+    assert [(r["seed"], r["length"]) for r in rows] == [(e["episode_seed"], e["elapsed_steps"]) for e in meta]
+    for r in rows:
+        video = tmp_path / r["video"]
+        assert video.is_file() and video.parent.parent.name == "double.shards", r["video"]

@@ -42,3 +42,30 @@ def check_video_source(video_source: str, env: Any) -> None:
     obs_mode = getattr(getattr(env, "unwrapped", None), "obs_mode", None)
     raise ValueError(f"video_source={video_source!r}: the env's observations hold no camera images "
                      f"(obs_mode={obs_mode!r}); create the env with obs_mode='rgb' (or 'rgbd'), or use video_source='render'")
+
+
+def check_frame_sides(video_source: str, env: Any) -> None:
+    """Raise ValueError when a camera the videos come from makes frames wider or taller than H.264 encodes
+    (`fastrecord.checks.MAX_FRAME_SIDE`), naming the camera and the fix, before anything renders: the
+    encoder refused such frames only after the first episode had rendered, leaving a run behind. Envs that
+    do not say their camera sizes (not ManiSkill's, a vector env's sub-envs) pass."""
+    from fastrecord.checks import MAX_FRAME_SIDE
+
+    if video_source == "render":
+        configs = getattr(getattr(env, "unwrapped", None), "_human_render_camera_configs", None)
+        sizes = {name: (getattr(c, "width", 0), getattr(c, "height", 0))
+                 for name, c in configs.items()} if isinstance(configs, Mapping) else {}
+        fix = "create the env with human_render_camera_configs=dict(width=..., height=...) of at most that"
+    else:
+        camera = video_source.split(":", 1)[1]
+        space = getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
+        try:
+            shape = space["sensor_data"][camera]["rgb"].shape  # [(N,) H, W, 3]
+        except (KeyError, TypeError, IndexError):
+            return
+        sizes = {camera: (shape[-2], shape[-3])}
+        fix = "create the env with sensor_configs=dict(width=..., height=...) of at most that"
+    for name, (width, height) in sizes.items():
+        if max(int(width), int(height)) > MAX_FRAME_SIDE:
+            raise ValueError(f"camera {name!r} makes {width}x{height} frames, larger than the {MAX_FRAME_SIDE} pixels "
+                             f"a side H.264 (libx264) encodes; {fix}, or pass save_video=False")

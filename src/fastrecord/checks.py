@@ -22,14 +22,41 @@ T = TypeVar("T", bound="DataclassInstance")  # a configuration dataclass
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def check_at_least(cfg: Any, minimum: int, **flags: str) -> None:
-    """Raise unless each named option (None allowed: "the default") is >= ``minimum``; ``flags`` maps
-    option names to their command-line flag, for the message."""
-    for name, flag in flags.items():
+def check_at_least(cfg: Any, minimum: int, *names: str, **flags: str) -> None:
+    """Raise unless each named option (None allowed: "the default") is >= ``minimum``. An option of
+    ``names`` is named as a Python keyword (`load_config`, the command line's path, adds its flag); one of
+    ``flags`` (a command-line-only config: option -> how to set it) is named with its flag."""
+    for name in [*names, *flags]:
         value = getattr(cfg, name)
-        if value is not None and value < minimum:
-            raise ValueError(f"{name}={value!r} must be at least {minimum}; pass {flag} N with N >= {minimum} "
+        if value is None or value >= minimum:
+            continue
+        if name in flags:
+            raise ValueError(f"{name}={value!r} must be at least {minimum}; pass {flags[name]} N with N >= {minimum} "
                              f"(or fix {name} in the --config file)")
+        raise ValueError(f"{name}={value!r} must be at least {minimum}; pass {name}={minimum} or more")
+
+
+# The largest frame side a video can have: libx264 refuses wider or taller frames (measured with PyAV: 16384
+# encodes, 16400 does not), and Vulkan's renderers commonly stop there too. Checked before anything renders.
+MAX_FRAME_SIDE = 16384
+
+
+def check_frame_size(cfg: Any, *names: str) -> None:
+    """Raise unless each named option (None allowed) is at most `MAX_FRAME_SIDE` pixels."""
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and value > MAX_FRAME_SIDE:
+            raise ValueError(f"{name}={value!r} is larger than the {MAX_FRAME_SIDE} pixels H.264 (libx264) encodes; "
+                             f"pass {name}={MAX_FRAME_SIDE} or less")
+
+
+def flag_hint(message: str, names: Any) -> str:
+    """``message`` (a config's ValueError, "NAME=VALUE ...") with NAME's command-line flag and config key
+    added, where NAME is one of ``names`` and the message names no flag yet: what the command line shows."""
+    name = message.split("=", 1)[0]
+    if name not in names or "--" in message or not name.isidentifier():
+        return message
+    return f"{message} (the --{name.replace('_', '-')} flag, or {name}: in the --config file)"
 
 
 def check_choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
@@ -132,7 +159,13 @@ def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) 
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; valid options: {sorted(names)}")
     from_values = getattr(cls, "from_values", None)
-    cfg = from_values(values) if from_values else cls(**values)
+    try:
+        cfg = from_values(values) if from_values else cls(**values)
+    except ValueError as e:
+        hinted = flag_hint(str(e), names)
+        if hinted == str(e):
+            raise
+        raise ValueError(hinted) from None
     check_types(cfg)  # also for configs without checks of their own
     return cfg
 

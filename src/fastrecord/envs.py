@@ -371,3 +371,54 @@ def check_env_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             raise ValueError(f"env_kwargs {key}={kwargs[key]!r}: {env_id} takes no keyword {key!r}; {hint}its gym.make "
                              f"keywords are {', '.join(sorted(known))}")
+    check_reward_mode(env_id, kwargs.get("reward_mode"))
+    check_robot_uids(kwargs.get("robot_uids"))
+
+
+def check_robot_uids(robot_uids: Any) -> None:
+    """A ValueError unless every robot of ``robot_uids`` (a name, a list of names, or None: the task's) is a
+    registered ManiSkill robot (ManiSkill raises a RuntimeError from deep inside the env's constructor)."""
+    import difflib
+
+    from mani_skill.agents.registration import REGISTERED_AGENTS
+
+    names = [robot_uids] if isinstance(robot_uids, str) else robot_uids if isinstance(robot_uids, (list, tuple)) else []
+    for name in names:
+        if isinstance(name, str) and name not in REGISTERED_AGENTS:
+            close = difflib.get_close_matches(name, sorted(REGISTERED_AGENTS), n=3)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ValueError(f"robot_uids={robot_uids!r}: {name!r} is not a registered ManiSkill robot; {hint}e.g. "
+                             f"panda, fetch, xarm6_robotiq")
+
+
+def check_reward_mode(env_id: str, reward_mode: Any) -> None:
+    """A ValueError unless ``reward_mode`` (None: the task's) is one of the task's ``SUPPORTED_REWARD_MODES``
+    (ManiSkill raises a NotImplementedError from inside the env's constructor)."""
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    spec = REGISTERED_ENVS.get(env_id)
+    supported = getattr(spec.cls, "SUPPORTED_REWARD_MODES", None) if spec is not None else None
+    if reward_mode is not None and supported and reward_mode not in supported:
+        raise ValueError(f"reward_mode={reward_mode!r} is not a reward mode of {env_id}; use one of "
+                         f"{', '.join(supported)}")
+
+
+def make_checked(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gym.make(env_id, **kwargs)``, where an env's refusal of a keyword's value (ManiSkill raises
+    NotImplementedError, TypeError or ValueError from its constructor) becomes one ValueError naming the
+    value, not a traceback from inside the env."""
+    check_reward_mode(env_id, kwargs.get("reward_mode"))
+    check_robot_uids(kwargs.get("robot_uids"))
+    try:
+        return gym.make(env_id, **kwargs)
+    except Exception as e:  # noqa: BLE001 - sorted: a refused value becomes a ValueError, anything else is raised
+        if not (isinstance(e, (NotImplementedError, TypeError, ValueError))
+                or type(e).__module__.split(".")[0] == "dacite"):  # a sim_config/sensor_configs key ManiSkill lacks
+            raise
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in _OWN_KEYWORDS)
+        raise ValueError(f"{env_id} refused its keywords ({given}): {type(e).__name__}: {e}; fix or drop the value "
+                         f"it names") from e
+
+
+# keywords fastrecord itself passes to gym.make (left out of the message above)
+_OWN_KEYWORDS = ("render_mode", "enhanced_determinism", "human_render_camera_configs", "sim_backend", "render_backend")

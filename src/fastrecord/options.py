@@ -78,7 +78,7 @@ class RecordOptions:
     save_video: bool = _opt(True, "write MP4 videos", flag="--no-video", off="write no MP4 videos: the trajectory only")
     info_on_video: bool = _opt(False, "draw reward and info scalars on each frame")
     save_on_reset: bool = _opt(True, "save the episode in progress at reset and close (False: only flush_* saves)",
-                               off="save episodes only through flush_* calls (the CLI makes none: nothing is saved)")
+                               off="refused by fastrecord record, which makes no flush_* calls (it would save nothing)")
     save_video_trigger: Callable[[int], bool] | None = _opt(None, "fn(elapsed_record_steps) -> capture frames of this step?")
     max_steps_per_video: int | None = _opt(None, "split each video into pieces of at most this many steps (the trajectory is not split)")
     clean_on_close: bool = _opt(True, "accepted for compatibility (episode ids are always consecutive)")
@@ -107,11 +107,11 @@ class RecordOptions:
                                  "libx264's 250: one key frame per episode video)", kw_only=True)
     video_workers: int | None = _opt(None, "background encoder processes (None: one per usable core, at most 16)", kw_only=True)
     trajectory_writers: int | None = _opt(
-        None, "HDF5 writer processes, each compressing whole batches of episodes (None: chosen when the recorder is "
-        "built: 1 when the observations hold no image leaves, else half the usable cores, 1 to 8)", kw_only=True)
+        None, "HDF5 writer processes, each compressing whole batches of episodes (None: 1 when the observations hold "
+        "no image leaves, else half the usable cores, 1 to 8; decided from the first reset's observations)", kw_only=True)
     trajectory_compression: str = _opt(
         "gzip:1", "compression of image observations in NAME.h5: 'gzip:1' ... 'gzip:9' (ManiSkill writes 'gzip:5'), "
-        "'lzf' or 'none' (README: Image observations on disk)", kw_only=True)
+        "'lzf' or 'none' (docs/format.md: Image observations on disk)", kw_only=True)
     buffer_capacity: int | None = _opt(None, "steps per env held on the device (None: max_episode_steps + 1; longer episodes grow it)", kw_only=True)
     lerobot: bool = _opt(False, "also write a LeRobot v3.0 dataset NAME.lerobot/ (a row per step at the env's control "
                               "frequency, sensor cameras as H.264 videos; needs pip install 'fastrecord[lerobot]')", kw_only=True)
@@ -210,6 +210,14 @@ def check_video_fps(fps: Any) -> None:
     every fps option."""
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or fps <= 0:
         raise ValueError(f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, 7.5 or 29.97)")
+
+
+def check_output_dir(output_dir: Any, owner: str) -> None:
+    """Raise a TypeError naming ``output_dir`` unless it is a folder path (str or ``os.PathLike``), before
+    anything is made: ``owner`` (e.g. "RecordEpisode") says whose argument it is."""
+    if isinstance(output_dir, bool) or not isinstance(output_dir, (str, os.PathLike)) or output_dir == "":
+        raise TypeError(f"{owner}: output_dir={output_dir!r} must be a folder path (str or pathlib.Path), e.g. "
+                        f"'recordings'; it is the argument after env: {owner}(env, 'recordings', ...)")
 
 
 def _np_bool() -> type:

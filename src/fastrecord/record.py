@@ -25,7 +25,7 @@ import torch
 
 from fastrecord.envs import ManiSkillView, SubEnvAccess, VectorEnvView
 from fastrecord.episode import KeepFilter
-from fastrecord.options import IfExists, RecordOptions, VideoLayout, options_help
+from fastrecord.options import IfExists, RecordOptions, VideoLayout, check_output_dir, options_help
 from fastrecord.recorder import EpisodeRecorder, to_numpy
 from fastrecord.sinks.base import Sink
 
@@ -77,6 +77,7 @@ class _RecorderMixin:
         return super().__new__(cls)
 
     def _make_recorder(self, view: Any, output_dir: str | Path, options: RecordOptions, sinks: Sequence[Sink]) -> None:
+        check_output_dir(output_dir, type(self).__name__)
         self.options = options
         self._rec = EpisodeRecorder(view, output_dir, options, sinks)
         self.output_dir = self._rec.output_dir
@@ -193,11 +194,16 @@ class RecordEpisode(_RecorderMixin, gym.Wrapper):
         video_codec: str = "auto",
         video_crf: int = 23,
         video_preset: str = "ultrafast",
+        video_gop: int | None = None,
         video_workers: int | None = None,
         trajectory_writers: int | None = None,
         trajectory_compression: str = "gzip:1",
         buffer_capacity: int | None = None,
         lerobot: bool = False,
+        lerobot_video_codec: str | None = None,
+        lerobot_gop: int = 2,
+        lerobot_crf: int | None = None,
+        lerobot_state_keys: str | tuple[str, ...] | None = None,
         sinks: Sequence[Sink] = (),
     ) -> None:
         options = _options(locals())  # first: locals() holds the parameters only
@@ -287,11 +293,16 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         video_codec: str = "auto",
         video_crf: int = 23,
         video_preset: str = "ultrafast",
+        video_gop: int | None = None,
         video_workers: int | None = None,
         trajectory_writers: int | None = None,
         trajectory_compression: str = "gzip:1",
         buffer_capacity: int | None = None,
         lerobot: bool = False,
+        lerobot_video_codec: str | None = None,
+        lerobot_gop: int = 2,
+        lerobot_crf: int | None = None,
+        lerobot_state_keys: str | tuple[str, ...] | None = None,
         sinks: Sequence[Sink] = (),
     ) -> None:
         options = _options(locals())  # first: locals() holds the parameters only
@@ -311,9 +322,12 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         env_idx = _env_idx(options, self.num_envs, "reset_mask")
         if self.save_on_reset:
             self._rec.finalize(env_idx)
+        elif self._rec.buffer is not None:
+            self._rec.buffer.end(env_idx)  # not saved: ManiSkill's save_on_reset=False, as RecordEpisode
         obs, info = self.env.reset(seed=seed, options=options)
         self._pending_restart[env_idx] = False
-        kw: dict[str, Any] = {"options": {k: v for k, v in (options or {}).items() if k != "reset_mask"}}
+        rest = {k: v for k, v in (options or {}).items() if k != "reset_mask"}  # what each sub-env's reset got
+        kw: dict[str, Any] = {"options": _plain(rest) or None}  # None as RecordEpisode records a reset without options
         self._rec.on_reset(obs, env_idx, kw)
         return obs, info
 
@@ -325,7 +339,7 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         done = np.logical_or(to_numpy(terminated), to_numpy(truncated))
         if self._autoreset:
             self._pending_restart = done
-            if done.any():
+            if done.any() and self.save_on_reset:  # else flush_trajectory() before the next step saves it
                 self._rec.finalize(np.flatnonzero(done))
         return obs, rew, terminated, truncated, info
 

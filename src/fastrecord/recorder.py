@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
-from fastrecord.cameras import check_video_source
+from fastrecord.cameras import check_frame_sides, check_video_source
 from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
 from fastrecord.exits import close_at_exit, forget_at_exit
@@ -47,6 +47,10 @@ def _with_env_dim(action: Any, space: Any) -> Any:
     return action[None] if shape is not None and tuple(np.shape(action)) == tuple(shape) else action
 
 
+# reset options that say which env slots reset: where an episode ran, not what it is (not in its reset_kwargs)
+ENV_SLOT_KEYS = ("env_idx", "reset_mask")
+
+
 class EpisodeRecorder:
     """Owns: the `EpisodeBuffer`, the sinks (made by `build_sinks`), the `RunDirectory`, episode ids,
     per-env episode metadata (seed, reset kwargs, running return) and the keep filter.
@@ -63,6 +67,8 @@ class EpisodeRecorder:
                 f"or set save_video=False."
             )
         check_video_source(opts.video_source, view.env)  # a bad camera name: before the run directory is made
+        if opts.save_video:
+            check_frame_sides(opts.video_source, view.env)  # frames H.264 cannot encode: likewise
         self.options = opts
         self.view = view
         self.num_envs = view.num_envs
@@ -200,6 +206,20 @@ class EpisodeRecorder:
                 out.update(flatten_tree(self.view.batch(value), name))
         return out
 
+    def _size_writers(self, leaves: Mapping[str, Any]) -> None:
+        """``trajectory_writers=None``: at the first reset, size the HDF5 writers from the observations the env
+        returned (it may declare a flat Box and return camera images): image leaves get more writers."""
+        if self.trajectory is None or self.options.trajectory_writers is not None:
+            return
+        from fastrecord.options import default_trajectory_writers, usable_cores
+        from fastrecord.sinks.maniskill_h5.layout import IMAGE_KEYS
+
+        images = any(n.startswith("obs") and n.rsplit("/", 1)[-1] in IMAGE_KEYS for n in leaves)
+        wanted = default_trajectory_writers(usable_cores(), images)
+        if wanted > self.trajectory.writers:
+            self.trajectory.add_writers(wanted)
+            self.run.options["trajectory_writers"] = wanted  # the manifest records the count used
+
     def _reserve_staging(self, buf: EpisodeBuffer) -> None:
         """At the first reset: have the staging pool make (and pin) an arena for a batch of finished
         episodes' frames on a background thread now, so the first episodes out do not wait for it."""
@@ -233,11 +253,14 @@ class EpisodeRecorder:
         buf.start(env_idx, leaves)
         if not self._staging_reserved:
             self._reserve_staging(buf)
+            self._size_writers(leaves)
         self._zero_returns(env_idx)
         seeds = self.view.episode_seeds()
         self._seeds[env_idx] = seeds[env_idx] if len(seeds) == self.num_envs else seeds[0]
         if self.view.per_env_seeds:  # per-env episodes: the env's own seed (where the caller's was, else last)
-            rest = {k: v for k, v in reset_kwargs.items() if k != "options"}
+            rest = dict(reset_kwargs)
+            if "options" in rest:  # as RecordEpisode records them, less the env slots (which depend on the layout)
+                rest["options"] = {k: v for k, v in (rest["options"] or {}).items() if k not in ENV_SLOT_KEYS} or None
             rest.setdefault("seed", None)
             for e, seed in zip(np.asarray(env_idx).tolist(), self._seeds[env_idx].tolist()):
                 self._reset_kwargs[e] = {k: seed if k == "seed" else copy.deepcopy(v) for k, v in rest.items()}

@@ -33,6 +33,7 @@ import re
 import signal
 import sys
 import threading
+import typing
 from typing import Any
 
 from fastrecord.system import quiet_third_party
@@ -74,6 +75,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)".lstrip()
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose error is one line, ``fastrecord record: error: MESSAGE;
+    see fastrecord record --help``, exit status 2: argparse's own printed the whole usage (30 lines for
+    ``record``) before it."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def _field_comments(cls: type) -> dict[str, str]:
     """{field: its one-line comment} from a config dataclass's source (``name: type = value  # comment``)."""
     try:
@@ -108,6 +118,12 @@ def document_defaults(parser: argparse.ArgumentParser, config: str | None) -> No
             continue
         if f.default is dataclasses.MISSING:
             action.help = text
+            continue
+        if f.default is None:  # "not given": the comment's "(None: the task's)" says what that means
+            # (not "default: none", which reads as the value none: a reward mode, among others)
+            meaning = re.search(r"\(None: ([^)]*)\)", comments.get(action.dest, ""))
+            text = re.sub(r"\s*\(None: [^)]*\)", "", text)
+            action.help = f"{text} (default: {meaning[1] if meaning else 'unset'})".lstrip()
             continue
         if isinstance(action, argparse._StoreConstAction) and isinstance(f.default, bool):
             # what the switch sets, then the default: "(default: save_video=True)" alone read as the flag's value
@@ -277,7 +293,7 @@ def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict
     """The ``fastrecord`` parser and {subcommand: its module}. ``only``: configure that subcommand alone
     ("" none): the others are listed with their one-line help, and their modules (several import torch
     and ManiSkill) are not imported, so ``fastrecord --version`` or ``fastrecord info`` start at once."""
-    parser = argparse.ArgumentParser(prog="fastrecord", description=__doc__, formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog="fastrecord", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("-V", "--version", action="version", version=_version())
     parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,  # main() takes it off the line
                         help=f"let errors end in their traceback (as {DEBUG_ENV}=1; accepted anywhere on the line)")
@@ -355,7 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     args_in = [a for a in args_in if a != "--debug"]
     command = next((a for a in args_in if not a.startswith("-")), "")
     parser, modules = build_parser(only=command if command in SUBCOMMANDS else "")
-    args = parser.parse_args(args_in)
+    try:
+        args, extra = parser.parse_known_args(args_in)
+        if extra:  # said by the subcommand, whose --help lists its flags
+            ArgumentParser(prog=f"fastrecord {args.command}").error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # a mistake on the command line (printed as one line): status 2, as other mistakes
+        if e.code != 2:
+            raise  # --help, --version
+        return 2
     try:
         if args.command in ("record", "replay"):
             check_env_options(args)

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fastrecord.checks import check_at_least, check_types, lift_env_kwargs
+from fastrecord.checks import check_at_least, check_frame_size, check_types, lift_env_kwargs
 from fastrecord.options import RecordOptions, cli_option_names, record_options
 
 T = TypeVar("T")
@@ -57,17 +57,22 @@ class RecordConfig:
     reward_mode: str | None = None  # the env's reward mode: sparse, dense, normalized_dense, none (None: the task's)
     shader_dir: str | None = None  # shader pack of every camera: minimal, default, rt, rt-fast (None: the task's)
     robot_uids: str | list[str] | None = None  # the robot(s), e.g. panda or a JSON list (None: the task's)
-    sim_config: dict[str, Any] | None = None  # ManiSkill SimConfig fields as JSON, e.g. {"sim_freq": 200, "control_freq": 20}
-    sensor_configs: dict[str, Any] | None = None  # sensor camera settings as JSON, e.g. {"width": 128, "height": 128}
+    sim_config: dict[str, Any] | None = None  # SimConfig fields as JSON, e.g. {"sim_freq": 200} (None: the task's)
+    sensor_configs: dict[str, Any] | None = None  # sensor cameras as JSON, e.g. {"width": 128} (None: the task's)
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # any other gym.make keywords, e.g. {"enable_shadow": true}
     record: RecordOptions = field(default_factory=_default_record)  # the recording options (flat keys in YAML and flags)
 
     def __post_init__(self) -> None:
         check_types(self)
-        check_at_least(self, 1, num_envs="--num-envs", episodes="--episodes", width="--width", height="--height",
-                       max_episode_steps="--max-episode-steps")
+        check_at_least(self, 1, "num_envs", "episodes", "width", "height", "max_episode_steps")
+        check_frame_size(self, "width", "height")
         if self.batched_render not in ("auto", "on", "off"):
             raise ValueError(f"batched_render={self.batched_render!r} must be one of auto, on, off (--batched-render)")
+        if not self.record.save_on_reset:
+            raise ValueError("save_on_reset=False saves episodes only through flush_trajectory()/flush_video() calls, "
+                             "which fastrecord record never makes: it would record nothing; drop --no-save-on-reset "
+                             "(--keep success chooses which episodes are written), or call flush_trajectory() yourself "
+                             "through fastrecord.RecordEpisode(..., save_on_reset=False)")
         if not (self.record.save_video or self.record.save_trajectory or self.record.lerobot):
             raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
                              "or add --lerobot")

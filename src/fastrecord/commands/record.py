@@ -70,12 +70,14 @@ def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
     return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
 
 
-def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True):
+def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True,
+                      check_env: Callable[[Any], None] | None = None):
     """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
 
     ``auto_reset=False`` (what `run_record` and `run_record_sharded` use: their loop,
     `fastrecord.shards.record_schedule`, resets each env with its episode's seed): the batched env's
-    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``."""
+    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``. ``check_env``
+    (a policy factory's, `check_policy`) sees the env before the recorder wraps it: its refusal writes nothing."""
     import gymnasium as gym
 
     import mani_skill.envs  # noqa: F401 - registers the tasks
@@ -102,15 +104,17 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
             kwargs[key] = getattr(cfg, key)
     if cfg.env_id not in gym.registry:
         raise ValueError(f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1")
-    from fastrecord.envs import check_env_kwargs
+    from fastrecord.envs import check_env_kwargs, make_checked
 
-    check_env_kwargs(cfg.env_id, kwargs)  # a misspelt keyword: one line, before any env is made
+    check_env_kwargs(cfg.env_id, kwargs)  # a misspelt keyword or a bad reward mode: one line, before any env is made
     rec = recorder_kwargs(cfg)
     rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
     if gpu_sim or cfg.num_envs == 1:
-        env = gym.make(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
+        env = make_checked(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
         try:
+            if check_env is not None:
+                check_env(env)
             env = RecordEpisode(env, cfg.output_dir, **rec)
         except BaseException:
             env.close()
@@ -136,6 +140,8 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     else:
         envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
     try:
+        if check_env is not None:
+            check_env(envs)
         return RecordEpisode(envs, cfg.output_dir, **rec)
     except BaseException:
         envs.close()
@@ -154,7 +160,9 @@ class _CpuEnvThunk:
         import mani_skill.envs  # noqa: F401 - registers the tasks (sub-env processes too)
         from mani_skill.utils.wrappers import CPUGymWrapper
 
-        env = CPUGymWrapper(gym.make(self.env_id, **self.kwargs))
+        from fastrecord.envs import make_checked
+
+        env = CPUGymWrapper(make_checked(self.env_id, **self.kwargs))
         if self.report_poses:
             from fastrecord.render.vector import PoseReporter
 
@@ -175,6 +183,18 @@ def policy_factory(spec: str) -> Callable[[Any], Callable[[Any], Any]]:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"policy={spec!r} cannot be loaded ({e}); check the module path and the factory name") from e
+
+
+def check_policy(factory: Any, cfg: RecordConfig) -> Callable[[Any], None] | None:
+    """Refuse, before any env or file is made, a run the policy ``factory`` declares it cannot drive
+    (``factory.control_mode``: the control mode it needs); returns its ``check_env`` (None: it has none), for
+    `make_recorded_env` to call on the env before the recorder opens the run."""
+    need = getattr(factory, "control_mode", None)
+    if need is not None and cfg.control_mode != need:
+        has = repr(cfg.control_mode) if cfg.control_mode else "the task's default"
+        raise ValueError(f"policy={cfg.policy!r} drives control_mode={need!r} and this run has {has}; "
+                         f"pass --control-mode {need}")
+    return getattr(factory, "check_env", None)
 
 
 def load_policy(spec: str, env: Any) -> Callable[[Any], Any]:
@@ -207,10 +227,11 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     from fastrecord import shards
 
     factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
+    check_env = check_policy(factory, cfg)
     if cfg.record.if_exists == "resume" and cfg.record.trajectory_name:
         shards.check_resume(cfg.output_dir, cfg.record.trajectory_name, base_seed=cfg.seed)
     t_start = time.perf_counter()
-    env = make_recorded_env(cfg, sinks, auto_reset=False)
+    env = make_recorded_env(cfg, sinks, auto_reset=False, check_env=check_env)
     startup = time.perf_counter() - t_start
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
     n = cfg.num_envs
@@ -301,6 +322,8 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
     saved (a resumed run records them whole)."""
     from fastrecord import shards
 
+    factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
+    check_env = check_policy(factory, cfg)  # before the run directory is opened
     info = shards.rank_info()
     sim, render = shards.rank_backends(cfg.sim_backend, _render_backend(cfg.render_backend), info)
     run = shards.DistributedRun(cfg.output_dir, cfg.record.trajectory_name, total=cfg.episodes, base_seed=cfg.seed,
@@ -311,9 +334,8 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
                                            video_workers=cfg.record.video_workers or shards.default_workers(info))
         shard_cfg = dataclasses.replace(cfg, output_dir=str(run.shard_dir), sim_backend=sim, render_backend=render,
                                         record=shard_record)
-        factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
         t_start = time.perf_counter()
-        env = make_recorded_env(shard_cfg, sinks, auto_reset=False)
+        env = make_recorded_env(shard_cfg, sinks, auto_reset=False, check_env=check_env)
         startup = time.perf_counter() - t_start
         steps, seconds = 0, 0.0
         try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fastrecord.checks import check_at_least, check_choice, check_types, lift_env_kwargs
+from fastrecord.checks import check_at_least, check_choice, check_frame_size, check_types, lift_env_kwargs
 from fastrecord.episode import KEEP_CHOICES
 from fastrecord.options import RecordOptions, cli_option_names, record_options
 
@@ -72,7 +72,7 @@ class ReplayConfig:
     batched_render: str = "auto"  # CPU sim: each worker's envs drawn in one batch per camera on the GPU: auto (where it can run) | on | off
     obs_mode: str | None = None  # observation mode of the new trajectory (None: the file's)
     width: int | None = None  # video camera width (None: the file's / the task's)
-    height: int | None = None  # video camera height
+    height: int | None = None  # video camera height (None: the file's / the task's)
     shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
     overwrite: bool = False  # replace the output of an earlier run of this name (never the input)
     resume: bool = False  # continue an earlier, interrupted replay of this name: episodes it holds are not replayed again
@@ -85,7 +85,7 @@ class ReplayConfig:
     record: dict[str, Any] = field(default_factory=dict)
     # ManiSkill's replay_trajectory flags, same meaning; `maniskill` switches to its defaults (see the module docstring)
     maniskill: bool = False  # ManiSkill's semantics: set by --traj-path or any other flag only ManiSkill's tool has
-    target_control_mode: str | None = None  # -c: convert the actions to this control mode (ManiSkill's conversion code)
+    target_control_mode: str | None = None  # -c: convert the actions to this control mode (None: no conversion)
     allow_failure: bool = False  # maniskill: also write replays that do not end in success
     discard_timeout: bool = False  # maniskill: drop replays truncated by the time limit at their last step
     max_retry: int = 0  # maniskill: replay a failed episode up to this many more times
@@ -108,10 +108,11 @@ class ReplayConfig:
         check_choice(self, "vector", VECTOR_CHOICES)
         check_choice(self, "batched_render", BATCHED_RENDER_CHOICES)
         check_choice(self, "render_mode", RENDER_MODES)
-        check_at_least(self, 1, count="--count", num_envs="--num-envs", width="--width", height="--height", workers="--workers")
+        check_at_least(self, 1, "count", "num_envs", "width", "height", "workers")
+        check_frame_size(self, "width", "height")
         if self.resume and self.overwrite:
             raise ValueError("--resume keeps the earlier replay's files and --overwrite deletes them; pass one")
-        check_at_least(self, 0, max_retry="--max-retry")
+        check_at_least(self, 0, "max_retry")
         if self.use_first_env_state and self.replay_by == "states":
             raise ValueError("use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)")
         if not self.maniskill and not (self.save_video or self.save_trajectory or self.option("lerobot")):

@@ -158,6 +158,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
 
     check_env_kwargs(env_id, cfg.env_kwargs)  # a misspelt keyword: one line, before any env is made
     kwargs.update(cfg.env_kwargs)
+    check_env_kwargs(env_id, {"reward_mode": kwargs.get("reward_mode")})  # one of the task's reward modes
     if cfg.video_source.startswith("sensor:") and cfg.save_video and kwargs.get("obs_mode", "state") in ("state", "state_dict", "none"):
         raise ValueError(f"video_source={cfg.video_source!r} takes frames from the observation's camera images; "
                          f"add --obs-mode rgb (or rgbd), or use --video-source render")
@@ -291,3 +292,8 @@ def _check_conversion(cfg: ReplayConfig, source: str | None, by: str, gpu_sim: b
     if source not in CONVERTERS:
         raise ValueError(f"ManiSkill's conversion code converts from {' or '.join(CONVERTERS)}, not from {source!r} "
                          f"(to {cfg.target_control_mode!r}); replay without -c, or record in pd_joint_pos")
+    target = cfg.target_control_mode
+    if source == "pd_joint_delta_pos" and target != "pd_joint_pos":
+        raise ValueError(f"ManiSkill's conversion code converts pd_joint_delta_pos only to pd_joint_pos, not to "
+                         f"{target!r}; pass -c pd_joint_pos (and convert that replay to {target!r}), or record in "
+                         f"pd_joint_pos")

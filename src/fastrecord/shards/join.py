@@ -271,7 +271,32 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     report.dropped = sorted(g for g in dropped if g not in chosen)
     report.missing = [g for g in span if g not in chosen and g not in dropped]
     report.duplicates = sorted(set(report.duplicates))
+    _join_results(run_dir, name, shards, chosen)
     return report
+
+
+def _join_results(run_dir: Path, name: str, shards: dict[int, Path],
+                  chosen: dict[int, tuple[int, dict[str, Any]]]) -> None:
+    """``DIR/NAME.results.jsonl``: every global episode's results row once, by global index, as an unsharded
+    run's (``episode_id`` its id in the joined ``NAME.h5``, null if not kept; ``video`` relative to ``DIR``):
+    a kept episode's row is the one of the shard entry joined, an episode not kept gets its last row."""
+    from fastrecord.sinks.base import atomic_write_bytes
+
+    rows: dict[int, dict[str, Any]] = {}
+    for rank, folder in shards.items():
+        for row in results_rows(folder, name):
+            if "global_index" not in row:
+                continue
+            g = global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {folder.parent}")
+            kept = chosen.get(g)
+            if kept is not None and (kept[0] != rank or kept[1].get("episode_id") != row.get("episode_id")):
+                continue  # a row of another copy of a joined episode
+            video = row.get("video")
+            rows[g] = {**row, "episode_id": g if kept is not None else None, "source_rank": rank,
+                       "video": os.path.relpath(folder / video, run_dir) if video else video}
+    if rows or (run_dir / f"{name}{RESULTS_SUFFIX}").exists():
+        text = "".join(json.dumps(rows[g], allow_nan=False) + "\n" for g in sorted(rows))
+        atomic_write_bytes(run_dir / f"{name}{RESULTS_SUFFIX}", text.encode())
 
 
 def _lerobot_roots(shards: dict[int, Path], name: str) -> dict[int, Path]:

@@ -1,6 +1,6 @@
 """ManiSkill trajectory files (``NAME.h5`` + ``NAME.json``): the one owner of their layout.
 
-Layout (ManiSkill's; documented in README "On-disk schema"): one group ``traj_{episode_id}`` per episode
+Layout (ManiSkill's; documented in docs/format.md "On-disk schema"): one group ``traj_{episode_id}`` per episode
 with ``actions [T, A]``, ``terminated/truncated/success/fail [T]``, ``rewards [T]``, ``env_states``
 (nested groups, ``[T+1, D]`` leaves) and ``obs`` (``[T+1, ...]``, nested for dict observations); the JSON
 holds ``env_info``, ``commit_info``, ``episodes`` and ``source_type``/``source_desc``.

@@ -24,7 +24,7 @@ import numpy as np
 # image leaves, stored compressed (ManiSkill compresses rgb/depth/seg with gzip level 5)
 IMAGE_KEYS = ("rgb", "depth", "seg", "segmentation", "position", "normal", "albedo")
 COMPRESSIONS = tuple(f"gzip:{k}" for k in range(1, 10)) + ("lzf", "none")  # trajectory_compression values
-DEFAULT_COMPRESSION = "gzip:1"  # measured on PickCube-v1 rgb frames: README "Image observations on disk"
+DEFAULT_COMPRESSION = "gzip:1"  # measured on PickCube-v1 rgb frames: docs/format.md "Image observations on disk"
 BAND_BYTES = 2048  # bytes of one frame in an image chunk: a chunk is many frames of a few rows (see image_chunks)
 CHUNK_FRAMES = 64  # frames in an image chunk, at most
 EPISODES_ATTR = "fastrecord_episodes"  # part file root attribute: JSON list of its episodes' entries
@@ -87,7 +87,7 @@ def image_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     Consecutive frames of a camera share most pixels; with each frame's band 2 KiB apart, gzip's 32 KiB
     window (lzf's 8 KiB) sees the same rows of the frames before, so the static parts compress to almost
     nothing. On PickCube-v1 rgb frames one frame a chunk stored 64-69% of the raw bytes, these chunks
-    7-10%, and compressing was 3-6x faster (README "Image observations on disk").
+    7-10%, and compressing was 3-6x faster (docs/format.md "Image observations on disk").
     """
     row = int(np.prod(shape[2:], dtype=np.int64)) * itemsize
     rows = max(1, min(shape[1], BAND_BYTES // max(row, 1)))

@@ -32,6 +32,12 @@ class ManiSkillH5Sink(Sink):
         self.writer = TrajectoryWriter(run.path(".h5"), self.header, resume=run.resuming, num_writers=self.writers,
                                        compression=self.compression)
 
+    def add_writers(self, total: int) -> None:
+        """Grow to ``total`` writer processes (`TrajectoryWriter.add_writers`)."""
+        self.writers = max(self.writers, total)
+        if self.writer is not None:
+            self.writer.add_writers(total)
+
     @property
     def next_episode_id(self) -> int:
         return self.writer.next_episode_id

@@ -204,6 +204,24 @@ class TrajectoryWriter:
             self.blocked_seconds += time.perf_counter() - t0
         self.raise_if_failed()
 
+    def add_writers(self, total: int) -> None:
+        """Grow to ``total`` writer processes (nothing if it has as many): the recorder sizes an automatic
+        count from the observations the env actually returns, at its first reset, after this writer opened.
+        The new processes take batches submitted from now on; the index process stays where it is."""
+        if self._closed or self._stopping or total <= len(self._writers):
+            return
+        first = len(self._writers)
+        new = [IsolatedProcess(WRITER_PROCESS_MODULE, f"HDF5 writer process {i}", background=False)
+               for i in range(first, total)]
+        threads = [threading.Thread(target=self._run, args=(p,), name=f"fastrecord-h5-{first + i}", daemon=True)
+                   for i, p in enumerate(new)]
+        with self._lock:
+            self._writers.extend(new)
+            self._threads.extend(threads)
+            self.num_writers = len(self._writers)
+        for t in threads:
+            t.start()
+
     def raise_if_failed(self, max_age: float = 0.0) -> None:
         """Raise a writer's failure; a process that died while idle counts too (its exit status is polled
         unless polled less than ``max_age`` seconds ago: the per-step check of the sink)."""
