@@ -51,7 +51,8 @@ def every_second_step(n: int) -> bool:
     return n % 2 == 0
 
 
-# argument -> (value, env keywords it needs); every RecordOptions field and `sinks`
+# argument -> (value, env keywords it needs, and under "_record" other wrapper arguments it needs); every
+# RecordOptions field and `sinks`
 CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "save_trajectory": (False, {}),
     "trajectory_name": ("other", {}),
@@ -75,11 +76,16 @@ CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "video_codec": ("libx264", {}),
     "video_crf": (35, {}),
     "video_preset": ("veryfast", {}),
+    "video_gop": (2, {}),
     "video_workers": (1, {}),
     "trajectory_writers": (2, {}),
     "trajectory_compression": ("lzf", RGB),
     "buffer_capacity": (2, {}),
     "lerobot": (True, {}),
+    "lerobot_video_codec": ("libsvtav1", RGB | {"_record": {"lerobot": True}}),
+    "lerobot_gop": (5, RGB | {"_record": {"lerobot": True}}),
+    "lerobot_crf": (40, RGB | {"_record": {"lerobot": True}}),
+    "lerobot_state_keys": ("agent/qpos", RGB | {"_record": {"lerobot": True}}),
     "sinks": ("collect", {}),
 }
 # steps of each episode, each episode reset with seed 10 + its index; the last is in progress at close
@@ -105,7 +111,8 @@ def make(vector: bool, env_kwargs: dict[str, Any]) -> gym.Env:
 def drive(vector: bool, out: Path, name: str, value: Any, env_kwargs: dict[str, Any]) -> list | None:
     """Record `EPISODES` with argument ``name=value``; returns what a user sink received (``sinks`` case)."""
     collect = Collect() if name == "sinks" else None
-    kwargs = {"sinks": [collect]} if collect else {name: value}
+    env_kwargs = dict(env_kwargs)
+    kwargs = dict(env_kwargs.pop("_record", {})) | ({"sinks": [collect]} if collect else {name: value})
     kwargs.setdefault("trajectory_name", "run")
     cls = RecordVectorEpisode if vector else RecordEpisode
     env = cls(make(vector, env_kwargs), out, **kwargs)
