@@ -114,9 +114,14 @@ class EpisodeRecorder:
         self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options={**opts.as_dict(), **built.chosen}).open()
         opened: list[Sink] = []
         try:
+            if self.run.resuming:  # every output holds exactly the episodes the run committed (sinks.reconcile)
+                from fastrecord.sinks.reconcile import reconcile
+
+                reconcile(self.run)
             for s in self.sinks:
                 s.open(self.run)
                 opened.append(s)
+            self._check_resumed_outputs()
         except BaseException:
             for s in reversed(opened):
                 try:
@@ -127,9 +132,21 @@ class EpisodeRecorder:
             raise
         self.trajectory_name = self.run.name
         # episode ids continue where a resumed run stopped
-        self.first_episode_id = self.trajectory.next_episode_id if self.trajectory else self.run.counters.get("episodes", 0)
+        self.first_episode_id = self.run.committed
         self.next_episode_id = self.first_episode_id
         close_at_exit(self)
+
+    def _check_resumed_outputs(self) -> None:
+        """A resumed run's outputs start where its commit log ends: an output the earlier run did not write
+        (another save_trajectory or lerobot) would number its episodes from 0."""
+        n = self.run.committed
+        held = {"save_trajectory=True": self.trajectory.next_episode_id if self.trajectory else n,
+                "lerobot=True": self.lerobot.writer.episodes + self.lerobot.writer.pending if self.lerobot else n}
+        for option, have in held.items():
+            if have != n:
+                raise ValueError(f"if_exists='resume': run {self.run.name!r} committed {n} episodes, but its output for "
+                                 f"{option} holds {have}: the earlier run was recorded with other outputs; resume it with "
+                                 f"the same options, or record into another trajectory_name")
 
     # ------------------------------------------------------------------ capture
     def capturing(self) -> bool:
@@ -470,7 +487,6 @@ class EpisodeRecorder:
                 lines = Overlay.of_episode({k: np.array(v) for k, v in overlay.items()}, self._font, self.frames_per_step)
             episodes.append(EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines, self.frames_per_step))
             self.next_episode_id += 1
-        self.run.set_counter("episodes", self.next_episode_id)
         for s in self.sinks:
             s.submit(episodes)
 
@@ -533,12 +549,22 @@ class EpisodeRecorder:
                 self.view.stop_substeps()
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
+        # every output done first, then the results rows of what all of them hold (the commits), and only then
+        # the closes: a sink that joins episodes into files (LeRobot) takes the committed ones only
+        for s in self.sinks:
+            try:
+                s.wait_until_done()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
         for s in self.sinks:
             try:
                 s.close()
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
-        self.run.close(status="failed" if errors else "closed")
+        try:
+            self.run.close(status="failed" if errors else "closed")
+        except BaseException as e:  # noqa: BLE001 - a full disk: the sinks' error, if any, says more
+            errors.append(e)
         if errors:
             raise errors[0]
 

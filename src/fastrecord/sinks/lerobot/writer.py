@@ -102,7 +102,7 @@ class LeRobotWriter:
 
     def __init__(self, root: Path, parts: Path, *, fps: float | None = None, task: str | None = None,
                  robot_type: str | None = None, video: Any = None, resume: bool = False,
-                 chunks_size: int = DEFAULT_CHUNK_SIZE, data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+                 limit: Any = None, chunks_size: int = DEFAULT_CHUNK_SIZE, data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
                  video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB) -> None:
         self.pa = import_pyarrow()
         import pyarrow.parquet as pq
@@ -120,6 +120,10 @@ class LeRobotWriter:
         self._order: list[int] = []  # parts expected, in episode order, not yet in a file
         self._ready: dict[int, _Part] = {}  # committed parts by sequence number
         self._next_seq = 0
+        self._committed: set[int] = set()  # sequence numbers committed as parts by this writer
+        # limit() -> n: only parts 0 .. n-1 go into dataset files (the episodes the whole run committed: a
+        # recorder's `RunDirectory.committed`), so a dataset file never holds an episode another output lacks
+        self.limit = limit
         self._lock = threading.Lock()  # the fields above
         self._files_lock = threading.Lock()  # one thread writes dataset files at a time
         if resume:
@@ -129,14 +133,19 @@ class LeRobotWriter:
                              f"remove it (if_exists='overwrite')")
 
     # -------------------------------------------------------------- episodes
-    def reserve(self) -> int:
-        """The sequence number of the next episode (its place in the dataset); on the stepping thread, in
-        episode order."""
+    def reserve(self, seq: int | None = None) -> int:
+        """The sequence number of the next episode (its place in the dataset; ``seq``: the recorder's
+        episode id, which it equals in a run); on the stepping thread, in episode order."""
         with self._lock:
-            seq = self._next_seq
-            self._next_seq += 1
+            seq = self._next_seq if seq is None else int(seq)
+            self._next_seq = seq + 1
             self._order.append(seq)
             return seq
+
+    def committed(self, seq: int) -> bool:
+        """Whether episode ``seq`` is committed (a part, or already in a dataset file)."""
+        with self._lock:
+            return seq in self._committed
 
     def write_episode(self, seq: int, datasets: Mapping[str, np.ndarray], length: int,
                       entry: Mapping[str, Any] | None = None) -> None:
@@ -169,6 +178,7 @@ class LeRobotWriter:
         part = _Part(seq, int(length), stats, videos, path.stat().st_size, video_bytes, entry)
         with self._lock:
             self._ready[seq] = part
+            self._committed.add(seq)
         self.roll()
 
     def _settings(self) -> dict[str, Any]:
@@ -228,9 +238,10 @@ class LeRobotWriter:
         passes a size limit; with ``final`` the whole committed prefix if none does."""
         batch: list[_Part] = []
         data, video = 0, {}
+        limit = self.limit() if self.limit is not None else None
         for seq in self._order:
             part = self._ready.get(seq)
-            if part is None:
+            if part is None or (limit is not None and seq >= limit):
                 break
             batch.append(part)
             data += part.data_bytes
@@ -371,8 +382,9 @@ class LeRobotWriter:
         self.roll(final=True)
         if self.parts.is_dir():
             for p in self.parts.iterdir():
-                if not PART_RE.match(p.name):
-                    p.unlink()  # videos of parts that never committed
+                m = PART_RE.match(p.name) or SEGMENT_RE.match(p.name)
+                if not m or int(m.group(1)) not in self._ready:
+                    p.unlink()  # videos of parts that never committed (parts past `limit` stay, with theirs)
             if not any(self.parts.iterdir()):
                 shutil.rmtree(self.parts, ignore_errors=True)
 
