@@ -24,7 +24,7 @@ from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.cameras import check_video_source
 from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
-from fastrecord.exits import close_at_exit, forget_at_exit
+from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.factory import build_sinks
@@ -537,6 +537,7 @@ class EpisodeRecorder:
         if self._closed:
             return
         errors: list[BaseException] = []
+        flush = flush and not stopped_by_signal()  # Ctrl-C, SIGTERM: what is in progress is cut, not finished
         try:
             if flush and self.buffer is not None:
                 self.finalize(np.arange(self.num_envs))

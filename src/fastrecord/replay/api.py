@@ -18,7 +18,7 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     """Replay ``cfg.traj_path`` and record the replays (see `fastrecord.replay`).
 
     With ``stop`` (the CLI's signal handlers), a stop request ends the replay between two steps: the
-    replays in progress are saved as far as they got, the env is closed and the summary says so.
+    replays in progress are not saved (``resume`` replays them whole), the env is closed and the summary says so.
     ``sinks``: extra sinks for the recorder (one process only), e.g. ``fastrecord.sinks.loggers``'.
     With more than one worker (``cfg.workers``, or by default on machines of many cores) worker
     processes replay a share of the episodes each and the shards are joined at the end; under
