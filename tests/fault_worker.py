@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import sys
 import threading
@@ -30,7 +31,7 @@ use_lavapipe_if_no_gpu()
 
 from fastrecord.sinks.base import BackgroundSink, Sink  # noqa: E402
 
-EPISODES = 6  # record, replay: the run's total; eval: episodes a session runs
+EPISODES = int(os.environ.get("FAULT_EPISODES", 6))  # record, replay: the run's total; eval: episodes a session runs
 STEPS = 4  # steps an episode (max_episode_steps)
 
 
@@ -60,15 +61,23 @@ class DiskFull(BackgroundSink):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
 
-def report(results: Path) -> None:
+def committed(out: Path) -> int:
+    """Kept episodes committed in OUT/run (its results file, or its shards' of a sharded replay)."""
+    n = 0
+    for results in [out / "run.results.jsonl", *sorted(out.glob("run.shards/rank*/run.results.jsonl"))]:
+        try:
+            rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+            n += sum(r.get("episode_id") is not None for r in rows)
+        except (OSError, ValueError):
+            pass
+    return n
+
+
+def report(out: Path) -> None:
     """Print ``finished N`` whenever the committed kept episodes grow."""
     last = -1
     while True:
-        try:
-            rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
-            n = sum(r.get("episode_id") is not None for r in rows)
-        except (OSError, ValueError):
-            n = 0
+        n = committed(out)
         if n != last:
             print(f"finished {n}", flush=True)
             last = n
@@ -87,7 +96,7 @@ def flags(outputs: set[str]) -> list[str]:
 
 
 def main(out: str, command: str, outputs: set[str], fault: str, resume: bool, source: str | None) -> int:
-    threading.Thread(target=report, args=(Path(out) / "run.results.jsonl",), daemon=True).start()
+    threading.Thread(target=report, args=(Path(out),), daemon=True).start()
     sinks = fault_sinks(fault)
     import fastrecord.sinks.loggers as loggers
 
@@ -104,9 +113,10 @@ def run(out: str, command: str, outputs: set[str], sinks: list[Sink], resume: bo
         return cli(["record", "PickCube-v1", "--episodes", str(EPISODES), "--max-episode-steps", str(STEPS), "--width",
                     "32", "--height", "32", "--output-dir", out, "--trajectory-name", "run", "--keep", "all",
                     *obs, *flags(outputs), *(["--if-exists", "resume"] if resume else [])])
-    if command == "replay":
-        return cli(["replay", source, "--output-dir", out, "--trajectory-name", "run", "--workers", "1", "--num-envs",
-                    "1", "--keep", "all", "--width", "32", "--height", "32", *obs, *flags(outputs),
+    if command in ("replay", "replay2"):  # replay2: two worker processes, a sharded replay
+        workers = "2" if command == "replay2" else "1"
+        return cli(["replay", source, "--output-dir", out, "--trajectory-name", "run", "--workers", workers, "--num-envs",
+                    workers, "--keep", "all", "--width", "32", "--height", "32", *obs, *flags(outputs),
                     *(["--resume"] if resume else [])])
     return evaluate(out, outputs, sinks, resume)
 

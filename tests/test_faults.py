@@ -98,8 +98,7 @@ def first_session(out: Path, command: str, outputs: str, stop: str, source: Path
     else:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert r.returncode != 0 and "injected" in r.stdout + r.stderr, r.stderr[-3000:]
-    rows = read_results(out / "run.results.jsonl") if (out / "run.results.jsonl").exists() else []
-    return sum(r.get("episode_id") is not None for r in rows)
+    return fault_worker.committed(out)
 
 
 def resume(out: Path, command: str, outputs: set[str], source: Path | None) -> None:
@@ -117,15 +116,20 @@ def source(tmp_path_factory) -> Path:
 
 def run_case(tmp_path: Path, command: str, outputs: str, stop: str, source: Path | None) -> list[dict]:
     out = tmp_path / "out"
-    src = source if command == "replay" else None
+    src = source if command.startswith("replay") else None
     before = first_session(out, command, outputs, stop, src)
     wanted = set(outputs.split("+"))
     resume(out, command, wanted, src)
-    kept = check_run(out, wanted)
+    if command == "replay2":  # each shard is a run of its own; the merged pair lists every input episode once
+        kept = [r for shard in sorted(out.glob("run.shards/rank*")) for r in check_run(shard, wanted)]
+        merged = json.loads((out / "run.json").read_text())["episodes"]
+        assert [e["source_episode_id"] for e in merged] == list(range(fault_worker.EPISODES))
+    else:
+        kept = check_run(out, wanted)
     if command == "record":  # the run's episodes, each once: global episode g with seed base + g
         assert sorted(r["global_index"] for r in kept) == list(range(fault_worker.EPISODES))
         assert all(r["seed"] == r["global_index"] for r in kept)
-    elif command == "replay":  # every input episode replayed once
+    elif command.startswith("replay"):  # every input episode replayed once
         assert sorted(r["source_episode_id"] for r in kept) == list(range(fault_worker.EPISODES))
     else:  # an evaluation goes on after what it committed
         assert len(kept) == before + fault_worker.EPISODES
@@ -139,6 +143,7 @@ CHEAP = [
     ("eval", "h5+mp4", "sigterm"),
     ("replay", "h5+mp4+lerobot", "sigint"),
     ("record", "mp4+lerobot", "enospc"),
+    ("replay2", "h5+mp4", "sigint"),  # replay --workers 2 --resume resumes a sharded replay
 ]
 FULL = [(c, o, s) for c in ("record", "eval", "replay") for o in ("h5+mp4+lerobot", "h5", "mp4", "lerobot")
         for s in ("sigkill", "sigterm", "sigint", "enospc", "sink-error") if (c, o, s) not in CHEAP]
@@ -146,25 +151,55 @@ FULL = [(c, o, s) for c in ("record", "eval", "replay") for o in ("h5+mp4+lerobo
 
 @pytest.mark.parametrize("command,outputs,stop", CHEAP)
 def test_stop_then_resume(tmp_path, request, command, outputs, stop):
-    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if command == "replay" else None)
+    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if command.startswith("replay") else None)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command,outputs,stop", FULL)
 def test_stop_then_resume_full_matrix(tmp_path, request, command, outputs, stop):
-    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if command == "replay" else None)
+    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if command.startswith("replay") else None)
 
 
-def test_full_disk_then_resume_keeps_every_output_in_step(small_disk):
-    """The issue's case: the disk fills while recording HDF5, videos and LeRobot; space is freed and the
-    run resumed: the LeRobot dataset, the trajectory, the videos and the results hold the same episodes."""
+def test_full_disk_then_resume_keeps_every_output_in_step(tmp_path):
+    """The issue's case: the disk fills while `fastrecord record` writes HDF5, videos and LeRobot (filled by
+    the test once 2 episodes are committed); space is freed and the run resumed: the LeRobot dataset, the
+    trajectory, the videos and the results hold the same episodes, each once."""
+    import errno
     import os
 
-    filler = small_disk / "filler"
-    filler.write_bytes(os.urandom((2 << 20) - (300 << 10)))  # about 300 KiB left
+    from conftest import tmpfs
+
+    with tmpfs(tmp_path / "disk", "size=16m") as disk:
+        full_disk_then_resume(disk)
+
+
+def full_disk_then_resume(small_disk: Path) -> None:
+    import errno
+    import os
+
     out = small_disk / "run"
-    assert fault_worker.run(str(out), "record", {"h5", "mp4", "lerobot"}, [], False, None) != 0
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(out), "record", "h5+mp4+lerobot", "none"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FAULT_EPISODES": "24"})
+    for line in proc.stdout:
+        if line.startswith("finished") and int(line.split()[1]) >= 2:
+            break
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f:  # every byte left
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "No space left on device" in err, err[-3000:]
     filler.unlink()
-    resume(out, "record", {"h5", "mp4", "lerobot"}, None)
+    os.environ["FAULT_EPISODES"] = "24"
+    try:
+        before = fault_worker.committed(out)
+        fault_worker.EPISODES = 24
+        resume(out, "record", {"h5", "mp4", "lerobot"}, None)
+    finally:
+        fault_worker.EPISODES = int(os.environ.pop("FAULT_EPISODES"))
     kept = check_run(out, {"h5", "mp4", "lerobot"})
-    assert sorted(r["global_index"] for r in kept) == list(range(fault_worker.EPISODES))
+    assert before >= 2 and sorted(r["global_index"] for r in kept) == list(range(24))
