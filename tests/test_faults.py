@@ -149,6 +149,12 @@ FULL = [(c, o, s) for c in ("record", "eval", "replay") for o in ("h5+mp4+lerobo
         for s in ("sigkill", "sigterm", "sigint", "enospc", "sink-error") if (c, o, s) not in CHEAP]
 
 
+@pytest.fixture(autouse=True)
+def _workers_import_this_checkout(monkeypatch):
+    """Replay workers are forked from a forkserver, which imports fastrecord by PYTHONPATH, not pytest's path."""
+    monkeypatch.setenv("PYTHONPATH", str(WORKER.parents[1] / "src"))
+
+
 @pytest.mark.parametrize("command,outputs,stop", CHEAP)
 def test_stop_then_resume(tmp_path, request, command, outputs, stop):
     run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if command.startswith("replay") else None)

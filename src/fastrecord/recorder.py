@@ -28,6 +28,7 @@ from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.factory import build_sinks
+from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
 from fastrecord.video.yuv import YUV420P
@@ -111,17 +112,18 @@ class EpisodeRecorder:
         self.num_finished = 0  # episodes ended, kept or not
         self._closed = False
 
-        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options={**opts.as_dict(), **built.chosen}).open()
+        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options={**opts.as_dict(), **built.chosen},
+                                check_resume=self._inspect_resumed).open()
         opened: list[Sink] = []
         try:
             if self.run.resuming:  # every output holds exactly the episodes the run committed (sinks.reconcile)
                 from fastrecord.sinks.reconcile import reconcile
 
-                reconcile(self.run)
+                self._check_resumed_outputs(self._resumed)
+                reconcile(self.run, self._resumed)
             for s in self.sinks:
                 s.open(self.run)
                 opened.append(s)
-            self._check_resumed_outputs()
         except BaseException:
             for s in reversed(opened):
                 try:
@@ -136,17 +138,23 @@ class EpisodeRecorder:
         self.next_episode_id = self.first_episode_id
         close_at_exit(self)
 
-    def _check_resumed_outputs(self) -> None:
-        """A resumed run's outputs start where its commit log ends: an output the earlier run did not write
-        (another save_trajectory or lerobot) would number its episodes from 0."""
-        n = self.run.committed
-        held = {"save_trajectory=True": self.trajectory.next_episode_id if self.trajectory else n,
-                "lerobot=True": self.lerobot.writer.episodes + self.lerobot.writer.pending if self.lerobot else n}
-        for option, have in held.items():
-            if have != n:
-                raise ValueError(f"if_exists='resume': run {self.run.name!r} committed {n} episodes, but its output for "
-                                 f"{option} holds {have}: the earlier run was recorded with other outputs; resume it with "
-                                 f"the same options, or record into another trajectory_name")
+    def _inspect_resumed(self, manifest: dict[str, Any]) -> None:
+        """Under the run's lock, before anything is written: a damaged run is refused (`refuse_damage`)."""
+        self._resumed = refuse_damage(Path(self.output_dir), self.options.trajectory_name)
+
+    def _check_resumed_outputs(self, state: Any) -> None:
+        """A resumed run writes the outputs the earlier one wrote (its `sinks.reconcile.RunState`): an output
+        it did not write would number its episodes from 0, one it wrote would stop at the resume."""
+        from fastrecord.sinks.lerobot import LeRobotSink
+
+        n = state.committed
+        lerobot = any(isinstance(s, LeRobotSink) for s in self.sinks)
+        for option, ours, theirs in (("save_trajectory", self.trajectory is not None, state.h5 is not None),
+                                     ("lerobot", lerobot, state.lerobot is not None)):
+            if ours != theirs and (n > 0 or theirs):
+                raise ValueError(f"if_exists='resume': run {self.run.name!r} holds {n} episodes recorded with "
+                                 f"{option}={theirs}; resume it with {option}={theirs} (the same outputs), or record "
+                                 f"into another trajectory_name")
 
     # ------------------------------------------------------------------ capture
     def capturing(self) -> bool:

@@ -120,22 +120,33 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
     if lerobot is not None and any(s >= n for s in lerobot.filed):
         problems.append(f"{name}.lerobot's dataset files hold episode(s) {_ranges([s for s in lerobot.filed if s >= n])} "
                         f"that no results row commits (written by an older fastrecord); {fix}")
+    named = {row.get("video") for row in (rows or [])[:keep]}
     for row in (rows or [])[:keep]:
         video = row.get("video")
         if isinstance(video, str) and not (out / video).exists():
             problems.append(f"{video} (the video of episode {row.get('episode_id')}) is missing; {fix}")
+    for f, eps in owned.items():  # listed by the manifest: gone although its episodes are committed
+        if f not in named and f.endswith(".mp4") and eps and all(e < n for e in eps) and not (out / f).exists():
+            problems.append(f"{f} (a video of episode(s) {_ranges(eps)}, listed in {name}.fastrecord.json) is missing; {fix}")
     return RunState(name, n, rows, keep, h5, lerobot, vids, problems)
 
 
-def reconcile(run: RunDirectory) -> RunState:
-    """Before a resumed run records: discard from every output what the commit log does not hold (see the
-    module docstring), set ``run.committed`` and the manifest's episode counter to it. Raises a ValueError
-    (one line, nothing changed) if an output lacks a committed episode."""
-    out, name = run.output_dir, run.name
-    state = inspect_run(out, name, videos=False)
+def refuse_damage(output_dir: Path, name: str, what: str = "cannot resume") -> RunState:
+    """`inspect_run` (read only), raising a one-line ValueError naming the first damaged file."""
+    state = inspect_run(output_dir, name, videos=False)
     if state.problems:
         more = f" (and {len(state.problems) - 1} more: fastrecord info lists them)" if len(state.problems) > 1 else ""
-        raise ValueError(f"cannot resume run {name!r} in {str(out)!r}: {state.problems[0]}{more}")
+        raise ValueError(f"{what} run {name!r} in {str(output_dir)!r}: {state.problems[0]}{more}")
+    return state
+
+
+def reconcile(run: RunDirectory, state: RunState | None = None) -> RunState:
+    """Before a resumed run records: discard from every output what the commit log does not hold (see the
+    module docstring), set ``run.committed`` and the manifest's episode counter to it. Raises a ValueError
+    (one line, nothing changed) if an output lacks a committed episode. ``state``: `refuse_damage`'s, if
+    the caller inspected the run under its lock already."""
+    out, name = run.output_dir, run.name
+    state = state or refuse_damage(out, name)
     n = state.committed
     beyond = state.beyond()
     if state.h5 is not None and f"{name}.h5" in beyond:

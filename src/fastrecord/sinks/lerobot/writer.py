@@ -418,6 +418,17 @@ def repair(root: Path) -> LeRobotWriter:
     if not root.is_dir() and not parts.is_dir():
         raise ValueError(f"{root} is no LeRobot dataset of a run: neither it nor {parts.name}/ exist; pass the "
                          f"NAME.lerobot folder of a recorded run")
+    from fastrecord.sinks.lerobot.check import scan_dataset
+
+    state = scan_dataset(root, parts, videos=False)  # a damaged dataset is refused before anything is changed
+    gap = next((i for i, s in enumerate(state.seqs) if s != i), None)
+    if state.problems:
+        raise ValueError(f"not repairing {root}: {state.problems[0]}")
+    if gap is not None:
+        raise ValueError(f"not repairing {root}: episode {gap} is neither in its files nor in {parts.name}/ (a part "
+                         f"deleted?) while later ones are; folding them in would renumber them. Restore "
+                         f"{parts.name}/ep_{gap:08d}.parquet, or resume the run (if_exists='resume'), which records again "
+                         f"what its results file does not commit")
     writer = LeRobotWriter(root, parts, resume=True)
     writer.close()
     return writer
