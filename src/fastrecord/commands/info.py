@@ -208,7 +208,13 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
         hint = f" (the parts are there: fastrecord consolidate {h5_path} rebuilds it)" if parts and parts["complete"] else ""
         run["error"] = f"{h5_path.name} is missing{hint}"
         return run
-    traj = _open(h5_path, json_path)
+    try:
+        traj = _open(h5_path, json_path)
+    except ValueError as e:
+        if not (run["outputs"] or {}).get("damage"):
+            raise
+        run["error"] = f"{h5_path.name} cannot be opened: {str(e).split('. ')[0]} (see damage)"
+        return run
     try:
         env_info, episodes = traj.meta.get("env_info") or {}, traj.episodes
         kwargs = env_info.get("env_kwargs") or {}

@@ -133,7 +133,7 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
 
 def refuse_damage(output_dir: Path, name: str, what: str = "cannot resume") -> RunState:
     """`inspect_run` (read only), raising a one-line ValueError naming the first damaged file."""
-    state = inspect_run(output_dir, name, videos=False)
+    state = inspect_run(output_dir, name)
     if state.problems:
         more = f" (and {len(state.problems) - 1} more: fastrecord info lists them)" if len(state.problems) > 1 else ""
         raise ValueError(f"{what} run {name!r} in {str(output_dir)!r}: {state.problems[0]}{more}")

@@ -43,7 +43,7 @@ def _fix(root: Path) -> str:
 def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> DatasetState:
     """The episodes of the dataset ``root`` (``NAME.lerobot``) and its parts (``NAME.lerobot.parts``),
     and every disagreement between its files: ``meta/info.json``'s totals and the episodes files, each
-    episodes file's data file (its rows) and videos (present, readable, long enough with ``videos``),
+    episodes file's data file (its rows) and videos (present; with ``videos`` also readable and long enough),
     files past the last episodes file, unreadable parts or parts without their videos."""
     import pyarrow.parquet as pq
 
@@ -94,16 +94,21 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
                     st.problems.append(f"{rel(data_file)} holds {got} rows where {rel(path)} says {want_rows}; {_fix(root)}")
             except Exception as e:  # noqa: BLE001
                 st.problems.append(f"{rel(data_file)} cannot be read (truncated or damaged: {type(e).__name__}); {_fix(root)}")
-        for key in cameras if videos else ():
+        for key in cameras:
             video = root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
             end = max((float(r.get(f"videos/{key}/to_timestamp") or 0.0) for r in rows), default=0.0)
-            problem = _video_problem(video, end)
+            problem = _video_problem(video, end) if videos else (None if video.exists() else "is missing")
             if problem:
                 st.problems.append(f"{rel(video)} {problem}: the videos of {len(rows)} episodes of {rel(path)}; {_fix(root)}")
     st.files = len(groups)
     if info and not st.problems:
+        if int(info.get("total_episodes", 0)) > episodes:  # the episodes file after the last one found is gone
+            chunk, file = chunk_file(len(groups), chunks)
+            missing = root / EPISODES_PATH.format(chunk_index=chunk, file_index=file)
+            st.problems.append(f"{rel(missing)} is missing: {rel(root / INFO_PATH)} counts {info['total_episodes']} "
+                               f"episodes, the episodes files {episodes}; {_fix(root)}")
         for key, have in (("total_episodes", episodes), ("total_frames", frames)):
-            if int(info.get(key, 0)) != have:
+            if not st.problems and int(info.get(key, 0)) != have:
                 st.problems.append(f"{rel(root / INFO_PATH)} says {key} {info.get(key)} but the episodes files hold {have}; "
                                    f"{_fix(root)}")
     for kind in ("data", "videos"):
