@@ -115,8 +115,8 @@ def run(out: str, command: str, outputs: set[str], sinks: list[Sink], resume: bo
                     *obs, *flags(outputs), *(["--if-exists", "resume"] if resume else [])])
     if command in ("replay", "replay2"):  # replay2: two worker processes, a sharded replay
         workers = "2" if command == "replay2" else "1"
-        return cli(["replay", source, "--output-dir", out, "--trajectory-name", "run", "--workers", workers, "--num-envs",
-                    workers, "--keep", "all", "--width", "32", "--height", "32", *obs, *flags(outputs),
+        return cli(["replay", source, "--output-dir", out, "--trajectory-name", "run", "--workers", workers,
+                    "--num-envs", workers, "--keep", "all", "--width", "32", "--height", "32", *obs, *flags(outputs),
                     *(["--resume"] if resume else [])])
     return evaluate(out, outputs, sinks, resume)
 

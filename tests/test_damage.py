@@ -46,6 +46,10 @@ def refused(out: Path, capsys, *texts: str) -> None:
         assert main(["consolidate", str(out / target)]) != 0
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and all(t in err for t in texts), err
+    replayed = out.parent / "replayed"
+    assert main(["replay", str(out / "run.h5"), "--output-dir", str(replayed)]) == 2  # replay's input check
+    err = capsys.readouterr().err
+    assert "cannot replay run 'run'" in err and all(t in err for t in texts) and not replayed.exists(), err
     assert snapshot(out) == before  # nothing written, deleted or renumbered
 
 
@@ -99,7 +103,8 @@ def test_an_intact_run_agrees(closed_run, capsys):
     from fastrecord.commands.cli import main
 
     assert main(["info", str(closed_run / "run.h5")]) == 0
-    assert f"outputs: {fault_worker.EPISODES} episodes committed; every output and the manifest agree" in capsys.readouterr().out
+    agree = f"outputs: {fault_worker.EPISODES} episodes committed; every output and the manifest agree"
+    assert agree in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("output", ["h5", "lerobot"])

@@ -11,6 +11,7 @@ representative case of each stop and command; ``-m slow`` runs the whole product
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,13 +158,13 @@ def _workers_import_this_checkout(monkeypatch):
 
 @pytest.mark.parametrize("command,outputs,stop", CHEAP)
 def test_stop_then_resume(tmp_path, request, command, outputs, stop):
-    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if command.startswith("replay") else None)
+    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if "replay" in command else None)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command,outputs,stop", FULL)
 def test_stop_then_resume_full_matrix(tmp_path, request, command, outputs, stop):
-    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if command.startswith("replay") else None)
+    run_case(tmp_path, command, outputs, stop, request.getfixturevalue("source") if "replay" in command else None)
 
 
 def test_full_disk_then_resume_keeps_every_output_in_step(tmp_path):
@@ -209,3 +210,27 @@ def full_disk_then_resume(small_disk: Path) -> None:
         fault_worker.EPISODES = int(os.environ.pop("FAULT_EPISODES"))
     kept = check_run(out, {"h5", "mp4", "lerobot"})
     assert before >= 2 and sorted(r["global_index"] for r in kept) == list(range(24))
+
+
+def test_after_kill_9_the_manifest_lists_every_file_and_consolidate_closes_the_run(tmp_path):
+    """The manifest and its journal list every video a SIGKILLed run wrote (an overwrite then removes them
+    all); a manifest write's temporary left by the kill is removed; ``fastrecord consolidate`` makes every
+    output agree and marks the run closed, its start time kept."""
+    from fastrecord.commands.cli import main
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, RunDirectory, listed_files, owned_intent_files, read_manifest
+
+    out = tmp_path / "out"
+    argv = [sys.executable, str(WORKER), str(out), "record", "h5+mp4", "none"]
+    run_then_kill(argv, min_finished=2, extra_s=0.3, sig=signal.SIGKILL)
+    listed = {**listed_files(out, "run"), **owned_intent_files(out, "run")}
+    videos = {p.name for p in out.glob("*.mp4")}
+    assert videos and videos <= set(listed)
+    started = read_manifest(out / f"run{MANIFEST_SUFFIX}")["started"]
+    (out / f".run{MANIFEST_SUFFIX}.4242.tmp").write_text("{")  # what a kill during a manifest write leaves
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    RunDirectory(copy, "run", "overwrite").open().close()  # every file of the killed run is removed
+    assert not list(copy.glob("*.mp4")) and not list(copy.glob(".run*.tmp"))
+    assert main(["consolidate", str(out / "run.h5")]) == 0
+    check_run(out, {"h5", "mp4"})
+    assert read_manifest(out / f"run{MANIFEST_SUFFIX}")["started"] == started

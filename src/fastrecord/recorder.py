@@ -112,8 +112,8 @@ class EpisodeRecorder:
         self.num_finished = 0  # episodes ended, kept or not
         self._closed = False
 
-        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options={**opts.as_dict(), **built.chosen},
-                                check_resume=self._inspect_resumed).open()
+        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists,
+                                options={**opts.as_dict(), **built.chosen}, check_resume=self._inspect_resumed).open()
         opened: list[Sink] = []
         try:
             if self.run.resuming:  # every output holds exactly the episodes the run committed (sinks.reconcile)

@@ -266,13 +266,13 @@ def _agreement(h5_path: Path, manifest: dict[str, Any]) -> dict[str, Any] | None
     stopped run's, which a resume or ``fastrecord consolidate`` discards). None for a run without a
     manifest (ManiSkill's files) and a run recording now."""
     from fastrecord.shards import lock_held
-    from fastrecord.sinks.reconcile import _ranges, inspect_run
+    from fastrecord.sinks.reconcile import episode_ranges, inspect_run
 
     folder, name = h5_path.parent, h5_path.stem
     if not manifest or lock_held(folder, name):
         return None
     state = inspect_run(folder, name)
-    beyond = {k: _ranges(v) for k, v in state.beyond().items()} if not state.problems else {}
+    beyond = {k: episode_ranges(v) for k, v in state.beyond().items()} if not state.problems else {}
     return {"committed": state.committed, "damage": state.problems, "uncommitted": beyond}
 
 

@@ -217,7 +217,8 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
                 report.crashed.append(rank)
             state = inspect_run(folder, name, videos=False)
             if state.problems:
-                raise ValueError(f"not merging run {name!r}: its shard {folder.relative_to(run_dir)}: {state.problems[0]}")
+                raise ValueError(f"not merging run {name!r}: its shard {folder.relative_to(run_dir)}: "
+                                 f"{state.problems[0]}")
             limit = state.committed if state.rows is not None else None
         for row in results_rows(folder, name):
             if row.get("episode_id") is None and "global_index" in row:

@@ -196,7 +196,7 @@ def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
     own = {output_dir / f"{name}{s}": s for s in (".h5", ".json", ".h5.parts", ".shards", MANIFEST_SUFFIX)}
     for p in existing:
         suffix = own.get(p)
-        if suffix == MANIFEST_SUFFIX or p.name.startswith(f".{name}{MANIFEST_SUFFIX}."):  # the manifest, a kill's temporary
+        if suffix == MANIFEST_SUFFIX or p.name.startswith(f".{name}{MANIFEST_SUFFIX}."):  # the manifest, its temporary
             continue
         if suffix in (".h5.parts", ".shards"):
             if any(p.iterdir()):

@@ -7,9 +7,9 @@ pieces of M steps (M + 1 frames, with ``render_substeps`` M * (sim_steps_per_con
 starts with the last frame of the one before), a last piece of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
 
 A finished video appears atomically and never replaces an existing file (a taken name gets ``_1``,
-``_2``, ...). Each file is in the run's journal before it is encoded and once it lands (`RunDirectory.intend_file`,
-`RunDirectory.add_file`), with the episodes it holds; an episode is committed here once all its videos are. The naming rule is
-`fastrecord.sinks.video_names`.
+``_2``, ...). Each file is in the run's journal before it is encoded and once it lands
+(`RunDirectory.intend_file`, `RunDirectory.add_file`), with the episodes it holds; an episode is committed here
+once all its videos are. The naming rule is `fastrecord.sinks.video_names`.
 """
 
 from __future__ import annotations

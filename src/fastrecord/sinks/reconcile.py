@@ -77,10 +77,19 @@ def _prefix(ids: list[int]) -> int:
     return n
 
 
-def _ranges(ids: list[int]) -> str:
-    from fastrecord.shards.join import ranges_text
-
-    return ranges_text(sorted(ids))
+def episode_ranges(ids: list[int]) -> str:
+    """``0-3, 7, 9-10``: the ids, sorted, in runs."""
+    ids = sorted(set(ids))
+    runs: list[str] = []
+    start = prev = None
+    for i in ids + [None]:
+        if start is not None and (i is None or i != prev + 1):
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if i is not None and start is None:
+            start = i
+        prev = i
+    return ", ".join(runs)
 
 
 def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunState:
@@ -116,9 +125,11 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
     for what, ids in ((f"{name}.h5", (h5 or {}).get("ids")), (f"{name}.lerobot", lerobot.seqs if lerobot else None)):
         if ids is not None and _prefix(ids) < n:
             lacking = sorted(set(range(n)) - set(ids))
-            problems.append(f"{what} lacks episode(s) {_ranges(lacking)} that {name}{RESULTS_SUFFIX} commits; {fix}")
+            problems.append(f"{what} lacks episode(s) {episode_ranges(lacking)} that {name}{RESULTS_SUFFIX} commits; "
+                            f"{fix}")
     if lerobot is not None and any(s >= n for s in lerobot.filed):
-        problems.append(f"{name}.lerobot's dataset files hold episode(s) {_ranges([s for s in lerobot.filed if s >= n])} "
+        extra = episode_ranges([s for s in lerobot.filed if s >= n])
+        problems.append(f"{name}.lerobot's dataset files hold episode(s) {extra} "
                         f"that no results row commits (written by an older fastrecord); {fix}")
     named = {row.get("video") for row in (rows or [])[:keep]}
     for row in (rows or [])[:keep]:
@@ -127,7 +138,8 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
             problems.append(f"{video} (the video of episode {row.get('episode_id')}) is missing; {fix}")
     for f, eps in owned.items():  # listed by the manifest: gone although its episodes are committed
         if f not in named and f.endswith(".mp4") and eps and all(e < n for e in eps) and not (out / f).exists():
-            problems.append(f"{f} (a video of episode(s) {_ranges(eps)}, listed in {name}.fastrecord.json) is missing; {fix}")
+            problems.append(f"{f} (a video of episode(s) {episode_ranges(eps)}, listed in {name}.fastrecord.json) is "
+                            f"missing; {fix}")
     return RunState(name, n, rows, keep, h5, lerobot, vids, problems)
 
 
@@ -176,7 +188,7 @@ def reconcile(run: RunDirectory, state: RunState | None = None) -> RunState:
     run.committed = n
     run.set_counter("episodes", n)
     if beyond:
-        what = "; ".join(f"{k}: {_ranges(v)}" for k, v in beyond.items())
+        what = "; ".join(f"{k}: {episode_ranges(v)}" for k, v in beyond.items())
         log.warning("fastrecord: resuming %r: discarded the episodes the run had not committed to every output when it "
                     "stopped (%s); they are recorded again", name, what)
     return state

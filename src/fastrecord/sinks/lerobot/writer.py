@@ -18,9 +18,11 @@ After a kill, every finished episode is readable: those of earlier files in the 
 it: its files and meta/info.json agree, but for a kill between the two renames that end a file: a data
 file's rows wait under a hidden name, ``.file-FFF.parquet.next``, until info.json counts them), the
 others as parts (parquet + MP4). Opening the writer again on the same folders (``resume``:
-``if_exists="resume"``, or `repair`, which ``fastrecord consolidate NAME.lerobot`` runs) removes what
-an interrupted step left half done (dataset files past the last committed episodes file, parts already
-in a file, videos of uncommitted parts) and carries on: the pending parts go into the next file.
+``if_exists="resume"``, or `fastrecord.sinks.lerobot.check.repair`, which ``fastrecord consolidate
+NAME.lerobot`` runs) removes what an interrupted step left half done (dataset files past the last committed
+episodes file, parts already in a file, videos of uncommitted parts) and carries on: the pending parts go into
+the next file. A part's number is the recorder's episode id, and only the episodes the whole run committed
+(``limit``: its results rows, `fastrecord.sinks.results`) go into dataset files.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class LeRobotWriter:
 
     def __init__(self, root: Path, parts: Path, *, fps: float | None = None, task: str | None = None,
                  robot_type: str | None = None, video: Any = None, resume: bool = False,
-                 limit: Any = None, chunks_size: int = DEFAULT_CHUNK_SIZE, data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+                 limit: Any = None, chunks_size: int = DEFAULT_CHUNK_SIZE,
+                 data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
                  video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB) -> None:
         self.pa = import_pyarrow()
         import pyarrow.parquet as pq
@@ -280,7 +283,7 @@ class LeRobotWriter:
             self._episode_stats.append(stats)
             index += n
         data = self.root / DATA_PATH.format(**where)
-        staged = _staged(data)  # hidden from LeRobot's reader (which loads every data/*/*.parquet) until info.json counts it
+        staged = staged_path(data)  # hidden from LeRobot's reader (it loads data/*/*.parquet) until info.json counts it
         self._write_parquet(pa.concat_tables(tables), staged)
         meta = dict(parts=[p.seq for p in batch], entries=[p.entry for p in batch], dataset=self._settings())
         episodes = pa.Table.from_pylist(rows).replace_schema_metadata({FILE_META: json.dumps(meta)})
@@ -320,8 +323,8 @@ class LeRobotWriter:
         for p in (self.root / "meta" / "episodes").glob(f"chunk-*/file-*.parquet{PENDING}"):
             final = p.with_name(p.name[: -len(PENDING)])
             data = self.root / "data" / final.relative_to(self.root / "meta" / "episodes")
-            if _staged(data).exists():  # committed with its rows still hidden: shown now
-                _staged(data).replace(data)
+            if staged_path(data).exists():  # committed with its rows still hidden: shown now
+                staged_path(data).replace(data)
             p.replace(final)  # committed: info.json is rewritten below
         paths = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
         for path in paths:
@@ -389,7 +392,7 @@ class LeRobotWriter:
                 shutil.rmtree(self.parts, ignore_errors=True)
 
 
-def _staged(data: Path) -> Path:
+def staged_path(data: Path) -> Path:
     """Where a data file's rows wait, hidden, until meta/info.json counts them (``.file-FFF.parquet.next``)."""
     return data.with_name(f".{data.name}.next")
 
@@ -408,27 +411,3 @@ def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: i
 def _diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     keys = sorted(set(a) ^ set(b)) or sorted(k for k in a if a[k] != b.get(k))
     return ", ".join(f"{k}: {a.get(k, {}).get('shape', 'absent')} vs {b.get(k, {}).get('shape', 'absent')}" for k in keys[:4])
-
-
-def repair(root: Path) -> LeRobotWriter:
-    """Fold what a killed run left in ``NAME.lerobot.parts/`` into the dataset ``root`` (``NAME.lerobot``)
-    and return the closed writer (its ``episodes`` and ``files`` say what the dataset holds)."""
-    root = Path(root)
-    parts = root.with_name(root.name + ".parts")
-    if not root.is_dir() and not parts.is_dir():
-        raise ValueError(f"{root} is no LeRobot dataset of a run: neither it nor {parts.name}/ exist; pass the "
-                         f"NAME.lerobot folder of a recorded run")
-    from fastrecord.sinks.lerobot.check import scan_dataset
-
-    state = scan_dataset(root, parts, videos=False)  # a damaged dataset is refused before anything is changed
-    gap = next((i for i, s in enumerate(state.seqs) if s != i), None)
-    if state.problems:
-        raise ValueError(f"not repairing {root}: {state.problems[0]}")
-    if gap is not None:
-        raise ValueError(f"not repairing {root}: episode {gap} is neither in its files nor in {parts.name}/ (a part "
-                         f"deleted?) while later ones are; folding them in would renumber them. Restore "
-                         f"{parts.name}/ep_{gap:08d}.parquet, or resume the run (if_exists='resume'), which records again "
-                         f"what its results file does not commit")
-    writer = LeRobotWriter(root, parts, resume=True)
-    writer.close()
-    return writer
