@@ -81,6 +81,7 @@ def check_run(out: Path, outputs: set[str], name: str = "run") -> list[dict]:
     manifest = read_manifest(out / f"{name}{MANIFEST_SUFFIX}")
     assert manifest["status"] == "closed" and manifest["counters"]["episodes"] == n
     assert set(videos) <= set(manifest["files"]) and all((out / f).exists() for f in manifest["files"])
+    assert len(manifest["files"]) == len(set(manifest["files"]))  # each once, also after a resume
     assert manifest["started"] <= manifest["updated"]
     assert not journal_path(out, name).exists() and not list(out.glob(f".{name}{MANIFEST_SUFFIX}.*.tmp"))
     return kept

@@ -208,6 +208,7 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     dropped: set[int] = set()
     from fastrecord.sinks.reconcile import inspect_run
 
+    damaged = None
     for rank, folder in shards.items():
         limit = None  # a shard's committed episodes (its results file's commit log): what it holds past them is not
         if lock_held(folder, name):
@@ -216,9 +217,8 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
             if read_manifest(folder / f"{name}{MANIFEST_SUFFIX}").get("status") == "recording":
                 report.crashed.append(rank)
             state = inspect_run(folder, name, videos=False)
-            if state.problems:
-                raise ValueError(f"not merging run {name!r}: its shard {folder.relative_to(run_dir)}: "
-                                 f"{state.problems[0]}")
+            if state.problems and damaged is None:  # raised once the entries are checked (a bad one says more)
+                damaged = f"not merging run {name!r}: its shard {folder.relative_to(run_dir)}: {state.problems[0]}"
             limit = state.committed if state.rows is not None else None
         for row in results_rows(folder, name):
             if row.get("episode_id") is None and "global_index" in row:
@@ -249,6 +249,8 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
                 report.duplicates.append(g)
                 continue
             chosen[g] = (rank, e)
+    if damaged is not None:
+        raise ValueError(damaged)
     lerobot = _lerobot_roots(shards, name)
     if header is None and not lerobot:
         raise NothingToMerge(f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "

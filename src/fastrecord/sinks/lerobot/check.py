@@ -79,12 +79,12 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
             break
         st.filed += [int(s) for s in meta.get("parts", [])]
         rows = table.to_pylist()
-        episodes += len(rows)
         chunk, file = chunk_file(group, chunks)
         data = root / DATA_PATH.format(chunk_index=chunk, file_index=file)
-        pending = path.name.endswith(PENDING)
+        pending = path.name.endswith(PENDING)  # committed, info.json not rewritten yet (a kill): not counted there
         want_rows = sum(int(r["length"]) for r in rows)
-        frames += want_rows
+        if not pending:
+            episodes, frames = episodes + len(rows), frames + want_rows
         data_file = staged_path(data) if pending and staged_path(data).exists() else data
         if not data_file.exists():
             st.problems.append(f"{rel(data)} is missing: {len(rows)} episodes of {rel(path)} ({want_rows} rows) have "
