@@ -375,15 +375,22 @@ def test_lerobot_sigkill_then_resume(tmp_path):
     sys.path.insert(0, str(WORKER.parent))
     from lerobot_worker import make
 
-    env = make(str(tmp_path), "resume")  # takes up the parts, goes on after them
+    from fastrecord.sinks.results import read_results
+
+    # the run's commit log: the episodes every output held (a kept episode's row waits for all of them)
+    committed = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))
+    assert durable <= committed <= in_files + pending
+    env = make(str(tmp_path), "resume")  # takes up the committed parts, drops the rest, goes on after them
     env.reset(seed=100)
     for _ in range(4):
         env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
     env.close()
-    episodes, ours, theirs = check_complete(tmp_path, at_least=in_files + pending + 4, durable=durable)
-    assert len(episodes) == in_files + pending + 4
-    # the resumed run's 4 episodes follow in both (each output keeps what it had committed at the kill)
-    np.testing.assert_array_equal(ours[-16:], np.concatenate(theirs[-4:]))
+    # every output holds the same episodes: the committed ones, then the resumed run's 4, each once
+    episodes, ours, theirs = check_complete(tmp_path, at_least=committed + 4, durable=committed + 4)
+    assert len(episodes) == len(theirs) == committed + 4
+    rows = read_results(tmp_path / "crash.results.jsonl")
+    assert [r["episode_id"] for r in rows] == list(range(committed + 4))
+    assert [r["length"] for r in rows] == episodes["length"].tolist()
 
 
 def test_a_kill_while_a_file_is_committed_leaves_a_loadable_dataset(tmp_path):
@@ -414,26 +421,34 @@ def test_a_kill_while_a_file_is_committed_leaves_a_loadable_dataset(tmp_path):
     sys.path.insert(0, str(WORKER.parent))
     from lerobot_worker import make
 
+    from fastrecord.sinks.results import read_results
+
+    done = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))  # the commit log
+    assert visible <= done <= in_files + pending
     env = make(str(tmp_path), "resume")
     env.reset(seed=100)
     for _ in range(4):
         env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
     env.close()
     assert not list(root.rglob(".*.next"))
-    episodes, _, _ = check_complete(tmp_path, at_least=in_files + pending + 4, durable=1)
-    assert len(episodes) == in_files + pending + 4
+    episodes, _, _ = check_complete(tmp_path, at_least=done + 4, durable=done + 4)  # the outputs agree
+    assert len(episodes) == done + 4
 
 
 def test_lerobot_sigkill_then_consolidate(tmp_path):
     """``fastrecord consolidate NAME.lerobot`` folds a killed run's parts into the dataset."""
+    from fastrecord.sinks.results import read_results
+
     durable = kill_worker(tmp_path, min_finished=8)
     visible, in_files, pending = check_killed(tmp_path, durable)
-    assert visible >= durable
+    done = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))  # the commit log
+    assert durable <= done and visible <= done  # LeRobot's reader sees committed episodes only
     r = subprocess.run([sys.executable, "-m", "fastrecord", "consolidate", str(tmp_path / "crash.lerobot")],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(WORKER.parents[1] / "src")})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"{in_files + pending} episodes" in r.stdout
-    check_complete(tmp_path, at_least=in_files + pending, durable=durable)
+    assert f"{done} episodes" in r.stdout  # what every output held: the trajectory is consolidated with it
+    check_complete(tmp_path, at_least=done, durable=done)
 
 
 def test_lerobot_without_pyarrow_names_the_install(monkeypatch, tmp_path):

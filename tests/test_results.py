@@ -103,7 +103,8 @@ def test_rows_survive_a_resume_and_a_crash_keeps_rows_so_far(tmp_path):
     env.reset(seed=[30, 31, 32])
     for _ in range(4):
         env.step(torch.zeros(3, 3))
-    env.reset(seed=[40, 41, 42])  # the first batch is finished and its rows on disk, before any close
+    env.reset(seed=[40, 41, 42])  # the first batch is finished: its rows follow once every output holds it
+    env.wait_until_done()
     now = read_results(tmp_path / "run.results.jsonl")
     assert now[:6] == rows and [r["episode_id"] for r in now[6:]] == [6, 7, 8]
     env.close()
@@ -238,6 +239,7 @@ def test_a_sink_raising_in_episodes_ended_reaches_the_caller_and_loses_nothing(t
     with pytest.raises(ConnectionError, match="the dashboard went away"):
         env.reset(seed=[12, 13])
     assert [(ev.episode_id, ev.env_idx, ev.seed) for ev in outcomes.ended] == [(0, 0, 10), (1, 1, 11)]
+    env.wait_until_done()  # the rows follow once the trajectory holds the episodes
     assert [(r["episode_id"], r["seed"]) for r in read_results(tmp_path / "run.results.jsonl")] == [(0, 10), (1, 11)]
     env.reset(seed=[12, 13])  # the ended episodes are not finalized again
     for _ in range(2):

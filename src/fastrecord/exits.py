@@ -148,3 +148,13 @@ class StopSignals:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
+
+
+def stopped_by_signal() -> bool:
+    """Whether the exception being handled now (in a ``finally`` or ``__exit__``) is a stop: Ctrl-C's
+    KeyboardInterrupt, or the SystemExit(130/143) of `install_signal_handlers`. A recorder closed then
+    does not save the episodes in progress: a cut episode is not a finished one."""
+    import sys
+
+    exc = sys.exc_info()[1]
+    return isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and exc.code in (130, 143))

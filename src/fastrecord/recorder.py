@@ -24,10 +24,11 @@ from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.cameras import check_frame_sides, check_video_source
 from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
-from fastrecord.exits import close_at_exit, forget_at_exit
+from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.factory import build_sinks
+from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
 from fastrecord.video.yuv import YUV420P
@@ -117,9 +118,15 @@ class EpisodeRecorder:
         self.num_finished = 0  # episodes ended, kept or not
         self._closed = False
 
-        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists, options={**opts.as_dict(), **built.chosen}).open()
+        self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists,
+                                options={**opts.as_dict(), **built.chosen}, check_resume=self._inspect_resumed).open()
         opened: list[Sink] = []
         try:
+            if self.run.resuming:  # every output holds exactly the episodes the run committed (sinks.reconcile)
+                from fastrecord.sinks.reconcile import reconcile
+
+                self._check_resumed_outputs(self._resumed)
+                reconcile(self.run, self._resumed)
             for s in self.sinks:
                 s.open(self.run)
                 opened.append(s)
@@ -133,9 +140,27 @@ class EpisodeRecorder:
             raise
         self.trajectory_name = self.run.name
         # episode ids continue where a resumed run stopped
-        self.first_episode_id = self.trajectory.next_episode_id if self.trajectory else self.run.counters.get("episodes", 0)
+        self.first_episode_id = self.run.committed
         self.next_episode_id = self.first_episode_id
         close_at_exit(self)
+
+    def _inspect_resumed(self, manifest: dict[str, Any]) -> None:
+        """Under the run's lock, before anything is written: a damaged run is refused (`refuse_damage`)."""
+        self._resumed = refuse_damage(Path(self.output_dir), self.options.trajectory_name)
+
+    def _check_resumed_outputs(self, state: Any) -> None:
+        """A resumed run writes the outputs the earlier one wrote (its `sinks.reconcile.RunState`): an output
+        it did not write would number its episodes from 0, one it wrote would stop at the resume."""
+        from fastrecord.sinks.lerobot import LeRobotSink
+
+        n = state.committed
+        lerobot = any(isinstance(s, LeRobotSink) for s in self.sinks)
+        for option, ours, theirs in (("save_trajectory", self.trajectory is not None, state.h5 is not None),
+                                     ("lerobot", lerobot, state.lerobot is not None)):
+            if ours != theirs and (n > 0 or theirs):
+                raise ValueError(f"if_exists='resume': run {self.run.name!r} holds {n} episodes recorded with "
+                                 f"{option}={theirs}; resume it with {option}={theirs} (the same outputs), or record "
+                                 f"into another trajectory_name")
 
     # ------------------------------------------------------------------ capture
     def capturing(self) -> bool:
@@ -493,7 +518,6 @@ class EpisodeRecorder:
                 lines = Overlay.of_episode({k: np.array(v) for k, v in overlay.items()}, self._font, self.frames_per_step)
             episodes.append(EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines, self.frames_per_step))
             self.next_episode_id += 1
-        self.run.set_counter("episodes", self.next_episode_id)
         for s in self.sinks:
             s.submit(episodes)
 
@@ -544,6 +568,7 @@ class EpisodeRecorder:
         if self._closed:
             return
         errors: list[BaseException] = []
+        flush = flush and not stopped_by_signal()  # Ctrl-C, SIGTERM: what is in progress is cut, not finished
         try:
             if flush and self.buffer is not None:
                 self.finalize(np.arange(self.num_envs))
@@ -556,12 +581,22 @@ class EpisodeRecorder:
                 self.view.stop_substeps()
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
+        # every output done first, then the results rows of what all of them hold (the commits), and only then
+        # the closes: a sink that joins episodes into files (LeRobot) takes the committed ones only
+        for s in self.sinks:
+            try:
+                s.wait_until_done()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
         for s in self.sinks:
             try:
                 s.close()
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
-        self.run.close(status="failed" if errors else "closed")
+        try:
+            self.run.close(status="failed" if errors else "closed")
+        except BaseException as e:  # noqa: BLE001 - a full disk: the sinks' error, if any, says more
+            errors.append(e)
         if errors:
             raise errors[0]
 

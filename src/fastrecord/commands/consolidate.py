@@ -10,6 +10,12 @@ kept: they are what a resumed run continues). It prints one line: the file, its 
 Given a run's ``NAME.lerobot`` (the LeRobot dataset of ``lerobot=True``), it folds the finished episodes a
 killed run left in ``NAME.lerobot.parts/`` into the dataset's files (`fastrecord.sinks.lerobot.repair`).
 
+Either way the whole run is made to agree first (`fastrecord.sinks.reconcile`, what a resume does): the
+episodes its outputs hold past its results file's commit log are discarded from every output, its
+trajectory and its LeRobot dataset are both consolidated, and its manifest then says ``closed``. A run
+whose files were deleted, truncated or added by hand is refused with one line naming the file, and
+nothing is changed.
+
 Examples:
     fastrecord consolidate recordings/trajectory.h5      # after a crash or kill: one file to copy
     fastrecord consolidate runs/demos.h5                 # a sharded run joined with --links: copy it in
@@ -23,55 +29,88 @@ from pathlib import Path
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="the run's NAME.h5 (next to its NAME.h5.parts/ or NAME.shards/), or its NAME.lerobot")
+    p.add_argument("path", help="the run's NAME.h5 (next to its NAME.h5.parts/ or NAME.shards/), or its NAME.lerobot: "
+                                "both are consolidated")
 
 
-def consolidate_run(h5_path: str | Path) -> str:
-    """Make ``h5_path`` self-contained (see the module docstring); returns the one-line summary. A run
-    still recording, or a path that is no run, is a ValueError naming the fix."""
+def consolidate_run(path: str | Path) -> str:
+    """Make the run of ``path`` (its NAME.h5 or NAME.lerobot) self-contained (see the module docstring);
+    returns the summary, a line per output. A run still recording, a damaged run, or a path that is no run,
+    is a ValueError naming the fix."""
     from fastrecord.shards import list_shards, lock_held, merge
-    from fastrecord.sinks.maniskill_h5 import consolidate, read_json, sibling_paths
+    from fastrecord.sinks.maniskill_h5 import sibling_paths
 
-    h5 = Path(h5_path)
-    if h5.suffix == ".lerobot":
-        return _repair_lerobot(h5)
-    if h5.suffix != ".h5" or h5.is_dir():
-        raise ValueError(f"{str(h5)!r} is not a NAME.h5 trajectory file; pass the NAME.h5 of a recorded run")
-    name, folder = h5.stem, h5.parent
+    path = Path(path)
+    if path.suffix not in (".h5", ".lerobot") or (path.suffix == ".h5" and path.is_dir()):
+        raise ValueError(f"{str(path)!r} is not a NAME.h5 trajectory file nor a NAME.lerobot dataset; pass the NAME.h5 "
+                         f"(or NAME.lerobot) of a recorded run")
+    name, folder = path.stem, path.parent
+    h5 = folder / f"{name}.h5"
     json_path, parts_dir = sibling_paths(h5)
+    lerobot = folder / f"{name}.lerobot"
     if lock_held(folder, name):
-        raise ValueError(f"{h5} is being recorded now (its lock .{name}.lock is held); consolidate it once that "
+        raise ValueError(f"{path} is being recorded now (its lock .{name}.lock is held); consolidate it once that "
                          f"recording has ended (it consolidates itself when it closes)")
-    if list_shards(folder, name):
+    if path.suffix == ".h5" and list_shards(folder, name):
         report = merge(folder, name)
         missing = f"; {len(report.missing)} expected episodes are missing (fastrecord merge {folder} --name {name} " \
                   f"lists them)" if report.missing else ""
         return (f"{h5}: {report.episodes} episodes from {len(report.shards)} shard(s) copied into one self-contained "
                 f"file ({_mib(h5)}); {name}.shards/ kept{missing}")
-    if not h5.exists() and not parts_dir.is_dir():
+    has_h5 = h5.exists() or parts_dir.is_dir()
+    has_lerobot = lerobot.is_dir() or lerobot.with_name(lerobot.name + ".parts").is_dir()
+    if not (has_h5 if path.suffix == ".h5" else has_lerobot):
+        if path.suffix == ".lerobot":
+            raise ValueError(f"{lerobot} is no LeRobot dataset of a run: neither it nor {lerobot.name}.parts/ exist; "
+                             f"pass the NAME.lerobot folder of a recorded run")
         raise ValueError(f"{h5} is no run: neither it nor {parts_dir.name}/ nor {name}.shards/ exist; pass the NAME.h5 "
                          f"of a recorded run, in the folder it was recorded in")
-    had_parts = parts_dir.is_dir()
-    consolidate(h5)
-    episodes = len((read_json(json_path) or {}).get("episodes") or [])
-    done = f"{parts_dir.name}/ removed" if had_parts else "it was self-contained already"
-    return f"{h5}: {episodes} episodes in one self-contained file ({_mib(h5)}); {done}"
+    return "\n".join(_whole_run(folder, name, has_h5, has_lerobot))
 
 
-def _repair_lerobot(root: Path) -> str:
-    from fastrecord.shards import lock_held
+def _whole_run(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:
+    """Consolidate every output of run ``name``, made to agree first (`fastrecord.sinks.reconcile`), then
+    mark its manifest ``closed``; the summary lines. A run without a manifest (ManiSkill's files, an older
+    fastrecord's) has its outputs consolidated as they are."""
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, RunDirectory, read_manifest
+    from fastrecord.sinks.reconcile import reconcile, refuse_damage
+
+    manifest = read_manifest(folder / f"{name}{MANIFEST_SUFFIX}")
+    if not manifest:
+        return _outputs(folder, name, has_h5, has_lerobot)
+    refuse_damage(folder, name, "not consolidating")  # read only: a damaged run is refused before anything is written
+    run = RunDirectory(folder, name, "resume", options=manifest.get("options")).open()
+    status = manifest.get("status", "recording")
+    try:
+        reconcile(run)
+        lines = _outputs(folder, name, has_h5, has_lerobot)
+        status = "closed"
+        return lines
+    finally:
+        run.close(status=status)
+
+
+def _outputs(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:
     from fastrecord.sinks.lerobot import repair
+    from fastrecord.sinks.maniskill_h5 import consolidate, read_json, sibling_paths
 
-    name = root.name[: -len(".lerobot")]
-    if lock_held(root.parent, name):
-        raise ValueError(f"{root} is being recorded now (its lock .{name}.lock is held); consolidate it once that "
-                         f"recording has ended (it consolidates itself when it closes)")
-    parts = root.with_name(root.name + ".parts")
-    had = sum(1 for p in parts.glob("ep_*.parquet")) if parts.is_dir() else 0
-    w = repair(root)
-    return (f"{root}: {w.episodes} episodes, {w.frames} frames in {w.files} file(s) of each kind; "
-            f"{had} finished episode(s) folded in from {parts.name}/" if had else
-            f"{root}: {w.episodes} episodes, {w.frames} frames in {w.files} file(s) of each kind; nothing to fold in")
+    lines = []
+    if has_h5:
+        h5 = folder / f"{name}.h5"
+        json_path, parts_dir = sibling_paths(h5)
+        had_parts = parts_dir.is_dir()
+        consolidate(h5)
+        episodes = len((read_json(json_path) or {}).get("episodes") or [])
+        done = f"{parts_dir.name}/ removed" if had_parts else "it was self-contained already"
+        lines.append(f"{h5}: {episodes} episodes in one self-contained file ({_mib(h5)}); {done}")
+    if has_lerobot:
+        root = folder / f"{name}.lerobot"
+        parts = root.with_name(root.name + ".parts")
+        had = sum(1 for p in parts.glob("ep_*.parquet")) if parts.is_dir() else 0
+        w = repair(root)
+        lines.append(f"{root}: {w.episodes} episodes, {w.frames} frames in {w.files} file(s) of each kind; "
+                     + (f"{had} finished episode(s) folded in from {parts.name}/" if had else "nothing to fold in"))
+    return lines
 
 
 def _mib(path: Path) -> str:

@@ -201,11 +201,20 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
         },
     }
     run["files"]["total_bytes"] = sum(v for k, v in run["files"].items() if k.endswith("_bytes"))
+    run["outputs"] = _agreement(h5_path, manifest)
+    if not h5_path.exists() and manifest.get("options", {}).get("save_trajectory") is False and not parts:
+        return run  # a run of videos, results or a LeRobot dataset only
     if not h5_path.exists():
         hint = f" (the parts are there: fastrecord consolidate {h5_path} rebuilds it)" if parts and parts["complete"] else ""
         run["error"] = f"{h5_path.name} is missing{hint}"
         return run
-    traj = _open(h5_path, json_path)
+    try:
+        traj = _open(h5_path, json_path)
+    except ValueError as e:
+        if not (run["outputs"] or {}).get("damage"):
+            raise
+        run["error"] = f"{h5_path.name} cannot be opened: {str(e).split('. ')[0]} (see damage)"
+        return run
     try:
         env_info, episodes = traj.meta.get("env_info") or {}, traj.episodes
         kwargs = env_info.get("env_kwargs") or {}
@@ -248,6 +257,23 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
     finally:
         traj.close()
     return run
+
+
+def _agreement(h5_path: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether the run's outputs agree with each other and its manifest (`fastrecord.sinks.reconcile`):
+    the episodes its results file commits, ``damage`` (files deleted, truncated or added: one line each,
+    naming the file and the fix) and ``uncommitted`` (episodes some outputs hold past the commit log: a
+    stopped run's, which a resume or ``fastrecord consolidate`` discards). None for a run without a
+    manifest (ManiSkill's files) and a run recording now."""
+    from fastrecord.shards import lock_held
+    from fastrecord.sinks.reconcile import episode_ranges, inspect_run
+
+    folder, name = h5_path.parent, h5_path.stem
+    if not manifest or lock_held(folder, name):
+        return None
+    state = inspect_run(folder, name)
+    beyond = {k: episode_ranges(v) for k, v in state.beyond().items()} if not state.problems else {}
+    return {"committed": state.committed, "damage": state.problems, "uncommitted": beyond}
 
 
 def describe(path: str | Path) -> list[dict[str, Any]]:
@@ -329,6 +355,16 @@ def format_run(run: dict[str, Any]) -> str:
         more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
         lines.append(f"  problems: {shown}{more} ({bad} of {run['episodes']} episodes bad; re-record them, or replay "
                      f"the others: fastrecord replay --count)")
+    outputs = run.get("outputs")
+    if outputs:
+        if outputs["damage"]:
+            lines += [f"  damage: {d}" for d in outputs["damage"]]
+        else:
+            lines.append(f"  outputs: {outputs['committed']} episodes committed; every output and the manifest agree")
+        if outputs["uncommitted"]:
+            held = "; ".join(f"{k}: {v}" for k, v in outputs["uncommitted"].items())
+            lines.append(f"  not committed: {held} (the run stopped before every output held them; a resume or "
+                         f"`fastrecord consolidate {run['path']}` discards them)")
     if run.get("error"):
         lines.append(f"  error: {run['error']}")
     return "\n".join(lines)
@@ -345,4 +381,4 @@ def main_from_args(args: argparse.Namespace) -> int:
         print(json.dumps({"runs": runs}, indent=2))
     else:
         print("\n\n".join(format_run(r) for r in runs))
-    return 1 if any(r.get("error") or r.get("problems") for r in runs) else 0
+    return 1 if any(r.get("error") or r.get("problems") or (r.get("outputs") or {}).get("damage") for r in runs) else 0

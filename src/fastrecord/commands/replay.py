@@ -195,7 +195,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 
 def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
     """The replay's summary for a terminal: what was replayed and written, divergences, results, speed, files."""
-    from fastrecord.commands.record import interrupted_line, print_results, print_speed_and_files
+    from fastrecord.commands.record import print_results, print_speed_and_files
     from fastrecord.shards import ranges_text as ranges
 
     keep = cfg.keep_filter
@@ -203,11 +203,9 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         keep = "success" + (", not truncated" if cfg.discard_timeout else "") + (f", {cfg.max_retry} retries" if cfg.max_retry else "")
     elif cfg.maniskill and cfg.discard_timeout:
         keep = "not truncated"
-    if s.interrupted and s.workers > 1:  # workers do not save what is in progress: re-running replays it whole
+    if s.interrupted:  # what is in progress is not saved: --resume replays it whole
         print(f"interrupted ({s.interrupted}): stopped after {s.episodes} episode{'s' if s.episodes != 1 else ''}; the "
-              f"replays in progress were not saved, running the same command again replays them")
-    elif s.interrupted:
-        print(interrupted_line(s.interrupted, s.episodes, s.partial, keep) + " (partial replays)" * bool(s.partial))
+              f"replays in progress were not saved, running the same command again with --resume replays them")
     how = (f"converted to {cfg.target_control_mode}" if s.converted
            else f"by {'env states' if cfg.replay_by == 'states' else 'actions'}")
     print(f"replayed {s.episodes} episodes {how}: {s.successes} successful, {s.kept} written (keep={keep})"

@@ -9,16 +9,29 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from fastrecord.replay.config import ReplayConfig, ReplaySummary, StopRequest
+
+
+def check_input(h5: Path) -> None:
+    """A fastrecord run given as input whose outputs disagree (a file deleted, truncated or added: see
+    `fastrecord.sinks.reconcile`) is refused with one line naming the file; ManiSkill's files (no
+    manifest) and a run recording now are taken as they are."""
+    from fastrecord.shards import lock_held
+    from fastrecord.sinks.base import MANIFEST_SUFFIX
+    from fastrecord.sinks.reconcile import refuse_damage
+
+    if h5.suffix == ".h5" and h5.with_name(h5.stem + MANIFEST_SUFFIX).exists() and not lock_held(h5.parent, h5.stem):
+        refuse_damage(h5.parent, h5.stem, "cannot replay")
 
 
 def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[Any] | None = None) -> ReplaySummary:
     """Replay ``cfg.traj_path`` and record the replays (see `fastrecord.replay`).
 
     With ``stop`` (the CLI's signal handlers), a stop request ends the replay between two steps: the
-    replays in progress are saved as far as they got, the env is closed and the summary says so.
+    replays in progress are not saved (``resume`` replays them whole), the env is closed and the summary says so.
     ``sinks``: extra sinks for the recorder (one process only), e.g. ``fastrecord.sinks.loggers``'.
     With more than one worker (``cfg.workers``, or by default on machines of many cores) worker
     processes replay a share of the episodes each and the shards are joined at the end; under
@@ -33,6 +46,7 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     from fastrecord.system import process_age
 
     age = process_age()
+    check_input(Path(cfg.traj_path))
     traj = open_trajectory(cfg.traj_path)
     try:
         plan = make_plan(cfg, traj)

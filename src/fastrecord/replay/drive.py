@@ -64,7 +64,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
         else:
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
             batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device)
-        summary = _drive(cfg, plan.traj, todo, batch, verdict, stop, t0, progress, meta, save_partial=shard is None)
+        summary = _drive(cfg, plan.traj, todo, batch, verdict, stop, t0, progress, meta)
     summary.skipped = skipped
     summary.output_dir = out
     new_h5 = out / f"{name}.h5"
@@ -152,6 +152,7 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
     finally:
         bar.close()
         try:
+            rec.set_episode_meta([0], [None])  # a replay cut by an exception (Ctrl-C) is not saved: --resume redoes it
             env.close()
         finally:
             ori_env.close()
@@ -164,12 +165,12 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
 def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: VectorBatch | BatchedEnv,
            verdict: Verdict, stop: StopRequest | None = None, t0: float | None = None,
            progress: Callable[[int], None] | None = None, meta: Callable[[Mapping[str, Any]], dict] | None = None,
-           save_partial: bool = True) -> ReplaySummary:
+           ) -> ReplaySummary:
     """Keep every env busy: when an env's episode ends, flush it and start the next pending one there
     (ManiSkill's --max-retry: the same episode again, while it fails and retries are left).
 
-    A ``stop`` request ends the loop between two steps; the replays in progress are then flushed as
-    far as they got (partial episodes, named in the summary)."""
+    A ``stop`` request ends the loop between two steps; the replays in progress are not saved (a cut
+    replay is not a finished one: re-running with ``resume`` replays it whole), as `fastrecord record` does."""
     from tqdm import tqdm
 
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
@@ -190,12 +191,12 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
     successes = env_steps = partial = cut = done_count = 0
     rec = batch.recorder
 
-    def flush(e: int, partial: bool = False) -> None:
+    def flush(e: int) -> None:
         before = rec.num_episodes
         ep = episodes[slot[e]]
         check_replayed(rec, e, ep, traj.h5_path.name)  # non-finite data stops the replay before it is written
         tag = meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}
-        rec.set_episode_meta([e], [tag | {"partial": True} if partial else tag])  # --resume replays a partial one again
+        rec.set_episode_meta([e], [tag])
         batch.flush(e)
         if rec.num_episodes > before:
             sources.append(int(episodes[slot[e]]["episode_id"]))
@@ -264,19 +265,19 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
                 refill = done[: len(pending)]
                 if refill:
                     start(refill)
-        if stopping():  # save the replays in progress as far as they got (a shard does not: re-running resumes them)
+        if stopping():  # the replays in progress are not saved: re-running with --resume replays them whole
             for e in range(n):
                 if slot[e] is not None:
                     cut += 1
-                    if t[e] > 0 and save_partial:
-                        partial += 1
-                        replayed = None if success is None else bool(success[e])
-                        verdict.value = cfg.maniskill_keeps(replayed, bool(truncated[e]))
-                        flush(e, partial=True)
+                    rec.set_episode_meta([e], [None])
+                    slot[e] = None
         rec.wait_until_done()
     finally:
         bar.close()
-        batch.close()
+        try:  # every finished replay was flushed: what is in progress (an exception, Ctrl-C) is not saved
+            rec.set_episode_meta(np.arange(n), [None] * n)
+        finally:
+            batch.close()
     return ReplaySummary(done_count, rec.num_episodes, successes, diverged, env_steps, time.perf_counter() - t_run,
                          Path("."), sorted(rec.video_paths), sources, stop.name if stopping() else None, partial,
                          startup_seconds=startup, results=list(rec.results.rows), results_path=rec.results.path)
@@ -309,12 +310,20 @@ def check_replayed(rec: Any, e: int, ep: Mapping[str, Any], source: str) -> None
 
 
 def replayed_sources(out: Path, name: str) -> set[int]:
-    """Input episode ids (``source_episode_id``) that an earlier replay into ``out/name`` finished: its
-    JSON's entries, the complete part files a crash left unlisted, and the replays the keep filter did
-    not keep (their results rows; replaying them again would drop them again). Partial replays (cut by
-    a signal) do not count. Reads only."""
+    """Input episode ids (``source_episode_id``) that an earlier replay into ``out/name`` finished: the rows
+    of its results file's commit log (`fastrecord.sinks.reconcile.commit_log`: every output holds a kept
+    one; a replay the keep filter did not keep counts too: replaying it again would drop it again). A
+    replay without a results file (an older fastrecord): its JSON's entries and complete part files.
+    Partial replays (saved by an older fastrecord when cut by a signal) do not count. Reads only."""
     from fastrecord.sinks.maniskill_h5 import EPISODES_ATTR, complete_parts, read_json, sibling_paths
+    from fastrecord.sinks.reconcile import commit_log
     from fastrecord.sinks.results import read_results
+
+    results = out / f"{name}.results.jsonl"
+    if results.exists():
+        rows = [r for r in read_results(results) if isinstance(r, dict)]
+        rows = rows[: commit_log(rows)[1]]
+        return {int(r["source_episode_id"]) for r in rows if "source_episode_id" in r and not r.get("partial")}
 
     json_path, parts_dir = sibling_paths(out / f"{name}.h5")
     entries = list((read_json(json_path) or {}).get("episodes") or [])
@@ -324,8 +333,5 @@ def replayed_sources(out: Path, name: str) -> set[int]:
                 entries += json.loads(f.attrs.get(EPISODES_ATTR, "[]"))
         except (OSError, ValueError):  # unreadable: its episodes are replayed again
             continue
-    results = out / f"{name}.results.jsonl"
-    if results.exists():
-        entries += [r for r in read_results(results) if r.get("episode_id") is None]
     return {int(e["source_episode_id"]) for e in entries
             if isinstance(e, dict) and "source_episode_id" in e and not e.get("partial")}

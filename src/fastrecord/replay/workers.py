@@ -123,7 +123,9 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
         try:
             traj = open_trajectory(cfg.traj_path)
             try:
-                plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs), traj)
+                # resume=False: the caller resumed the sharded run (share.resume says so); with it make_plan would
+                # take this one process for a --workers 1 --resume of a sharded replay and refuse
+                plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs, resume=False), traj)
                 s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)))
             finally:
                 traj.close()

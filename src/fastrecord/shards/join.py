@@ -206,11 +206,20 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     header_rank = -1
     chosen: dict[int, tuple[int, dict[str, Any]]] = {}  # g -> (rank, shard entry)
     dropped: set[int] = set()
+    from fastrecord.sinks.reconcile import inspect_run
+
+    damaged = None
     for rank, folder in shards.items():
+        limit = None  # a shard's committed episodes (its results file's commit log): what it holds past them is not
         if lock_held(folder, name):
             report.recording.append(rank)
-        elif read_manifest(folder / f"{name}{MANIFEST_SUFFIX}").get("status") == "recording":
-            report.crashed.append(rank)
+        else:
+            if read_manifest(folder / f"{name}{MANIFEST_SUFFIX}").get("status") == "recording":
+                report.crashed.append(rank)
+            state = inspect_run(folder, name, videos=False)
+            if state.problems and damaged is None:  # raised once the entries are checked (a bad one says more)
+                damaged = f"not merging run {name!r}: its shard {folder.relative_to(run_dir)}: {state.problems[0]}"
+            limit = state.committed if state.rows is not None else None
         for row in results_rows(folder, name):
             if row.get("episode_id") is None and "global_index" in row:
                 dropped.add(global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {root}"))
@@ -234,10 +243,14 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
                 raise ValueError(f"{folder / (name + '.json')} has an episode entry with episode_id={e['episode_id']!r} "
                                  f"(global_index {g}); it must be the episode's group number in that shard's {name}.h5 "
                                  f"(traj_<episode_id>). Fix that entry, or move {folder} out of {root}")
+            if limit is not None and e["episode_id"] >= limit:
+                continue  # left by a stop before the shard's other outputs held it: its resume records it again
             if g in chosen:
                 report.duplicates.append(g)
                 continue
             chosen[g] = (rank, e)
+    if damaged is not None:
+        raise ValueError(damaged)
     lerobot = _lerobot_roots(shards, name)
     if header is None and not lerobot:
         raise NothingToMerge(f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "

@@ -34,11 +34,21 @@ from pathlib import Path
 from typing import Any
 
 from fastrecord.episode import EpisodeData, EpisodeEnded
+from fastrecord.sinks.runfiles import (  # noqa: F401 - the run's file names, re-exported
+    JOURNAL_SUFFIX,
+    MANIFEST_SUFFIX,
+    RESULTS_SUFFIX,
+    glob_escape,
+    journal_path,
+    listed_files,
+    owned_intent_files,
+    read_manifest,
+    run_files,
+)
 from fastrecord.workers import WorkerPool
 
 log = logging.getLogger("fastrecord")
 
-MANIFEST_SUFFIX = ".fastrecord.json"
 
 
 class OutputExistsError(ValueError):
@@ -81,6 +91,12 @@ class Sink:
     def episodes_ended(self, ended: Sequence[EpisodeEnded]) -> None:
         """Episodes ended (kept ones have an ``episode_id`` and were submitted just before); on the
         stepping thread. The default ignores them."""
+
+    def committed(self, episode_id: int) -> bool:
+        """Whether kept episode ``episode_id`` (submitted before) is on disk for good in this output. The
+        results row of an episode, the run's commit (`fastrecord.sinks.results`), waits until every sink
+        says so. The default: at once (a sink that writes in ``submit``, or keeps nothing on disk)."""
+        return True
 
     def raise_if_failed(self) -> None:
         pass
@@ -129,28 +145,6 @@ class BackgroundSink(Sink):
 
 
 # ---------------------------------------------------------------------------------------------- run directory
-RESULTS_SUFFIX = ".results.jsonl"  # NAME.results.jsonl: one row per finished episode (fastrecord.sinks.results)
-
-
-def run_files(output_dir: Path, name: str) -> list[Path]:
-    """The files a run of ``name`` owns in ``output_dir`` that exist now (listed ones from its manifest too)."""
-    # NAME.shards/: the shards of a sharded run (fastrecord.shards), NAME.h5 + NAME.json then join them
-    # NAME.lerobot/ (+ NAME.lerobot.parts/): the LeRobot dataset (fastrecord.sinks.lerobot)
-    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", ".shards", ".lerobot", ".lerobot.parts",
-                                                        RESULTS_SUFFIX, MANIFEST_SUFFIX)]
-    listed = [output_dir / f for f in read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}").get("files", [])]
-    root = output_dir.resolve()
-    inside = [p for p in listed if isinstance(p, Path) and p.resolve().is_relative_to(root) and p.resolve() != root]
-    return [p for p in dict.fromkeys(fixed + inside) if p.exists()]
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a synced hidden temporary file and an atomic rename (a reader sees
@@ -202,7 +196,7 @@ def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
     own = {output_dir / f"{name}{s}": s for s in (".h5", ".json", ".h5.parts", ".shards", MANIFEST_SUFFIX)}
     for p in existing:
         suffix = own.get(p)
-        if suffix == MANIFEST_SUFFIX:
+        if suffix == MANIFEST_SUFFIX or p.name.startswith(f".{name}{MANIFEST_SUFFIX}."):  # the manifest, its temporary
             continue
         if suffix in (".h5.parts", ".shards"):
             if any(p.iterdir()):
@@ -251,6 +245,13 @@ class RunDirectory:
         self.previous: dict[str, Any] = {}  # the manifest of the run being resumed
         self.counters: dict[str, int] = {}  # e.g. episodes / next_video_id, saved in the manifest
         self._files: list[str] = []
+        self._file_episodes: dict[str, list[int]] = {}  # a listed file -> the kept episodes it holds (videos)
+        self._intents: dict[str, dict[str, Any]] = {}  # files being written: name asked for -> journal entry
+        self._journal: Any = None  # the open journal (.NAME.fastrecord.journal), append-only
+        self._started = ""
+        # kept episodes of this run committed to every output (their results rows written): ids 0 .. committed-1;
+        # a sink that combines episodes into files (LeRobot) waits for it (`fastrecord.sinks.results`)
+        self.committed = 0
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
         self._interval = manifest_interval_s
@@ -284,6 +285,7 @@ class RunDirectory:
                 for k in range(10_000):
                     if self._claim(stamp if k == 0 else f"{stamp}_{k}", default_name=True):
                         break
+            self._started = self.previous.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S%z")
             self._write_manifest(status="recording", force=True)
         except BaseException:
             if self._created:
@@ -330,6 +332,8 @@ class RunDirectory:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         self.name = name
+        for tmp in self.output_dir.glob(f".{glob_escape(name)}{MANIFEST_SUFFIX}.*.tmp"):
+            tmp.unlink(missing_ok=True)  # a manifest write a kill cut short (the name is ours now: nobody writes it)
         existing = run_files(self.output_dir, name)
         if not existing:
             return True
@@ -364,7 +368,10 @@ class RunDirectory:
                 self._release()
                 raise
         self.resuming = True
-        self._files = list(self.previous.get("files", []))
+        listed = listed_files(self.output_dir, name)
+        listed.update(owned_intent_files(self.output_dir, name))
+        self._files = list(listed)
+        self._file_episodes = {f: e for f, e in listed.items() if e}
         self.counters = {k: int(v) for k, v in self.previous.get("counters", {}).items()}
         return True
 
@@ -385,13 +392,52 @@ class RunDirectory:
         return f"{str(self.output_dir)!r} already holds a run named {self.name!r}{episodes}: {what}.{left}"
 
     # -------------------------------------------------------------- manifest
-    def add_file(self, path: str | Path) -> None:
-        """Record a file this run wrote (thread-safe; the manifest is rewritten at most once an interval)."""
+    def intend_file(self, path: str | Path, episodes: Sequence[int] = ()) -> None:
+        """Say that this run is about to write ``path`` (a video, for ``episodes``): a journal line, before the
+        file may appear (under that name or a ``_k`` one), so that a kill in between leaves no file nobody
+        owns (`owned_intent_files`). `add_file` with ``intended=path`` confirms it."""
         rel = os.path.relpath(Path(path), self.output_dir)
+        entry = {"intent": rel, "episodes": [int(e) for e in episodes], "t": time.time()}
         with self._mutex:
-            self._files.append(rel)
+            self._intents[rel] = entry
+            self._append_journal(entry)
+
+    def add_file(self, path: str | Path, episodes: Sequence[int] = (), intended: str | Path | None = None) -> None:
+        """Record a file this run wrote (``episodes``: the kept episode ids it holds; ``intended``: the name
+        `intend_file` asked for): a journal line at once, the manifest rewritten at most once an interval.
+        Thread-safe; a file already listed is listed once."""
+        rel = os.path.relpath(Path(path), self.output_dir)
+        entry: dict[str, Any] = {"file": rel, "episodes": [int(e) for e in episodes]}
+        if intended is not None:
+            entry["for"] = os.path.relpath(Path(intended), self.output_dir)
+        with self._mutex:
+            if intended is not None:
+                self._intents.pop(entry["for"], None)
+            if rel in self._files and intended is None:
+                return
+            if rel not in self._files:
+                self._files.append(rel)
+            if episodes:
+                self._file_episodes[rel] = entry["episodes"]
+            self._append_journal(entry)
             self._dirty = True
         self._write_manifest(status="recording")
+
+    def remove_files(self, rels: Sequence[str]) -> None:
+        """Drop files from the list (they were deleted: `fastrecord.sinks.reconcile` discarded their episodes)."""
+        with self._mutex:
+            gone = set(rels)
+            self._files = [f for f in self._files if f not in gone]
+            for f in gone:
+                self._file_episodes.pop(f, None)
+            self._dirty = True
+
+    def _append_journal(self, entry: dict[str, Any]) -> None:
+        """One line, flushed (under ``_mutex``): it survives a kill of this process."""
+        if self._journal is None:
+            self._journal = open(journal_path(self.output_dir, self.name), "a", encoding="utf-8")
+        self._journal.write(json.dumps(entry) + "\n")
+        self._journal.flush()
 
     def set_counter(self, key: str, value: int) -> None:
         with self._mutex:
@@ -407,17 +453,28 @@ class RunDirectory:
 
             data = dict(
                 fastrecord=__version__, name=self.name, status=status, pid=os.getpid(), host=socket.gethostname(),
-                started=self.previous.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), options=self.options, counters=self.counters,
-                files=self._files,
+                started=self._started, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), options=self.options,
+                counters=self.counters, files=self._files, file_episodes=self._file_episodes,
+                pending=list(self._intents.values()),
             )
             atomic_write_bytes(self.manifest_path, json.dumps(data, indent=2, default=repr).encode())
             self._created = True
             self._dirty = False
             self._last_write = now
+            # the manifest lists everything the journal said: start it afresh (a kill right here leaves both)
+            if self._journal is not None:
+                self._journal.truncate(0)
+                self._journal.seek(0)
+            else:  # an earlier run's (resume: read at the claim, listed now)
+                journal_path(self.output_dir, self.name).unlink(missing_ok=True)
 
     # -------------------------------------------------------------- release
     def _release(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+            if self._closed and not self._intents:
+                journal_path(self.output_dir, self.name).unlink(missing_ok=True)
         if self._lock_fd is not None:
             lock = self.output_dir / f".{self.name}.lock"
             try:
@@ -433,7 +490,8 @@ class RunDirectory:
         if self._created and not self.resuming:
             created = [self.output_dir / f for f in self._files]
             for p in (self.manifest_path, self.path(".h5"), self.path(".json"), self.path(".h5.parts"),
-                      self.path(".lerobot"), self.path(".lerobot.parts"), *created):
+                      self.path(".lerobot"), self.path(".lerobot.parts"), journal_path(self.output_dir, self.name),
+                      *created):
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
                 elif p.exists():

@@ -86,8 +86,8 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
     lerobot = None
     if options.lerobot:
         lerobot = lerobot_sink(options, view, chosen)
-    results = ResultsSink(videos)
     own = [s for s in (trajectory, videos, lerobot) if s is not None]
+    results = ResultsSink(videos, outputs=[*own, *extra])
     return RecorderSinks(trajectory, videos, lerobot, results, [*own, *extra, results], chosen)
 
 

@@ -7,8 +7,9 @@ pieces of M steps (M + 1 frames, with ``render_substeps`` M * (sim_steps_per_con
 starts with the last frame of the one before), a last piece of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
 
 A finished video appears atomically and never replaces an existing file (a taken name gets ``_1``,
-``_2``, ...). Each file is recorded in the run manifest as it lands. The naming rule is
-`fastrecord.sinks.video_names`.
+``_2``, ...). Each file is in the run's journal before it is encoded and once it lands
+(`RunDirectory.intend_file`, `RunDirectory.add_file`), with the episodes it holds; an episode is committed here
+once all its videos are. The naming rule is `fastrecord.sinks.video_names`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Mp4Sink(Sink):
         self._paths: list[Path] = []
         self._written: dict[str, Path] = {}  # a video's intended name -> the file written (first pieces only)
         self._names: dict[int, str] = {}  # episode id -> the intended name of its (first) video, until taken
+        self._outstanding: dict[int, int] = {}  # episode id -> its videos (pieces) not yet on disk
         self._lock = threading.Lock()
         self._pool: WorkerPool | None = None
 
@@ -76,12 +78,16 @@ class Mp4Sink(Sink):
             for ep in ready:
                 success = bool(ep.meta["success"]) if "success" in ep.meta else None
                 pieces = self._pieces(len(ep.frames), ep.frames_per_step)
+                with self._lock:
+                    self._outstanding[ep.episode_id] = len(pieces)
                 for k, (lo, hi) in enumerate(pieces):
                     name = video_name(ep.episode_id, ep.env_idx, success, k if len(pieces) > 1 else None)
                     if k == 0:
                         self._names[ep.episode_id] = name
                     overlay = ep.overlay[lo:hi] if ep.overlay else None
-                    self._pool.submit((self.run.output_dir / name, ep.frames[lo:hi], overlay, k == 0))
+                    path = self.run.output_dir / name
+                    self.run.intend_file(path, [ep.episode_id])
+                    self._pool.submit((path, ep.frames[lo:hi], overlay, k == 0, (ep.episode_id,)))
             return
         from mani_skill.utils.visualization.misc import tile_images
 
@@ -90,13 +96,18 @@ class Mp4Sink(Sink):
         if any(ep.overlay for ep in ready):
             padded = [draw_overlay(f, ep.overlay, font=self._font) if ep.overlay else f for f, ep in zip(padded, ready)]
         tiled = tile_images(padded, nrows=int(np.sqrt(self.num_envs)))
-        for k, (lo, hi) in enumerate(self._pieces(length, ready[0].frames_per_step)):
+        ids = tuple(ep.episode_id for ep in ready)
+        pieces = self._pieces(length, ready[0].frames_per_step)
+        with self._lock:
+            self._outstanding.update((e, len(pieces)) for e in ids)
+        for k, (lo, hi) in enumerate(pieces):
             path = self.run.output_dir / tiled_video_name(self._video_id)
             if k == 0:
                 self._names.update((ep.episode_id, path.name) for ep in ready)
             self._video_id += 1
             self.run.set_counter("next_video_id", self._video_id)
-            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None, True))
+            self.run.intend_file(path, ids)
+            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None, True, ids))
 
     def _pieces(self, frames: int, per_step: int = 1) -> list[tuple[int, int]]:
         """Frame ranges of the videos of an episode with ``frames`` frames, ``per_step`` of them a step
@@ -111,17 +122,28 @@ class Mp4Sink(Sink):
         return [(lo, hi) for lo, hi in out if hi - lo > 1]
 
     # -------------------------------------------------------------- encoder threads
-    def _encode(self, job: tuple[Path, np.ndarray, list | None, bool]) -> None:
-        path, frames, overlay, first = job
+    def _encode(self, job: tuple[Path, np.ndarray, list | None, bool, tuple[int, ...]]) -> None:
+        path, frames, overlay, first, ids = job
         if overlay is not None and not isinstance(overlay, Overlay):  # per-frame dicts from a sink's caller
             frames, overlay = draw_overlay(frames, overlay, font=self._font), None
         # an Overlay is drawn where the video is encoded (an encoder process): not in this process
         written = Path(encode_mp4(path, frames, self.settings, overlay=overlay or None) or path)
+        self.run.add_file(written, ids, intended=path)  # in the journal before the episode counts as committed
         with self._lock:
             self._paths.append(written)
             if first:
                 self._written[path.name] = written
-        self.run.add_file(written)
+            for e in ids:
+                left = self._outstanding.get(e, 1) - 1
+                if left > 0:
+                    self._outstanding[e] = left
+                else:
+                    self._outstanding.pop(e, None)
+
+    def committed(self, episode_id: int) -> bool:
+        """Every video (piece) of episode ``episode_id`` is on disk and in the run's journal."""
+        with self._lock:
+            return episode_id not in self._outstanding
 
     def take_video_name(self, episode_id: int) -> str | None:
         """The intended name of the video (its first piece when split; the tiled video it is in) that

@@ -14,8 +14,12 @@ the output folder (the first piece with ``max_steps_per_video``; null: no video)
 JSON: a NaN or infinite value (a ``return`` of NaN rewards) is written as null, and the row then has
 ``"non_finite": ["return"]`` naming the fields.
 
-Rows are appended in the order episodes finish, each flushed at once, so a crash keeps the rows so far;
-a kept episode's row is written when its video is on disk (its actual name: a taken name gets ``_1``).
+Rows are appended in the order episodes finish, each flushed at once, so a crash keeps the rows so far.
+A kept episode's row is written once every output holds it for good (`Sink.committed`: its HDF5 part
+listed, its videos on disk (their actual names: a taken name gets ``_1``), its LeRobot part committed):
+the row is the episode's commit, and the rows of a run are its commit log. A resumed run keeps exactly
+the episodes with a row and discards the rest from every output (`fastrecord.sinks.reconcile`); a row
+of an episode that is not kept is written once the kept ones before it are.
 `wilson_interval` and `summary_lines` make the printed summary of ``record``, ``replay`` and
 ``scripts/evaluate.py``.
 """
@@ -53,8 +57,9 @@ class ResultsSink(Sink):
     wants_frames = False
     wants_datasets = False
 
-    def __init__(self, videos: Mp4Sink | None = None) -> None:
+    def __init__(self, videos: Mp4Sink | None = None, outputs: Sequence[Sink] = ()) -> None:
         self.videos = videos
+        self.outputs = list(outputs)  # the sinks whose commit a kept episode's row waits for (videos among them)
         self.rows: list[dict[str, Any]] = []  # every row of this run, in finish order (written or waiting)
         self.path: Path | None = None
         self._file: Any = None
@@ -81,28 +86,36 @@ class ResultsSink(Sink):
 
     # -------------------------------------------------------------- writing
     def _drain(self, final: bool = False) -> None:
-        """Write the rows whose video is on disk (all of them when ``final``), in finish order."""
-        wrote = False
+        """Write the rows of the episodes every output has committed, in finish order, up to the first
+        that is not (``final``: the rows after it are dropped, and so are their episodes: a resumed run
+        records them again)."""
+        committed = None
         while self._waiting:
             row, video = self._waiting[0]
-            if video is not None:
-                path = self.videos.written(video)
-                if path is None and not final:
+            eid = row.get("episode_id")
+            if eid is not None:
+                if not all(s.committed(eid) for s in self.outputs):
                     break
-                row["video"] = None if path is None else path.name
+                if video is not None:
+                    path = self.videos.written(video)
+                    row["video"] = None if path is None else path.name
+                committed = eid + 1
             self._waiting.popleft()
             self._file.write(json.dumps(row, allow_nan=False) + "\n")
-            wrote = True
-        if wrote:
-            self._file.flush()
+            self._file.flush()  # a row a line: a kill keeps whole rows
+        if committed is not None:
+            self.run.committed = committed
+            self.run.set_counter("episodes", committed)
+        if final and self._waiting:
+            self._waiting.clear()
 
     def raise_if_failed(self) -> None:
-        if self._waiting and self._file is not None:
+        if self._waiting and self._file is not None and not self._file.closed:
             self._drain()
 
     def wait_until_done(self) -> None:
-        # the recorder waits for its sinks in order: the videos are on disk by now
-        if self._file is not None:
+        # the recorder waits for its sinks in order: the other outputs are done by now
+        if self._file is not None and not self._file.closed:
             self._drain(final=True)
 
     def close(self) -> None:

@@ -64,7 +64,7 @@ class LeRobotSink(Sink):
         root, parts = dataset_paths(run.output_dir, run.name)
         self.writer = LeRobotWriter(root, parts, fps=self.fps, task=self.task, robot_type=self.robot_type, video=self.video,
                                     resume=run.resuming, state_keys=self.state_keys, state_layout=self.state_layout,
-                                    **self.limits)
+                                    limit=lambda: run.committed, **self.limits)
         from fastrecord.video.encode import use_processes
 
         if use_processes(self.video):
@@ -79,7 +79,10 @@ class LeRobotSink(Sink):
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
         for ep in episodes:
-            self._pool.submit((self.writer.reserve(), ep))
+            self._pool.submit((self.writer.reserve(ep.episode_id), ep))
+
+    def committed(self, episode_id: int) -> bool:
+        return self.writer.committed(episode_id)
 
     def _write(self, job: tuple[int, Any]) -> None:
         seq, ep = job

@@ -22,10 +22,12 @@ is ``total_frames``), and every file appears atomically, so after a kill at any 
 dataset as it is, with every episode a group write took in, every frame readable:
 rows and episodes past info.json's totals wait there unseen, a video's episodes past them are never
 asked for. Opening the writer again on the same folders (``resume``: ``if_exists="resume"``, or
-`repair`, which ``fastrecord consolidate NAME.lerobot`` runs) finishes a committed group's renames,
+`fastrecord.sinks.lerobot.check.repair`, which ``fastrecord consolidate NAME.lerobot`` runs) finishes a committed group's renames,
 counts what info.json did not, removes what an interrupted step left half done (dataset files past the
 last committed episodes file, parts already in a file, videos of uncommitted parts) and carries on: the
 pending parts go into a new file group.
+A part's number is the recorder's episode id, and only the episodes the whole run committed (``limit``:
+its results rows, `fastrecord.sinks.results`) go into dataset files.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ class LeRobotWriter:
     def __init__(self, root: Path, parts: Path, *, fps: float | None = None, task: str | None = None,
                  robot_type: str | None = None, video: Any = None, resume: bool = False,
                  state_keys: Sequence[str] | None = None, state_layout: Sequence[tuple[str, int]] | None = None,
-                 chunks_size: int = DEFAULT_CHUNK_SIZE, data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+                 limit: Any = None, chunks_size: int = DEFAULT_CHUNK_SIZE,
+                 data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
                  video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB) -> None:
         self.pa = import_pyarrow()
         import pyarrow.parquet as pq
@@ -149,6 +152,10 @@ class LeRobotWriter:
         self._order: list[int] = []  # parts expected, in episode order, not yet in a file
         self._ready: dict[int, _Part] = {}  # committed parts by sequence number
         self._next_seq = 0
+        self._committed_seqs: set[int] = set()  # sequence numbers committed as parts by this writer
+        # limit() -> n: only parts 0 .. n-1 go into dataset files (the episodes the whole run committed: a
+        # recorder's `RunDirectory.committed`), so a dataset file never holds an episode another output lacks
+        self.limit = limit
         self._lock = threading.Lock()  # the fields above
         self._files_lock = threading.Lock()  # one thread writes dataset files at a time
         self._quiet_until = 0.0  # time.monotonic() before which parts wait (`roll`)
@@ -162,14 +169,19 @@ class LeRobotWriter:
                              f"remove it (if_exists='overwrite')")
 
     # -------------------------------------------------------------- episodes
-    def reserve(self) -> int:
-        """The sequence number of the next episode (its place in the dataset); on the stepping thread, in
-        episode order."""
+    def reserve(self, seq: int | None = None) -> int:
+        """The sequence number of the next episode (its place in the dataset; ``seq``: the recorder's
+        episode id, which it equals in a run); on the stepping thread, in episode order."""
         with self._lock:
-            seq = self._next_seq
-            self._next_seq += 1
+            seq = self._next_seq if seq is None else int(seq)
+            self._next_seq = seq + 1
             self._order.append(seq)
             return seq
+
+    def committed(self, seq: int) -> bool:
+        """Whether episode ``seq`` is committed (a part, or already in a dataset file)."""
+        with self._lock:
+            return seq in self._committed_seqs
 
     def write_episode(self, seq: int, datasets: Mapping[str, np.ndarray], length: int,
                       entry: Mapping[str, Any] | None = None) -> None:
@@ -203,6 +215,7 @@ class LeRobotWriter:
         part = _Part(seq, int(length), stats, videos, path.stat().st_size, video_bytes, entry)
         with self._lock:
             self._ready[seq] = part
+            self._committed_seqs.add(seq)
         self.roll()
 
     def _settings(self) -> dict[str, Any]:
@@ -296,9 +309,10 @@ class LeRobotWriter:
     def _committed(self) -> list[_Part]:
         """The committed prefix of the episode order."""
         batch: list[_Part] = []
+        limit = self.limit() if self.limit is not None else None
         for seq in self._order:
             part = self._ready.get(seq)
-            if part is None:
+            if part is None or (limit is not None and seq >= limit):
                 break
             batch.append(part)
         return batch
@@ -362,7 +376,7 @@ class LeRobotWriter:
             # as LeRobot's save_episode aggregates: the dataset's so far with the new episode's
             self._stats = stats if self._stats is None else aggregate_stats([self._stats, stats])
             index += n
-        staged = _staged(data)  # hidden from LeRobot's reader (which loads every data/*/*.parquet) until info.json counts it
+        staged = staged_path(data)  # hidden from LeRobot's reader (it loads data/*/*.parquet) until info.json counts it
         self._write_parquet(pa.concat_tables(tables), staged)
         open_.data_bytes = staged.stat().st_size
         new_rows = pa.Table.from_pylist(rows)
@@ -410,8 +424,8 @@ class LeRobotWriter:
         for p in (self.root / "meta" / "episodes").glob(f"chunk-*/file-*.parquet{PENDING}"):
             final = p.with_name(p.name[: -len(PENDING)])
             data = self.root / "data" / final.relative_to(self.root / "meta" / "episodes")
-            if _staged(data).exists():  # committed with its rows still hidden: shown now
-                _staged(data).replace(data)
+            if staged_path(data).exists():  # committed with its rows still hidden: shown now
+                staged_path(data).replace(data)
             p.replace(final)  # committed: info.json is rewritten below
         paths = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
         found: list[dict[str, Any]] = []
@@ -498,8 +512,9 @@ class LeRobotWriter:
         self.raise_if_failed()
         if self.parts.is_dir():
             for p in self.parts.iterdir():
-                if not PART_RE.match(p.name):
-                    p.unlink()  # videos of parts that never committed
+                m = PART_RE.match(p.name) or SEGMENT_RE.match(p.name)
+                if not m or int(m.group(1)) not in self._ready:
+                    p.unlink()  # videos of parts that never committed (parts past `limit` stay, with theirs)
             if not any(self.parts.iterdir()):
                 shutil.rmtree(self.parts, ignore_errors=True)
 
@@ -510,7 +525,7 @@ def av_open(path: Path) -> Any:
     return av.open(str(path))
 
 
-def _staged(data: Path) -> Path:
+def staged_path(data: Path) -> Path:
     """Where a data file's rows wait, hidden, until meta/info.json counts them (``.file-FFF.parquet.next``)."""
     return data.with_name(f".{data.name}.next")
 
@@ -527,16 +542,3 @@ def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: i
 def _diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     keys = sorted(set(a) ^ set(b)) or sorted(k for k in a if a[k] != b.get(k))
     return ", ".join(f"{k}: {a.get(k, {}).get('shape', 'absent')} vs {b.get(k, {}).get('shape', 'absent')}" for k in keys[:4])
-
-
-def repair(root: Path) -> LeRobotWriter:
-    """Fold what a killed run left in ``NAME.lerobot.parts/`` into the dataset ``root`` (``NAME.lerobot``)
-    and return the closed writer (its ``episodes`` and ``files`` say what the dataset holds)."""
-    root = Path(root)
-    parts = root.with_name(root.name + ".parts")
-    if not root.is_dir() and not parts.is_dir():
-        raise ValueError(f"{root} is no LeRobot dataset of a run: neither it nor {parts.name}/ exist; pass the "
-                         f"NAME.lerobot folder of a recorded run")
-    writer = LeRobotWriter(root, parts, resume=True)
-    writer.close()
-    return writer

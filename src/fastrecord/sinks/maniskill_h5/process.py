@@ -287,3 +287,93 @@ def consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict]
     shutil.rmtree(doomed)
     return state
 
+
+
+def _part_ids(part: Path, by_id: dict[int, dict]) -> list[int] | None:
+    """The episode ids a complete part holds, in its order (None: unreadable, or a group is missing)."""
+    try:
+        with h5py.File(part, "r") as f:
+            text = f.attrs.get(EPISODES_ATTR)
+            if text is None:  # written before parts carried their entries: NAME.json has them
+                ids = [int(g[5:]) for g in f if g.startswith("traj_") and g[5:].isdigit()]
+                return ids if all(i in by_id for i in ids) else None
+            ids = [int(m["episode_id"]) for m in json.loads(text)]
+            return ids if all(f"traj_{i}" in f for i in ids) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def scan_here(h5_path: str) -> dict[str, Any]:
+    """What a run's trajectory holds, read only: ``ids``, the episode ids of its complete parts in part
+    order (or of a self-contained ``NAME.h5``: its JSON entries whose group exists), ``unreadable``: part
+    files that cannot be read, ``parts``: {part file name: its ids}."""
+    h5 = Path(h5_path)
+    json_path, parts_dir = sibling_paths(h5)
+    old = read_json(json_path) or {}
+    entries = [e for e in old.get("episodes", []) if isinstance(e, dict) and isinstance(e.get("episode_id"), int)]
+    by_id = {int(e["episode_id"]): e for e in entries}
+    parts = complete_parts(parts_dir)
+    if parts:
+        ids: list[int] = []
+        unreadable: list[str] = []
+        held: dict[str, list[int]] = {}
+        for _, part in parts:
+            got = _part_ids(part, by_id)
+            if got is None:
+                unreadable.append(part.name)
+            else:
+                held[part.name] = got
+                ids += got
+        return dict(ids=ids, unreadable=unreadable, parts=held)
+    if not h5.exists():
+        return dict(ids=[], unreadable=[], parts={})
+    try:
+        with h5py.File(h5, "r") as f:
+            ids = [int(e["episode_id"]) for e in entries if f"traj_{e['episode_id']}" in f]
+    except OSError as e:
+        return dict(ids=[], unreadable=[f"{h5.name} ({e})"], parts={})
+    return dict(ids=ids, unreadable=[], parts={})
+
+
+def trim_here(h5_path: str, n: int) -> dict[str, Any]:
+    """Keep episodes ``0 .. n-1`` of a run's trajectory and drop the others (a run that stopped before its
+    other outputs held them: `fastrecord.sinks.reconcile`), then list what is left (`recover_here`).
+    Whole parts past ``n`` are deleted, last first; a part holding both is rewritten with its first
+    episodes (atomically); a self-contained ``NAME.h5`` is copied with its first ``n`` episodes, then its
+    JSON follows. Returns `scan_here` of the result."""
+    h5 = Path(h5_path)
+    json_path, parts_dir = sibling_paths(h5)
+    state = scan_here(h5_path)
+    if state["parts"]:
+        for name, ids in reversed(list(state["parts"].items())):
+            part = parts_dir / name
+            if all(i >= n for i in ids):
+                part.unlink()
+            elif any(i >= n for i in ids):
+                _rewrite_part(part, [i for i in ids if i < n])
+        if complete_parts(parts_dir):
+            recover_here(h5_path, None, False)
+        else:  # nothing left: an empty index (its links would point at the deleted parts)
+            old = read_json(json_path) or {}
+            publish_index(h5_path, [], {**{k: v for k, v in old.items() if k != "episodes"}, "episodes": []})
+    elif any(i >= n for i in state["ids"]):
+        old = read_json(json_path) or {}
+        keep = [e for e in old.get("episodes", []) if isinstance(e, dict) and isinstance(e.get("episode_id"), int)
+                and e["episode_id"] < n]
+        write_copies(h5, h5.parent, [(f"traj_{e['episode_id']}", h5.name, f"traj_{e['episode_id']}") for e in keep])
+        atomic_write_json(json_path, {**old, "episodes": keep})
+    return scan_here(h5_path)
+
+
+def _rewrite_part(part: Path, keep: list[int]) -> None:
+    """Replace ``part`` (atomically) by a copy holding only the episodes ``keep``, with their entries."""
+    tmp = part.with_name(part.name + ".trim.tmp")
+    with h5py.File(part, "r") as src, h5py.File(tmp, "w", track_order=True) as dst:
+        metas = [m for m in json.loads(src.attrs[EPISODES_ATTR]) if int(m["episode_id"]) in keep]
+        for m in metas:
+            src.copy(src[f"traj_{m['episode_id']}"], dst, name=f"traj_{m['episode_id']}")
+        dst.attrs[EPISODES_ATTR] = json.dumps(metas)
+        if HEADER_ATTR in src.attrs:
+            dst.attrs[HEADER_ATTR] = src.attrs[HEADER_ATTR]
+    fsync(tmp)
+    os.replace(tmp, part)

@@ -45,6 +45,10 @@ class ManiSkillH5Sink(Sink):
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
         self.writer.submit(list(episodes))
 
+    def committed(self, episode_id: int) -> bool:
+        """Its part is complete and in the committed prefix (the next index lists it; a crash keeps it)."""
+        return episode_id < self.writer.num_episodes
+
     def raise_if_failed(self) -> None:
         # every step and reset: polling the writer processes' exit status (3 waitpid calls, 0.5 ms a step
         # in the imageobs profile) at most every 0.1 s; submit, wait_until_done and close always poll

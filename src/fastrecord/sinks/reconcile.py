@@ -1,0 +1,194 @@
+"""Make a stopped run's outputs agree before it goes on: `inspect_run` (read only) and `reconcile`.
+
+The rule (docs/format.md, "Crash safety"): a kept episode is *done* once its row is in
+``NAME.results.jsonl``, and its row is written only after every output holds it for good
+(`fastrecord.sinks.results`). So the results file is the run's commit log: its kept rows are episodes
+``0 .. n-1``, in order, and every output holds at least those. What an output holds beyond them (a
+SIGKILL, a full disk, a failed sink stopped the run before the others caught up) is not done: a resumed
+run discards it from every output (`reconcile`) and records those episodes again, so each episode is in
+every output exactly once. An output that holds *fewer* than the log (a file deleted, truncated or
+replaced after the run) is damage: reported, one line per file, and nothing is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastrecord.sinks.runfiles import RESULTS_SUFFIX, listed_files, owned_intent_files, pending_intents
+
+if TYPE_CHECKING:
+    from fastrecord.sinks.base import RunDirectory
+    from fastrecord.sinks.lerobot.check import DatasetState
+
+log = logging.getLogger("fastrecord")
+
+
+@dataclass
+class RunState:
+    """What a run's outputs hold (`inspect_run`)."""
+
+    name: str
+    committed: int  # n: kept episodes 0 .. n-1 are done (rows in the results file; else what every output holds)
+    rows: list[dict[str, Any]] | None  # the results file's rows (None: no results file)
+    keep_rows: int  # the rows of the commit log (the rest are torn or past it)
+    h5: dict[str, Any] | None  # `process.scan_here` of NAME.h5 (None: the run keeps no trajectory)
+    lerobot: DatasetState | None  # the LeRobot dataset (None: none)
+    videos: dict[str, list[int]] = field(default_factory=dict)  # video file (relative) -> kept episodes in it
+    problems: list[str] = field(default_factory=list)  # damage, one line each (naming the file and the fix)
+
+    def beyond(self) -> dict[str, list[int]]:
+        """Per output, the episodes it holds past the commit log (a resume discards them)."""
+        n, out = self.committed, {}
+        if self.h5 is not None and any(i >= n for i in self.h5["ids"]):
+            out[f"{self.name}.h5"] = sorted(i for i in self.h5["ids"] if i >= n)
+        if self.lerobot is not None and any(s >= n for s in self.lerobot.parts):
+            out[f"{self.name}.lerobot"] = sorted(s for s in self.lerobot.parts if s >= n)
+        gone = sorted({e for eps in self.videos.values() for e in eps if e >= n})
+        if gone:
+            out["videos"] = gone
+        return out
+
+
+def commit_log(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(n, k): the kept episodes ``0 .. n-1`` the first ``k`` rows commit (rows of episodes not kept among
+    them); rows after a kept row that breaks the sequence are not part of the log."""
+    n = k = 0
+    for i, row in enumerate(rows):
+        eid = row.get("episode_id")
+        if eid is not None:
+            if eid != n:
+                break
+            n += 1
+        k = i + 1
+    return n, k
+
+
+def _prefix(ids: list[int]) -> int:
+    """How many of ``ids`` are ``0, 1, 2, ...`` from the start."""
+    n = 0
+    for i in ids:
+        if i != n:
+            break
+        n += 1
+    return n
+
+
+def episode_ranges(ids: list[int]) -> str:
+    """``0-3, 7, 9-10``: the ids, sorted, in runs."""
+    ids = sorted(set(ids))
+    runs: list[str] = []
+    start = prev = None
+    for i in ids + [None]:
+        if start is not None and (i is None or i != prev + 1):
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if i is not None and start is None:
+            start = i
+        prev = i
+    return ", ".join(runs)
+
+
+def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunState:
+    """Read every output of run ``name`` in ``output_dir`` (nothing is written): the commit log, what
+    each output holds, and every disagreement that is damage (`RunState.problems`). ``videos``: check the
+    LeRobot dataset's videos with PyAV too (their length)."""
+    from fastrecord.sinks.results import read_results
+
+    out = Path(output_dir)
+    fix = "restore it from a copy, or record the run again (--if-exists overwrite / if_exists='overwrite')"
+    results = out / f"{name}{RESULTS_SUFFIX}"
+    rows = [r for r in read_results(results) if isinstance(r, dict)] if results.exists() else None
+    n_rows, keep = commit_log(rows) if rows is not None else (0, 0)
+    problems: list[str] = []
+    h5 = None
+    if any((out / f"{name}{s}").exists() for s in (".h5", ".json", ".h5.parts")):
+        from fastrecord.sinks.maniskill_h5 import run_in_child
+
+        h5 = run_in_child("scan_here", str(out / f"{name}.h5"))
+        problems += [f"{name}.h5.parts/{u} cannot be read; restore it or move it out (its episodes are then recorded "
+                     f"again)" for u in h5["unreadable"]]
+    lerobot = None
+    root = out / f"{name}.lerobot"
+    if root.exists() or root.with_name(root.name + ".parts").exists():
+        from fastrecord.sinks.lerobot.check import scan_dataset
+
+        lerobot = scan_dataset(root, videos=videos)
+        problems += lerobot.problems
+    owned = {**listed_files(out, name), **owned_intent_files(out, name)}
+    vids = {f: e for f, e in owned.items() if f.endswith(".mp4") and (out / f).exists()}
+    n = n_rows if rows is not None else min((_prefix(x) for x in [(h5 or {}).get("ids"), lerobot and lerobot.seqs]
+                                             if x is not None), default=0)
+    for what, ids in ((f"{name}.h5", (h5 or {}).get("ids")), (f"{name}.lerobot", lerobot.seqs if lerobot else None)):
+        if ids is not None and _prefix(ids) < n:
+            lacking = sorted(set(range(n)) - set(ids))
+            problems.append(f"{what} lacks episode(s) {episode_ranges(lacking)} that {name}{RESULTS_SUFFIX} commits; "
+                            f"{fix}")
+    if lerobot is not None and any(s >= n for s in lerobot.filed):
+        extra = episode_ranges([s for s in lerobot.filed if s >= n])
+        problems.append(f"{name}.lerobot's dataset files hold episode(s) {extra} "
+                        f"that no results row commits (written by an older fastrecord); {fix}")
+    named = {row.get("video") for row in (rows or [])[:keep]}
+    for row in (rows or [])[:keep]:
+        video = row.get("video")
+        if isinstance(video, str) and not (out / video).exists():
+            problems.append(f"{video} (the video of episode {row.get('episode_id')}) is missing; {fix}")
+    for f, eps in owned.items():  # listed by the manifest: gone although its episodes are committed
+        if f not in named and f.endswith(".mp4") and eps and all(e < n for e in eps) and not (out / f).exists():
+            problems.append(f"{f} (a video of episode(s) {episode_ranges(eps)}, listed in {name}.fastrecord.json) is "
+                            f"missing; {fix}")
+    return RunState(name, n, rows, keep, h5, lerobot, vids, problems)
+
+
+def refuse_damage(output_dir: Path, name: str, what: str = "cannot resume") -> RunState:
+    """`inspect_run` (read only), raising a one-line ValueError naming the first damaged file."""
+    state = inspect_run(output_dir, name)
+    if state.problems:
+        more = f" (and {len(state.problems) - 1} more: fastrecord info lists them)" if len(state.problems) > 1 else ""
+        raise ValueError(f"{what} run {name!r} in {str(output_dir)!r}: {state.problems[0]}{more}")
+    return state
+
+
+def reconcile(run: RunDirectory, state: RunState | None = None) -> RunState:
+    """Before a resumed run records: discard from every output what the commit log does not hold (see the
+    module docstring), set ``run.committed`` and the manifest's episode counter to it. Raises a ValueError
+    (one line, nothing changed) if an output lacks a committed episode. ``state``: `refuse_damage`'s, if
+    the caller inspected the run under its lock already."""
+    out, name = run.output_dir, run.name
+    state = state or refuse_damage(out, name)
+    n = state.committed
+    beyond = state.beyond()
+    if state.h5 is not None and f"{name}.h5" in beyond:
+        from fastrecord.sinks.maniskill_h5 import run_in_child
+
+        run_in_child("trim_here", str(out / f"{name}.h5"), n)
+    if state.lerobot is not None:
+        parts = state.lerobot.root.with_name(state.lerobot.root.name + ".parts")
+        for seq in beyond.get(f"{name}.lerobot", []):
+            for p in parts.glob(f"ep_{seq:08d}.*"):
+                p.unlink()
+    gone = [f for f, eps in state.videos.items() if any(e >= n for e in eps)]
+    for f in gone:
+        (out / f).unlink(missing_ok=True)
+    for e in pending_intents(out, name):  # encoder temporaries a kill left
+        for tmp in out.glob(f"{e['intent']}.*.part"):
+            tmp.unlink(missing_ok=True)
+    run.remove_files(gone)
+    if state.rows is not None:
+        results = out / f"{name}{RESULTS_SUFFIX}"
+        text = results.read_text()
+        kept = "".join(json.dumps(r, allow_nan=False) + "\n" for r in state.rows[: state.keep_rows])
+        if kept != text:
+            from fastrecord.sinks.base import atomic_write_bytes
+
+            atomic_write_bytes(results, kept.encode())
+    run.committed = n
+    run.set_counter("episodes", n)
+    if beyond:
+        what = "; ".join(f"{k}: {episode_ranges(v)}" for k, v in beyond.items())
+        log.warning("fastrecord: resuming %r: discarded the episodes the run had not committed to every output when it "
+                    "stopped (%s); they are recorded again", name, what)
+    return state
