@@ -251,3 +251,31 @@ def test_a_batched_render_that_cannot_go_on_is_a_runtime_failure_of_the_cli():
 
     line = failure_line(e, argparse.Namespace(command="merge"))
     assert line.startswith("sub-env 3's scene") and "\n" not in line
+
+
+def test_mirrors_are_built_without_walking_the_callers_objects():
+    """`scenes_built`: ManiSkill's collection at each scene build walks only what the build made (the older
+    objects frozen for the while), the freeze is undone on leaving, and ``collect=True`` frees the scenes a
+    reconfiguring reset replaced."""
+    import gc
+    import weakref
+
+    from fastrecord.render.vector import scenes_built
+
+    if gc.get_freeze_count():
+        pytest.skip("this process froze its objects (scenes_built then leaves the freeze alone)")
+    env = _make("PickCube-v1")
+    try:
+        env.reset(seed=0)
+        old = weakref.ref(env.unwrapped.scene)
+        walked = []
+        gc.callbacks.append(lambda phase, info: walked.append(gc.get_freeze_count()) if phase == "start" else None)
+        try:
+            with scenes_built(collect=True):
+                env.reset(seed=1, options={"reconfigure": True})
+        finally:
+            gc.callbacks.pop()
+        assert walked and walked[0] > 0  # ManiSkill's collection ran with the older objects frozen
+        assert gc.get_freeze_count() == 0 and old() is None
+    finally:
+        env.close()
