@@ -559,8 +559,11 @@ class EpisodeRecorder:
 
     def wait_until_done(self) -> None:
         """Block until every queued episode is on disk (re-raises writer errors)."""
-        for s in self.sinks:
-            s.wait_until_done()
+        # twice: every output done, and the results sink writes the rows all of them hold (the commit log);
+        # then a sink that joins only committed episodes into files (LeRobot's `limit`) takes the new ones
+        for _ in range(2):
+            for s in self.sinks:
+                s.wait_until_done()
 
     def close(self, flush: bool) -> None:
         """Finish episodes in progress (if ``flush``), drain and close every sink, release the run

@@ -113,8 +113,11 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
             missing = root / EPISODES_PATH.format(chunk_index=chunk, file_index=file)
             st.problems.append(f"{rel(missing)} is missing: {rel(root / INFO_PATH)} counts {info['total_episodes']} "
                                f"episodes, the episodes files {episodes}; {_fix(root)}")
+        # more in the episodes files than info.json counts is a kill inside a group's write, after the episodes
+        # file took its name and before info.json (LeRobot reads what info.json counts; a resume counts the rest):
+        # no damage. Fewer is.
         for key, have in (("total_episodes", episodes), ("total_frames", frames)):
-            if not st.problems and int(info.get(key, 0)) != have:
+            if not st.problems and int(info.get(key, 0)) > have:
                 st.problems.append(f"{rel(root / INFO_PATH)} says {key} {info.get(key)} but the episodes files hold "
                                    f"{have}; "
                                    f"{_fix(root)}")

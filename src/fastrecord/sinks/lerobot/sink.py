@@ -58,6 +58,7 @@ class LeRobotSink(Sink):
         self.writer: LeRobotWriter | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
+        self._rolled_to = 0  # the run's committed count when a roll was last asked for
 
     def open(self, run: RunDirectory) -> None:
         super().open(run)
@@ -84,7 +85,10 @@ class LeRobotSink(Sink):
     def committed(self, episode_id: int) -> bool:
         return self.writer.committed(episode_id)
 
-    def _write(self, job: tuple[int, Any]) -> None:
+    def _write(self, job: tuple[int, Any] | None) -> None:
+        if job is None:  # the run committed more episodes: they go into the dataset's files (`roll`)
+            self.writer.roll()
+            return
         seq, ep = job
         entry = {k: ep.meta[k] for k in ("global_index", "source_rank") if k in ep.meta}
         self.writer.write_episode(seq, ep.datasets, ep.elapsed_steps, entry)
@@ -92,6 +96,12 @@ class LeRobotSink(Sink):
     def raise_if_failed(self) -> None:
         self._pool.raise_if_failed()
         self.writer.raise_if_failed()
+        # the run's commit log (results rows) moved past what the dataset's files hold: a part written
+        # before its episode was committed by every output waits for this (the writer's `limit`)
+        run = getattr(self, "run", None)
+        if run is not None and self._pool is not None and run.committed > self._rolled_to and not self._closed:
+            self._rolled_to = run.committed
+            self._pool.submit(None)
 
     def wait_until_done(self) -> None:
         """Every submitted episode written, and in the dataset's files (LeRobot loads it from here on)."""
