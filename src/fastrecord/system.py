@@ -1,4 +1,5 @@
-"""Machine set-up helpers: pick a Vulkan driver SAPIEN can render with; how long this process has run."""
+"""Machine set-up helpers: pick a Vulkan driver SAPIEN can render with; how long this process has run; the
+phase timestamps a whole-command benchmark reads (`stamp`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,28 @@ def process_age() -> float | None:
         return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
     except (OSError, ValueError, IndexError):
         return None
+
+
+TIMELINE_ENV = "FASTRECORD_TIMELINE"  # a path: the commands write their phases' wall-clock times there (JSON)
+_stamps: dict[str, float] = {}
+
+
+def stamp(name: str) -> None:
+    """Note that phase ``name`` was reached now (``time.time()``; the first stamp of a name stays), where the
+    environment variable ``FASTRECORD_TIMELINE`` names a file: the file is rewritten with every stamp so far
+    (a few small writes a run; nothing at all without the variable). `benchmarks/bench_whole.py` launches
+    whole commands with it and reads where their seconds went."""
+    path = os.environ.get(TIMELINE_ENV)
+    if not path or name in _stamps:
+        return
+    import json
+    import time
+
+    _stamps[name] = time.time()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_stamps, f)
+    os.replace(tmp, path)
 
 
 QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)

@@ -341,7 +341,9 @@ def _replay_forks(argv: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     from fastrecord.exits import install_signal_handlers
-    from fastrecord.system import use_lavapipe_if_no_gpu
+    from fastrecord.system import stamp, use_lavapipe_if_no_gpu
+
+    stamp("main")
 
     use_lavapipe_if_no_gpu()
     install_signal_handlers()  # SIGTERM outside a run loop: SystemExit(143), so open writers still close

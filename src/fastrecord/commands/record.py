@@ -36,6 +36,7 @@ from fastrecord.exits import StopSignals
 from fastrecord.checks import env_kwargs_of, json_flag, json_or_text, load_config, parse_env_kwarg
 from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig
 from fastrecord.options import add_record_flags, cli_option_names
+from fastrecord.system import stamp
 
 
 @dataclass
@@ -107,6 +108,7 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     check_env_kwargs(cfg.env_id, kwargs)  # a misspelt keyword: one line, before any env is made
     rec = recorder_kwargs(cfg)
     rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
+    stamp("imported")  # benchmarks/bench_whole.py: interpreter and imports end here, env creation starts
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
     if gpu_sim or cfg.num_envs == 1:
         env = gym.make(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
@@ -212,6 +214,7 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     t_start = time.perf_counter()
     env = make_recorded_env(cfg, sinks, auto_reset=False)
     startup = time.perf_counter() - t_start
+    stamp("env_ready")
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
     n = cfg.num_envs
     steps = 0
@@ -229,6 +232,8 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
         stepped = [0]  # env-steps so far, for the bar's rate
 
         def on_step(sch: shards.EpisodeSchedule) -> None:
+            if not stepped[0]:
+                stamp("first_step")
             stepped[0] += n
             if len(sch.finished) > bar.n:
                 bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{stepped[0] / (time.perf_counter() - t0):.0f}",
@@ -241,16 +246,19 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
                 steps = shards.record_schedule(env, rec, schedule, act, stop=stopping, on_step=on_step)
         finally:
             bar.close()
+        stamp("loop_end")
         finished_before_stop = rec.num_finished
         cut = int(schedule.active.sum())  # scheduled episodes in progress: only a stop leaves any
         if not stopping():
             rec.wait_until_done()
             seconds = time.perf_counter() - t0
+            stamp("drained")
     finally:
         try:  # episodes in progress (a stop, an error) are never saved: a resumed run records them whole
             _recorder(env).set_episode_meta(np.arange(n), [None] * n)
         finally:
             env.close()
+            stamp("closed")
     if seconds is None:
         seconds = time.perf_counter() - t0
     successes = 0
