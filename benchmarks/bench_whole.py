@@ -22,8 +22,8 @@ baseline's CPU branch, every video, against ManiSkill's baseline eval with env 0
     python benchmarks/bench_whole.py --size gpu --json whole.json  # the issue's sizes: 16 envs, 512x512, GPU render
     python benchmarks/bench_whole.py --size gpu --only record --src before=/path/to/older/checkout/src
 
-``--src LABEL=PATH`` adds fastrecord's jobs run with another source tree (e.g. before a change), measured in
-the same run. Whole-process times vary by +-30% between runs on shared machines: compare the ratios of one run.
+``--src LABEL=PATH`` adds fastrecord's record and eval jobs run with another source tree (e.g. before a
+change), measured in the same run. Whole-process times vary by +-30% between runs on shared machines: compare the ratios of one run.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _child(job: str, args: dict[str, Any]) -> list[str]:
     return [sys.executable, "-m", "benchmarks.whole_children", job, json.dumps(args)]
 
 
-def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None]) -> list[Result]:
+def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None], maniskill: bool = True) -> list[Result]:
     n, steps = s.num_envs, s.num_envs * s.episode_steps * -(-s.record_episodes // s.num_envs)
     out: list[Result] = []
     common = ["--width", str(s.size), "--height", str(s.size), "--render-backend", s.render, "--max-episode-steps",
@@ -136,9 +136,13 @@ def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None]) -> list[Resul
         argv = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--num-envs", str(n), "--episodes",
                 str(s.record_episodes), "--output-dir", str(work / f"fr_record{tag.strip()}"), *common]
         out.append(launch("record", name, argv, work, src, steps))
+        if src is not None:  # one env's start: the checkout's only (the forkserver is not used by one env)
+            continue
         one = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--num-envs", "1", "--episodes", "1",
                "--output-dir", str(work / f"fr_record1{tag.strip()}"), *common]
         out.append(launch("record", f"{name}, 1 env", one, work, src, s.episode_steps))
+    if not maniskill:
+        return out
     a = dict(env_id="PickCube-v1", num_envs=n, size=s.size, render=s.render, episode_steps=s.episode_steps,
              episodes=s.record_episodes)
     out.append(launch("record", "ManiSkill, every video", _child("record_maniskill", {
@@ -148,12 +152,18 @@ def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None]) -> list[Resul
     return out
 
 
-def eval_jobs(s: Size, work: Path, srcs: dict[str, Path | None]) -> list[Result]:
+def eval_jobs(s: Size, work: Path, srcs: dict[str, Path | None], maniskill: bool = True,
+              prestart: bool = False) -> list[Result]:
     a = dict(env_id="PickCube-v1", num_envs=s.num_envs, size=s.size, render=s.render, episode_steps=s.episode_steps,
              steps=s.eval_steps, obs_horizon=2)
     steps = s.num_envs * s.eval_steps
     out = [launch("eval", f"fastrecord make_eval_envs{tag}", _child("eval_fastrecord", {
         **a, "video": True, "out": str(work / f"fr_eval{tag.strip()}")}), work, src, steps) for tag, src in srcs.items()]
+    if prestart:
+        out.append(launch("eval", "fastrecord make_eval_envs, forkserver started first", _child("eval_fastrecord", {
+            **a, "video": True, "prestart": True, "out": str(work / "fr_eval_prestart")}), work, env_steps=steps))
+    if not maniskill:
+        return out
     out.append(launch("eval", "ManiSkill eval, env 0's video", _child("eval_maniskill", {
         **a, "video": True, "out": str(work / "ms_eval")}), work, env_steps=steps))
     out.append(launch("eval", "ManiSkill eval, no video", _child("eval_maniskill", {
@@ -162,6 +172,7 @@ def eval_jobs(s: Size, work: Path, srcs: dict[str, Path | None]) -> list[Result]
 
 
 def replay_jobs(s: Size, work: Path, srcs: dict[str, Path | None]) -> list[Result]:
+    del srcs  # the checkout's fastrecord only
     total = max(s.replay_episodes)
     t0 = time.perf_counter()
     src_h5 = record_input(work / "replay_input", total, s.episode_steps, None, num_envs=s.replay_envs)
@@ -173,13 +184,11 @@ def replay_jobs(s: Size, work: Path, srcs: dict[str, Path | None]) -> list[Resul
     shutil.copy(src_h5.with_suffix(".json"), ms_src.with_suffix(".json"))
     out: list[Result] = []
     for count in s.replay_episodes:
-        for tag, src in srcs.items():
-            folder = work / f"fr_replay_{count}{tag.strip()}"
-            argv = replay_argv(src_h5, s.replay_envs, count, "states") + ["--output-dir", str(folder)]
-            out.append(launch("replay", f"fastrecord replay{tag}, {count} episodes", argv, work, src,
-                              count * s.episode_steps))
-            if episodes_in(folder / "replayed.json") != count:
-                raise RuntimeError(f"fastrecord replay wrote {episodes_in(folder / 'replayed.json')} episodes, not {count}")
+        folder = work / f"fr_replay_{count}"
+        argv = replay_argv(src_h5, s.replay_envs, count, "states") + ["--output-dir", str(folder)]
+        out.append(launch("replay", f"fastrecord replay, {count} episodes", argv, work, env_steps=count * s.episode_steps))
+        if episodes_in(folder / "replayed.json") != count:
+            raise RuntimeError(f"fastrecord replay wrote {episodes_in(folder / 'replayed.json')} episodes, not {count}")
         out.append(launch("replay", f"ManiSkill replay_trajectory, {count} episodes",
                           maniskill_replay_argv(ms_src, s.replay_envs, count, "states"), work,
                           env_steps=count * s.episode_steps))
@@ -214,10 +223,9 @@ def ratios(results: list[Result], s: Size, srcs: dict[str, Path | None]) -> list
               "<= 0.7")
         if ev is not None and ev.loop_with_close:
             lines.append(f"eval{tag}: loop with close {ev.env_steps / ev.loop_with_close:.0f} env-steps/s (target >= 800)")
-        for count in s.replay_episodes:
-            ratio(f"replay{tag} {count}: ManiSkill / fastrecord",
-                  _find(results, f"ManiSkill replay_trajectory, {count} episodes"),
-                  _find(results, f"fastrecord replay{tag}, {count} episodes"), ">= 2")
+    for count in s.replay_episodes:
+        ratio(f"replay {count}: ManiSkill / fastrecord", _find(results, f"ManiSkill replay_trajectory, {count} episodes"),
+              _find(results, f"fastrecord replay, {count} episodes"), ">= 2")
     return lines
 
 
@@ -238,8 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.add_argument("--only", default="record,eval,replay", help="jobs to run, separated by commas")
     p.add_argument("--src", action="append", default=[], metavar="LABEL=PATH",
-                   help="also run fastrecord's jobs with the fastrecord of PATH (a src folder), labelled LABEL")
+                   help="also run fastrecord's record and eval jobs with the fastrecord of PATH (a src folder), labelled LABEL")
     p.add_argument("--replay-episodes", help="episode counts of the replay jobs, separated by commas (default: the size's)")
+    p.add_argument("--eval-prestart", action="store_true",
+                   help="also the eval with fastrecord's forkserver started first thing in the script")
+    p.add_argument("--skip-maniskill", action="store_true", help="record and eval: fastrecord's jobs only")
     p.add_argument("--json", help="write every result here")
     p.add_argument("--work-dir", help="where the jobs write (default: a temporary folder, removed)")
     args = p.parse_args(argv)
@@ -252,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not Path(path, "fastrecord").is_dir():
             p.error(f"--src {item!r} must be LABEL=PATH with PATH a src folder holding fastrecord/")
         srcs[f" ({label})"] = Path(path).resolve()
-    jobs = {"record": record_jobs, "eval": eval_jobs, "replay": replay_jobs}
+    ms = not args.skip_maniskill
+    jobs = {"record": lambda *x: record_jobs(*x, maniskill=ms),
+            "eval": lambda *x: eval_jobs(*x, maniskill=ms, prestart=args.eval_prestart), "replay": replay_jobs}
     only = [j.strip() for j in args.only.split(",") if j.strip()]
     if bad := [j for j in only if j not in jobs]:
         p.error(f"--only {','.join(bad)}: not a job; use any of {', '.join(jobs)}")

@@ -32,6 +32,19 @@ def _env_kwargs(a: dict[str, Any]) -> dict[str, Any]:
                 max_episode_steps=a["episode_steps"])
 
 
+def _video_writer() -> None:
+    """Where imageio has no ffmpeg (the GPU machine's kit), ManiSkill's ``images_to_video`` through PyAV with
+    its own settings (`benchmarks.phases_record.pyav_images_to_video`, as `fastrecord bench` does)."""
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        from mani_skill.utils.wrappers import record as ms_record
+
+        from benchmarks.phases_record import pyav_images_to_video
+
+        ms_record.images_to_video = pyav_images_to_video
+
+
 class _RecordThunk:
     """One sub-env of ManiSkill's record way (a class, so that any multiprocessing context can send it)."""
 
@@ -47,6 +60,7 @@ class _RecordThunk:
         use_lavapipe_if_no_gpu()
         env = CPUGymWrapper(gym.make(self.a["env_id"], **_env_kwargs(self.a)))
         if self.a["video"]:
+            _video_writer()
             env = RecordEpisode(env, output_dir=str(Path(self.a["out"]) / f"env{self.i}"), save_trajectory=True,
                                 save_video=True, source_type="bench", source_desc="bench_whole")
         return env
@@ -98,6 +112,7 @@ class _EvalThunk:
         env = FrameStack(env, num_stack=self.a["obs_horizon"])
         env = CPUGymWrapper(env, ignore_terminations=True, record_metrics=True)
         if self.video_dir:
+            _video_writer()
             env = RecordEpisode(env, output_dir=self.video_dir, save_trajectory=False, info_on_video=True,
                                 source_type="diffusion_policy", source_desc="diffusion_policy evaluation rollout")
         env.action_space.seed(self.seed)
@@ -142,6 +157,10 @@ def eval_maniskill(a: dict[str, Any]) -> None:
 
 
 def eval_fastrecord(a: dict[str, Any]) -> None:
+    if a.get("prestart"):  # the script starts fastrecord's forkserver first: its preload overlaps the imports
+        from fastrecord.workers import start_forkserver
+
+        start_forkserver()
     import gymnasium as gym  # noqa: F401 - the baseline's script's imports, in its order
     import torch  # noqa: F401
 

@@ -51,9 +51,27 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fastrecord' has no attribute {name!r}")
+    if name == "make_eval_envs":
+        _prestart_forkserver()
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def _prestart_forkserver() -> None:
+    """``from fastrecord import make_eval_envs`` (the baseline's one-line switch) starts the forkserver its CPU
+    vector envs fork from, before `fastrecord.make_env` imports ManiSkill: the server's preload (torch, ManiSkill:
+    about 7 s on the H200 machine) runs on another core while the script imports and loads its policy, not after
+    `make_eval_envs` is called (measured: the eval's first step 5 s sooner). Only in a script's main process: not
+    in a process multiprocessing started, nor while a server imports the script (``__mp_main__``)."""
+    import multiprocessing
+    import sys
+
+    if "__mp_main__" in sys.modules or multiprocessing.parent_process() is not None:
+        return
+    from fastrecord.workers import start_forkserver
+
+    start_forkserver()
 
 
 def __dir__() -> list[str]:

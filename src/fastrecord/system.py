@@ -11,6 +11,19 @@ import os
 _LAVAPIPE = ("/usr/share/vulkan/icd.d/lvp_icd.json", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 
 
+def has_nvidia_vulkan() -> bool:
+    """Whether an NVIDIA Vulkan driver is installed (a cheap guess at "SAPIEN renders on a CUDA device here",
+    without importing torch)."""
+    return bool(glob.glob("/usr/share/vulkan/icd.d/nvidia*.json") + glob.glob("/etc/vulkan/icd.d/nvidia*.json"))
+
+
+def has_nvidia_gpu() -> bool:
+    """A cheap guess (no torch import) at "torch sees a CUDA device here": an NVIDIA device node, or an NVIDIA
+    Vulkan driver installed or named by ``VK_DRIVER_FILES`` / ``VK_ICD_FILENAMES``."""
+    named = os.environ.get("VK_DRIVER_FILES", "") + os.environ.get("VK_ICD_FILENAMES", "")
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0") or "nvidia" in named or has_nvidia_vulkan()
+
+
 def use_lavapipe_if_no_gpu() -> str | None:
     """On a machine without an NVIDIA Vulkan driver, point the Vulkan loader at Mesa's lavapipe (CPU).
 
@@ -19,8 +32,7 @@ def use_lavapipe_if_no_gpu() -> str | None:
     """
     if os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES"):
         return None
-    nvidia = glob.glob("/usr/share/vulkan/icd.d/nvidia*.json") + glob.glob("/etc/vulkan/icd.d/nvidia*.json")
-    if nvidia:
+    if has_nvidia_vulkan():
         return None
     for path in _LAVAPIPE:
         if os.path.exists(path):
