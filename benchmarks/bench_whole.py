@@ -273,10 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{args.size}: {s}; {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     results: list[Result] = []
+    failed: list[str] = []
     try:
         for j in only:
             print(f"{j}:", flush=True)
-            results += jobs[j](s, work, srcs)
+            try:
+                results += jobs[j](s, work, srcs)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:  # the other jobs still run; the exit says it
+                print(f"  {j} stopped: {e}", flush=True)
+                failed.append(j)
     finally:
         lines = table(results) + [""] + ratios(results, s, srcs)
         print("\n".join(lines), flush=True)
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        results=[dataclasses.asdict(r) for r in results]), indent=1))
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
