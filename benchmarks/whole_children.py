@@ -7,8 +7,10 @@ Each program is what a user would write (its imports first, then the envs, a loo
 ``closed``. Run: ``python -m benchmarks.whole_children JOB JSON_ARGS``.
 
 - ``record_maniskill``: N ManiSkill ``RecordEpisode`` envs (CPU simulation) in a gymnasium ``AsyncVectorEnv``
-  (its default context, as a user writes it), each env's video and trajectory in a folder of its own (in one
-  folder their files overwrite each other's); ``video=False``: the same loop with no recorder at all.
+  with the forkserver context, as ManiSkill's baselines make theirs (the default, fork, fails with a GPU
+  render backend: the dummy env gymnasium builds in the caller initialises CUDA, which a forked sub-env
+  cannot use), each env's video and trajectory in a folder of its own (in one folder their files overwrite
+  each other's); ``video=False``: the same loop with no recorder at all.
 - ``eval_maniskill``: ManiSkill's diffusion-policy ``make_eval_envs`` CPU branch (examples/baselines/
   diffusion_policy/diffusion_policy/make_env.py): ``gym.make(..., reconfiguration_freq=1)``, FrameStack,
   ``CPUGymWrapper(ignore_terminations=True, record_metrics=True)``, ManiSkill's ``RecordEpisode`` in sub-env 0
@@ -76,7 +78,7 @@ def record_maniskill(a: dict[str, Any]) -> None:
 
     stamp("imported")
     n = a["num_envs"]
-    envs = gym.vector.AsyncVectorEnv([_RecordThunk(a, i) for i in range(n)],
+    envs = gym.vector.AsyncVectorEnv([_RecordThunk(a, i) for i in range(n)], context="forkserver",
                                      autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     stamp("env_ready")
     envs.action_space.seed(0)

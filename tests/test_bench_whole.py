@@ -62,7 +62,8 @@ def test_eval_jobs_tiny_real_processes(tmp_path):
     """The three eval jobs at a tiny size: real processes, every phase stamped, the videos each way writes."""
     s = bw.Size(num_envs=2, size=32, render="cpu", record_episodes=2, episode_steps=3, eval_steps=4,
                 replay_episodes=(2,), replay_envs=2)
-    results = bw.eval_jobs(s, tmp_path, {"": None})
+    results: list[bw.Result] = []
+    bw.eval_jobs(s, tmp_path, {"": None}, results)
     assert [r.label for r in results] == ["fastrecord make_eval_envs", "ManiSkill eval, env 0's video",
                                           "ManiSkill eval, no video"]
     for r in results:

@@ -63,11 +63,13 @@ def _prestart_forkserver() -> None:
     vector envs fork from, before `fastrecord.make_env` imports ManiSkill: the server's preload (torch, ManiSkill:
     about 7 s on the H200 machine) runs on another core while the script imports and loads its policy, not after
     `make_eval_envs` is called (measured: the eval's first step 5 s sooner). Only in a script's main process: not
-    in a process multiprocessing started, nor while a server imports the script (``__mp_main__``)."""
+    in a process multiprocessing started, nor while a server or a spawned process imports the script (as
+    ``__mp_main__``, with the process marked as inheriting)."""
     import multiprocessing
     import sys
 
-    if "__mp_main__" in sys.modules or multiprocessing.parent_process() is not None:
+    if (multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(), "_inheriting", False)
+            or sys.modules.get("__mp_main__", sys.modules.get("__main__")) is not sys.modules.get("__main__")):
         return
     from fastrecord.workers import start_forkserver
 
