@@ -12,6 +12,9 @@ exit, with where its seconds went: the commands write their phase times to ``FAS
     loop      first step -> last step
     close     last step -> process exit (encoders draining, files closed, processes joined, interpreter exit)
 
+`fastrecord replay` stamps the start and the end of its replay (workers, envs, loop and merge together: the
+``replay`` column); its own timeline line (workers up, replaying, done) is printed under its row.
+
 Jobs (``--only``): ``record`` (`fastrecord record` 16 envs x 64 episodes; ManiSkill's ``RecordEpisode`` in each
 sub-env of an ``AsyncVectorEnv``, every env's video; the same loop with no video; and `fastrecord record` with
 one env, whose time to its first step is the start-up to match), ``eval`` (`make_eval_envs`, the diffusion-policy
@@ -23,7 +26,8 @@ baseline's CPU branch, every video, against ManiSkill's baseline eval with env 0
     python benchmarks/bench_whole.py --size gpu --only record --src before=/path/to/older/checkout/src
 
 ``--src LABEL=PATH`` adds fastrecord's record and eval jobs run with another source tree (e.g. before a
-change), measured in the same run. Whole-process times vary by +-30% between runs on shared machines: compare the ratios of one run.
+change), measured in the same run. Whole-process times vary by +-30% between runs on shared machines:
+compare the ratios of one run.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from benchmarks.bench_replay import episodes_in, maniskill_replay_argv, record_i
 
 PHASES = (("import", "launch", "imported"), ("envs", "imported", "env_ready"), ("reset", "env_ready", "reset"),
           ("step1", "reset", "first_step"), ("loop", "first_step", "loop_end"), ("close", "loop_end", "exit"))
+REPLAY_PHASE = ("replay", "imported", "loop_end")  # fastrecord replay: envs + loop + merge, one span
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +84,8 @@ class Result:
     env_steps: int = 0
 
     def phase(self, name: str) -> float | None:
-        for n, a, b in PHASES:
-            if n == name and a in self.stamps and b in self.stamps:
+        for n, a, b in (*PHASES, REPLAY_PHASE):
+            if n == name and a in self.stamps and b in self.stamps and (n != "replay" or "env_ready" not in self.stamps):
                 return self.stamps[b] - self.stamps[a]
         return None
 
@@ -118,7 +123,10 @@ def launch(job: str, label: str, argv: list[str], work: Path, src: Path | None =
     stamps = {"launch": 0.0, **{k: v - t0 for k, v in raw.items()}, "exit": t1 - t0}
     res = Result(job, label, t1 - t0, stamps, env_steps)
     print(f"  {label}: {res.seconds:.1f} s  " + "  ".join(
-        f"{n} {res.phase(n):.1f}" for n, _, _ in PHASES if res.phase(n) is not None), flush=True)
+        f"{n} {res.phase(n):.1f}" for n, _, _ in (*PHASES, REPLAY_PHASE) if res.phase(n) is not None), flush=True)
+    for line in r.stdout.splitlines():
+        if line.startswith(("workers (", "start-up")):
+            print(f"    {line}", flush=True)
     return res
 
 
@@ -183,7 +191,8 @@ def replay_jobs(s: Size, work: Path, srcs: dict[str, Path | None], out: list[Res
     for count in s.replay_episodes:
         folder = work / f"fr_replay_{count}"
         argv = replay_argv(src_h5, s.replay_envs, count, "states") + ["--output-dir", str(folder)]
-        out.append(launch("replay", f"fastrecord replay, {count} episodes", argv, work, env_steps=count * s.episode_steps))
+        out.append(launch("replay", f"fastrecord replay, {count} episodes", argv, work,
+                          env_steps=count * s.episode_steps))
         if episodes_in(folder / "replayed.json") != count:
             raise RuntimeError(f"fastrecord replay wrote {episodes_in(folder / 'replayed.json')} episodes, not {count}")
         out.append(launch("replay", f"ManiSkill replay_trajectory, {count} episodes",
@@ -218,22 +227,27 @@ def ratios(results: list[Result], s: Size, srcs: dict[str, Path | None]) -> list
         ratio(f"eval{tag}: fastrecord / ManiSkill env 0's video", ev, _find(results, "ManiSkill eval, env 0's video"),
               "<= 0.7")
         if ev is not None and ev.loop_with_close:
-            lines.append(f"eval{tag}: loop with close {ev.env_steps / ev.loop_with_close:.0f} env-steps/s (target >= 800)")
+            rate = ev.env_steps / ev.loop_with_close
+            lines.append(f"eval{tag}: loop with close {rate:.0f} env-steps/s (target >= 800)")
     for count in s.replay_episodes:
-        ratio(f"replay {count}: ManiSkill / fastrecord", _find(results, f"ManiSkill replay_trajectory, {count} episodes"),
+        ratio(f"replay {count}: ManiSkill / fastrecord",
+              _find(results, f"ManiSkill replay_trajectory, {count} episodes"),
               _find(results, f"fastrecord replay, {count} episodes"), ">= 2")
     return lines
 
 
 def table(results: list[Result]) -> list[str]:
-    head = "| job | seconds | " + " | ".join(n for n, _, _ in PHASES) + " | to first step | env-steps/s (loop) |"
-    rows = [head, "|" + " --- |" * (len(PHASES) + 4)]
+    head = ("| job | seconds | " + " | ".join(n for n, _, _ in PHASES) + " | to first step | env-steps/s (loop) | "
+            + REPLAY_PHASE[0] + " |")
+    rows = [head, "|" + " --- |" * (len(PHASES) + 5)]
     for r in results:
         loop = r.phase("loop")
         rate = f"{r.env_steps / loop:.0f}" if loop and r.env_steps else ""
         cells = [f"{r.phase(n):.1f}" if r.phase(n) is not None else "" for n, _, _ in PHASES]
         first = f"{r.first_step:.1f}" if r.first_step is not None else ""
-        rows.append(f"| {r.label} | {r.seconds:.1f} | " + " | ".join(cells) + f" | {first} | {rate} |")
+        span = r.phase(REPLAY_PHASE[0])
+        rows.append(f"| {r.label} | {r.seconds:.1f} | " + " | ".join(cells) + f" | {first} | {rate} | "
+                    + (f"{span:.1f}" if span is not None else "") + " |")
     return rows
 
 
@@ -242,8 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.add_argument("--only", default="record,eval,replay", help="jobs to run, separated by commas")
     p.add_argument("--src", action="append", default=[], metavar="LABEL=PATH",
-                   help="also run fastrecord's record and eval jobs with the fastrecord of PATH (a src folder), labelled LABEL")
-    p.add_argument("--replay-episodes", help="episode counts of the replay jobs, separated by commas (default: the size's)")
+                   help="also run fastrecord's record and eval jobs with the fastrecord of PATH (a src folder), "
+                        "labelled LABEL")
+    p.add_argument("--replay-episodes",
+                   help="episode counts of the replay jobs, separated by commas (default: the size's)")
     p.add_argument("--eval-prestart", action="store_true",
                    help="also the eval with fastrecord's forkserver started first thing in the script")
     p.add_argument("--skip-maniskill", action="store_true", help="record and eval: fastrecord's jobs only")

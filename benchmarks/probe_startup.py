@@ -84,7 +84,8 @@ def main() -> None:
         for pr in procs:
             pr.join()
         res[f"{a.num_envs}_envs_render_{render}"] = dict(
-            all_made_and_reset=w1 - w0, processes_started=started, make_median=sorted(g[1] - g[0] for g in got)[len(got) // 2],
+            all_made_and_reset=w1 - w0, processes_started=started,
+            make_median=sorted(g[1] - g[0] for g in got)[len(got) // 2],
             make_max=max(g[1] - g[0] for g in got), reset_max=max(g[2] - g[1] for g in got),
             first_make_start=min(g[0] for g in got) - w0, last_make_start=max(g[0] for g in got) - w0,
             joined=time.time() - w1)

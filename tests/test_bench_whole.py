@@ -40,7 +40,11 @@ def test_launch_reads_phases_and_the_table_and_ratios_use_them(tmp_path):
     rows = bw.table([r, one, ms])
     assert rows[0].count("|") == rows[1].count("|") == rows[2].count("|") == rows[4].count("|")
     cells = [c.strip() for c in rows[4].split("|")[1:-1]]
-    assert cells[0] == "ManiSkill, every video" and cells[2:] == [""] * (len(bw.PHASES) + 2)  # no stamps: no phases
+    assert cells[0] == "ManiSkill, every video" and cells[2:] == [""] * (len(bw.PHASES) + 3)  # no stamps: no phases
+    replay = bw.Result("replay", "fastrecord replay, 8 episodes", 3.0, {"launch": 0.0, "imported": 1.0, "loop_end": 2.5,
+                                                                       "exit": 3.0})
+    cells = [c.strip() for c in bw.table([replay])[2].split("|")[1:-1]]
+    assert cells[2] == "1.0" and cells[-1] == "1.5" and replay.phase("replay") == 1.5 and r.phase("replay") is None
     lines = bw.ratios([r, one, ms], bw.SIZES["gpu"], {"": None})
     assert "record: ManiSkill every video / fastrecord: 2.00x (target >= 2)" in lines
     assert "record: time to first step, 16 envs / 1 env: 2.00x (target <= 1.3)" in lines

@@ -344,7 +344,8 @@ def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tm
         "    env = thunk()\n"
         "    print('stand-in', isinstance(stand_in, SpacesStandIn), stand_in.action_space == env.action_space,\n"
         "          stand_in.observation_space == env.observation_space, stand_in.render_mode == env.render_mode,\n"
-        "          stand_in.metadata == dict(env.metadata), (stand_in.action_space.sample() == env.action_space.sample()).all())\n"
+        "          stand_in.metadata == dict(env.metadata),\n"
+        "          (stand_in.action_space.sample() == env.action_space.sample()).all())\n"
         "    copy.pid = -1  # as in sub-env 0's own process\n"
         "    print('elsewhere', copy.probe is None, type(copy()).__name__ != 'SpacesStandIn', type(first()).__name__)\n"
         "    print('broken', SpacesProbe(Broken()).stand_in())\n")

@@ -21,7 +21,8 @@ def has_nvidia_gpu() -> bool:
     """A cheap guess (no torch import) at "torch sees a CUDA device here": an NVIDIA device node, or an NVIDIA
     Vulkan driver installed or named by ``VK_DRIVER_FILES`` / ``VK_ICD_FILENAMES``."""
     named = os.environ.get("VK_DRIVER_FILES", "") + os.environ.get("VK_ICD_FILENAMES", "")
-    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0") or "nvidia" in named or has_nvidia_vulkan()
+    devices = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+    return devices or "nvidia" in named or has_nvidia_vulkan()
 
 
 def use_lavapipe_if_no_gpu() -> str | None:

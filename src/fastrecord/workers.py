@@ -182,7 +182,8 @@ class SpacesProbe:
         try:
             ctx = forkserver_context()
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_probe_spaces, args=(self._thunk, send), name="fastrecord-spaces-probe", daemon=True)
+            proc = ctx.Process(target=_probe_spaces, args=(self._thunk, send), name="fastrecord-spaces-probe",
+                               daemon=True)
             proc.start()  # waits for the server's preload
             send.close()
             try:
