@@ -308,7 +308,7 @@ def test_no_import_circle_through_the_process_video_and_staging_modules():
 
 def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tmp_path):
     """`from fastrecord import make_eval_envs` starts the forkserver in a script's main process (its preload then
-    overlaps the script's imports), not in a process multiprocessing started. `SpacesProbe` builds a sub-env in a
+    overlaps the script's imports), not in a process multiprocessing started, nor on a machine of few cores. `SpacesProbe` builds a sub-env in a
     forkserver process and answers what gymnasium's AsyncVectorEnv reads off its dummy env, equal to the env's
     own; `first_thunk` gives that stand-in in the caller and the real env anywhere else; a thunk that fails
     gives no stand-in (gymnasium then builds its dummy env and raises where it always did)."""
@@ -327,6 +327,11 @@ def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tm
         "    def __call__(self):\n"
         "        raise RuntimeError('no env')\n"
         "if __name__ == '__main__':\n"
+        "    import fastrecord\n"
+        "    fastrecord.PRESTART_CORES = 10 ** 6  # a machine with fewer cores: no server started\n"
+        "    fastrecord._prestart_forkserver()\n"
+        "    print('few cores', forkserver._forkserver._forkserver_pid is None)\n"
+        "    fastrecord.PRESTART_CORES = 1\n"
         "    from fastrecord import make_eval_envs  # noqa: F401\n"
         "    print('server', forkserver._forkserver._forkserver_pid is not None)\n"
         "    from fastrecord.workers import SpacesProbe, SpacesStandIn, first_thunk, forkserver_context\n"
@@ -353,7 +358,7 @@ def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tm
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "PYTHONPATH": src})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.splitlines() == ["server True", "child starts none True", "stand-in True True True True True True",
+    assert r.stdout.splitlines() == ["few cores True", "server True", "child starts none True", "stand-in True True True True True True",
                                      "elsewhere True True _CPUGymWrapper", "broken None"]
 
 
