@@ -381,3 +381,16 @@ def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
     assert not _record_forks(["replay", "x.h5", "--num-envs", "16"])
     monkeypatch.setattr(system, "has_nvidia_gpu", lambda: False)
     assert not _record_forks(["record", "--num-envs", "16"])  # auto: no CUDA render here
+    # the dummy-env probe follows the same guess on the run's config (none where nothing forks)
+    import dataclasses
+
+    from fastrecord.commands.config import RecordConfig
+    from fastrecord.commands.record import spaces_probe
+
+    cfg = RecordConfig(num_envs=16)
+    assert spaces_probe(cfg) is None  # auto render, no CUDA: no batched render
+    monkeypatch.setattr(system, "has_nvidia_gpu", lambda: True)
+    assert spaces_probe(dataclasses.replace(cfg, num_envs=1)) is None
+    assert spaces_probe(dataclasses.replace(cfg, batched_render="off")) is None
+    assert spaces_probe(dataclasses.replace(cfg, sim_backend="physx_cuda")) is None
+    assert spaces_probe(dataclasses.replace(cfg, record=dataclasses.replace(cfg.record, save_video=False))) is None

@@ -103,7 +103,8 @@ def spaces_probe(cfg: RecordConfig) -> Any:
     if render == "auto":
         render = "gpu" if has_nvidia_gpu() else "cpu"
     batched = {"on": True, "off": False}.get(cfg.batched_render, render.split(":")[0] in ("gpu", "cuda", "sapien_cuda"))
-    if cfg.sim_backend not in ("physx_cpu", "cpu") or cfg.num_envs <= 1 or not batched or not cfg.record.save_video:
+    if (cfg.sim_backend not in ("physx_cpu", "cpu") or cfg.num_envs <= 1 or not batched or not cfg.record.save_video
+            or cfg.record.render_substeps):
         return None
     from fastrecord.workers import SpacesProbe
 
