@@ -33,6 +33,8 @@ Modules: `benchmarks.config` (BenchConfig and the flags), `benchmarks.bench` (ru
 keepup), `benchmarks.phases_realenv`, `benchmarks.paths` (staggered, coldstart, cpueval),
 `benchmarks.imageobs`, `benchmarks.memory` and `benchmarks.profiling` (probes), `benchmarks.load` (a
 competing CPU load). Scripts beside them:
-``profile_step.py`` (the recorder's per-step cost), ``bench_replay.py`` (replay speed against
+``profile_step.py`` (the recorder's per-step cost), ``bench_whole.py`` (whole commands launch to exit, record,
+eval and replay against ManiSkill's ways, with where the seconds go; its jobs in ``whole_children.py``),
+``probe_startup.py`` (one env's start against N env processes'), ``bench_replay.py`` (replay speed against
 ManiSkill's tool), ``bench_shards.py`` (torchrun world sizes), ``bench_gpu.sh`` (a run on the GPU machine).
 """

@@ -43,11 +43,12 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else str(SRC)}
 
 
-def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | None) -> Path:
+def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | None, num_envs: int = 1) -> Path:
     """PickCube-v1, state observations, random actions, ``episodes`` x ``steps`` (fastrecord record)."""
     folder.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--episodes", str(episodes), "--no-video",
-            "--max-episode-steps", str(steps), "--output-dir", str(folder), "--trajectory-name", "pickcube"]
+            "--max-episode-steps", str(steps), "--output-dir", str(folder), "--trajectory-name", "pickcube",
+            "--num-envs", str(num_envs)]
     if sensor_size is not None:  # kept in the file's env_kwargs: both tools replay with these cameras
         config = folder / "record.yaml"
         config.write_text(json.dumps({"env_kwargs": {"sensor_configs": {"width": sensor_size, "height": sensor_size}}}))
@@ -134,6 +135,19 @@ def measure_floor(n: int, src: Path, reps: int = 50) -> float:
             e.close()
 
 
+def replay_argv(src: Path, n: int, count: int, by: str) -> list[str]:
+    """`fastrecord replay` of the first ``count`` episodes of ``src``, state -> rgb, trajectory only, ``n`` envs."""
+    return [sys.executable, "-m", "fastrecord", "replay", str(src), "--obs-mode", "rgb", "--no-video", "--quiet",
+            "--overwrite", "--num-envs", str(n), "--by", by, "--trajectory-name", "replayed", "--count", str(count)]
+
+
+def maniskill_replay_argv(src: Path, n: int, count: int, by: str) -> list[str]:
+    """ManiSkill's ``replay_trajectory -n N`` doing the work of `replay_argv` (it writes beside ``src``)."""
+    return ([sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(src), "-o", "rgb",
+             "--save-traj", "--allow-failure", "-n", str(n), "--count", str(count)]
+            + (["--use-env-states"] if by == "states" else []))
+
+
 def episodes_in(json_path: Path) -> int:
     return len(json.loads(json_path.read_text())["episodes"])
 
@@ -171,16 +185,13 @@ def main() -> None:
         print(f"input: {src} ({total} episodes, {json.loads(src.with_suffix('.json').read_text())['env_info']['env_id']}); "
               f"{n} envs, state -> rgb, trajectory only, by {args.by}; {os.cpu_count()} cores; wall time of each "
               f"command, start-up included", flush=True)
-        fr = [sys.executable, "-m", "fastrecord", "replay", str(src), "--obs-mode", "rgb", "--no-video", "--quiet",
-              "--overwrite", "--num-envs", str(n), "--by", args.by, "--trajectory-name", "replayed",
-              "--count", str(total)]
+        fr = replay_argv(src, n, total, args.by)
         ms_dir = work / "maniskill"
         ms_dir.mkdir(parents=True, exist_ok=True)
         ms_src = ms_dir / src.name
         shutil.copy(src, ms_src)
         shutil.copy(src.with_suffix(".json"), ms_src.with_suffix(".json"))
-        ms = [sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path", str(ms_src), "-o", "rgb",
-              "--save-traj", "--allow-failure", "-n", str(n), "--count", str(total)] + (["--use-env-states"] if args.by == "states" else [])
+        ms = maniskill_replay_argv(ms_src, n, total, args.by)
         runs, outputs = {}, {}
         batched = [b.strip() for b in str(args.batched_render).split(",") if b.strip()]
         for w in layouts:  # each layout asked for (1: one process), with each --batched-render asked for

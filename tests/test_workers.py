@@ -304,3 +304,93 @@ def test_no_import_circle_through_the_process_video_and_staging_modules():
     ours = ("fastrecord.processes", "fastrecord.workers", "fastrecord.video", "fastrecord.staging", "fastrecord.buffer")
     found = [c for c in mod.cycles(root / "src" / "fastrecord") if any(m.startswith(ours) for m in c)]
     assert found == []
+
+
+def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tmp_path):
+    """`from fastrecord import make_eval_envs` starts the forkserver in a script's main process (its preload then
+    overlaps the script's imports), not in a process multiprocessing started, nor on a machine of few cores. `SpacesProbe` builds a sub-env in a
+    forkserver process and answers what gymnasium's AsyncVectorEnv reads off its dummy env, equal to the env's
+    own; `first_thunk` gives that stand-in in the caller and the real env anywhere else; a thunk that fails
+    gives no stand-in (gymnasium then builds its dummy env and raises where it always did)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import multiprocessing, pickle\n"
+        "from multiprocessing import forkserver\n"
+        "def child():\n"
+        "    from fastrecord import make_eval_envs  # noqa: F401\n"
+        "    return forkserver._forkserver._forkserver_pid is None\n"
+        "class Broken:\n"
+        "    def __call__(self):\n"
+        "        raise RuntimeError('no env')\n"
+        "if __name__ == '__main__':\n"
+        "    import fastrecord\n"
+        "    fastrecord.PRESTART_CORES = 10 ** 6  # a machine with fewer cores: no server started\n"
+        "    fastrecord._prestart_forkserver()\n"
+        "    print('few cores', forkserver._forkserver._forkserver_pid is None)\n"
+        "    fastrecord.PRESTART_CORES = 1\n"
+        "    from fastrecord import make_eval_envs  # noqa: F401\n"
+        "    print('server', forkserver._forkserver._forkserver_pid is not None)\n"
+        "    from fastrecord.workers import SpacesProbe, SpacesStandIn, first_thunk, forkserver_context\n"
+        "    with forkserver_context().Pool(1) as pool:\n"
+        "        print('child starts none', pool.apply(child))\n"
+        "    from fastrecord.make_env import _CpuThunk\n"
+        "    from fastrecord.system import use_lavapipe_if_no_gpu\n"
+        "    use_lavapipe_if_no_gpu()\n"
+        "    kw = dict(obs_mode='state', render_mode='rgb_array', sim_backend='physx_cpu', render_backend='cpu',\n"
+        "              human_render_camera_configs=dict(width=32, height=32), max_episode_steps=5)\n"
+        "    thunk = _CpuThunk('PickCube-v1', 0, kw, [], own_process=True)\n"
+        "    first = first_thunk([thunk, thunk], SpacesProbe(thunk))[0]\n"
+        "    copy = pickle.loads(pickle.dumps(first))\n"
+        "    stand_in = first()\n"
+        "    env = thunk()\n"
+        "    print('stand-in', isinstance(stand_in, SpacesStandIn), stand_in.action_space == env.action_space,\n"
+        "          stand_in.observation_space == env.observation_space, stand_in.render_mode == env.render_mode,\n"
+        "          stand_in.metadata == dict(env.metadata),\n"
+        "          (stand_in.action_space.sample() == env.action_space.sample()).all())\n"
+        "    copy.pid = -1  # as in sub-env 0's own process\n"
+        "    print('elsewhere', copy.probe is None, type(copy()).__name__ != 'SpacesStandIn', type(first()).__name__)\n"
+        "    print('broken', SpacesProbe(Broken()).stand_in())\n")
+    src = str(Path(__file__).parents[1] / "src")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "PYTHONPATH": src})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["few cores True", "server True", "child starts none True", "stand-in True True True True True True",
+                                     "elsewhere True True _CPUGymWrapper", "broken None"]
+
+
+def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
+    """`fastrecord record` guesses from its command line whether its envs step in forkserver processes (CPU
+    simulation, several envs, the batched render) and then starts the server before its own imports."""
+    from fastrecord import system
+    from fastrecord.commands.cli import _record_forks
+
+    monkeypatch.setattr(system, "has_nvidia_gpu", lambda: True)
+    assert _record_forks(["record", "PickCube-v1", "--num-envs", "16"])
+    assert _record_forks(["record", "--num-envs=4", "--render-backend", "gpu"])
+    assert _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu", "--batched-render", "on"])
+    assert not _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu"])
+    assert not _record_forks(["record", "--num-envs", "4", "--batched-render", "off"])
+    assert not _record_forks(["record", "--num-envs", "1"])
+    assert not _record_forks(["record", "PickCube-v1"])  # one env by default
+    assert not _record_forks(["record", "--num-envs", "16", "--sim-backend", "physx_cuda"])  # one batched GPU env
+    assert not _record_forks(["record", "--num-envs", "16", "--help"])
+    assert not _record_forks(["replay", "x.h5", "--num-envs", "16"])
+    monkeypatch.setattr(system, "has_nvidia_gpu", lambda: False)
+    assert not _record_forks(["record", "--num-envs", "16"])  # auto: no CUDA render here
+    # the dummy-env probe follows the same guess on the run's config (none where nothing forks)
+    import dataclasses
+
+    from fastrecord.commands.config import RecordConfig
+    from fastrecord.commands.record import spaces_probe
+
+    cfg = RecordConfig(num_envs=16)
+    assert spaces_probe(cfg) is None  # auto render, no CUDA: no batched render
+    monkeypatch.setattr(system, "has_nvidia_gpu", lambda: True)
+    assert spaces_probe(dataclasses.replace(cfg, num_envs=1)) is None
+    assert spaces_probe(dataclasses.replace(cfg, batched_render="off")) is None
+    assert spaces_probe(dataclasses.replace(cfg, sim_backend="physx_cuda")) is None
+    assert spaces_probe(dataclasses.replace(cfg, record=dataclasses.replace(cfg.record, save_video=False))) is None

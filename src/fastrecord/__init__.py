@@ -71,9 +71,40 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fastrecord' has no attribute {name!r}")
+    if name == "make_eval_envs":
+        _prestart_forkserver()
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+PRESTART_CORES = 4  # `_prestart_forkserver` only where this many cores are usable
+
+
+def _prestart_forkserver() -> None:
+    """``from fastrecord import make_eval_envs`` (the baseline's one-line switch) starts the forkserver its CPU
+    vector envs fork from, before `fastrecord.make_env` imports ManiSkill: the server's preload (torch, ManiSkill:
+    about 7 s on the H200 machine) runs on another core while the script imports and loads its policy, not after
+    `make_eval_envs` is called (H200, started before the script's imports: the eval's first step 5 s sooner). Only in a script's main process: not
+    in a process multiprocessing started, nor while a server or a spawned process imports the script (as
+    ``__mp_main__``, with the process marked as inheriting), nor on fewer than `PRESTART_CORES` cores: there the
+    preload competes with the script's own imports for the cores (2-core machine: the script's imports took
+    longer by about what the preload takes)."""
+    import multiprocessing
+    import os
+    import sys
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if (cores < PRESTART_CORES or multiprocessing.parent_process() is not None
+            or getattr(multiprocessing.current_process(), "_inheriting", False)
+            or sys.modules.get("__mp_main__", sys.modules.get("__main__")) is not sys.modules.get("__main__")):
+        return
+    from fastrecord.workers import start_forkserver
+
+    start_forkserver()
 
 
 def __dir__() -> list[str]:

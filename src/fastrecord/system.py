@@ -1,4 +1,5 @@
-"""Machine set-up helpers: pick a Vulkan driver SAPIEN can render with; how long this process has run."""
+"""Machine set-up helpers: pick a Vulkan driver SAPIEN can render with; how long this process has run; the
+phase timestamps a whole-command benchmark reads (`stamp`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,20 @@ import os
 _LAVAPIPE = ("/usr/share/vulkan/icd.d/lvp_icd.json", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 
 
+def has_nvidia_vulkan() -> bool:
+    """Whether an NVIDIA Vulkan driver is installed (a cheap guess at "SAPIEN renders on a CUDA device here",
+    without importing torch)."""
+    return bool(glob.glob("/usr/share/vulkan/icd.d/nvidia*.json") + glob.glob("/etc/vulkan/icd.d/nvidia*.json"))
+
+
+def has_nvidia_gpu() -> bool:
+    """A cheap guess (no torch import) at "torch sees a CUDA device here": an NVIDIA device node, or an NVIDIA
+    Vulkan driver installed or named by ``VK_DRIVER_FILES`` / ``VK_ICD_FILENAMES``."""
+    named = os.environ.get("VK_DRIVER_FILES", "") + os.environ.get("VK_ICD_FILENAMES", "")
+    devices = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+    return devices or "nvidia" in named or has_nvidia_vulkan()
+
+
 def use_lavapipe_if_no_gpu() -> str | None:
     """On a machine without an NVIDIA Vulkan driver, point the Vulkan loader at Mesa's lavapipe (CPU).
 
@@ -18,8 +33,7 @@ def use_lavapipe_if_no_gpu() -> str | None:
     """
     if os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES"):
         return None
-    nvidia = glob.glob("/usr/share/vulkan/icd.d/nvidia*.json") + glob.glob("/etc/vulkan/icd.d/nvidia*.json")
-    if nvidia:
+    if has_nvidia_vulkan():
         return None
     for path in _LAVAPIPE:
         if os.path.exists(path):
@@ -39,6 +53,28 @@ def process_age() -> float | None:
         return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
     except (OSError, ValueError, IndexError):
         return None
+
+
+TIMELINE_ENV = "FASTRECORD_TIMELINE"  # a path: the commands write their phases' wall-clock times there (JSON)
+_stamps: dict[str, float] = {}
+
+
+def stamp(name: str) -> None:
+    """Note that phase ``name`` was reached now (``time.time()``; the first stamp of a name stays), where the
+    environment variable ``FASTRECORD_TIMELINE`` names a file: the file is rewritten with every stamp so far
+    (a few small writes a run; nothing at all without the variable). `benchmarks/bench_whole.py` launches
+    whole commands with it and reads where their seconds went."""
+    path = os.environ.get(TIMELINE_ENV)
+    if not path or name in _stamps:
+        return
+    import json
+    import time
+
+    _stamps[name] = time.time()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_stamps, f)
+    os.replace(tmp, path)
 
 
 QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)

@@ -9,6 +9,7 @@ Helper processes (`IsolatedProcess`, `background_nice`, ...) live in `fastrecord
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -119,8 +120,11 @@ class WorkerPool:
 # is copied, as with spawn. "__main__" is multiprocessing's own default: a user script's guarded main module,
 # so that wrappers or tasks defined there unpickle in the children.
 # "fastrecord.replay.workers" is the replay library's process code (worker processes), and with it its env
-# code (`fastrecord.replay.envs`: a CPU vector env's sub-envs).
-FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.replay.workers")
+# code (`fastrecord.replay.envs`: a CPU vector env's sub-envs); "fastrecord.commands.record" holds `record`'s
+# sub-env factory and "fastrecord.render.vector" the batched render's pose reporter, which every sub-env of
+# a batched render unpickles (a module the server cannot import is skipped by multiprocessing).
+FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.replay.workers", "fastrecord.commands.record",
+                      "fastrecord.render.vector")
 
 
 def forkserver_context() -> Any:
@@ -153,3 +157,98 @@ def start_forkserver() -> None:
 
     forkserver_context()
     forkserver.ensure_running()
+
+
+# ---------------------------------------------------------------------------------------------- spaces probe
+class SpacesProbe:
+    """Owns: one forkserver process that builds an env with ``thunk`` and sends back what gymnasium's
+    ``AsyncVectorEnv`` reads off a dummy env (metadata, render mode, action and observation spaces), and the
+    thread that waits for it.
+
+    ``AsyncVectorEnv.__init__`` builds that dummy env in the caller, and closes it, before it starts a single
+    sub-env process: a whole ManiSkill env made and destroyed on the critical path (2-3 s of a 16-env start on
+    the H200 machine, beside the batched render's mirror scenes). Started early (the CLI starts it before its
+    own imports), the probe builds it on another core meanwhile; `first_thunk` hands the vector env a stand-in
+    with the probe's answers. Any failure of the probe leaves the dummy to gymnasium (its error then raised
+    where it always was)."""
+
+    def __init__(self, thunk: Callable[[], Any]) -> None:
+        self._thunk = thunk
+        self._answer: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="fastrecord-spaces-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            ctx = forkserver_context()
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_probe_spaces, args=(self._thunk, send), name="fastrecord-spaces-probe",
+                               daemon=True)
+            proc.start()  # waits for the server's preload
+            send.close()
+            try:
+                answer = recv.recv()
+            except EOFError:
+                answer = None
+            proc.join()
+            self._answer = answer if isinstance(answer, dict) else None
+        except Exception:  # noqa: BLE001 - a probe that cannot run leaves the dummy env to gymnasium
+            self._answer = None
+
+    def stand_in(self, timeout: float = 120.0) -> Any:
+        """A `SpacesStandIn` with the probe env's answers, or None (the probe failed or did not answer)."""
+        self._thread.join(timeout)
+        return None if self._answer is None else SpacesStandIn(**self._answer)
+
+
+def _probe_spaces(thunk: Callable[[], Any], conn: Any) -> None:
+    answer = None
+    try:
+        env = thunk()
+        answer = dict(metadata=dict(env.metadata), render_mode=env.render_mode, action_space=env.action_space,
+                      observation_space=env.observation_space)
+        env.close()
+    except Exception:  # noqa: BLE001 - the caller's own dummy env then raises it where it always did
+        answer = None
+    try:
+        conn.send(answer)
+    except OSError:  # the caller is gone or no longer waits
+        pass
+    finally:
+        conn.close()
+
+
+class SpacesStandIn:
+    """What ``AsyncVectorEnv.__init__`` reads off its dummy env, without the env."""
+
+    def __init__(self, metadata: dict[str, Any], render_mode: Any, action_space: Any, observation_space: Any) -> None:
+        self.metadata, self.render_mode = metadata, render_mode
+        self.action_space, self.observation_space = action_space, observation_space
+
+    def close(self) -> None:
+        pass
+
+
+class _FirstThunk:
+    """Sub-env 0's thunk of a vector env: in the process that made it (``AsyncVectorEnv``'s dummy env) the
+    probe's stand-in where the probe answered, elsewhere (sub-env 0's own process) the env itself."""
+
+    def __init__(self, thunk: Callable[[], Any], probe: SpacesProbe) -> None:
+        self.thunk, self.probe, self.pid = thunk, probe, os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"thunk": self.thunk, "probe": None, "pid": self.pid}
+
+    def __call__(self) -> Any:
+        if self.probe is not None and os.getpid() == self.pid:
+            stand_in, self.probe = self.probe.stand_in(), None  # one dummy a vector env
+            if stand_in is not None:
+                return stand_in
+        return self.thunk()
+
+
+def first_thunk(thunks: list[Callable[[], Any]], probe: SpacesProbe | None) -> list[Callable[[], Any]]:
+    """``thunks`` with the first one answering ``AsyncVectorEnv``'s dummy env from ``probe`` (None: as given)."""
+    if probe is None or not thunks:
+        return thunks
+    return [_FirstThunk(thunks[0], probe), *thunks[1:]]

@@ -355,14 +355,37 @@ def _replay_forks(argv: list[str]) -> bool:
     return vector == "async" or (vector != "sync" and n > ENVS_PER_WORKER)
 
 
+def _record_forks(argv: list[str]) -> bool:
+    """Whether ``argv`` is a ``record`` whose envs will step in processes from the forkserver: CPU simulation,
+    ``--num-envs`` > 1 and the batched render (``--batched-render on``, or auto with a GPU render backend on a
+    machine with an NVIDIA driver). A cheap guess from the command line only, as `_replay_forks`: a config
+    file's values are not read (the server then starts when the envs are made)."""
+    if not argv or argv[0] != "record" or "-h" in argv or "--help" in argv:
+        return False
+    envs, backend = _flag(argv, "--num-envs"), _flag(argv, "--sim-backend")
+    if envs is None or not envs.isdigit() or int(envs) <= 1:
+        return False
+    if backend is not None and backend.split(":")[0] in CUDA_SIM:
+        return False
+    batched = _flag(argv, "--batched-render") or "auto"
+    if batched != "auto":
+        return batched == "on"
+    from fastrecord.system import has_nvidia_gpu
+
+    render = _flag(argv, "--render-backend") or "auto"
+    return render.split(":")[0] in CUDA_RENDER + ("auto",) and has_nvidia_gpu()
+
+
 def main(argv: list[str] | None = None) -> int:
     from fastrecord.exits import install_signal_handlers
-    from fastrecord.system import use_lavapipe_if_no_gpu
+    from fastrecord.system import stamp, use_lavapipe_if_no_gpu
+
+    stamp("main")
 
     use_lavapipe_if_no_gpu()
     install_signal_handlers()  # SIGTERM outside a run loop: SystemExit(143), so open writers still close
     args_in = sys.argv[1:] if argv is None else argv
-    if _replay_forks(args_in):
+    if _replay_forks(args_in) or _record_forks(args_in):
         from fastrecord.workers import start_forkserver
 
         start_forkserver()  # its imports (torch, ManiSkill) run on another core while ours run here

@@ -36,6 +36,7 @@ from fastrecord.exits import StopSignals
 from fastrecord.checks import env_kwargs_of, json_flag, json_or_text, load_config, parse_env_kwarg
 from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig
 from fastrecord.options import add_record_flags, cli_option_names
+from fastrecord.system import stamp
 
 
 @dataclass
@@ -70,26 +71,13 @@ def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
     return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
 
 
-def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True,
-                      check_env: Callable[[Any], None] | None = None):
-    """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
-
-    ``auto_reset=False`` (what `run_record` and `run_record_sharded` use: their loop,
-    `fastrecord.shards.record_schedule`, resets each env with its episode's seed): the batched env's
-    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``. ``check_env``
-    (a policy factory's, `check_policy`) sees the env before the recorder wraps it: its refusal writes nothing."""
-    import gymnasium as gym
-
-    import mani_skill.envs  # noqa: F401 - registers the tasks
-    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
-
-    from fastrecord.record import RecordEpisode
-
+def env_kwargs_for(cfg: RecordConfig, render_backend: str) -> dict[str, Any]:
+    """The ``gym.make`` keywords of `record`'s envs."""
     kwargs: dict[str, Any] = dict(
         obs_mode=cfg.obs_mode,
         render_mode="rgb_array",
         sim_backend=cfg.sim_backend,
-        render_backend=_render_backend(cfg.render_backend),
+        render_backend=render_backend,
         human_render_camera_configs=dict(width=cfg.width, height=cfg.height),
         # a fresh episode seed at every (auto-)reset, so each recorded episode replays from its seed
         enhanced_determinism=True,
@@ -102,6 +90,44 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     for key in ("reward_mode", "shader_dir", "robot_uids", "sim_config", "sensor_configs"):
         if getattr(cfg, key) is not None:
             kwargs[key] = getattr(cfg, key)
+    return kwargs
+
+
+def spaces_probe(cfg: RecordConfig) -> Any:
+    """Where `record` will step its envs in forkserver processes (CPU simulation, several envs, the batched
+    render: a cheap guess, without torch), a `fastrecord.workers.SpacesProbe` of its sub-env, started now:
+    it builds gymnasium's dummy env on another core while this process imports (None elsewhere)."""
+    from fastrecord.system import has_nvidia_gpu
+
+    render = cfg.render_backend
+    if render == "auto":
+        render = "gpu" if has_nvidia_gpu() else "cpu"
+    batched = {"on": True, "off": False}.get(cfg.batched_render, render.split(":")[0] in ("gpu", "cuda", "sapien_cuda"))
+    if (cfg.sim_backend not in ("physx_cpu", "cpu") or cfg.num_envs <= 1 or not batched or not cfg.record.save_video
+            or cfg.record.render_substeps):
+        return None
+    from fastrecord.workers import SpacesProbe
+
+    return SpacesProbe(_CpuEnvThunk(cfg.env_id, env_kwargs_for(cfg, render), report_poses=True))
+
+
+def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True, probe: Any = None,
+                      check_env: Callable[[Any], None] | None = None):
+    """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
+
+    ``auto_reset=False`` (what `run_record` and `run_record_sharded` use: their loop,
+    `fastrecord.shards.record_schedule`, resets each env with its episode's seed): the batched env's
+    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``. ``probe``: a
+    `spaces_probe` of ``cfg``, which answers the vector env's dummy env where the sub-envs fork. ``check_env``
+    (a policy factory's, `check_policy`) sees the env before the recorder wraps it: its refusal writes nothing."""
+    import gymnasium as gym
+
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    from fastrecord.record import RecordEpisode
+
+    kwargs = env_kwargs_for(cfg, _render_backend(cfg.render_backend))
     if cfg.env_id not in gym.registry:
         raise ValueError(f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1")
     from fastrecord.envs import check_env_kwargs, make_checked
@@ -109,6 +135,7 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     check_env_kwargs(cfg.env_id, kwargs)  # a misspelt keyword or a bad reward mode: one line, before any env is made
     rec = recorder_kwargs(cfg)
     rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
+    stamp("imported")  # benchmarks/bench_whole.py: interpreter and imports end here, env creation starts
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
     if gpu_sim or cfg.num_envs == 1:
         env = make_checked(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
@@ -130,12 +157,11 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
                           instead="--batched-render auto or off"):
         # the envs step in processes of their own; this process renders them all in one batch
         from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
-        from fastrecord.workers import forkserver_context
+        from fastrecord.workers import first_thunk, forkserver_context
 
         forkserver_context()
-        thunk = _CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)
-        envs = group_rendered(lambda: gym.vector.AsyncVectorEnv([thunk] * cfg.num_envs, context="forkserver",
-                                                                autoreset_mode=mode),
+        thunks = first_thunk([_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, probe)
+        envs = group_rendered(lambda: gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode),
                               make_mirror_factory(cfg.env_id, kwargs), cfg.num_envs, device=device_of(kwargs["render_backend"]))
     else:
         envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
@@ -146,6 +172,21 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     except BaseException:
         envs.close()
         raise
+
+
+def close_without_collecting(env: Any) -> None:
+    """``env.close()`` with ``gc.collect`` a no-op meanwhile: ManiSkill's close of every env this process holds
+    (a sync vector env's envs, the batched render's mirror scenes) runs a full collection to release GPU
+    memory, 0.1-0.3 s each (2.7 s of a 16-env `record`'s close on the H200 machine went to closing), which
+    the command's exit releases anyway. The recorder's own close (encoders, files) is unchanged."""
+    import gc
+
+    collect = gc.collect
+    gc.collect = lambda *args, **kwargs: 0
+    try:
+        env.close()
+    finally:
+        gc.collect = collect
 
 
 class _CpuEnvThunk:
@@ -212,7 +253,7 @@ def _recorder(env: Any):
 
 
 def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None,
-               sinks: list[Any] | None = None) -> RecordSummary:
+               sinks: list[Any] | None = None, probe: Any = None) -> RecordSummary:
     """Record episodes 0 .. ``cfg.episodes``-1 of the run: episode g is reset with seed ``cfg.seed + g``
     and the random policy is seeded per episode (`fastrecord.shards.SeededRandomPolicy`), so the same
     command records the same dataset, with or without torchrun. A resumed run (``--if-exists resume``)
@@ -231,8 +272,9 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     if cfg.record.if_exists == "resume" and cfg.record.trajectory_name:
         shards.check_resume(cfg.output_dir, cfg.record.trajectory_name, base_seed=cfg.seed)
     t_start = time.perf_counter()
-    env = make_recorded_env(cfg, sinks, auto_reset=False, check_env=check_env)
+    env = make_recorded_env(cfg, sinks, auto_reset=False, probe=probe, check_env=check_env)
     startup = time.perf_counter() - t_start
+    stamp("env_ready")
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
     n = cfg.num_envs
     steps = 0
@@ -250,6 +292,8 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
         stepped = [0]  # env-steps so far, for the bar's rate
 
         def on_step(sch: shards.EpisodeSchedule) -> None:
+            if not stepped[0]:
+                stamp("first_step")
             stepped[0] += n
             if len(sch.finished) > bar.n:
                 bar.set_postfix(kept=rec.num_episodes, steps_per_s=f"{stepped[0] / (time.perf_counter() - t0):.0f}",
@@ -262,16 +306,19 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
                 steps = shards.record_schedule(env, rec, schedule, act, stop=stopping, on_step=on_step)
         finally:
             bar.close()
+        stamp("loop_end")
         finished_before_stop = rec.num_finished
         cut = int(schedule.active.sum())  # scheduled episodes in progress: only a stop leaves any
         if not stopping():
             rec.wait_until_done()
             seconds = time.perf_counter() - t0
+            stamp("drained")
     finally:
         try:  # episodes in progress (a stop, an error) are never saved: a resumed run records them whole
             _recorder(env).set_episode_meta(np.arange(n), [None] * n)
         finally:
-            env.close()
+            close_without_collecting(env)
+            stamp("closed")
     if seconds is None:
         seconds = time.perf_counter() - t0
     successes = 0
@@ -446,15 +493,17 @@ def main_from_args(args: argparse.Namespace) -> int:
     opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
     opts["env_kwargs"] = env_kwargs_of(opts.get("env_kwargs"))
     cfg = load_config(RecordConfig, args.config, **opts)
+    from fastrecord.shards import rank_info
+
+    distributed = rank_info().distributed
+    probe = None if distributed else spaces_probe(cfg)  # before the imports below, which it overlaps
     from fastrecord.sinks.loggers import log_sinks
     from fastrecord.workers import freeze_imports
 
-    from fastrecord.shards import rank_info
-
     freeze_imports()  # this process is the CLI's (see fastrecord.workers.freeze_imports)
 
-    resume_shards = not rank_info().distributed and resumes_shards(cfg)
-    if rank_info().distributed or resume_shards:  # torchrun: this process records one shard
+    resume_shards = not distributed and resumes_shards(cfg)
+    if distributed or resume_shards:  # torchrun: this process records one shard
         if resume_shards:
             print(f"resuming the sharded run {cfg.record.trajectory_name!r} in {cfg.output_dir} from its shards "
                   f"({cfg.record.trajectory_name}.shards/), in this one process; the shards are joined again at the end")
@@ -463,7 +512,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             print_sharded(s, cfg.output_dir)
             return stop.exit_code
     with StopSignals("record") as stop:
-        s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
+        s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)), probe=probe)
         if s.interrupted:
             print(interrupted_line(s.interrupted, s.finished_before_stop, s.cut, cfg.record.keep, saved=False))
         if s.scheduled < cfg.episodes:

@@ -255,9 +255,13 @@ def main_from_args(args: argparse.Namespace) -> int:
     from fastrecord.sinks.loggers import log_sinks
 
     freeze_imports()  # this process is the CLI's (see fastrecord.workers.freeze_imports)
+    from fastrecord.system import stamp
+
     with StopSignals("replay") as stop:
         try:
+            stamp("imported")  # benchmarks/bench_whole.py: the replay (workers, envs, loop, merge) runs from here
             s = run_replay(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
+            stamp("loop_end")
         except ReplayWorkerError as e:  # the worker's cause and what is on disk, as one message (no traceback of ours)
             print(f"fastrecord replay: error: {e}", file=sys.stderr)
             return 1

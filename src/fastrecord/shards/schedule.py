@@ -178,6 +178,8 @@ def record_schedule(env: Any, recorder: Any, schedule: EpisodeSchedule, act: Any
     """
     import torch
 
+    from fastrecord.system import stamp
+
     n = schedule.num_envs
     restart = getattr(act, "restart", None)
 
@@ -200,6 +202,7 @@ def record_schedule(env: Any, recorder: Any, schedule: EpisodeSchedule, act: Any
 
     steps = 0
     obs = reset(np.arange(n))
+    stamp("reset")  # benchmarks/bench_whole.py's phases (nothing without FASTRECORD_TIMELINE)
     while not schedule.done and not (stop is not None and stop()):
         obs, _, terminated, truncated, _ = env.step(act(obs))
         steps += n

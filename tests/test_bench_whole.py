@@ -1,0 +1,79 @@
+"""`benchmarks/bench_whole.py` (whole commands, launch to exit) and the phase stamps it reads: the timing,
+table and ratio machinery on a tiny stand-in process (fast), and its real jobs at a tiny size (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import bench_whole as bw
+
+STAMPS = ("imported", "env_ready", "reset", "first_step", "loop_end", "closed")
+
+
+def test_stamps_are_written_only_with_the_variable_and_the_first_one_stays(tmp_path):
+    path = tmp_path / "timeline.json"
+    code = ("import time; from fastrecord.system import stamp; stamp('a'); time.sleep(0.05); stamp('b'); "
+            "stamp('a'); print('done')")
+    env = bw.child_env(None, path)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    got = json.loads(path.read_text())
+    assert list(got) == ["a", "b"] and 0.04 < got["b"] - got["a"] < 5
+    env.pop("FASTRECORD_TIMELINE")
+    path.unlink()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    assert not path.exists()
+
+
+def test_launch_reads_phases_and_the_table_and_ratios_use_them(tmp_path):
+    code = ("import time; from fastrecord.system import stamp\n"
+            + "".join(f"stamp({name!r}); time.sleep(0.02)\n" for name in STAMPS))
+    r = bw.launch("record", "fastrecord record", [sys.executable, "-c", code], tmp_path, env_steps=100)
+    assert [k for k in r.stamps] == ["launch", *STAMPS, "exit"]
+    assert all(r.phase(n) is not None and r.phase(n) >= 0 for n, _, _ in bw.PHASES)
+    assert sum(r.phase(n) for n, _, _ in bw.PHASES) == pytest.approx(r.seconds)
+    one = bw.Result("record", "fastrecord record, 1 env", r.seconds, {**r.stamps, "first_step": r.first_step / 2})
+    ms = bw.Result("record", "ManiSkill, every video", 2 * r.seconds, {"launch": 0.0, "exit": 2 * r.seconds})
+    rows = bw.table([r, one, ms])
+    assert rows[0].count("|") == rows[1].count("|") == rows[2].count("|") == rows[4].count("|")
+    cells = [c.strip() for c in rows[4].split("|")[1:-1]]
+    assert cells[0] == "ManiSkill, every video" and cells[2:] == [""] * (len(bw.PHASES) + 3)  # no stamps: no phases
+    replay = bw.Result("replay", "fastrecord replay, 8 episodes", 3.0, {"launch": 0.0, "imported": 1.0, "loop_end": 2.5,
+                                                                       "exit": 3.0})
+    cells = [c.strip() for c in bw.table([replay])[2].split("|")[1:-1]]
+    assert cells[2] == "1.0" and cells[-1] == "1.5" and replay.phase("replay") == 1.5 and r.phase("replay") is None
+    lines = bw.ratios([r, one, ms], bw.SIZES["gpu"], {"": None})
+    assert "record: ManiSkill every video / fastrecord: 2.00x (target >= 2)" in lines
+    assert "record: time to first step, 16 envs / 1 env: 2.00x (target <= 1.3)" in lines
+    with pytest.raises(RuntimeError, match="failed \\(exit 3\\)"):
+        bw.launch("eval", "broken", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+
+
+def test_bad_arguments_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bw.main(["--only", "nope", "--work-dir", str(tmp_path)])
+    assert "--only nope: not a job" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bw.main(["--src", f"x={tmp_path}", "--work-dir", str(tmp_path)])
+    assert "must be LABEL=PATH" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_eval_jobs_tiny_real_processes(tmp_path):
+    """The three eval jobs at a tiny size: real processes, every phase stamped, the videos each way writes."""
+    s = bw.Size(num_envs=2, size=32, render="cpu", record_episodes=2, episode_steps=3, eval_steps=4,
+                replay_episodes=(2,), replay_envs=2)
+    results: list[bw.Result] = []
+    bw.eval_jobs(s, tmp_path, {"": None}, results)
+    assert [r.label for r in results] == ["fastrecord make_eval_envs", "ManiSkill eval, env 0's video",
+                                          "ManiSkill eval, no video"]
+    for r in results:
+        assert all(r.phase(n) is not None for n, _, _ in bw.PHASES), (r.label, r.stamps)
+        assert r.env_steps == 8
+    # 4 steps of 3-step episodes: every env's first episode ends (fastrecord: each env's; ManiSkill: env 0's)
+    assert len(list((tmp_path / "fr_eval").glob("*.mp4"))) >= 2
+    assert len(list((tmp_path / "ms_eval").glob("*.mp4"))) >= 1
+    assert not (tmp_path / "ms_eval_none").exists()
