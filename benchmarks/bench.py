@@ -48,7 +48,9 @@ def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
         else:
             clips = gradient_clips(cfg.clips, frames, cfg.height, cfg.width)
         bank = make_bank(clips, cfg.variants)
-        results["source"] = dict(content=cfg.content, clips=cfg.clips, variants=cfg.variants, seconds=time.perf_counter() - t0)
+        results["source"] = dict(
+            content=cfg.content, clips=cfg.clips, variants=cfg.variants, seconds=time.perf_counter() - t0
+        )
         log(f"[bench] source: {cfg.content} clips {list(bank.shape)} on {device} in {time.perf_counter() - t0:.1f}s")
         for phase in PHASES:
             if phase in cfg.skip:
@@ -104,7 +106,13 @@ def _machine(device: torch.device) -> dict[str, Any]:
     from fastrecord.options import usable_cores
 
     # cpus: the cores this process may use (its affinity mask, what the defaults are sized by); cpu_count: the machine's
-    info: dict[str, Any] = dict(cpus=usable_cores(), cpu_count=os.cpu_count(), python=sys.version.split()[0], torch=torch.__version__, av=av.__version__)
+    info: dict[str, Any] = dict(
+        cpus=usable_cores(),
+        cpu_count=os.cpu_count(),
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        av=av.__version__,
+    )
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     from fastrecord.video import encode as video
@@ -148,60 +156,98 @@ def _cores(machine: dict[str, Any]) -> str:
 
 def format_table(r: dict[str, Any]) -> str:
     cfg = r["config"]
-    lines = [f"fastrecord bench: {cfg['num_envs']} envs x {cfg['height']}x{cfg['width']}, {cfg['episode_steps']}-step episodes, "
-             f"{r['machine'].get('gpu', 'CPU')}, {_cores(r['machine'])}; frames: {cfg['content']}",
-             "", "| what | value |", "| --- | --- |"]
+    lines = [
+        f"fastrecord bench: {cfg['num_envs']} envs x {cfg['height']}x{cfg['width']}, {cfg['episode_steps']}-step episodes, "
+        f"{r['machine'].get('gpu', 'CPU')}, {_cores(r['machine'])}; frames: {cfg['content']}",
+        "",
+        "| what | value |",
+        "| --- | --- |",
+    ]
 
     def row(k: str, v: Any) -> None:
         lines.append(f"| {k} | {v} |")
 
-    ms, fr, ce, kp, re_, q, mi = (r.get(k) for k in ("maniskill", "fastrecord", "ceiling", "keepup", "realenv", "quality", "micro"))
+    ms, fr, ce, kp, re_, q, mi = (
+        r.get(k) for k in ("maniskill", "fastrecord", "ceiling", "keepup", "realenv", "quality", "micro")
+    )
     if ms:
-        row("ManiSkill RecordEpisode (tile every step, one video)", f"{ms['env_frames_per_s']:,.0f} env-frames/s "
+        row(
+            "ManiSkill RecordEpisode (tile every step, one video)",
+            f"{ms['env_frames_per_s']:,.0f} env-frames/s "
             f"({ms['host_ms_per_step']:.2f} ms host work a step, {ms['encode_seconds']:.1f} s encode for {ms['steps'] + 1} frames), "
-            f"PSNR {ms.get('psnr_db', float('nan')):.1f} dB")
+            f"PSNR {ms.get('psnr_db', float('nan')):.1f} dB",
+        )
     if fr:
-        row("fastrecord RecordEpisode (ring + per-env MP4)", f"{fr['env_frames_per_s']:,.0f} env-frames/s over {fr['episodes']} episodes, "
-            f"PSNR {fr.get('psnr_db', float('nan')):.1f} dB, {fr.get('dropped_frames', '?')} dropped frames")
+        row(
+            "fastrecord RecordEpisode (ring + per-env MP4)",
+            f"{fr['env_frames_per_s']:,.0f} env-frames/s over {fr['episodes']} episodes, "
+            f"PSNR {fr.get('psnr_db', float('nan')):.1f} dB, {fr.get('dropped_frames', '?')} dropped frames",
+        )
     if fr and ms:
         row("ratio fastrecord / ManiSkill", f"{fr['env_frames_per_s'] / ms['env_frames_per_s']:.1f}x")
     if ce:
-        row("encode ceiling (one process x workers)", f"{ce['one_process_fps_yuv420p']:,.0f} x {ce['workers']} = {ce['ceiling_fps']:,.0f} frames/s "
-            f"(all {ce['workers']} measured together: {ce['all_processes_fps_yuv420p']:,.0f}; one process from rgb24: {ce['one_process_fps_rgb24']:,.0f})")
+        row(
+            "encode ceiling (one process x workers)",
+            f"{ce['one_process_fps_yuv420p']:,.0f} x {ce['workers']} = {ce['ceiling_fps']:,.0f} frames/s "
+            f"(all {ce['workers']} measured together: {ce['all_processes_fps_yuv420p']:,.0f}; one process from rgb24: {ce['one_process_fps_rgb24']:,.0f})",
+        )
         if fr:
             row("fastrecord / ceiling", f"{fr['env_frames_per_s'] / ce['ceiling_fps']:.0%} (of all-together: "
                 f"{fr['env_frames_per_s'] / ce['all_processes_fps_yuv420p']:.0%})")
     if fr:
-        row("stepping thread, flat out", f"{fr['recorder_ms_per_step_excl_wait']:.2f} ms/step own work + "
-            f"{fr['backpressure_wait_ms_per_step']:.1f} ms/step waiting for encoders (p50 step {fr['step_ms_p50']:.2f} ms)")
+        row(
+            "stepping thread, flat out",
+            f"{fr['recorder_ms_per_step_excl_wait']:.2f} ms/step own work + "
+            f"{fr['backpressure_wait_ms_per_step']:.1f} ms/step waiting for encoders (p50 step {fr['step_ms_p50']:.2f} ms)",
+        )
         m = fr["memory"]
-        row("peak memory, flat out", f"host {m['host_rss_gib']:.2f} GiB RSS (staging {fr['staging']['reserved_gib']:.2f} GiB) + encoders {m['encoders_pss_gib']:.2f} GiB PSS"
-            + (f", device {m['device_torch_peak_gib']:.1f} GiB (torch)" if "device_torch_peak_gib" in m else ""))
+        row(
+            "peak memory, flat out",
+            f"host {m['host_rss_gib']:.2f} GiB RSS (staging {fr['staging']['reserved_gib']:.2f} GiB) + encoders {m['encoders_pss_gib']:.2f} GiB PSS"
+            + (f", device {m['device_torch_peak_gib']:.1f} GiB (torch)" if "device_torch_peak_gib" in m else ""),
+        )
         mb = fr["memory_per_batch"]
         if len(mb) > 1:
-            row("memory per batch, first -> last", ", ".join(f"{k} {mb[0][k]:.2f} -> {mb[-1][k]:.2f} GiB" for k in mb[0]))
+            row(
+                "memory per batch, first -> last",
+                ", ".join(f"{k} {mb[0][k]:.2f} -> {mb[-1][k]:.2f} GiB" for k in mb[0]),
+            )
     if kp:
-        row("keep-up run (encoders keep up)", f"{kp['env_frames_per_s']:,.0f} env-frames/s, stepping thread {kp['recorder_ms_per_step_excl_wait']:.2f} ms/step "
+        row(
+            "keep-up run (encoders keep up)",
+            f"{kp['env_frames_per_s']:,.0f} env-frames/s, stepping thread {kp['recorder_ms_per_step_excl_wait']:.2f} ms/step "
             f"own + {kp['backpressure_wait_ms_per_step']:.2f} waiting; bare loop {kp['bare_ms_per_step']:.1f} ms/step -> "
-            f"recorded {kp['recorded_ms_per_step']:.1f} ms/step ({kp['slowdown']:+.1%})")
+            f"recorded {kp['recorded_ms_per_step']:.1f} ms/step ({kp['slowdown']:+.1%})",
+        )
     if mi:
-        row("device time", f"ring write {mi['ring_write_device_ms']:.3f} ms/step (host {mi['ring_write_host_ms']:.3f}; index_copy_ path when envs are at different steps: {mi['ring_write_index_copy_device_ms']:.3f}); "
+        row(
+            "device time",
+            f"ring write {mi['ring_write_device_ms']:.3f} ms/step (host {mi['ring_write_host_ms']:.3f}; index_copy_ path when envs are at different steps: {mi['ring_write_index_copy_device_ms']:.3f}); "
             f"yuv420p conversion {mi['yuv420p_device_ms_per_step']:.3f} ms/step equivalent"
-            + (f"; gather issue {mi['gather_issue_ms']:.1f} ms, lands in {mi['gather_total_ms']:.0f} ms ({mi['gather_gb_per_s']:.0f} GB/s)"
-               if "gather_total_ms" in mi else ""))
+            + (
+                f"; gather issue {mi['gather_issue_ms']:.1f} ms, lands in {mi['gather_total_ms']:.0f} ms ({mi['gather_gb_per_s']:.0f} GB/s)"
+                if "gather_total_ms" in mi
+                else ""
+            ),
+        )
     if re_:
-        row(f"real env {re_['env_id']} (1 env, render {re_['render_backend']})", f"bare step+render {re_['bare_step_render_ms']:.2f} ms; "
+        row(
+            f"real env {re_['env_id']} (1 env, render {re_['render_backend']})",
+            f"bare step+render {re_['bare_step_render_ms']:.2f} ms; "
             f"fastrecord video {re_['fastrecord_video_ms']:.2f} ms ({re_['fastrecord_video_slowdown']:+.1%}), "
             f"video+trajectory {re_['fastrecord_video_traj_ms']:.2f} ms ({re_['fastrecord_video_traj_slowdown']:+.1%}); "
             f"ManiSkill video {re_['maniskill_video_ms']:.2f} ms ({re_['maniskill_video_slowdown']:+.1%}); per call: "
             f"step p50 bare {re_['bare_step_ms_p50']:.2f} / fastrecord {re_['fastrecord_video_step_ms_p50']:.2f} ms, "
-            f"reset {re_['fastrecord_video_reset_ms_mean']:.1f} ms")
+            f"reset {re_['fastrecord_video_reset_ms_mean']:.1f} ms",
+        )
     lines += paths.table_rows(r)
     lines += imageobs.table_rows(r)
     if q:
         lines += ["", "| preset:crf | PSNR dB | frames/s, all workers | kbit/frame |", "| --- | --- | --- | --- |"]
         for x in q["rows"]:
-            lines.append(f"| {x['preset']}:{x['crf']} | {x['psnr_db']:.2f} | {x['parallel_fps']:,.0f} | {x['kbit_per_frame']:.1f} |")
+            lines.append(
+                f"| {x['preset']}:{x['crf']} | {x['psnr_db']:.2f} | {x['parallel_fps']:,.0f} | {x['kbit_per_frame']:.1f} |"
+            )
     return "\n".join(lines)
 
 

@@ -45,9 +45,9 @@ def _kw(size: int, steps: int) -> dict:
 
 def bench_render(n: int, size: int, reps: int) -> dict:
     import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
     import torch
 
-    import mani_skill.envs  # noqa: F401
     from fastrecord.render.group import GroupRenderer
     from fastrecord.render.vector import mirror_kwargs
 
@@ -111,11 +111,20 @@ def bench_render(n: int, size: int, reps: int) -> dict:
     single_ms = timed(one_by_one)
     for e in envs:
         e.close()
-    return emit(phase="render", envs=n, size=size, make_s=round(make_s, 1), floor_ms=round(floor_ms, 2),
-                floor_ms_per_camera=round(floor_ms / n, 3), batched_ms=round(batched_ms, 2),
-                of_which_pose_gather_in_process_ms=round(gather_ms, 2), one_by_one_ms=round(single_ms, 2),
-                batched_over_floor=round(batched_ms / floor_ms, 2), one_by_one_over_floor=round(single_ms / floor_ms, 2),
-                host_ms=host)
+    return emit(
+        phase="render",
+        envs=n,
+        size=size,
+        make_s=round(make_s, 1),
+        floor_ms=round(floor_ms, 2),
+        floor_ms_per_camera=round(floor_ms / n, 3),
+        batched_ms=round(batched_ms, 2),
+        of_which_pose_gather_in_process_ms=round(gather_ms, 2),
+        one_by_one_ms=round(single_ms, 2),
+        batched_over_floor=round(batched_ms / floor_ms, 2),
+        one_by_one_over_floor=round(single_ms / floor_ms, 2),
+        host_ms=host,
+    )
 
 
 def _loop(envs, steps: int, episode: int) -> float:
@@ -163,8 +172,14 @@ def bench_eval(n: int, size: int, steps: int, episode: int) -> list[dict]:
                          close_s=round(close_s, 2), videos=videos, env_steps_per_s=round(n * steps / loop, 1),
                          env_steps_per_s_with_close=round(n * steps / (loop + close_s), 1)))
     base = rows[0]["env_steps_per_s"]
-    emit(phase="eval", summary=True, batched_over_maniskill=round(rows[1]["env_steps_per_s_with_close"] / base, 2),
-         batched_over_per_process=round(rows[1]["env_steps_per_s_with_close"] / rows[2]["env_steps_per_s_with_close"], 2))
+    emit(
+        phase="eval",
+        summary=True,
+        batched_over_maniskill=round(rows[1]["env_steps_per_s_with_close"] / base, 2),
+        batched_over_per_process=round(
+            rows[1]["env_steps_per_s_with_close"] / rows[2]["env_steps_per_s_with_close"], 2
+        ),
+    )
     return rows
 
 
@@ -173,8 +188,24 @@ def bench_record(n: int, size: int, episodes: int) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for label, extra in (("default (batched)", []), ("--batched-render off", ["--batched-render", "off"])):
         with tempfile.TemporaryDirectory() as d:
-            cmd = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--num-envs", str(n), "--width", str(size),
-                   "--height", str(size), "--episodes", str(episodes), "--output-dir", d, *extra]
+            cmd = [
+                sys.executable,
+                "-m",
+                "fastrecord",
+                "record",
+                "PickCube-v1",
+                "--num-envs",
+                str(n),
+                "--width",
+                str(size),
+                "--height",
+                str(size),
+                "--episodes",
+                str(episodes),
+                "--output-dir",
+                d,
+                *extra,
+            ]
             t = time.perf_counter()
             r = subprocess.run(cmd, capture_output=True, text=True, env=env)
             wall = time.perf_counter() - t
@@ -183,8 +214,12 @@ def bench_record(n: int, size: int, episodes: int) -> list[dict]:
                          env_steps_per_s=float(rate[-1]) if rate else None,
                          tail=None if r.returncode == 0 else (r.stdout + r.stderr)[-600:]))
     if all(r["env_steps_per_s"] for r in rows):
-        emit(phase="record", summary=True, steps_ratio=round(rows[0]["env_steps_per_s"] / rows[1]["env_steps_per_s"], 2),
-             wall_ratio=round(rows[1]["wall_s"] / rows[0]["wall_s"], 2))
+        emit(
+            phase="record",
+            summary=True,
+            steps_ratio=round(rows[0]["env_steps_per_s"] / rows[1]["env_steps_per_s"], 2),
+            wall_ratio=round(rows[1]["wall_s"] / rows[0]["wall_s"], 2),
+        )
     return rows
 
 

@@ -56,9 +56,25 @@ def main() -> None:
     args = p.parse_args()
 
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    base = [sys.executable, "-m", "fastrecord", "record", args.env_id, "--obs-mode", "rgb", "--episodes", str(args.episodes),
-            "--num-envs", str(args.num_envs), "--max-episode-steps", str(args.max_episode_steps), "--width", str(args.size),
-            "--height", str(args.size)]
+    base = [
+        sys.executable,
+        "-m",
+        "fastrecord",
+        "record",
+        args.env_id,
+        "--obs-mode",
+        "rgb",
+        "--episodes",
+        str(args.episodes),
+        "--num-envs",
+        str(args.num_envs),
+        "--max-episode-steps",
+        str(args.max_episode_steps),
+        "--width",
+        str(args.size),
+        "--height",
+        str(args.size),
+    ]
     tmp = Path(tempfile.mkdtemp(prefix="bench_lerobot_"))
     cases = {
         "A": [["--output-dir", "{out}"]],
@@ -79,12 +95,21 @@ def main() -> None:
             best[name] = min(best.get(name, float("inf")), seconds)
             print(f"run {k}: {name} {seconds:.1f} s", flush=True)
     last = args.repeat - 1
-    totals = {n: lerobot_totals(tmp / f"{n}{last}" / ("converted" if n == "D" else "trajectory.lerobot")) for n in "BCD"}
+    totals = {
+        n: lerobot_totals(tmp / f"{n}{last}" / ("converted" if n == "D" else "trajectory.lerobot")) for n in "BCD"
+    }
     assert len(set(totals.values())) == 1, f"the LeRobot datasets differ: {totals}"
     steps = args.episodes * args.max_episode_steps
-    print(f"\n{args.env_id}, {args.episodes} episodes x {args.max_episode_steps} steps, {args.num_envs} envs, rgb observations "
-          f"(128x128 sensor camera), {args.size}x{args.size} render videos; {os.cpu_count()} cores; best of {args.repeat}")
-    labels = {"A": "HDF5 + MP4", "B": "HDF5 + MP4 + LeRobot", "C": "LeRobot only", "D": "HDF5, then ManiSkill's converter"}
+    print(
+        f"\n{args.env_id}, {args.episodes} episodes x {args.max_episode_steps} steps, {args.num_envs} envs, rgb observations "
+        f"(128x128 sensor camera), {args.size}x{args.size} render videos; {os.cpu_count()} cores; best of {args.repeat}"
+    )
+    labels = {
+        "A": "HDF5 + MP4",
+        "B": "HDF5 + MP4 + LeRobot",
+        "C": "LeRobot only",
+        "D": "HDF5, then ManiSkill's converter",
+    }
     for n, label in labels.items():
         print(f"  {n}. {label:34s} {best[n]:7.1f} s   {steps / best[n]:7.1f} env-steps/s")
     print(f"  LeRobot in the same run costs {best['B'] - best['A']:+.1f} s ({best['B'] / best['A']:.2f}x A); "

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from fastrecord.system import use_lavapipe_if_no_gpu  # noqa: E402
+from fastrecord.system import use_lavapipe_if_no_gpu
 
 use_lavapipe_if_no_gpu()  # before SAPIEN creates a renderer
 
@@ -55,7 +55,6 @@ ENCODINGS = [
 def render_episodes(size: int, episodes: int, steps: int) -> list[np.ndarray]:
     """``episodes`` episodes of ``steps`` sensor frames [T, size, size, 3] of PickCube-v1 (CPU, lavapipe)."""
     import gymnasium as gym
-
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     env = gym.make("PickCube-v1", obs_mode="rgb", sim_backend="physx_cpu", sensor_configs=dict(width=size, height=size))

@@ -89,14 +89,20 @@ def measure_floor(n: int, src: Path, reps: int = 50) -> float:
     """Milliseconds a camera of one ``RenderSystemGroup`` of ``n`` envs of the input's task and cameras takes to
     draw its sensor picture (update_render + take_picture + reading the colour texture, nothing else)."""
     import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
     import torch
 
-    import mani_skill.envs  # noqa: F401
     from fastrecord.render.group import GroupRenderer
 
     info = json.loads(src.with_suffix(".json").read_text())["env_info"]
-    kw = {k: v for k, v in info["env_kwargs"].items() if k not in ("num_envs", "sim_backend", "render_backend", "obs_mode")}
-    envs = [gym.make(info["env_id"], obs_mode="rgb", sim_backend="physx_cpu", render_backend="gpu", **kw) for _ in range(n)]
+    kw = {
+        k: v
+        for k, v in info["env_kwargs"].items()
+        if k not in ("num_envs", "sim_backend", "render_backend", "obs_mode")
+    }
+    envs = [
+        gym.make(info["env_id"], obs_mode="rgb", sim_backend="physx_cpu", render_backend="gpu", **kw) for _ in range(n)
+    ]
     try:
         for i, e in enumerate(envs):
             e.reset(seed=i)
@@ -158,18 +164,28 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=96, help="episodes to record when --traj is not given")
     p.add_argument("--count", type=int, help="replay only the first COUNT episodes of the input (both tools' --count)")
     p.add_argument("--steps", type=int, default=50, help="steps per recorded episode")
-    p.add_argument("--sensor-size", type=int, help="record with square sensor cameras of this size (default: the task's)")
-    p.add_argument("--num-envs", type=int, default=os.cpu_count() or 1, help="envs for every tool (default: one per core)")
+    p.add_argument(
+        "--sensor-size", type=int, help="record with square sensor cameras of this size (default: the task's)"
+    )
+    p.add_argument(
+        "--num-envs", type=int, default=os.cpu_count() or 1, help="envs for every tool (default: one per core)"
+    )
     p.add_argument("--workers", default="auto",
                    help="fastrecord's workers: a number, several separated by commas (each is run), or auto "
                         "(fastrecord's own default, see `fastrecord replay --help`)")
-    p.add_argument("--batched-render", default="auto",
-                   help="fastrecord's --batched-render: auto (its default), on, off, or several separated by commas (each "
-                        "is run with each --workers layout), e.g. auto,off")
-    p.add_argument("--floor", action="store_true",
-                   help="also measure the batched-render floor (CUDA): one RenderSystemGroup of --num-envs sensor cameras, "
-                        "and judge fastrecord's replay loop (workers' first start to last end) against frames x that "
-                        "per-camera time")
+    p.add_argument(
+        "--batched-render",
+        default="auto",
+        help="fastrecord's --batched-render: auto (its default), on, off, or several separated by commas (each "
+        "is run with each --workers layout), e.g. auto,off",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure the batched-render floor (CUDA): one RenderSystemGroup of --num-envs sensor cameras, "
+        "and judge fastrecord's replay loop (workers' first start to last end) against frames x that "
+        "per-camera time",
+    )
     p.add_argument("--by", choices=("states", "actions"), default="states")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--work-dir", help="where inputs and outputs go (default: a temporary folder, removed)")
@@ -178,13 +194,18 @@ def main() -> None:
     layouts = [w.strip() for w in str(args.workers).split(",") if w.strip()]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_replay_"))
     try:
-        src = Path(args.traj) if args.traj else record_input(work / "input", args.episodes, args.steps, args.sensor_size)
+        src = (
+            Path(args.traj) if args.traj else record_input(work / "input", args.episodes, args.steps, args.sensor_size)
+        )
         total = episodes_in(src.with_suffix(".json"))
         if args.count is not None:
             total = min(total, args.count)
-        print(f"input: {src} ({total} episodes, {json.loads(src.with_suffix('.json').read_text())['env_info']['env_id']}); "
-              f"{n} envs, state -> rgb, trajectory only, by {args.by}; {os.cpu_count()} cores; wall time of each "
-              f"command, start-up included", flush=True)
+        print(
+            f"input: {src} ({total} episodes, {json.loads(src.with_suffix('.json').read_text())['env_info']['env_id']}); "
+            f"{n} envs, state -> rgb, trajectory only, by {args.by}; {os.cpu_count()} cores; wall time of each "
+            f"command, start-up included",
+            flush=True,
+        )
         fr = replay_argv(src, n, total, args.by)
         ms_dir = work / "maniskill"
         ms_dir.mkdir(parents=True, exist_ok=True)
@@ -200,23 +221,32 @@ def main() -> None:
                          "fastrecord " + " ".join(f for f in ("" if w == "auto" else f"--workers {w}",
                                                               "" if b == "auto" else f"--batched-render {b}") if f))
                 folder = work / f"fr_{w}_{b}"
-                runs[label] = (fr + ([] if w == "auto" else ["--workers", w]) + ([] if b == "auto" else ["--batched-render", b])
-                               + ["--output-dir", str(folder)])
+                runs[label] = (
+                    fr
+                    + ([] if w == "auto" else ["--workers", w])
+                    + ([] if b == "auto" else ["--batched-render", b])
+                    + ["--output-dir", str(folder)]
+                )
                 outputs[label] = folder / "replayed.json"
         runs[f"ManiSkill -n {n}"] = ms
         seconds: dict[str, list[float]] = {k: [] for k in runs}
         floor_ms = measure_floor(n, src) if args.floor else None
         frames = frames_in(src.with_suffix(".json"), total)
         if floor_ms is not None:
-            print(f"floor: one group of {n} sensor cameras {floor_ms * n:.2f} ms = {floor_ms:.3f} ms a camera; {frames} "
-                  f"frames (steps + resets) -> {frames * floor_ms / 1e3:.2f} s", flush=True)
+            print(
+                f"floor: one group of {n} sensor cameras {floor_ms * n:.2f} ms = {floor_ms:.3f} ms a camera; {frames} "
+                f"frames (steps + resets) -> {frames * floor_ms / 1e3:.2f} s",
+                flush=True,
+            )
         for r in range(args.repeat):
             for label, argv in runs.items():
                 loop: list[float] = []
                 seconds[label].append(timed(argv, label, loop))
                 if floor_ms is not None and loop:
-                    print(f"  {label}: replay loop {loop[0]:.2f} s = {loop[0] / (frames * floor_ms / 1e3):.2f}x the floor",
-                          flush=True)
+                    print(
+                        f"  {label}: replay loop {loop[0]:.2f} s = {loop[0] / (frames * floor_ms / 1e3):.2f}x the floor",
+                        flush=True,
+                    )
             for label, path in outputs.items():
                 if episodes_in(path) != total:
                     sys.exit(f"{label} wrote {episodes_in(path)} episodes, not {total}")
@@ -225,7 +255,9 @@ def main() -> None:
                 sys.exit(f"ManiSkill's tool wrote {[str(q) for q in ms_out]}, not one file of {total} episodes")
             ms_s = seconds[f"ManiSkill -n {n}"][-1]
             line = " | ".join(f"{label}: {s[-1]:.1f} s" for label, s in seconds.items())
-            ratios = ", ".join(f"{label}: {ms_s / s[-1]:.2f}x" for label, s in seconds.items() if label.startswith("fastrecord"))
+            ratios = ", ".join(
+                f"{label}: {ms_s / s[-1]:.2f}x" for label, s in seconds.items() if label.startswith("fastrecord")
+            )
             print(f"run {r + 1}: {line}; ManiSkill's time / fastrecord's: {ratios}", flush=True)
             for q in ms_out:  # ManiSkill's tool replaces its output itself; start each repeat alike
                 q.unlink()

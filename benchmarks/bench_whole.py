@@ -85,7 +85,12 @@ class Result:
 
     def phase(self, name: str) -> float | None:
         for n, a, b in (*PHASES, REPLAY_PHASE):
-            if n == name and a in self.stamps and b in self.stamps and (n != "replay" or "env_ready" not in self.stamps):
+            if (
+                n == name
+                and a in self.stamps
+                and b in self.stamps
+                and (n != "replay" or "env_ready" not in self.stamps)
+            ):
                 return self.stamps[b] - self.stamps[a]
         return None
 

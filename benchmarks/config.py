@@ -15,7 +15,19 @@ from fastrecord.checks import check_at_least
 if TYPE_CHECKING:
     import torch
 
-PHASES = ("ceiling", "quality", "maniskill", "fastrecord", "keepup", "realenv", "micro", "staggered", "coldstart", "cpueval", "imageobs")
+PHASES = (
+    "ceiling",
+    "quality",
+    "maniskill",
+    "fastrecord",
+    "keepup",
+    "realenv",
+    "micro",
+    "staggered",
+    "coldstart",
+    "cpueval",
+    "imageobs",
+)
 CONTENTS = ("maniskill", "gradient")  # where the frames come from: clips rendered by a real task, or synthetic
 
 
@@ -64,22 +76,40 @@ class BenchConfig:
     imageobs_episode_steps: int = 50  # imageobs phase: longest episode (lengths from half of it, drawn by the env)
     imageobs_steps: int = 200  # imageobs phase: measured parallel steps of each recorder
     imageobs_repeats: int = 2  # imageobs phase: runs of each recorder, interleaved (the median is reported)
-    trajectory_writers: int | None = None  # imageobs phase: fastrecord's HDF5 writer processes (None: fastrecord's default)
-    imageobs_writers_sweep: tuple[int, ...] = ()  # imageobs phase: also run with each of these trajectory_writers (labelled tuned rows)
+    trajectory_writers: int | None = None
+    imageobs_writers_sweep: tuple[
+        int, ...
+    ] = ()  # imageobs phase: also run with each of these trajectory_writers (labelled tuned rows)
     trajectory_compression: str = "gzip:1"  # imageobs phase: fastrecord's image compression
     imageobs_busy_cores: int = 1  # imageobs phase: also run ManiSkill's and fastrecord's default beside this many spinning processes (0: idle only)
     output_dir: str | None = None  # where videos go (None: a temporary directory, removed after)
     json: str | None = None  # write the results here
 
     def __post_init__(self) -> None:
-        check_at_least(self, 1, num_envs="--num-envs", width="--width", height="--height", episode_steps="--episode-steps",
-                       batches="--batches", clips="--clips", variants="--variants", workers="--workers",
-                       baseline_steps="--baseline-steps", keepup_batches="--keepup-batches", coldstart_episodes="--coldstart-episodes",
-                       cpueval_envs="--cpueval-envs", cpueval_steps="--cpueval-steps", cpueval_episode_steps="--cpueval-episode-steps")
+        check_at_least(
+            self,
+            1,
+            num_envs="--num-envs",
+            width="--width",
+            height="--height",
+            episode_steps="--episode-steps",
+            batches="--batches",
+            clips="--clips",
+            variants="--variants",
+            workers="--workers",
+            baseline_steps="--baseline-steps",
+            keepup_batches="--keepup-batches",
+            coldstart_episodes="--coldstart-episodes",
+            cpueval_envs="--cpueval-envs",
+            cpueval_steps="--cpueval-steps",
+            cpueval_episode_steps="--cpueval-episode-steps",
+        )
         check_imageobs(self)
         lo, hi = self.stagger_steps
         if not 1 <= lo <= hi:
-            raise ValueError(f"stagger_steps={list(self.stagger_steps)} must be [lo, hi] with 1 <= lo <= hi (e.g. [30, 60])")
+            raise ValueError(
+                f"stagger_steps={list(self.stagger_steps)} must be [lo, hi] with 1 <= lo <= hi (e.g. [30, 60])"
+            )
         check_at_least(self, 0, warmup_batches="--warmup-batches")
 
 
@@ -91,8 +121,10 @@ def check_imageobs(cfg: BenchConfig) -> None:
                    imageobs_repeats="a --config file with imageobs_repeats:", trajectory_writers="--trajectory-writers")
     bad = [n for n in cfg.imageobs_writers_sweep if isinstance(n, bool) or not isinstance(n, int) or n < 1]
     if bad:
-        raise ValueError(f"imageobs_writers_sweep={list(cfg.imageobs_writers_sweep)} holds {bad}: every entry must be an "
-                         f"integer >= 1 (trajectory_writers to run beside the default, e.g. [8]); fix it in the --config file")
+        raise ValueError(
+            f"imageobs_writers_sweep={list(cfg.imageobs_writers_sweep)} holds {bad}: every entry must be an "
+            f"integer >= 1 (trajectory_writers to run beside the default, e.g. [8]); fix it in the --config file"
+        )
     check_at_least(cfg, 2, imageobs_episode_steps="a --config file with imageobs_episode_steps:")
     check_at_least(cfg, 0, imageobs_busy_cores="--imageobs-busy-cores")
     if cfg.imageobs_content not in CONTENTS:
@@ -135,7 +167,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imageobs-size", type=int)
     p.add_argument("--imageobs-steps", type=int)
     p.add_argument("--trajectory-writers", type=int)
-    p.add_argument("--imageobs-busy-cores", type=int, help="imageobs: processes spinning beside the busy runs (0: none)")
+    p.add_argument(
+        "--imageobs-busy-cores", type=int, help="imageobs: processes spinning beside the busy runs (0: none)"
+    )
     p.add_argument("--trajectory-compression")
     p.add_argument("--skip", help=f"comma-separated phases to skip: {','.join(PHASES)}")
     p.add_argument("--profile", action="store_const", const=True, help="sample the flat-out run with py-spy")

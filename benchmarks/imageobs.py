@@ -139,14 +139,18 @@ def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[st
     recorders = [("maniskill", None), ("fastrecord", cfg.trajectory_writers)]
     recorders += [(f"fastrecord_writers_{n}", n) for n in cfg.imageobs_writers_sweep]
     # (key prefix, spinning processes, recorders): idle, then the default pair on a busy machine
-    conditions = [("", 0, recorders)] + ([("busy_", cfg.imageobs_busy_cores, recorders[:2])] if cfg.imageobs_busy_cores else [])
+    conditions = [("", 0, recorders)] + (
+        [("busy_", cfg.imageobs_busy_cores, recorders[:2])] if cfg.imageobs_busy_cores else []
+    )
     held: list[float] = []
     # interleaved (a loaded machine slows all alike): each repeat runs every recorder once in each condition
     for rep in range(cfg.imageobs_repeats):
         for prefix, cores, names in conditions:
             with CpuLoad(cores) as load:
                 for name, writers in names:
-                    r = _run_recorder(cfg, bank, device, out / f"imageobs_{prefix}{name}_{rep}", name == "maniskill", writers)
+                    r = _run_recorder(
+                        cfg, bank, device, out / f"imageobs_{prefix}{name}_{rep}", name == "maniskill", writers
+                    )
                     res.setdefault(f"{prefix}{name}_runs", []).append(r)
             if cores:
                 held.append(load.cores_held)
@@ -154,12 +158,19 @@ def phase_imageobs(cfg: BenchConfig, device: torch.device, out: Path) -> dict[st
     res.update(_ratios(res, "fastrecord"))
     res["default_writers"] = res["fastrecord"]["writers_started"]
     res["same_episodes"] = res["fastrecord"]["episodes_in_file"] == res["maniskill"]["episodes_in_file"]
-    res["sweep"] = [dict(trajectory_writers=n, run=res[f"fastrecord_writers_{n}"], **_ratios(res, f"fastrecord_writers_{n}"))
-                    for n in cfg.imageobs_writers_sweep]
+    res["sweep"] = [
+        dict(trajectory_writers=n, run=res[f"fastrecord_writers_{n}"], **_ratios(res, f"fastrecord_writers_{n}"))
+        for n in cfg.imageobs_writers_sweep
+    ]
     if cfg.imageobs_busy_cores:
         busy = {k[len("busy_"):]: res.pop(k) for k in list(res) if k.startswith("busy_")}
-        res["busy"] = dict(cores=cfg.imageobs_busy_cores, cores_held=held, **busy, **_medians(busy, ["maniskill", "fastrecord"]),
-                           **_ratios(busy, "fastrecord"))
+        res["busy"] = dict(
+            cores=cfg.imageobs_busy_cores,
+            cores_held=held,
+            **busy,
+            **_medians(busy, ["maniskill", "fastrecord"]),
+            **_ratios(busy, "fastrecord"),
+        )
     return res
 
 
@@ -227,10 +238,12 @@ def table_rows(r: dict[str, Any]) -> list[str]:
         return text
 
     def row(label: str, m: dict[str, Any]) -> str:
-        return (f"| imageobs, {label}, {head} | {m['env_steps_per_s']:,.0f} env-steps/s to everything on disk "
-                f"({m['episodes_in_file']} episodes, {m['file_mib']:.1f} MiB, rgb stored {m['rgb_stored_fraction']:.0%} of raw); "
-                f"stepping thread {m['recorder_ms_per_step']:.1f} ms/step; close {m['close_seconds']:.2f} s; "
-                f"set-up {m['setup_seconds']:.2f} s; peak {mem(m['memory'])} |")
+        return (
+            f"| imageobs, {label}, {head} | {m['env_steps_per_s']:,.0f} env-steps/s to everything on disk "
+            f"({m['episodes_in_file']} episodes, {m['file_mib']:.1f} MiB, rgb stored {m['rgb_stored_fraction']:.0%} of raw); "
+            f"stepping thread {m['recorder_ms_per_step']:.1f} ms/step; close {m['close_seconds']:.2f} s; "
+            f"set-up {m['setup_seconds']:.2f} s; peak {mem(m['memory'])} |"
+        )
 
     def runs(v: list[float]) -> str:
         return ", ".join(f"{a:.2f}" for a in v)
@@ -242,20 +255,29 @@ def table_rows(r: dict[str, Any]) -> list[str]:
     else:
         chosen = f"set: trajectory_writers={x['trajectory_writers']} (not the default)"
     def ratio(v: dict[str, Any]) -> str:
-        return (f"{v['ratio']:.2f}x to everything on disk (runs: {runs(v['ratios'])}); {v['ratio_with_setup']:.2f}x with "
-                f"the recorder's set-up inside the timing (runs: {runs(v['ratios_with_setup'])})")
+        return (
+            f"{v['ratio']:.2f}x to everything on disk (runs: {runs(v['ratios'])}); {v['ratio_with_setup']:.2f}x with "
+            f"the recorder's set-up inside the timing (runs: {runs(v['ratios_with_setup'])})"
+        )
 
-    rows = [row("ManiSkill RecordEpisode", ms), row(f"fastrecord RecordEpisode, {chosen}, {x['trajectory_compression']}", fr),
-            f"| imageobs: ratio fastrecord / ManiSkill ({chosen}) | {ratio(x)} |"]
+    rows = [
+        row("ManiSkill RecordEpisode", ms),
+        row(f"fastrecord RecordEpisode, {chosen}, {x['trajectory_compression']}", fr),
+        f"| imageobs: ratio fastrecord / ManiSkill ({chosen}) | {ratio(x)} |",
+    ]
     b = x.get("busy")
     if b:
-        load = (f"busy: {b['cores']} other process(es) spinning (held {min(b['cores_held']):.2f}-{max(b['cores_held']):.2f} "
-                f"of {x['cores']} usable cores)")
+        load = (
+            f"busy: {b['cores']} other process(es) spinning (held {min(b['cores_held']):.2f}-{max(b['cores_held']):.2f} "
+            f"of {x['cores']} usable cores)"
+        )
         rows += [row(f"{load}, ManiSkill RecordEpisode", b["maniskill"]),
                  row(f"{load}, fastrecord RecordEpisode, {chosen}, {x['trajectory_compression']}", b["fastrecord"]),
                  f"| imageobs, {load}: ratio fastrecord / ManiSkill ({chosen}) | {ratio(b)} |"]
     for s in x.get("sweep", []):
         n = s["trajectory_writers"]
         rows.append(row(f"tuned: trajectory_writers={n} (not the default), {x['trajectory_compression']}", s["run"]))
-        rows.append(f"| imageobs, tuned: ratio fastrecord (trajectory_writers={n}, not the default) / ManiSkill | {ratio(s)} |")
+        rows.append(
+            f"| imageobs, tuned: ratio fastrecord (trajectory_writers={n}, not the default) / ManiSkill | {ratio(s)} |"
+        )
     return rows

@@ -194,8 +194,21 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     return res
 
 
-def _measured(rec: Any, src: Any, pool: Any, timers: StepTimers, per_step: list[float], steps: int, loop_s: float,
-              total_s: float, busy0: float, blocked0: float, episodes: int, frames: int, workers: int) -> dict[str, Any]:
+def _measured(
+    rec: Any,
+    src: Any,
+    pool: Any,
+    timers: StepTimers,
+    per_step: list[float],
+    steps: int,
+    loop_s: float,
+    total_s: float,
+    busy0: float,
+    blocked0: float,
+    episodes: int,
+    frames: int,
+    workers: int,
+) -> dict[str, Any]:
     from fastrecord.staging import default_staging_pool
 
     staging = default_staging_pool()
@@ -226,7 +239,9 @@ def _video_kwargs(cfg: BenchConfig) -> dict[str, Any]:
     return dict(video_codec=cfg.codec, video_crf=cfg.crf, video_preset=cfg.preset)
 
 
-def phase_staggered(cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
+def phase_staggered(
+    cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, workers: int
+) -> dict[str, Any]:
     lo, hi = cfg.stagger_steps
     episodes = cfg.stagger_episodes or cfg.batches * cfg.num_envs
     src = staggered_source(bank, cfg.num_envs, device, lo, hi)
@@ -251,7 +266,9 @@ def phase_staggered(cfg: BenchConfig, bank: np.ndarray, device: torch.device, ou
 
 
 # ---------------------------------------------------------------------------------------------- coldstart
-def phase_coldstart(cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, workers: int) -> dict[str, Any]:
+def phase_coldstart(
+    cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, workers: int
+) -> dict[str, Any]:
     """Two fresh processes (synchronous, staggered), each recording its first ``coldstart_episodes``."""
     out.mkdir(parents=True, exist_ok=True)
     bank_path = out / "coldstart_bank.npy"
@@ -267,9 +284,19 @@ def phase_coldstart(cfg: BenchConfig, bank: np.ndarray, device: torch.device, ou
             env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), str(Path(fastrecord.__file__).resolve().parents[1]),
                                                  env.get("PYTHONPATH", "")])
             t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, "-c", "import sys, time; t = time.time(); "
-                                "from benchmarks.paths import coldstart_main; coldstart_main(sys.argv[1], t)",
-                                json.dumps(args)], env=env, capture_output=True, text=True, timeout=cfg.coldstart_timeout)
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys, time; t = time.time(); "
+                    "from benchmarks.paths import coldstart_main; coldstart_main(sys.argv[1], t)",
+                    json.dumps(args),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=cfg.coldstart_timeout,
+            )
             wall = time.perf_counter() - t0
             if p.returncode != 0:
                 raise RuntimeError(f"coldstart {mode} child failed (exit {p.returncode}): {p.stderr[-3000:]}")
@@ -330,7 +357,9 @@ def phase_cpueval(cfg: BenchConfig, device: torch.device, out: Path, workers: in
     res: dict[str, Any] = dict(env_id=cfg.cpueval_env, num_envs=n, size=size, render_backend=render, steps=steps,
                                episode_steps=cfg.cpueval_episode_steps, start_seconds=time.perf_counter() - t0)
     rng = np.random.default_rng(0)
-    actions = rng.uniform(-1, 1, size=(steps + cfg.cpueval_episode_steps, n, *vec.single_action_space.shape)).astype(np.float32)
+    actions = rng.uniform(-1, 1, size=(steps + cfg.cpueval_episode_steps, n, *vec.single_action_space.shape)).astype(
+        np.float32
+    )
 
     render_s = [0.0]
 
@@ -354,8 +383,16 @@ def phase_cpueval(cfg: BenchConfig, device: torch.device, out: Path, workers: in
             rec = None
             inner: Any = vec
             if rec_kw is not None:
-                inner = rec = RecordEpisode(vec, str(out / f"cpueval_{name}"), save_trajectory=False, source_type=SOURCE_TYPE,
-                                            source_desc=SOURCE_DESC, video_workers=workers, **_video_kwargs(cfg), **rec_kw)
+                inner = rec = RecordEpisode(
+                    vec,
+                    str(out / f"cpueval_{name}"),
+                    save_trajectory=False,
+                    source_type=SOURCE_TYPE,
+                    source_desc=SOURCE_DESC,
+                    video_workers=workers,
+                    **_video_kwargs(cfg),
+                    **rec_kw,
+                )
             env = EvalVectorEnv(inner, 2)
             env.reset(seed=list(range(n)))
             loop(env, render_each, cfg.cpueval_episode_steps)  # one episode of warm-up (first renders, encoders)
@@ -411,11 +448,13 @@ def table_rows(r: dict[str, Any]) -> list[str]:
 
     if st:
         lo, hi = st["episode_steps_range"]
-        rows.append(f"| staggered: lengths {lo}-{hi} from the env, partial resets | {st['env_frames_per_s']:,.0f} env-frames/s"
-                    f"{of(st['env_frames_per_s'], sync)} over {st['episodes']} episodes, {st['episodes_ending_per_step']:.1f} "
-                    f"ending a step; stepping thread {st['recorder_ms_per_step_excl_wait']:.2f} ms/step own + "
-                    f"{st['backpressure_wait_ms_per_step']:.1f} waiting; encoders busy {st['encoder_busy_fraction']:.0%}; "
-                    f"{st.get('dropped_frames', '?')} dropped frames; {mem(st.get('memory', {}))} |")
+        rows.append(
+            f"| staggered: lengths {lo}-{hi} from the env, partial resets | {st['env_frames_per_s']:,.0f} env-frames/s"
+            f"{of(st['env_frames_per_s'], sync)} over {st['episodes']} episodes, {st['episodes_ending_per_step']:.1f} "
+            f"ending a step; stepping thread {st['recorder_ms_per_step_excl_wait']:.2f} ms/step own + "
+            f"{st['backpressure_wait_ms_per_step']:.1f} waiting; encoders busy {st['encoder_busy_fraction']:.0%}; "
+            f"{st.get('dropped_frames', '?')} dropped frames; {mem(st.get('memory', {}))} |"
+        )
     if cs:
         for mode in ("sync", "staggered"):
             c = cs.get(mode)
@@ -423,12 +462,14 @@ def table_rows(r: dict[str, Any]) -> list[str]:
                 continue
             ref = sync if mode == "sync" else (st or {}).get("env_frames_per_s")
             share = f" ({c['env_frames_per_s'] / ref:.0%} of the steady {mode} rate)" if ref else ""
-            rows.append(f"| cold start, {mode}: fresh process, first {c['episodes']} episodes | {c['env_frames_per_s']:,.0f} "
-                        f"env-frames/s{share}; set-up {c['setup_seconds']:.1f} s (import {c['import_seconds']:.1f}, "
-                        f"construct {c['construct_seconds']:.1f}), first episode out at {c['first_episode_out_seconds']:.1f} s; "
-                        f"peak host RSS {c['host_peak_rss_gib']:.1f} GiB"
-                        + (f", device {c['device_peak_reserved_gib']:.1f} GiB" if "device_peak_reserved_gib" in c else "")
-                        + f"; {c.get('dropped_frames', '?')} dropped frames |")
+            rows.append(
+                f"| cold start, {mode}: fresh process, first {c['episodes']} episodes | {c['env_frames_per_s']:,.0f} "
+                f"env-frames/s{share}; set-up {c['setup_seconds']:.1f} s (import {c['import_seconds']:.1f}, "
+                f"construct {c['construct_seconds']:.1f}), first episode out at {c['first_episode_out_seconds']:.1f} s; "
+                f"peak host RSS {c['host_peak_rss_gib']:.1f} GiB"
+                + (f", device {c['device_peak_reserved_gib']:.1f} GiB" if "device_peak_reserved_gib" in c else "")
+                + f"; {c.get('dropped_frames', '?')} dropped frames |"
+            )
     if ce:
         what = f"make_eval_envs CPU branch: {ce['num_envs']} x {ce['env_id']} {ce['size']}x{ce['size']}, render {ce['render_backend']}"
         vals = "; ".join(f"{name.replace('_', ' ')} {ce[name]['env_steps_per_s']:,.0f}"

@@ -24,7 +24,7 @@ from fastrecord.testing import psnr
 def triton_available() -> bool:
     """Whether triton imports here (fastrecord's yuv420p conversion then has its one-pass CUDA kernel)."""
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except Exception:  # noqa: BLE001 - any import problem: fastrecord uses its torch path
         return False
@@ -96,7 +96,9 @@ def phase_quality(cfg: BenchConfig, bank: np.ndarray, workers: int, out: Path) -
     rows = []
     with EncoderProcessPool(max_processes=workers, idle_timeout=0) as pool:
         pool.start(workers)
-        parallel_encode([(out / f"warm{i}.mp4", yuv[i % len(yuv)]) for i in range(workers)], video_settings(cfg), workers, pool)
+        parallel_encode(
+            [(out / f"warm{i}.mp4", yuv[i % len(yuv)]) for i in range(workers)], video_settings(cfg), workers, pool
+        )
         for spec in cfg.sweep:
             preset, crf = spec.split(":")
             s = video_settings(cfg, preset=preset, crf=int(crf))
@@ -116,8 +118,8 @@ def phase_quality(cfg: BenchConfig, bank: np.ndarray, workers: int, out: Path) -
 
 def phase_micro(cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
     """Device time per step of the ring write, and of the yuv420p conversion per episode batch."""
-    from fastrecord.video import yuv
     from fastrecord.buffer import EpisodeBuffer
+    from fastrecord.video import yuv
 
     steps = cfg.episode_steps
     buf = EpisodeBuffer(cfg.num_envs, steps + 1)

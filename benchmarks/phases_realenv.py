@@ -67,8 +67,15 @@ def phase_realenv(cfg: BenchConfig, device: torch.device, out: Path) -> dict[str
     res["bare_step_render_ms"] = 1000 * loop(env, True, "bare") / cfg.real_env_steps
     env.close()
     for name, save_traj in (("fastrecord_video", False), ("fastrecord_video_traj", True)):
-        env = RecordEpisode(gym.make(cfg.content_env, **kw), str(out / name), save_trajectory=save_traj,
-                            video_codec=cfg.codec, video_crf=cfg.crf, video_preset=cfg.preset, video_workers=encoder_workers(cfg))
+        env = RecordEpisode(
+            gym.make(cfg.content_env, **kw),
+            str(out / name),
+            save_trajectory=save_traj,
+            video_codec=cfg.codec,
+            video_crf=cfg.crf,
+            video_preset=cfg.preset,
+            video_workers=encoder_workers(cfg),
+        )
         loop(env, False)
         env.recorder.wait_until_done()
         prof = start_pyspy(out / f"pyspy_{name}.txt", rate=500) if cfg.profile and name == "fastrecord_video" else None
@@ -124,8 +131,15 @@ def realenv_diag(cfg: BenchConfig, kw: dict, loop: Any, out: Path, device: torch
 
         EpisodeBuffer.step = step
         try:
-            env = RecordEpisode(gym.make(cfg.content_env, **kw), str(out / "diag"), save_trajectory=False,
-                                video_codec=cfg.codec, video_crf=cfg.crf, video_preset=cfg.preset, video_workers=encoder_workers(cfg))
+            env = RecordEpisode(
+                gym.make(cfg.content_env, **kw),
+                str(out / "diag"),
+                save_trajectory=False,
+                video_codec=cfg.codec,
+                video_crf=cfg.crf,
+                video_preset=cfg.preset,
+                video_workers=encoder_workers(cfg),
+            )
             loop(env, False)
             times.clear()
             t = loop(env, False, f"diag_{variant}")

@@ -87,7 +87,9 @@ def phase_maniskill(cfg: BenchConfig, bank: np.ndarray, device: torch.device, ou
     rss0 = rss()
     try:
         with MemoryMonitor(device) as mon:
-            env = ms_record.RecordEpisode(src, str(vdir), save_trajectory=False, max_steps_per_video=steps, video_fps=30)
+            env = ms_record.RecordEpisode(
+                src, str(vdir), save_trajectory=False, max_steps_per_video=steps, video_fps=30
+            )
             env.reset(seed=0)
             action = torch.zeros(cfg.num_envs, 3, device=device)
             t0, busy0 = time.perf_counter(), src.busy_seconds  # the reset's env time is not the loop's
@@ -116,8 +118,17 @@ def phase_maniskill(cfg: BenchConfig, bank: np.ndarray, device: torch.device, ou
     return res
 
 
-def run_fastrecord(cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, batches: int,
-                   warmup: int, sim_seconds: float = 0.0, check: bool = True, profile: Path | None = None) -> dict[str, Any]:
+def run_fastrecord(
+    cfg: BenchConfig,
+    bank: np.ndarray,
+    device: torch.device,
+    out: Path,
+    batches: int,
+    warmup: int,
+    sim_seconds: float = 0.0,
+    check: bool = True,
+    profile: Path | None = None,
+) -> dict[str, Any]:
     """fastrecord.RecordEpisode (videos only) over ``warmup + batches`` batches of the source's episodes (all
     ending together), the last ``batches`` measured: rates, the stepping thread's time, memory per batch,
     and (``check``) dropped frames and PSNR of the videos; ``profile``: py-spy's samples go there."""
@@ -242,7 +253,9 @@ def bare_loop(src: BatchedDoubleEnv, steps: int, batches: int) -> float:
     return time.perf_counter() - t0
 
 
-def phase_keepup(cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, flat_fps: float) -> dict[str, Any]:
+def phase_keepup(
+    cfg: BenchConfig, bank: np.ndarray, device: torch.device, out: Path, flat_fps: float
+) -> dict[str, Any]:
     steps = bank.shape[1] - 1
     target_fps = cfg.keepup_fraction * flat_fps
     step_s = cfg.num_envs * (steps + 1) / steps / target_fps

@@ -26,7 +26,6 @@ def _noop() -> None:
 
 def _child(kw: dict[str, Any], q: Any) -> None:
     import gymnasium as gym
-
     import mani_skill.envs  # noqa: F401
 
     t0 = time.time()
@@ -46,9 +45,9 @@ def main() -> None:
     res: dict[str, Any] = {}
     t0 = time.time()
     import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
     import torch  # noqa: F401
 
-    import mani_skill.envs  # noqa: F401
     from fastrecord.system import use_lavapipe_if_no_gpu
 
     use_lavapipe_if_no_gpu()

@@ -100,7 +100,9 @@ def make_env(args: argparse.Namespace, device: str) -> Any:
                         render_backend=render, human_render_camera_configs=dict(width=args.size, height=args.size))
         return base
     bank = gradient_clips(clips=4, frames=16, height=args.size, width=args.size)
-    return BatchedDoubleEnv(num_envs=args.num_envs, max_episode_steps=10**6, device=device, bank=bank, obs_mode=args.obs_mode)
+    return BatchedDoubleEnv(
+        num_envs=args.num_envs, max_episode_steps=10**6, device=device, bank=bank, obs_mode=args.obs_mode
+    )
 
 
 def main() -> None:
@@ -115,7 +117,9 @@ def main() -> None:
     p.add_argument("--gap-ms", type=float, default=0.0, help="sleep between steps (an idle host, as during a sim step)")
     p.add_argument("--busy", type=int, default=0, help="processes spinning on the CPU meanwhile (as encoders)")
     p.add_argument("--real-env", default=None, help="profile around a real ManiSkill env (one env) instead")
-    p.add_argument("--sync", action="store_true", help="drain the GPU before each step (is on_step waiting for earlier GPU work?)")
+    p.add_argument(
+        "--sync", action="store_true", help="drain the GPU before each step (is on_step waiting for earlier GPU work?)"
+    )
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base = make_env(args, device)
@@ -157,9 +161,9 @@ def main() -> None:
                 if args.sync and device == "cuda":
                     torch.cuda.synchronize()
                 _, _, te, tr, _ = env.step(act)
-                if args.real_env and bool(torch.as_tensor(te | tr).any()):
-                    env.reset()
-                elif rec.buffer.cursor.max() >= args.steps + 90:
+                if (
+                    args.real_env and bool(torch.as_tensor(te | tr).any())
+                ) or rec.buffer.cursor.max() >= args.steps + 90:
                     env.reset()
 
         run(20)
@@ -172,8 +176,10 @@ def main() -> None:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / args.steps
         what = args.real_env or f"{args.num_envs} envs, bank render"
-        print(f"== {what}, {args.size}x{args.size}, obs {args.obs_mode}, trajectory={args.trajectory}, gap {args.gap_ms} ms, sync {args.sync}, "
-              f"{args.busy} busy processes, {device}; loop {1000 * wall:.3f} ms/step")
+        print(
+            f"== {what}, {args.size}x{args.size}, obs {args.obs_mode}, trajectory={args.trajectory}, gap {args.gap_ms} ms, sync {args.sync}, "
+            f"{args.busy} busy processes, {device}; loop {1000 * wall:.3f} ms/step"
+        )
         t = timers.t
         on = t["on_step"]
         render = float(np.mean(t["render in on_step"])) if t["render in on_step"] else 0.0
@@ -181,8 +187,10 @@ def main() -> None:
               f"(mean excl. render {1000 * (np.mean(on) - render):.3f} ms)")
         for k in ("render in on_step", "collect (incl. render)", "leaves", "buffer.step"):
             if t[k]:
-                print(f"  {k:24s} p50 {1000 * statistics.median(t[k]):.3f} ms, p90 {1000 * np.percentile(t[k], 90):.3f} ms, "
-                      f"max {1000 * max(t[k]):.3f} ms, mean {1000 * sum(t[k]) / len(on):.3f} ms/step")
+                print(
+                    f"  {k:24s} p50 {1000 * statistics.median(t[k]):.3f} ms, p90 {1000 * np.percentile(t[k], 90):.3f} ms, "
+                    f"max {1000 * max(t[k]):.3f} ms, mean {1000 * sum(t[k]) / len(on):.3f} ms/step"
+                )
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -191,7 +199,9 @@ def main() -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
         rows, calls_per_step = _inside(prof, LABEL)
-        print(f"ops inside on_step, self CPU us per step (calls per step), profiler on; {calls_per_step:.1f} calls a step in all:")
+        print(
+            f"ops inside on_step, self CPU us per step (calls per step), profiler on; {calls_per_step:.1f} calls a step in all:"
+        )
         for name, us, calls in rows:
             print(f"  {us:9.1f} us  x{calls:<3d} {name}")
         if device == "cuda":

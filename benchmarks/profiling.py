@@ -49,8 +49,12 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, list[tuple[str, fl
         if not stack or not n.isdigit():
             continue
         frames = stack.split(";")
-        proc = "encoder" if "_worker_main" in stack else "parent"  # the encoder processes' entry (fastrecord.video.pool)
-        leaf = next((f for f in reversed(frames) if not f.startswith("process ") and not f.startswith("thread ")), frames[-1])
+        proc = (
+            "encoder" if "_worker_main" in stack else "parent"
+        )  # the encoder processes' entry (fastrecord.video.pool)
+        leaf = next(
+            (f for f in reversed(frames) if not f.startswith("process ") and not f.startswith("thread ")), frames[-1]
+        )
         by_proc.setdefault(proc, {})
         by_proc[proc][leaf] = by_proc[proc].get(leaf, 0) + int(n)
         totals[proc] = totals.get(proc, 0) + int(n)

@@ -55,7 +55,6 @@ class _RecordThunk:
 
     def __call__(self) -> Any:
         import gymnasium as gym
-
         import mani_skill.envs  # noqa: F401 - registers the tasks
         from mani_skill.utils.wrappers import CPUGymWrapper, RecordEpisode
 
@@ -72,9 +71,8 @@ def record_maniskill(a: dict[str, Any]) -> None:
     """Episodes of ``episode_steps`` random steps, every env reset together with its own seeds, until
     ``episodes`` episodes have ended (rounded up to whole batches of ``num_envs``)."""
     import gymnasium as gym
-    import numpy as np
-
     import mani_skill.envs  # noqa: F401
+    import numpy as np
 
     stamp("imported")
     n = a["num_envs"]
@@ -105,7 +103,6 @@ class _EvalThunk:
 
     def __call__(self) -> Any:
         import gymnasium as gym
-
         import mani_skill.envs  # noqa: F401
         from mani_skill.utils.wrappers import CPUGymWrapper, FrameStack, RecordEpisode
 
@@ -145,9 +142,8 @@ def _eval_loop(envs: Any, a: dict[str, Any]) -> None:
 
 def eval_maniskill(a: dict[str, Any]) -> None:
     import gymnasium as gym
-    import torch  # noqa: F401 - the baseline's script imports it (its agent)
-
     import mani_skill.envs  # noqa: F401
+    import torch  # noqa: F401 - the baseline's script imports it (its agent)
 
     stamp("imported")
     n = a["num_envs"]

@@ -25,7 +25,10 @@ from fastrecord.testing import sensor_clips
 
 def sweep(frames: np.ndarray, episodes: int, repeats: int, path: str) -> list[tuple[str, float, float, float]]:
     """``frames`` [E, T, H, W, 3]; returns (label, write frames/s, stored share, read frames/s)."""
-    layouts = [("one frame a chunk, gzip:5", "gzip:5", "frame"), ("h5py automatic chunks, gzip:5 (ManiSkill)", "gzip:5", "auto")]
+    layouts = [
+        ("one frame a chunk, gzip:5", "gzip:5", "frame"),
+        ("h5py automatic chunks, gzip:5 (ManiSkill)", "gzip:5", "auto"),
+    ]
     layouts += [(f"frames x row bands, {c}", c, "band") for c in COMPRESSIONS]
     eps = [frames[i % len(frames)] for i in range(episodes)]
     n = sum(len(e) for e in eps)
@@ -41,7 +44,11 @@ def sweep(frames: np.ndarray, episodes: int, repeats: int, path: str) -> list[tu
                     if method is None:
                         f.create_dataset(f"e{i}", data=e)
                     else:
-                        chunks = {"frame": (1, *e.shape[1:]), "auto": True, "band": image_chunks(e.shape, e.dtype.itemsize)}[layout]
+                        chunks = {
+                            "frame": (1, *e.shape[1:]),
+                            "auto": True,
+                            "band": image_chunks(e.shape, e.dtype.itemsize),
+                        }[layout]
                         f.create_dataset(f"e{i}", data=e, chunks=chunks, compression=method, compression_opts=level)
             best = min(best, time.process_time() - t0)
         size = os.path.getsize(path)
@@ -66,7 +73,9 @@ def main() -> None:
         for size in (int(s) for s in a.sizes.split(",")):
             frames = sensor_clips(a.env, a.clips, a.frames, size, "cpu")
             print(f"\n{a.env} sensor frames {size}x{size}, {a.episodes} episodes x {a.frames} frames")
-            print("| layout, compression | write frames/s (CPU) | size | read frames/s (CPU) |\n| --- | --- | --- | --- |")
+            print(
+                "| layout, compression | write frames/s (CPU) | size | read frames/s (CPU) |\n| --- | --- | --- | --- |"
+            )
             for label, w, share, r in sweep(frames, a.episodes, a.repeats, os.path.join(tmp, "sweep.h5")):
                 print(f"| {label} | {w:,.0f} | {share:.1%} | {r:,.0f} |")
 

@@ -48,8 +48,12 @@ def push_cube_policy(obs: np.ndarray) -> np.ndarray:
     above = pre.copy()
     above[..., 2] = 0.08
     at_pre = np.linalg.norm(tcp[..., :2] - pre[..., :2], axis=-1) < 0.01
-    pushing = (np.abs(tcp[..., 1] - cube[..., 1]) < 0.015) & (tcp[..., 0] < cube[..., 0] - 0.025) & (tcp[..., 2] < 0.035)
-    push = tcp + np.stack([np.full_like(tcp[..., 0], 0.05), 0.5 * (goal[..., 1] - cube[..., 1]), 0.02 - tcp[..., 2]], -1)
+    pushing = (
+        (np.abs(tcp[..., 1] - cube[..., 1]) < 0.015) & (tcp[..., 0] < cube[..., 0] - 0.025) & (tcp[..., 2] < 0.035)
+    )
+    push = tcp + np.stack(
+        [np.full_like(tcp[..., 0], 0.05), 0.5 * (goal[..., 1] - cube[..., 1]), 0.02 - tcp[..., 2]], -1
+    )
     target = np.where(pushing[..., None], push, np.where(at_pre[..., None], pre, above))
     arrived = np.linalg.norm(cube[..., :2] - goal[..., :2], axis=-1) < 0.03
     target = np.where(arrived[..., None], tcp, target)
@@ -80,9 +84,8 @@ class RandomAgent:
 
 def evaluate(n: int, agent, eval_envs, device: torch.device, sim_backend: str) -> dict[str, np.ndarray]:
     """Run ``n`` episodes (rounded up to whole batches of envs); return the per-episode metrics."""
-    from tqdm import tqdm
-
     from mani_skill.utils import common
+    from tqdm import tqdm
 
     metrics: dict[str, list] = defaultdict(list)
     obs, _ = eval_envs.reset()
@@ -139,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     keep = args.keep or "success"
 
-    from fastrecord import make_eval_envs  # the one-line switch from diffusion_policy.make_env
-    from fastrecord import shards
+    from fastrecord import (
+        make_eval_envs,  # the one-line switch from diffusion_policy.make_env
+        shards,
+    )
     from fastrecord.make_env import sharding_of
     from fastrecord.system import use_lavapipe_if_no_gpu
 
@@ -148,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.policy == "scripted" and args.env_id != "PushCube-v1":
         raise SystemExit(f"--policy scripted solves PushCube-v1 only, not {args.env_id}; use --policy random")
     env_kwargs = dict(
-        control_mode="pd_ee_delta_pos", reward_mode="sparse", obs_mode="state", render_mode="rgb_array",
-        max_episode_steps=args.max_episode_steps, human_render_camera_configs=dict(width=args.width, height=args.height),
+        control_mode="pd_ee_delta_pos",
+        reward_mode="sparse",
+        obs_mode="state",
+        render_mode="rgb_array",
+        max_episode_steps=args.max_episode_steps,
+        human_render_camera_configs=dict(width=args.width, height=args.height),
     )
     other_kwargs = dict(obs_horizon=args.obs_horizon)
     t0 = time.perf_counter()

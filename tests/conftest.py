@@ -48,7 +48,6 @@ def render_device():
 def make_env():
     """gym.make a ManiSkill CPU env with a small human camera; closed after the test."""
     import gymnasium as gym
-
     import mani_skill.envs  # noqa: F401
 
     made = []

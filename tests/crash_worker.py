@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "src"))  # this checkout's fastrecord
 
-from fastrecord.system import use_lavapipe_if_no_gpu  # noqa: E402
+from fastrecord.system import use_lavapipe_if_no_gpu
 
 use_lavapipe_if_no_gpu()
 
@@ -25,7 +25,6 @@ from fastrecord import RecordEpisode  # noqa: E402
 def main(out: str, kind: str) -> None:
     if kind == "maniskill":
         import gymnasium as gym
-
         import mani_skill.envs  # noqa: F401
 
         env = gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",

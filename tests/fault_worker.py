@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "src"))  # this checkout's fastrecord
 
-from fastrecord.system import use_lavapipe_if_no_gpu  # noqa: E402
+from fastrecord.system import use_lavapipe_if_no_gpu
 
 use_lavapipe_if_no_gpu()
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "src"))  # this checkout's fastrecord
 
-import torch  # noqa: E402
+import torch
 
-from fastrecord import RecordEpisode  # noqa: E402
-from fastrecord.sinks.lerobot import LeRobotSink  # noqa: E402
-from fastrecord.testing import BatchedDoubleEnv  # noqa: E402
-from fastrecord.video import VideoSettings  # noqa: E402
+from fastrecord import RecordEpisode
+from fastrecord.sinks.lerobot import LeRobotSink
+from fastrecord.testing import BatchedDoubleEnv
+from fastrecord.video import VideoSettings
 
 STEPS = 4
 

@@ -16,8 +16,8 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-
 from conftest import CAMERA
+
 from fastrecord.commands.cli import main
 from fastrecord.sinks.maniskill_h5 import EpisodeProblem, check_episode
 
@@ -90,7 +90,9 @@ def test_nan_env_states_are_named_by_info_and_refused_by_replay(clean, tmp_path,
     assert f"  problems: {expected} (1 of 3 episodes bad;" in printed
     assert main(["info", str(path), "--json"]) == 1
     run = json.loads(capsys.readouterr().out)["runs"][0]
-    assert run["problems"] == [{"episode": "traj_1", "field": leaf, "problem": f"has {2 * width} non-finite values at steps 2-3"}]
+    assert run["problems"] == [
+        {"episode": "traj_1", "field": leaf, "problem": f"has {2 * width} non-finite values at steps 2-3"}
+    ]
 
     out = tmp_path / "replayed"
     assert main(replay_cli(path, out)) != 0

@@ -8,14 +8,12 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from fastrecord.testing import BatchedDoubleEnv, frames_for
-from fastrecord.testing import frame_psnr as psnr
 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
 from fastrecord import RecordEpisode
+from fastrecord.testing import BatchedDoubleEnv, frames_for
+from fastrecord.testing import frame_psnr as psnr
 from fastrecord.video import decode_mp4
-
-
 
 
 def run(tmp_path, steps=12, num_envs=4, max_steps=6, success_step=(2, 0, 4, 0), **kwargs):
@@ -62,7 +60,9 @@ def test_partial_resets_round_trip(tmp_path):
             assert g["success"][-1] == (outcome == "success") == e["success"]
             assert g["env_states/actors/box"].shape == (T + 1, 13)
             # the video is this env's frames: recompute them from the recorded state
-            expected = frames_for(torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), base.size, env_idx).numpy()
+            expected = frames_for(
+                torch.as_tensor(obs[:, :3]), torch.as_tensor(obs[:, 3]).int(), base.size, env_idx
+            ).numpy()
             decoded = decode_mp4(tmp_path / f"{e['episode_id']}_env{env_idx}_{outcome}.mp4")
             assert decoded.shape == expected.shape
             assert psnr(decoded, expected).min() > 30
@@ -299,7 +299,9 @@ def test_info_overlay_drawn_in_encoder_processes_matches_maniskills_text(tmp_pat
         (path,) = (tmp_path / "ours").glob(f"*_env{e}_*.mp4")
         ours = decode_mp4(path)
         clip = np.stack([f[e] for f in frames])
-        per_frame = [{}] + [{k: (float(v[e]) if k == "reward" else v[e].item()) for k, v in i.items()} for i in infos[1:]]
+        per_frame = [{}] + [
+            {k: (float(v[e]) if k == "reward" else v[e].item()) for k, v in i.items()} for i in infos[1:]
+        ]
         # ManiSkill's own overlay of the same info, through its own writer
         theirs_frames = [clip[0]] + [put_info_on_image(clip[t], per_frame[t]) for t in range(1, steps + 1)]
         images_to_video(theirs_frames, str(tmp_path / "theirs"), video_name=f"env{e}", fps=30, verbose=False)

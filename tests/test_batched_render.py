@@ -17,7 +17,11 @@ SMALL = dict(human_render_camera_configs=dict(width=64, height=64), sensor_confi
 def _make(env_id: str, obs_mode: str = "state", **kw):
     import mani_skill.envs  # noqa: F401
 
-    kw = {**dict(obs_mode=obs_mode, render_mode="rgb_array", sim_backend="physx_cpu", reconfiguration_freq=1), **SMALL, **kw}
+    kw = {
+        **dict(obs_mode=obs_mode, render_mode="rgb_array", sim_backend="physx_cpu", reconfiguration_freq=1),
+        **SMALL,
+        **kw,
+    }
     return gym.make(env_id, **kw)
 
 
@@ -46,7 +50,10 @@ def test_bodies_follow_the_scene_and_read_entity_poses():
 def test_a_scene_is_a_function_of_its_episode_seed():
     """What mirroring rests on: PegInsertionSide draws its peg and box sizes at reconfiguration; two envs
     reconfigured with one episode seed look the same (whatever their obs mode), other seeds differ."""
-    a, b = _make("PegInsertionSide-v1", obs_mode="rgb", robot_uids="panda"), _make("PegInsertionSide-v1", robot_uids="panda")
+    a, b = (
+        _make("PegInsertionSide-v1", obs_mode="rgb", robot_uids="panda"),
+        _make("PegInsertionSide-v1", robot_uids="panda"),
+    )
     try:
         a.reset(seed=0)
         sig0 = RenderBodies(a.unwrapped).signature()
@@ -83,11 +90,20 @@ def test_make_eval_envs_renders_per_process_without_cuda(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the batched path is the default (tested by the gpu cases)")
-    kw = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=4, **{k: v for k, v in SMALL.items() if "human" in k})
+    kw = dict(
+        obs_mode="state",
+        render_mode="rgb_array",
+        max_episode_steps=4,
+        **{k: v for k, v in SMALL.items() if "human" in k},
+    )
     with pytest.raises(ValueError, match="batched_render=True.*CUDA"):
-        make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render=True)
+        make_eval_envs(
+            "PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render=True
+        )
     with pytest.raises(ValueError, match="batched_render='yes' must be None"):
-        make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render="yes")
+        make_eval_envs(
+            "PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render="yes"
+        )
     with pytest.raises(ValueError, match="batched_render=True renders once a step.*render_substeps"):
         make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path),
                        batched_render=True, record_kwargs=dict(render_substeps=True))
@@ -138,8 +154,11 @@ def _make_or_skip(env_id: str, **kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("env_id,kw", [("PickCube-v1", {}), ("PegInsertionSide-v1", dict(robot_uids="panda")),
-                                       ("PegInsertionSide-v1", {})], ids=["PickCube", "PegInsertion-panda", "PegInsertion-wristcam"])
+@pytest.mark.parametrize(
+    "env_id,kw",
+    [("PickCube-v1", {}), ("PegInsertionSide-v1", dict(robot_uids="panda")), ("PegInsertionSide-v1", {})],
+    ids=["PickCube", "PegInsertion-panda", "PegInsertion-wristcam"],
+)
 def test_group_pictures_equal_each_envs_own_render(env_id, kw):
     """Drivers step on the CPU; mirrors (reset to the drivers' seeds) render their poses in one group:
     human camera (PickCube: its hidden goal shown) and every sensor (hidden objects hidden; the wrist
@@ -169,8 +188,12 @@ def test_group_pictures_equal_each_envs_own_render(env_id, kw):
                 assert _psnr_min(batched, own) >= 40, (round_, step)
                 for cam in drivers[0].unwrapped.scene.sensors:
                     pics = group.render(cam).cpu().numpy()
-                    own = np.concatenate([torch.as_tensor(d.unwrapped.get_obs()["sensor_data"][cam]["rgb"]).cpu().numpy()
-                                          for d in drivers])
+                    own = np.concatenate(
+                        [
+                            torch.as_tensor(d.unwrapped.get_obs()["sensor_data"][cam]["rgb"]).cpu().numpy()
+                            for d in drivers
+                        ]
+                    )
                     assert _psnr_min(pics, own) >= 40, (round_, step, cam)
         assert group.rebuilds == 2  # the first build, and once after the reconfiguring resets
     finally:
@@ -197,7 +220,9 @@ def test_vector_env_render_equals_sub_env_renders_across_reconfiguration():
             for step in range(3):
                 if step:
                     envs.step(envs.action_space.sample())
-                own = np.concatenate([np.asarray(torch.as_tensor(f).cpu()).reshape(-1, 64, 64, 3) for f in envs.call("render")])
+                own = np.concatenate(
+                    [np.asarray(torch.as_tensor(f).cpu()).reshape(-1, 64, 64, 3) for f in envs.call("render")]
+                )
                 assert _psnr_min(envs.render().cpu().numpy(), own) >= 40
         assert envs.mirror_rebuilds >= 3  # the second seeds' objects differ from the first's
         mask = np.array([True, False, True])

@@ -15,11 +15,29 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     from benchmarks.bench import format_table, run_bench
     from benchmarks.config import BenchConfig
 
-    cfg = BenchConfig(num_envs=4, width=32, height=32, episode_steps=4, batches=2, device="cpu", content="gradient",
-                      workers=2, baseline_steps=2, sweep=("ultrafast:20",), sweep_episodes=2, ceiling_episodes=2,
-                      keepup_batches=1, skip=("realenv", "coldstart", "cpueval"), json=str(tmp_path / "bench.json"), imageobs_content="gradient",
-                      imageobs_size=16, imageobs_episode_steps=4, imageobs_steps=9, imageobs_repeats=1,
-                      imageobs_writers_sweep=(2,))
+    cfg = BenchConfig(
+        num_envs=4,
+        width=32,
+        height=32,
+        episode_steps=4,
+        batches=2,
+        device="cpu",
+        content="gradient",
+        workers=2,
+        baseline_steps=2,
+        sweep=("ultrafast:20",),
+        sweep_episodes=2,
+        ceiling_episodes=2,
+        keepup_batches=1,
+        skip=("realenv", "coldstart", "cpueval"),
+        json=str(tmp_path / "bench.json"),
+        imageobs_content="gradient",
+        imageobs_size=16,
+        imageobs_episode_steps=4,
+        imageobs_steps=9,
+        imageobs_repeats=1,
+        imageobs_writers_sweep=(2,),
+    )
     r = run_bench(cfg, log=lambda m: None)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["summary"]["speedup"] == pytest.approx(r["summary"]["speedup"])
@@ -36,7 +54,10 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     m = fr["memory"]
     assert m["host_rss_gib"] > 0.05 and m["encoders_pss_gib"] > 0 and m["host_total_gib"] >= m["host_rss_gib"]
     assert f"host {m['host_rss_gib']:.2f} GiB RSS" in table and "host 0.00 GiB" not in table
-    assert r["maniskill"]["host_ms_per_step"] > 0 and f"({r['maniskill']['host_ms_per_step']:.2f} ms host work a step" in table
+    assert (
+        r["maniskill"]["host_ms_per_step"] > 0
+        and f"({r['maniskill']['host_ms_per_step']:.2f} ms host work a step" in table
+    )
     io = r["imageobs"]  # the same episodes (partial resets from the env) in both files, every env-step counted
     assert io["same_episodes"] and io["fastrecord"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"] > 4
     assert io["fastrecord"]["env_steps"] == io["maniskill"]["env_steps"] == 9 * 4
@@ -45,9 +66,16 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     # the default row runs fastrecord's default and says what it resolved to; the tuned row is labelled as such
     from fastrecord.options import default_trajectory_writers, usable_cores
 
-    assert r["machine"]["cpus"] == usable_cores() and f"{usable_cores()} " in table.splitlines()[0]  # the affinity mask's
-    assert io["trajectory_writers"] is None and io["default_writers"] == default_trajectory_writers(usable_cores(), True)
-    assert f"default: trajectory_writers=None -> {io['default_writers']} (chosen for {usable_cores()} usable cores" in table
+    assert (
+        r["machine"]["cpus"] == usable_cores() and f"{usable_cores()} " in table.splitlines()[0]
+    )  # the affinity mask's
+    assert io["trajectory_writers"] is None and io["default_writers"] == default_trajectory_writers(
+        usable_cores(), True
+    )
+    assert (
+        f"default: trajectory_writers=None -> {io['default_writers']} (chosen for {usable_cores()} usable cores"
+        in table
+    )
     (tuned,) = io["sweep"]
     assert tuned["trajectory_writers"] == tuned["run"]["writers_started"] == 2
     # every ratio is the quotient of the two rates it names (not just positive): tuned, and the summary's speedup
@@ -61,14 +89,27 @@ def test_bench_smoke_tiny_cpu(tmp_path):
     # the same pair beside a spinning process (BenchConfig's default imageobs_busy_cores=1), in the same run
     busy = io["busy"]
     assert busy["cores"] == 1 and len(busy["cores_held"]) == 1 and busy["cores_held"][0] > 0
-    assert busy["fastrecord"]["episodes_in_file"] == busy["maniskill"]["episodes_in_file"] == io["maniskill"]["episodes_in_file"]
-    assert busy["fastrecord"]["writers_started"] == io["default_writers"] and busy["ratio"] > 0 and busy["ratio_with_setup"] > 0
+    assert (
+        busy["fastrecord"]["episodes_in_file"]
+        == busy["maniskill"]["episodes_in_file"]
+        == io["maniskill"]["episodes_in_file"]
+    )
+    assert (
+        busy["fastrecord"]["writers_started"] == io["default_writers"]
+        and busy["ratio"] > 0
+        and busy["ratio_with_setup"] > 0
+    )
     for x in (io, busy):  # each ratio is the median of the runs' ratios, set-up inside the timing or not
-        assert x["ratio"] == pytest.approx(x["fastrecord_runs"][0]["env_steps_per_s"] / x["maniskill_runs"][0]["env_steps_per_s"])
+        assert x["ratio"] == pytest.approx(
+            x["fastrecord_runs"][0]["env_steps_per_s"] / x["maniskill_runs"][0]["env_steps_per_s"]
+        )
         f, m = x["fastrecord_runs"][0], x["maniskill_runs"][0]
         assert x["ratio_with_setup"] == pytest.approx(
             (m["setup_seconds"] + m["seconds"]) / (f["setup_seconds"] + f["seconds"]))
-    assert "imageobs, busy: 1 other process(es) spinning (held " in table and "with the recorder's set-up inside the timing" in table
+    assert (
+        "imageobs, busy: 1 other process(es) spinning (held " in table
+        and "with the recorder's set-up inside the timing" in table
+    )
 
 
 def test_memory_monitor_peaks_are_true_in_a_window_with_no_sample():
@@ -85,7 +126,10 @@ def test_memory_monitor_peaks_are_true_in_a_window_with_no_sample():
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        with MemoryMonitor(torch.device("cpu"), interval=3600) as mon, ChildrenPss(lambda: [child.pid], interval=3600) as kids:
+        with (
+            MemoryMonitor(torch.device("cpu"), interval=3600) as mon,
+            ChildrenPss(lambda: [child.pid], interval=3600) as kids,
+        ):
             block = np.ones(256 << 17)  # 256 MiB, touched
             del block
         after = rss()
@@ -133,7 +177,9 @@ def test_bench_imageobs_options_are_checked():
         BenchConfig(imageobs_content="video")
     with pytest.raises(ValueError, match="imageobs_episode_steps=1 must be at least 2"):
         BenchConfig(imageobs_episode_steps=1)
-    with pytest.raises(ValueError, match=r"imageobs_writers_sweep=\[8, 0\] holds \[0\]: every entry must be an integer >= 1"):
+    with pytest.raises(
+        ValueError, match=r"imageobs_writers_sweep=\[8, 0\] holds \[0\]: every entry must be an integer >= 1"
+    ):
         BenchConfig(imageobs_writers_sweep=(8, 0))
     with pytest.raises(ValueError, match=r"imageobs_busy_cores=-1 must be at least 0; pass --imageobs-busy-cores N"):
         BenchConfig(imageobs_busy_cores=-1)
@@ -181,8 +227,10 @@ def test_bench_help_imports_neither_torch_nor_the_benchmark_runner():
     import fastrecord
 
     env = {**os.environ, "PYTHONPATH": str(Path(fastrecord.__file__).resolve().parents[1])}  # this checkout's code
-    code = ("import sys\nfrom fastrecord.commands.cli import main\ntry:\n    main(['bench', '--help'])\n"
-            "except SystemExit as e:\n    assert e.code == 0\n"
-            "print(sorted(m for m in ('torch', 'mani_skill', 'benchmarks.bench', 'benchmarks.config') if m in sys.modules))")
+    code = (
+        "import sys\nfrom fastrecord.commands.cli import main\ntry:\n    main(['bench', '--help'])\n"
+        "except SystemExit as e:\n    assert e.code == 0\n"
+        "print(sorted(m for m in ('torch', 'mani_skill', 'benchmarks.bench', 'benchmarks.config') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert "--trajectory-compression" in out and out.strip().splitlines()[-1] == "['benchmarks.config']"

@@ -22,7 +22,11 @@ def test_staggered_and_coldstart_phases_tiny_cpu(tmp_path):
         c = r["coldstart"][mode]
         assert c["episodes"] >= 6 and c["dropped_frames"] == 0 and c["setup_seconds"] > 0 and c["host_peak_rss_gib"] > 0
     table = format_table(r)
-    assert "staggered: lengths 3-6 from the env" in table and "cold start, sync" in table and "of all-end-together" in table
+    assert (
+        "staggered: lengths 3-6 from the env" in table
+        and "cold start, sync" in table
+        and "of all-end-together" in table
+    )
 
 
 def test_stagger_steps_are_checked():

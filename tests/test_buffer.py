@@ -103,9 +103,14 @@ def small(step: int | list[int], n: int = N, dtype: torch.dtype = torch.float32)
     """Small leaves (a pack per dtype) whose rows say whose they are: env e at step t."""
     t = torch.as_tensor(step).expand(n)
     e = torch.arange(n)
-    return {"actions": torch.stack([e, t, -t], dim=1).to(dtype), "rewards": (10 * e + t).to(dtype),
-            "obs/pose": (100 * e + t).view(n, 1, 1).to(dtype) + torch.arange(12, dtype=dtype).view(1, 3, 4),
-            "terminated": t % 2 == 1, "success": e == t, "frames": (10 * e + t).to(torch.uint8).view(n, 1, 1, 1).expand(n, 4, 4, 3)}
+    return {
+        "actions": torch.stack([e, t, -t], dim=1).to(dtype),
+        "rewards": (10 * e + t).to(dtype),
+        "obs/pose": (100 * e + t).view(n, 1, 1).to(dtype) + torch.arange(12, dtype=dtype).view(1, 3, 4),
+        "terminated": t % 2 == 1,
+        "success": e == t,
+        "frames": (10 * e + t).to(torch.uint8).view(n, 1, 1, 1).expand(n, 4, 4, 3),
+    }
 
 
 def rows_of(buf: EpisodeBuffer, env: int, steps: list[int], dtype: torch.dtype) -> None:
@@ -152,7 +157,10 @@ def test_small_leaves_share_a_storage_and_keep_their_rows(dtype):
     assert got["actions"].tolist() == [[1, 4, -4], [2, 1, -1]] and got["terminated"].tolist() == [False, True]
     assert got["whole/rewards"][1, :2].tolist() == [20, 21]
     out = buf.gather(np.array([2, 1]))
-    assert out["obs/pose"].shape == (2, 5, 3, 4) and out["obs/pose"][1, 4].tolist() == small(4, dtype=dtype)["obs/pose"][1].tolist()
+    assert (
+        out["obs/pose"].shape == (2, 5, 3, 4)
+        and out["obs/pose"][1, 4].tolist() == small(4, dtype=dtype)["obs/pose"][1].tolist()
+    )
 
 
 def test_a_packed_leaf_that_changes_shape_at_a_full_reset_gets_its_own_storage():
@@ -262,7 +270,9 @@ def test_read_rows_reads_last_slots_whole_episodes_and_extras_at_once(device):
     flags = lambda *v: torch.tensor(v, device=device)  # noqa: E731
     buf.start(np.arange(n), {"success": flags(False, False, False), "reward": torch.zeros(n, device=device)})
     buf.step({"success": flags(False, True, False), "reward": torch.tensor([1.0, 2.0, 3.0], device=device)})
-    buf.start(np.array([1]), {"success": flags(False, False, False), "reward": torch.zeros(n, device=device)})  # env 1 anew
+    buf.start(
+        np.array([1]), {"success": flags(False, False, False), "reward": torch.zeros(n, device=device)}
+    )  # env 1 anew
     buf.step({"success": flags(True, True, False), "reward": torch.tensor([4.0, 5.0, 6.0], device=device)})
     returns = torch.tensor([10.0, 20.0, 30.0], dtype=torch.float64, device=device)
     got = buf.read_rows(np.array([2, 0, 1]), last=["success", "reward", "absent"], whole=["success"],

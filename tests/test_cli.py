@@ -77,36 +77,69 @@ BAD_INPUTS = [
     (["record", "--num-envs", "0"], r"num_envs=0 must be at least 1; pass num_envs=1 or more \(the --num-envs flag"),
     (["record", "--episodes", "0"], r"episodes=0 must be at least 1; .*the --episodes flag"),
     (["record", "--width", "-64"], r"width=-64 must be at least 1; .*the --width flag"),
-    (["record", "--width", "100000"], r"width=100000 is larger than the 16384 pixels H.264 \(libx264\) encodes; pass "
-                                      r"width=16384 or less \(the --width flag"),
+    (
+        ["record", "--width", "100000"],
+        r"width=100000 is larger than the 16384 pixels H.264 \(libx264\) encodes; pass "
+        r"width=16384 or less \(the --width flag",
+    ),
     (["record", "--height", "-1"], r"height=-1 must be at least 1; .*the --height flag"),
-    (["record", "--reward-mode", "foo"], r"reward_mode='foo' is not a reward mode of PickCube-v1; use one of "
-                                         r"normalized_dense, dense, sparse, none$"),
+    (
+        ["record", "--reward-mode", "foo"],
+        r"reward_mode='foo' is not a reward mode of PickCube-v1; use one of "
+        r"normalized_dense, dense, sparse, none$",
+    ),
     (["record", "--env-kwargs", "reward_mode=bogus"], r"reward_mode='bogus' is not a reward mode of PickCube-v1"),
-    (["record", "--robot-uids", "pandaa"], r"robot_uids='pandaa': 'pandaa' is not a registered ManiSkill robot; "
-                                           r"did you mean panda"),
-    (["record", "--sim-config", '{{"bogus": 1}}'],
-     r"PickCube-v1 refused its keywords \(.*sim_config=\{'bogus': 1\}.*\): UnexpectedDataError: .*bogus"),
-    (["record", "--no-save-on-reset"], r"save_on_reset=False saves episodes only through flush_trajectory\(\)/"
-                                       r"flush_video\(\) calls, which fastrecord record never makes: it would record "
-                                       r"nothing; drop --no-save-on-reset"),
-    (["record", "--policy", "fastrecord.policies:pick_cube_policy"],
-     r"policy='fastrecord.policies:pick_cube_policy' drives control_mode='pd_ee_delta_pos' and this run has the task's "
-     r"default; pass --control-mode pd_ee_delta_pos$"),
-    (["record", "--policy", "fastrecord.policies:pick_cube_policy", "--control-mode", "pd_joint_pos"],
-     r"this run has 'pd_joint_pos'; pass --control-mode pd_ee_delta_pos$"),
+    (
+        ["record", "--robot-uids", "pandaa"],
+        r"robot_uids='pandaa': 'pandaa' is not a registered ManiSkill robot; "
+        r"did you mean panda",
+    ),
+    (
+        ["record", "--sim-config", '{{"bogus": 1}}'],
+        r"PickCube-v1 refused its keywords \(.*sim_config=\{'bogus': 1\}.*\): UnexpectedDataError: .*bogus",
+    ),
+    (
+        ["record", "--no-save-on-reset"],
+        r"save_on_reset=False saves episodes only through flush_trajectory\(\)/"
+        r"flush_video\(\) calls, which fastrecord record never makes: it would record "
+        r"nothing; drop --no-save-on-reset",
+    ),
+    (
+        ["record", "--policy", "fastrecord.policies:pick_cube_policy"],
+        r"policy='fastrecord.policies:pick_cube_policy' drives control_mode='pd_ee_delta_pos' and this run has the task's "
+        r"default; pass --control-mode pd_ee_delta_pos$",
+    ),
+    (
+        ["record", "--policy", "fastrecord.policies:pick_cube_policy", "--control-mode", "pd_joint_pos"],
+        r"this run has 'pd_joint_pos'; pass --control-mode pd_ee_delta_pos$",
+    ),
     (["record", "--bogus"], r"unrecognized arguments: --bogus; see fastrecord record --help$"),
     (["record", "--num-envs", "x"], r"argument --num-envs: invalid int value: 'x'; see fastrecord record --help$"),
-    (["record", "--video-fps", "0"], r"video_fps=0(\.0)? must be a positive number of frames per second .*the --video-fps flag"),
+    (
+        ["record", "--video-fps", "0"],
+        r"video_fps=0(\.0)? must be a positive number of frames per second .*the --video-fps flag",
+    ),
     (["record", "--video-fps", "-30"], r"video_fps=-30(\.0)? must be a positive number"),
     (["record", "--video-workers", "0"], r"video_workers=0 must be an integer >= 1"),
-    (["record", "--trajectory-compression", "gzip:11"], r"trajectory_compression='gzip:11'.*the --trajectory-compression flag"),
+    (
+        ["record", "--trajectory-compression", "gzip:11"],
+        r"trajectory_compression='gzip:11'.*the --trajectory-compression flag",
+    ),
     (["record", "--buffer-capacity", "1"], r"buffer_capacity=1 must be an integer >= 2"),
     (["record", "--config", "{bad_crf}"], r"video_crf='high' must be an integer .*video_crf: in the --config file"),
     (["record", "--video-codec", ""], r"video_codec='' must be an encoder name"),  # the wrapper's own check
-    (["record", "--config", "{tmp}/nope.yaml"], r"config file '.*nope\.yaml' does not exist; pass the path of a YAML preset"),
-    (["record", "--config", "{bad_yaml}"], r"config file '.*bad\.yaml' is not valid YAML at line 3, column \d+: .*flow sequence from line 2"),
-    (["record", "--config", "{not_mapping}"], r"config file '.*list\.yaml' must hold a mapping of option: value, got list"),
+    (
+        ["record", "--config", "{tmp}/nope.yaml"],
+        r"config file '.*nope\.yaml' does not exist; pass the path of a YAML preset",
+    ),
+    (
+        ["record", "--config", "{bad_yaml}"],
+        r"config file '.*bad\.yaml' is not valid YAML at line 3, column \d+: .*flow sequence from line 2",
+    ),
+    (
+        ["record", "--config", "{not_mapping}"],
+        r"config file '.*list\.yaml' must hold a mapping of option: value, got list",
+    ),
     (["record", "--config", "{unknown}"], r"unknown option\(s\) \['env'\] for RecordConfig"),
     (["record", "--config", "{wrong_type}"], r"num_envs='two' must be int, not str"),
     (["replay", "demo.h5", "--num-envs", "0"], r"num_envs=0 must be at least 1; .*the --num-envs flag"),
@@ -200,7 +233,9 @@ def test_resume_after_a_stopped_run_continues_seeds_and_tops_up_to_the_total(tmp
     capsys.readouterr()
     assert main(argv + ["--episodes", "5", "--if-exists", "resume"]) == 0
     printed = capsys.readouterr().out
-    assert "resumed: 2 of the run's 5 episodes were on disk, 3 to record" in printed and "episodes: 3 finished" in printed
+    assert (
+        "resumed: 2 of the run's 5 episodes were on disk, 3 to record" in printed and "episodes: 3 finished" in printed
+    )
     assert _seeds(out) == {g: 100 + g for g in range(5)}
     assert main(argv + ["--episodes", "5", "--if-exists", "resume"]) == 0  # complete: nothing added
     assert _seeds(out) == {g: 100 + g for g in range(5)}
@@ -278,7 +313,11 @@ def test_a_stop_mid_episode_saves_no_cut_episode_and_resume_records_it_whole(tmp
     s = run_record(load_config(RecordConfig, None, episodes=3, if_exists="resume", **kw), progress=False)
     assert (s.scheduled, s.episodes, s.cut) == (2, 2, 0)
     eps = json.loads((out / "trajectory.json").read_text())["episodes"]
-    assert [(e["global_index"], e["episode_seed"], e["elapsed_steps"]) for e in eps] == [(0, 100, 3), (1, 101, 3), (2, 102, 3)]
+    assert [(e["global_index"], e["episode_seed"], e["elapsed_steps"]) for e in eps] == [
+        (0, 100, 3),
+        (1, 101, 3),
+        (2, 102, 3),
+    ]
     whole = tmp_path / "whole"
     run_record(load_config(RecordConfig, None, episodes=3, **{**kw, "output_dir": str(whole)}), progress=False)
     a, b = _actions(out), _actions(whole)
@@ -348,8 +387,8 @@ def test_every_recording_option_is_a_flag_and_a_config_key(tmp_path):
     config key, and reaches the wrapper."""
     import dataclasses
 
-    from fastrecord.commands.cli import build_parser
     from fastrecord.checks import load_config
+    from fastrecord.commands.cli import build_parser
     from fastrecord.commands.config import RecordConfig
     from fastrecord.commands.record import recorder_kwargs
     from fastrecord.options import CLI_EXCLUDED, RecordOptions, flag_of
@@ -363,9 +402,17 @@ def test_every_recording_option_is_a_flag_and_a_config_key(tmp_path):
                               "--buffer-capacity", "16", "--no-video", "--keep", "success"])
     cfg = load_config(RecordConfig, None, **{n: getattr(args, n) for n in names})
     rec = recorder_kwargs(cfg)
-    assert (rec["video_crf"], rec["video_preset"], rec["trajectory_writers"], rec["trajectory_compression"],
-            rec["info_on_video"], rec["max_steps_per_video"], rec["buffer_capacity"], rec["save_video"], rec["keep"]) == (
-        30, "fast", 2, "lzf", True, 9, 16, False, "success")
+    assert (
+        rec["video_crf"],
+        rec["video_preset"],
+        rec["trajectory_writers"],
+        rec["trajectory_compression"],
+        rec["info_on_video"],
+        rec["max_steps_per_video"],
+        rec["buffer_capacity"],
+        rec["save_video"],
+        rec["keep"],
+    ) == (30, "fast", 2, "lzf", True, 9, 16, False, "success")
     assert flag_of("save_video") == "--no-video" and flag_of("save_trajectory") == "--no-trajectory"
     yaml_cfg = tmp_path / "c.yaml"
     yaml_cfg.write_text("video_crf: 31\ntrajectory_compression: gzip:5\nepisodes: 2\n")
@@ -389,8 +436,23 @@ def _interrupt(tmp_path, signals: list[int]) -> tuple[subprocess.CompletedProces
     send ``signals`` (a short pause between them), and let it finish."""
     out = tmp_path / "rec"
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--episodes", "1000", "--max-episode-steps", "3",
-           "--width", "64", "--height", "64", "--output-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastrecord",
+        "record",
+        "PickCube-v1",
+        "--episodes",
+        "1000",
+        "--max-episode-steps",
+        "3",
+        "--width",
+        "64",
+        "--height",
+        "64",
+        "--output-dir",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 240
@@ -431,7 +493,11 @@ def _check_interrupted(result, out: Path, seen: int, name: str, code: int) -> No
         for ep in meta["episodes"]:  # whole episodes only: 3 steps (the time limit), or fewer if it succeeded
             g = f[f"traj_{ep['episode_id']}"]
             T = ep["elapsed_steps"]
-            assert (T == 3 or ep["success"]) and g["actions"].shape[0] == T and g["env_states/actors/cube"].shape[0] == T + 1
+            assert (
+                (T == 3 or ep["success"])
+                and g["actions"].shape[0] == T
+                and g["env_states/actors/cube"].shape[0] == T + 1
+            )
     videos = sorted(out.glob("*.mp4"))
     assert len(videos) == total
     for ep in meta["episodes"]:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import h5py
 import pytest
-
 from conftest import tmpfs
+
 from fastrecord.commands.cli import main
 from fastrecord.video import decode_mp4
 
@@ -86,8 +86,25 @@ def test_disk_full_while_encoding(small_disk, tmp_path):
 def test_no_space_at_start_leaves_nothing(small_disk, capsys):
     fill(small_disk, 0)
     out = small_disk / "rec"
-    assert main(["record", "PickCube-v1", "--episodes", "1", "--max-episode-steps", "2", "--width", "64", "--height", "64",
-                 "--output-dir", str(out)]) == 1
+    assert (
+        main(
+            [
+                "record",
+                "PickCube-v1",
+                "--episodes",
+                "1",
+                "--max-episode-steps",
+                "2",
+                "--width",
+                "64",
+                "--height",
+                "64",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 1
+    )
     line = assert_one_line(capsys.readouterr().err, "record")
     assert "No space left on device" in line and "nothing was written" in line, line
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no folder, no lock

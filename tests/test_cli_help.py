@@ -51,7 +51,7 @@ def test_import_fastrecord_is_light_and_exports_on_use():
 
     assert r.stdout.strip() == str(sorted(fastrecord.__all__))
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
-        fastrecord.Nope  # noqa: B018
+        fastrecord.Nope
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -89,21 +89,35 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
                 assert "default" in text.lower(), f"fastrecord {name} {action.option_strings}: {text!r}"
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["record", "--help"], ["--num-envs NUM_ENVS", "(default: 1)", "where the .h5/.json and the MP4s go (default:",
-                            "--control-mode CONTROL_MODE None: the task's default",
-                            "--video-workers VIDEO_WORKERS background encoder processes (None: one per usable core, at most 16)",
-                            "--no-video write no MP4 videos: the trajectory only (sets save_video=False; default save_video=True)",
-                            "--no-trajectory write no trajectory", "--video-crf VIDEO_CRF", "(default: 23)",
-                            "--trajectory-compression TRAJECTORY_COMPRESSION", "--if-exists {error,overwrite,resume}",
-                            "--trajectory-name TRAJECTORY_NAME NAME of the trajectory pair", "(default: trajectory)"]),
-    (["replay", "--help"], ["(default: auto)", "--keep {all,success,success_once,failure}"]),
-    (["bench", "--help"], ["fastrecord's constant rate factor (default: 23)", "(default: ultrafast)"]),
-    (["info", "--help"], ["--json", "(default: False)", "fastrecord info recordings --json"]),
-    (["gallery", "--help"], ["(default: DIR/gallery.html)", "fastrecord gallery recordings"]),
-    (["merge", "--help"], ["--name NAME", "(default: trajectory)", "fastrecord merge recordings --links"]),
-    (["--help"], ["{record,replay,bench,info,gallery,merge,consolidate}", "--version"]),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["record", "--help"],
+            [
+                "--num-envs NUM_ENVS",
+                "(default: 1)",
+                "where the .h5/.json and the MP4s go (default:",
+                "--control-mode CONTROL_MODE None: the task's default",
+                "--video-workers VIDEO_WORKERS background encoder processes (None: one per usable core, at most 16)",
+                "--no-video write no MP4 videos: the trajectory only (sets save_video=False; default save_video=True)",
+                "--no-trajectory write no trajectory",
+                "--video-crf VIDEO_CRF",
+                "(default: 23)",
+                "--trajectory-compression TRAJECTORY_COMPRESSION",
+                "--if-exists {error,overwrite,resume}",
+                "--trajectory-name TRAJECTORY_NAME NAME of the trajectory pair",
+                "(default: trajectory)",
+            ],
+        ),
+        (["replay", "--help"], ["(default: auto)", "--keep {all,success,success_once,failure}"]),
+        (["bench", "--help"], ["fastrecord's constant rate factor (default: 23)", "(default: ultrafast)"]),
+        (["info", "--help"], ["--json", "(default: False)", "fastrecord info recordings --json"]),
+        (["gallery", "--help"], ["(default: DIR/gallery.html)", "fastrecord gallery recordings"]),
+        (["merge", "--help"], ["--name NAME", "(default: trajectory)", "fastrecord merge recordings --links"]),
+        (["--help"], ["{record,replay,bench,info,gallery,merge,consolidate}", "--version"]),
+    ],
+)
 def test_help_texts(capsys, argv, expected):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -120,13 +134,24 @@ def test_help_texts(capsys, argv, expected):
 
 
 # ---------------------------------------------------------------------------------------------- one-line errors
-@pytest.mark.parametrize("argv, message", [
-    (["record", "--obs-mode", "rgbx"],
-     "obs_mode='rgbx' is unknown ('rgbx' is not a camera texture); use state, state_dict, none, sensor_data, rgbd, "
-     "pointcloud, or camera textures joined with '+'"),
-    (["replay", "missing.h5", "--obs-mode", "rgb+dpeth"], "obs_mode='rgb+dpeth' is unknown ('dpeth' is not a camera texture)"),
-    (["record", "--sim-backend", "physx_gpu"], "sim_backend='physx_gpu' is unknown; use one of physx_cpu, cpu, physx_cuda"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["record", "--obs-mode", "rgbx"],
+            "obs_mode='rgbx' is unknown ('rgbx' is not a camera texture); use state, state_dict, none, sensor_data, rgbd, "
+            "pointcloud, or camera textures joined with '+'",
+        ),
+        (
+            ["replay", "missing.h5", "--obs-mode", "rgb+dpeth"],
+            "obs_mode='rgb+dpeth' is unknown ('dpeth' is not a camera texture)",
+        ),
+        (
+            ["record", "--sim-backend", "physx_gpu"],
+            "sim_backend='physx_gpu' is unknown; use one of physx_cpu, cpu, physx_cuda",
+        ),
+    ],
+)
 def test_unknown_modes_are_one_line_errors(tmp_path, capsys, argv, message):
     assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -135,12 +160,21 @@ def test_unknown_modes_are_one_line_errors(tmp_path, capsys, argv, message):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-@pytest.mark.parametrize("argv, message", [
-    (["record", "--sim-backend", "physx_cuda"], "sim_backend='physx_cuda' needs a CUDA device and this machine has none"),
-    (["record", "--render-backend", "gpu"], "render_backend='gpu' needs a CUDA device and this machine has none"),
-    (["replay", "x.h5", "--sim-backend", "physx_cuda"], "sim_backend='physx_cuda' needs a CUDA device"),
-    (["record", "--config", "{cfg}"], "render_backend='sapien_cuda' needs a CUDA device"),  # from the config file too
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["record", "--sim-backend", "physx_cuda"],
+            "sim_backend='physx_cuda' needs a CUDA device and this machine has none",
+        ),
+        (["record", "--render-backend", "gpu"], "render_backend='gpu' needs a CUDA device and this machine has none"),
+        (["replay", "x.h5", "--sim-backend", "physx_cuda"], "sim_backend='physx_cuda' needs a CUDA device"),
+        (
+            ["record", "--config", "{cfg}"],
+            "render_backend='sapien_cuda' needs a CUDA device",
+        ),  # from the config file too
+    ],
+)
 def test_cuda_backends_without_cuda(tmp_path, capsys, argv, message):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("render_backend: sapien_cuda\n")

@@ -15,7 +15,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from conftest import run_then_kill
 
 WORKER = Path(__file__).with_name("crash_worker.py")

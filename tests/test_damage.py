@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_then_kill
 
 WORKER = Path(__file__).with_name("fault_worker.py")
@@ -29,7 +28,7 @@ def closed_run(tmp_path_factory) -> Path:
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
-            if p.is_file() and not p.name.startswith(".") or p.name.endswith(".journal")}
+            if (p.is_file() and not p.name.startswith(".")) or p.name.endswith(".journal")}
 
 
 def refused(out: Path, capsys, *texts: str) -> None:

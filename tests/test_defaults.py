@@ -70,7 +70,9 @@ def test_explicit_counts_win_and_none_is_the_default(monkeypatch, writers, worke
     built = build_sinks(RecordOptions(trajectory_writers=writers, video_workers=workers), view)
     assert (built.trajectory.writers, built.videos.workers) == (writers or 8, workers or 16)
     assert built.chosen == ({"trajectory_writers": 8, "video_workers": 16} if writers is None else {})
-    with pytest.raises(ValueError, match=r"trajectory_writers=0 must be an integer >= 1 .*or None to size it to the machine"):
+    with pytest.raises(
+        ValueError, match=r"trajectory_writers=0 must be an integer >= 1 .*or None to size it to the machine"
+    ):
         RecordOptions(trajectory_writers=0)
 
 

@@ -60,7 +60,12 @@ def test_yaml_env_kwargs_and_named_flags(tmp_path, capsys):
                  "--render-substeps"]) == 0
     out = tmp_path / "rec"
     kw = _env_info(out)["env_kwargs"]
-    assert (kw["reward_mode"], kw["enable_shadow"], kw["robot_init_qpos_noise"], kw["robot_uids"]) == ("sparse", False, 0, "panda")
+    assert (kw["reward_mode"], kw["enable_shadow"], kw["robot_init_qpos_noise"], kw["robot_uids"]) == (
+        "sparse",
+        False,
+        0,
+        "panda",
+    )
     assert kw["sim_config"] == {"sim_freq": 100, "control_freq": 50}
     assert all(set(np.unique(r)) <= {0.0, 1.0} for r in _rewards(out))  # sparse
     assert decode_mp4(out / "0_env0_failure.mp4").shape[0] == 1 + 4 * (100 // 50 + 1)  # 2 substeps + the step's frame
@@ -112,13 +117,32 @@ def test_replay_env_kwargs_replace_the_files(tmp_path, capsys):
     for rep, rec in zip(replayed, _rewards(src)):
         np.testing.assert_allclose(rep, rec * 5, rtol=1e-4)
 
-    assert main(["replay", str(src / "trajectory.h5"), "--output-dir", str(tmp_path / "rep2"), "--reward-mode", "sparse",
-                 "--env-kwargs", "reward_mode=dense"]) == 2
-    assert "reward_mode is given twice: --reward-mode 'sparse' and --env-kwargs reward_mode='dense'" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "replay",
+                str(src / "trajectory.h5"),
+                "--output-dir",
+                str(tmp_path / "rep2"),
+                "--reward-mode",
+                "sparse",
+                "--env-kwargs",
+                "reward_mode=dense",
+            ]
+        )
+        == 2
+    )
+    assert (
+        "reward_mode is given twice: --reward-mode 'sparse' and --env-kwargs reward_mode='dense'"
+        in capsys.readouterr().err
+    )
     assert main(["replay", str(src / "trajectory.h5"), "--output-dir", str(tmp_path / "rep2"),
                  "--env-kwargs", "control_mode=pd_ee_delta_pos"]) == 2
     assert "-c/--target-control-mode converts" in capsys.readouterr().err
-    assert main(["replay", str(src / "trajectory.h5"), "--output-dir", str(tmp_path / "rep2"), "--env-kwargs", "bogus=1"]) == 2
+    assert (
+        main(["replay", str(src / "trajectory.h5"), "--output-dir", str(tmp_path / "rep2"), "--env-kwargs", "bogus=1"])
+        == 2
+    )
     assert "PickCube-v1 takes no keyword 'bogus'" in capsys.readouterr().err
     assert not (tmp_path / "rep2").exists()
 

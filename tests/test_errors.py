@@ -8,10 +8,10 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from fastrecord.testing import BatchedDoubleEnv
 
 import fastrecord.sinks.mp4 as mp4_mod
 from fastrecord import BufferTooLargeError, RecordEpisode, WorkerError
+from fastrecord.testing import BatchedDoubleEnv
 
 
 def test_env_without_image_render_mode(make_env, tmp_path):
@@ -53,7 +53,10 @@ def test_unwritable_output_dir(tmp_path):
         (dict(if_exists="append"), r"if_exists='append' is unknown; use one of \('error', 'overwrite', 'resume'\)"),
         (dict(save_video="yes"), r"save_video='yes' must be True or False"),
         (dict(save_video_trigger=5), r"save_video_trigger=5 must be a callable"),
-        (dict(render_substeps=True, video_source="sensor:base_camera"), r"render_substeps=True renders the human render camera"),
+        (
+            dict(render_substeps=True, video_source="sensor:base_camera"),
+            r"render_substeps=True renders the human render camera",
+        ),
         (dict(sinks=["stdout"]), r"every sink must be a fastrecord.sinks.Sink"),
     ],
 )
@@ -75,7 +78,9 @@ def test_fractional_fps_works(tmp_path):
 
     import av
 
-    env = RecordEpisode(BatchedDoubleEnv(num_envs=1, max_episode_steps=3), tmp_path, video_fps=7.5, save_trajectory=False)
+    env = RecordEpisode(
+        BatchedDoubleEnv(num_envs=1, max_episode_steps=3), tmp_path, video_fps=7.5, save_trajectory=False
+    )
     env.reset(seed=0)
     for _ in range(3):
         env.step(torch.zeros(1, 3))
@@ -132,8 +137,11 @@ def test_missing_sensor_camera(make_env, tmp_path):
 
 def test_buffer_that_cannot_fit(tmp_path):
     env = RecordEpisode(BatchedDoubleEnv(num_envs=4, size=512), tmp_path, buffer_capacity=10**7)
-    with pytest.raises(BufferTooLargeError, match=r"needs [\d.]+ GiB on cpu \(4 envs x 10000000 steps x \[512, 512, 3\].*"
-                                                   r"human_render_camera_configs.*buffer_capacity"):
+    with pytest.raises(
+        BufferTooLargeError,
+        match=r"needs [\d.]+ GiB on cpu \(4 envs x 10000000 steps x \[512, 512, 3\].*"
+        r"human_render_camera_configs.*buffer_capacity",
+    ):
         env.reset(seed=0)
 
 

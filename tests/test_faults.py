@@ -20,7 +20,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from conftest import run_then_kill
 
 WORKER = Path(__file__).with_name("fault_worker.py")
@@ -90,7 +89,6 @@ def check_run(out: Path, outputs: set[str], name: str = "run") -> list[dict]:
 # ---------------------------------------------------------------------------------------------- sessions
 def first_session(out: Path, command: str, outputs: str, stop: str, source: Path | None) -> int:
     """Run ``command`` in a subprocess and stop it with ``stop``; returns the kept episodes it committed."""
-    from fastrecord.sinks.results import read_results
 
     argv = [sys.executable, str(WORKER), str(out), command, outputs]
     argv += ["none"] if stop in SIGNALS else [f"{stop}:2"]
@@ -172,8 +170,6 @@ def test_full_disk_then_resume_keeps_every_output_in_step(tmp_path):
     """The issue's case: the disk fills while `fastrecord record` writes HDF5, videos and LeRobot (filled by
     the test once 2 episodes are committed); space is freed and the run resumed: the LeRobot dataset, the
     trajectory, the videos and the results hold the same episodes, each once."""
-    import errno
-    import os
 
     from conftest import tmpfs
 

@@ -50,8 +50,12 @@ def record_batched(tmp_path, writers: int, compression: str, num_envs: int = 5, 
     src = BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=8, size=12, obs_mode="rgb", episode_lengths=lengths,
                            success_step=[0, 0, 3, 0, 4][:num_envs])
     # what gym.make would attach: the JSON's env_info (ManiSkill's dataset reads env_id from it)
-    src.spec = gym.envs.registration.EnvSpec("fastrecord-BatchedDouble-v0", entry_point="fastrecord.testing:BatchedDoubleEnv",
-                                             max_episode_steps=8, kwargs=dict(obs_mode="rgb", size=12))
+    src.spec = gym.envs.registration.EnvSpec(
+        "fastrecord-BatchedDouble-v0",
+        entry_point="fastrecord.testing:BatchedDoubleEnv",
+        max_episode_steps=8,
+        kwargs=dict(obs_mode="rgb", size=12),
+    )
     env = RecordEpisode(src, tmp_path, trajectory_name="img", save_video=False, trajectory_writers=writers,
                         trajectory_compression=compression)
     seed = 0
@@ -147,8 +151,13 @@ def test_real_env_rgb_two_writers_dataset_and_replay(make_env, tmp_path):
     dataset loads it and its replay tool replays it from the recorded env states."""
     from mani_skill.trajectory.dataset import ManiSkillTrajectoryDataset
 
-    env = RecordEpisode(make_env("PickCube-v1", obs_mode="rgb", sensor_configs=dict(width=64, height=64), max_episode_steps=5),
-                        tmp_path, trajectory_name="rgb", save_video=False, trajectory_writers=2)
+    env = RecordEpisode(
+        make_env("PickCube-v1", obs_mode="rgb", sensor_configs=dict(width=64, height=64), max_episode_steps=5),
+        tmp_path,
+        trajectory_name="rgb",
+        save_video=False,
+        trajectory_writers=2,
+    )
     frames = []
     for seed in (0, 1):
         obs, _ = env.reset(seed=seed)

@@ -24,8 +24,8 @@ for module in ("pandas", "cv2", "pyarrow", "tyro"):
 
 import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-
 from conftest import run_then_kill  # noqa: E402
+
 from fastrecord import RecordEpisode  # noqa: E402
 from fastrecord.sinks.lerobot import LeRobotSink  # noqa: E402
 from fastrecord.testing import BatchedDoubleEnv, psnr  # noqa: E402
@@ -46,9 +46,26 @@ def test_rgb_trajectory_to_lerobot_with_maniskills_converter(make_env, tmp_path)
     h5_path = tmp_path / "rec" / "demo.h5"
     out = tmp_path / "lerobot"
     # ManiSkill's CLI, as the README shows it (fps: PickCube's control frequency)
-    r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.convert_to_lerobot", "--traj-path", str(h5_path),
-                        "--output-dir", str(out), "--fps", "20", "--image-size", f"{SIZE}x{SIZE}", "--robot-type", "panda"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mani_skill.trajectory.convert_to_lerobot",
+            "--traj-path",
+            str(h5_path),
+            "--output-dir",
+            str(out),
+            "--fps",
+            "20",
+            "--image-size",
+            f"{SIZE}x{SIZE}",
+            "--robot-type",
+            "panda",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Conversion completed successfully" in r.stderr
 
@@ -100,8 +117,10 @@ def read_dataset(root: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     info = json.loads((root / "meta" / "info.json").read_text())
     data = pd.concat([pq.read_table(p).to_pandas() for p in sorted((root / "data").glob("chunk-*/file-*.parquet"))],
                      ignore_index=True)
-    episodes = pd.concat([pq.read_table(p).to_pandas() for p in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))],
-                         ignore_index=True)
+    episodes = pd.concat(
+        [pq.read_table(p).to_pandas() for p in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))],
+        ignore_index=True,
+    )
     return info, data, episodes
 
 
@@ -122,13 +141,17 @@ def check_videos(root: Path, info: dict, episodes: pd.DataFrame, frames_of: list
     fps = info["fps"]
     for key in [k for k, v in info["features"].items() if v["dtype"] == "video"]:
         for (chunk, file), eps in episodes.groupby([f"videos/{key}/chunk_index", f"videos/{key}/file_index"]):
-            video, times, codec, pix_fmt = decode_timed(root / info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file))
+            video, times, codec, pix_fmt = decode_timed(
+                root / info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file)
+            )
             assert (codec, pix_fmt) == ("h264", "yuv420p")  # plays in browsers
             assert len(video) == eps["length"].sum() if exact else len(video) >= eps["length"].sum()
             start = 0.0
             for _, ep in eps.iterrows():
                 lo, n = ep[f"videos/{key}/from_timestamp"], int(ep["length"])
-                assert lo == pytest.approx(start, abs=1e-6) and ep[f"videos/{key}/to_timestamp"] == pytest.approx(lo + n / fps, abs=1e-6)
+                assert lo == pytest.approx(start, abs=1e-6) and ep[f"videos/{key}/to_timestamp"] == pytest.approx(
+                    lo + n / fps, abs=1e-6
+                )
                 hits = [int(np.argmin(abs(times - (lo + k / fps)))) for k in range(n)]
                 assert all(abs(times[h] - (lo + k / fps)) < 1e-4 for k, h in enumerate(hits))  # LeRobot's tolerance_s
                 if frames_of is not None:
@@ -141,14 +164,20 @@ def pickcube_run(tmp_path_factory):
     """A PickCube-v1 CPU recording (rgb observations, 64x64 sensor camera) written as HDF5 and LeRobot in one
     run; episodes of 5 (the time limit), 3, 4 and 2 steps, the keep filter dropping the one of 3."""
     import gymnasium as gym
-    from mani_skill.utils.registration import REGISTERED_ENVS
-
     import mani_skill.envs  # registers the tasks
+    from mani_skill.utils.registration import REGISTERED_ENVS
 
     assert "PickCube-v1" in REGISTERED_ENVS and mani_skill.envs
     out = tmp_path_factory.mktemp("pickcube")
-    env = gym.make("PickCube-v1", obs_mode="rgb", render_mode="rgb_array", sim_backend="physx_cpu", max_episode_steps=5,
-                   sensor_configs=dict(width=SIZE, height=SIZE), human_render_camera_configs=dict(width=SIZE, height=SIZE))
+    env = gym.make(
+        "PickCube-v1",
+        obs_mode="rgb",
+        render_mode="rgb_array",
+        sim_backend="physx_cpu",
+        max_episode_steps=5,
+        sensor_configs=dict(width=SIZE, height=SIZE),
+        human_render_camera_configs=dict(width=SIZE, height=SIZE),
+    )
     env = RecordEpisode(env, out, trajectory_name="demo", save_video=False, lerobot=True,
                         keep=lambda info: int(info["elapsed_steps"]) != 3)
     env.reset(seed=0)
@@ -174,7 +203,9 @@ def test_lerobot_sink_equals_the_hdf5_recording(pickcube_run):
     assert data["episode_index"].tolist() == [i for i, t in enumerate(lengths) for _ in range(t)]
     assert data["index"].tolist() == list(range(sum(lengths)))
     assert data["frame_index"].tolist() == [k for t in lengths for k in range(t)]
-    np.testing.assert_allclose(data["timestamp"], [k / 20 for t in lengths for k in range(t)], atol=1e-6)  # PickCube: 20 Hz
+    np.testing.assert_allclose(
+        data["timestamp"], [k / 20 for t in lengths for k in range(t)], atol=1e-6
+    )  # PickCube: 20 Hz
     column = {k: np.stack(data[k].to_numpy()) for k in ("action", "observation.state")}
     np.testing.assert_array_equal(column["action"], np.concatenate([t["actions"] for t in trajs]))
     # observation.state: every non-image observation leaf, in the observation's order (ManiSkill's state)
@@ -228,9 +259,26 @@ def test_lerobot_sink_has_the_schema_of_maniskills_converter(pickcube_run, tmp_p
     first); so are its info.json keys but for those LeRobot 0.4's LeRobotDataset.create does not write
     (``total_chunks``, ``total_videos``, a ``fps`` in each feature)."""
     conv = tmp_path / "converted"
-    r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.convert_to_lerobot", "--traj-path", str(pickcube_run / "demo.h5"),
-                        "--output-dir", str(conv), "--fps", "20", "--image-size", f"{SIZE}x{SIZE}", "--robot-type", "panda"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mani_skill.trajectory.convert_to_lerobot",
+            "--traj-path",
+            str(pickcube_run / "demo.h5"),
+            "--output-dir",
+            str(conv),
+            "--fps",
+            "20",
+            "--image-size",
+            f"{SIZE}x{SIZE}",
+            "--robot-type",
+            "panda",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     info, data, episodes = read_dataset(pickcube_run / "demo.lerobot")
     their_info, their_data, their_episodes = read_dataset(conv)
@@ -251,12 +299,24 @@ def test_lerobot_sink_has_the_schema_of_maniskills_converter(pickcube_run, tmp_p
             continue
         assert (ours["dtype"], ours["shape"], ours["names"]) == (theirs["dtype"], theirs["shape"], theirs["names"]), key
         if theirs["dtype"] == "video":  # the same keys; the codec: H.264 here, mp4v (no browser plays it) there
-            assert set(ours["info"]) == set(theirs["info"]) and their_info["features"][key]["info"]["video.codec"] == "mp4v"
+            assert (
+                set(ours["info"]) == set(theirs["info"])
+                and their_info["features"][key]["info"]["video.codec"] == "mp4v"
+            )
             assert ours["info"]["video.fps"] == 20 and isinstance(ours["info"]["video.fps"], int)  # as LeRobot's
 
     assert set(their_episodes.columns) <= set(episodes.columns)
-    for col in ("episode_index", "length", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index",
-                f"videos/{CAMERA_KEY}/from_timestamp", "stats/action/min", "stats/action/count"):
+    for col in (
+        "episode_index",
+        "length",
+        "dataset_from_index",
+        "dataset_to_index",
+        "data/chunk_index",
+        "data/file_index",
+        f"videos/{CAMERA_KEY}/from_timestamp",
+        "stats/action/min",
+        "stats/action/count",
+    ):
         if col.endswith("from_timestamp"):  # they store each episode in a file of its own: 0 each
             assert (their_episodes[col] == 0).all() and episodes[col].tolist() == [0, 0.25, 0.45]
             continue
@@ -299,7 +359,13 @@ def test_lerobot_files_roll_past_the_size_limit_and_keep_success(tmp_path):
     np.testing.assert_array_equal(np.stack(data["observation.state"].to_numpy()),
                                   state_by_names(trajs, info["features"]["observation.state"]["names"]))
     assert data["next.success"].tolist() == [False, True, True, False, False, True] * 4  # env 0 from step 2, env 2 at 3
-    check_videos(tmp_path / "double.lerobot", info, episodes, [t["obs/sensor_data/base_camera/rgb"][:-1] for t in trajs], min_psnr=28)
+    check_videos(
+        tmp_path / "double.lerobot",
+        info,
+        episodes,
+        [t["obs/sensor_data/base_camera/rgb"][:-1] for t in trajs],
+        min_psnr=28,
+    )
 
 
 def state_by_names(trajs: list[dict[str, np.ndarray]], names: list[str]) -> np.ndarray:
@@ -340,9 +406,14 @@ def check_killed(out: Path, durable: int) -> tuple[int, int, int]:
         committed |= set(pq.read_table(p)["episode_index"].to_pylist())
     from fastrecord.sinks.lerobot.writer import FILE_META
 
-    consumed = {seq for p in [*root.glob("meta/episodes/*/*.parquet"), *committing]  # parts a file holds: removed
-                for seq in json.loads(pq.read_schema(p).metadata[FILE_META])["parts"]}  # after it (a kill may come first)
-    pending = [p for p in sorted(parts.glob("ep_*.parquet")) if int(p.name[3:11]) not in consumed] if parts.is_dir() else []
+    consumed = {
+        seq
+        for p in [*root.glob("meta/episodes/*/*.parquet"), *committing]  # parts a file holds: removed
+        for seq in json.loads(pq.read_schema(p).metadata[FILE_META])["parts"]
+    }  # after it (a kill may come first)
+    pending = (
+        [p for p in sorted(parts.glob("ep_*.parquet")) if int(p.name[3:11]) not in consumed] if parts.is_dir() else []
+    )
     for p in pending:  # a finished episode not yet in a file: its rows and its video
         table = pq.read_table(p)
         video, _, _, _ = decode_timed(p.with_name(p.stem + f".{CAMERA_KEY}.mp4"))
@@ -462,9 +533,31 @@ def test_lerobot_without_pyarrow_names_the_install(monkeypatch, tmp_path):
 def test_record_command_writes_only_lerobot(tmp_path):
     """``fastrecord record --lerobot --no-trajectory --no-video``: the LeRobot dataset alone, a state
     observation (obs_mode=state) as observation.state, no video."""
-    r = subprocess.run([sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--lerobot", "--no-trajectory", "--no-video",
-                        "--episodes", "2", "--max-episode-steps", "3", "--width", "64", "--height", "64",
-                        "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastrecord",
+            "record",
+            "PickCube-v1",
+            "--lerobot",
+            "--no-trajectory",
+            "--no-video",
+            "--episodes",
+            "2",
+            "--max-episode-steps",
+            "3",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert str(tmp_path / "trajectory.lerobot") in r.stdout  # the summary lists the dataset
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trajectory.fastrecord.json", "trajectory.lerobot",
@@ -472,7 +565,10 @@ def test_record_command_writes_only_lerobot(tmp_path):
     info, data, episodes = read_dataset(tmp_path / "trajectory.lerobot")
     assert info["video_path"] is None and not (tmp_path / "trajectory.lerobot" / "videos").exists()
     state = np.stack(data["observation.state"].to_numpy())
-    assert info["features"]["observation.state"]["shape"] == [state.shape[1]] and state.shape == (6, 42)  # PickCube's state
+    assert info["features"]["observation.state"]["shape"] == [state.shape[1]] and state.shape == (
+        6,
+        42,
+    )  # PickCube's state
     assert episodes["length"].tolist() == [3, 3] and data["next.done"].tolist() == [False, False, True] * 2
     rows = [json.loads(line) for line in (tmp_path / "trajectory.results.jsonl").read_text().splitlines()]
     assert [row["episode_id"] for row in rows] == [0, 1]
@@ -491,8 +587,16 @@ def same_dataset(a: Path, b: Path, frames_of: list[np.ndarray]) -> None:
         np.testing.assert_array_equal(np.stack(data_a[col].to_numpy()), np.stack(data_b[col].to_numpy()), err_msg=col)
     assert list(eps_a.columns) == list(eps_b.columns)
     for col in eps_a.columns:
-        va, vb = [np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v) for v in eps_a[col]], \
-                 [np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v) for v in eps_b[col]]
+        va, vb = (
+            [
+                np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v)
+                for v in eps_a[col]
+            ],
+            [
+                np.ravel(np.stack(v)) if isinstance(v, np.ndarray) and v.dtype == object else np.ravel(v)
+                for v in eps_b[col]
+            ],
+        )
         for x, y in zip(va, vb):
             if x.dtype.kind == "f":
                 np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=col)
@@ -502,7 +606,9 @@ def same_dataset(a: Path, b: Path, frames_of: list[np.ndarray]) -> None:
     assert sa.keys() == sb.keys()
     for k in sa:
         for stat in sa[k]:
-            np.testing.assert_allclose(np.asarray(sa[k][stat], float), np.asarray(sb[k][stat], float), rtol=1e-9, err_msg=f"{k} {stat}")
+            np.testing.assert_allclose(
+                np.asarray(sa[k][stat], float), np.asarray(sb[k][stat], float), rtol=1e-9, err_msg=f"{k} {stat}"
+            )
     assert pd.read_parquet(a / "meta" / "tasks.parquet").equals(pd.read_parquet(b / "meta" / "tasks.parquet"))
     check_videos(b, info_b, eps_b, frames_of)
 
@@ -518,7 +624,9 @@ def test_join_datasets_reorders_across_files(tmp_path):
     assert episodes[f"videos/{CAMERA_KEY}/file_index"].nunique() > 1
     n = len(episodes)
     order = list(range(n))[::2] + list(range(n))[1::2]
-    assert join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order)]) == n
+    assert (
+        join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order)]) == n
+    )
     ji, jd, je = read_dataset(tmp_path / "joined.lerobot")
     assert (ji["total_episodes"], ji["total_frames"]) == (n, len(data))
     assert je["episode_index"].tolist() == list(range(n)) and jd["index"].tolist() == list(range(len(data)))
@@ -527,23 +635,52 @@ def test_join_datasets_reorders_across_files(tmp_path):
         a, b = jd[jd["episode_index"] == new], data[data["episode_index"] == old]
         np.testing.assert_array_equal(np.stack(a["action"].to_numpy()), np.stack(b["action"].to_numpy()))
         np.testing.assert_array_equal(a["timestamp"], b["timestamp"])
-    np.testing.assert_allclose(json.loads((tmp_path / "joined.lerobot" / "meta" / "stats.json").read_text())["action"]["mean"],
-                               np.stack(data["action"].to_numpy()).astype(np.float64).mean(0), rtol=1e-6)
+    np.testing.assert_allclose(
+        json.loads((tmp_path / "joined.lerobot" / "meta" / "stats.json").read_text())["action"]["mean"],
+        np.stack(data["action"].to_numpy()).astype(np.float64).mean(0),
+        rtol=1e-6,
+    )
     frames = {}
     for (chunk, file), eps in episodes.groupby([f"videos/{CAMERA_KEY}/chunk_index", f"videos/{CAMERA_KEY}/file_index"]):
-        video, times, _, _ = decode_timed(root / info["video_path"].format(video_key=CAMERA_KEY, chunk_index=chunk, file_index=file))
+        video, times, _, _ = decode_timed(
+            root / info["video_path"].format(video_key=CAMERA_KEY, chunk_index=chunk, file_index=file)
+        )
         for _, ep in eps.iterrows():
             lo = ep[f"videos/{CAMERA_KEY}/from_timestamp"]
-            frames[int(ep["episode_index"])] = video[[int(np.argmin(abs(times - (lo + k / 20)))) for k in range(int(ep["length"]))]]
+            frames[int(ep["episode_index"])] = video[
+                [int(np.argmin(abs(times - (lo + k / 20)))) for k in range(int(ep["length"]))]
+            ]
     check_videos(tmp_path / "joined.lerobot", ji, je, [frames[old] for old in order], min_psnr=99)  # the same packets
     assert [e["global_index"] for _, e, _ in episode_entries(tmp_path / "joined.lerobot")] == list(range(n))
     with pytest.raises(ValueError, match=r"holds episodes 1, 3, 5.* that the datasets being joined no longer have"):
-        join_datasets(tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order) if g % 2 == 0])
+        join_datasets(
+            tmp_path / "joined.lerobot", [(root, ep, {"global_index": g}) for g, ep in enumerate(order) if g % 2 == 0]
+        )
     assert read_dataset(tmp_path / "joined.lerobot")[0]["total_episodes"] == n  # left as it was
 
 
-SHARDED = ["-m", "fastrecord", "record", "PickCube-v1", "--obs-mode", "rgb", "--sensor-configs", json.dumps(dict(width=SIZE, height=SIZE)),
-           "--episodes", "5", "--max-episode-steps", "6", "--width", "64", "--height", "64", "--no-video", "--seed", "3", "--lerobot"]
+SHARDED = [
+    "-m",
+    "fastrecord",
+    "record",
+    "PickCube-v1",
+    "--obs-mode",
+    "rgb",
+    "--sensor-configs",
+    json.dumps(dict(width=SIZE, height=SIZE)),
+    "--episodes",
+    "5",
+    "--max-episode-steps",
+    "6",
+    "--width",
+    "64",
+    "--height",
+    "64",
+    "--no-video",
+    "--seed",
+    "3",
+    "--lerobot",
+]
 
 
 def _clean_env() -> dict[str, str]:
@@ -561,15 +698,33 @@ def sharded_runs(tmp_path_factory):
     r = subprocess.run([sys.executable, *SHARDED, "--output-dir", str(base / "plain")], capture_output=True, text=True,
                        timeout=600, env=_clean_env())
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *SHARDED,
-                        "--output-dir", str(base / "sharded")], capture_output=True, text=True, timeout=600, env=_clean_env())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *SHARDED,
+            "--output-dir",
+            str(base / "sharded"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_clean_env(),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return base / "plain", base / "sharded", r.stdout
 
 
 def test_sharded_record_joins_the_lerobot_shards(sharded_runs):
     plain, sharded, stdout = sharded_runs
-    assert "5 episodes from 2 shard(s)" in stdout and f"{sharded / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in stdout
+    assert (
+        "5 episodes from 2 shard(s)" in stdout
+        and f"{sharded / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in stdout
+    )
     for rank, gs in ((0, [0, 2, 4]), (1, [1, 3])):  # each rank's own dataset: its share, in its order
         from fastrecord.sinks.lerobot.join import episode_entries
 
@@ -591,8 +746,13 @@ def test_merge_again_rebuilds_the_same_lerobot_dataset(sharded_runs, tmp_path):
     shutil.copytree(sharded, run)
     (run / ".trajectory.lerobot.join" / "parts").mkdir(parents=True)  # what a killed join leaves
     (run / ".trajectory.lerobot.join" / "parts" / "ep_00000000.parquet").write_bytes(b"torn")
-    r = subprocess.run([sys.executable, "-m", "fastrecord", "merge", str(run)], capture_output=True, text=True, timeout=300,
-                       env=_clean_env())
+    r = subprocess.run(
+        [sys.executable, "-m", "fastrecord", "merge", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"{run / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in r.stdout
     assert not (run / ".trajectory.lerobot.join").exists()
@@ -600,8 +760,13 @@ def test_merge_again_rebuilds_the_same_lerobot_dataset(sharded_runs, tmp_path):
         frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(5)]
     same_dataset(plain / "trajectory.lerobot", run / "trajectory.lerobot", frames)
     shutil.rmtree(run / "trajectory.shards" / "rank00001" / "trajectory.lerobot")
-    r = subprocess.run([sys.executable, "-m", "fastrecord", "merge", str(run)], capture_output=True, text=True, timeout=300,
-                       env=_clean_env())
+    r = subprocess.run(
+        [sys.executable, "-m", "fastrecord", "merge", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(),
+    )
     assert r.returncode != 0 and "holds episodes 1, 3 that the datasets being joined no longer have" in r.stderr
     assert read_dataset(run / "trajectory.lerobot")[0]["total_episodes"] == 5  # kept
 
@@ -612,7 +777,9 @@ def test_replay_workers_join_the_lerobot_shards(pickcube_run, tmp_path):
     from fastrecord import replay_trajectories
 
     kw = dict(obs_mode="rgb", lerobot=True, save_video=False, trajectory_name="rp")
-    one = replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "one"), workers=1, num_envs=1, **kw)  # in order
+    one = replay_trajectories(
+        str(pickcube_run / "demo.h5"), str(tmp_path / "one"), workers=1, num_envs=1, **kw
+    )  # in order
     two = replay_trajectories(str(pickcube_run / "demo.h5"), str(tmp_path / "two"), workers=2, **kw)
     assert (one.kept, two.kept, two.workers) == (3, 3, 2) and tmp_path / "two" / "rp.lerobot" in two.files
     with h5py.File(tmp_path / "one" / "rp.h5") as f:
@@ -628,10 +795,25 @@ def test_make_eval_envs_sharded_lerobot_without_trajectory(tmp_path, monkeypatch
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    env_kwargs = dict(obs_mode="rgb", render_mode="rgb_array", max_episode_steps=4, control_mode="pd_ee_delta_pos",
-                      sensor_configs=dict(width=SIZE, height=SIZE), human_render_camera_configs=dict(width=SIZE, height=SIZE))
-    envs = make_eval_envs("PushCube-v1", 2, "physx_cpu", env_kwargs, dict(obs_horizon=1), video_dir=str(tmp_path), episodes=3, seed=7,
-                          record_kwargs=dict(lerobot=True, save_video=False, trajectory_name="ev"))
+    env_kwargs = dict(
+        obs_mode="rgb",
+        render_mode="rgb_array",
+        max_episode_steps=4,
+        control_mode="pd_ee_delta_pos",
+        sensor_configs=dict(width=SIZE, height=SIZE),
+        human_render_camera_configs=dict(width=SIZE, height=SIZE),
+    )
+    envs = make_eval_envs(
+        "PushCube-v1",
+        2,
+        "physx_cpu",
+        env_kwargs,
+        dict(obs_horizon=1),
+        video_dir=str(tmp_path),
+        episodes=3,
+        seed=7,
+        record_kwargs=dict(lerobot=True, save_video=False, trajectory_name="ev"),
+    )
     try:
         envs.reset()
         batches = 0
@@ -642,7 +824,10 @@ def test_make_eval_envs_sharded_lerobot_without_trajectory(tmp_path, monkeypatch
         envs.close()
     report = sharding_of(envs).report
     assert report.ok and not report.trajectory and report.lerobot_episodes == 3 and report.shards == {0: 3}
-    assert report.lines()[0] == f"{tmp_path / 'ev.lerobot'}: 3 episodes (LeRobot v3.0) from 1 shard(s); the shards hold no trajectory"
+    assert (
+        report.lines()[0]
+        == f"{tmp_path / 'ev.lerobot'}: 3 episodes (LeRobot v3.0) from 1 shard(s); the shards hold no trajectory"
+    )
     assert not (tmp_path / "ev.h5").exists()
     info, data, episodes = read_dataset(tmp_path / "ev.lerobot")
     assert episodes["length"].tolist() == [4, 4, 4] and data["index"].tolist() == list(range(12))

@@ -90,7 +90,6 @@ def one_file(tmp_path_factory) -> tuple[Path, Path]:
     """PickCube-v1 on the CPU, rgb observations (64x64 sensor camera), 4 episodes of 6 (the time limit), 4, 6
     and 3 steps, recorded as HDF5 and as a LeRobot dataset of one file: (dataset root, HDF5 file)."""
     import gymnasium as gym
-
     import mani_skill.envs  # noqa: F401  (registers the tasks)
 
     out = tmp_path_factory.mktemp("one_file")

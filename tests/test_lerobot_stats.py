@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("pandas")
-import pandas as pd  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pandas as pd
+import pyarrow.parquet as pq
 
-from fastrecord import RecordEpisode, RecordOptions  # noqa: E402
-from fastrecord.sinks.lerobot.stats import image_stats  # noqa: E402
-from fastrecord.testing import psnr  # noqa: E402
+from fastrecord import RecordEpisode, RecordOptions
+from fastrecord.sinks.lerobot.stats import image_stats
+from fastrecord.testing import psnr
 
 SIZE = 64
 CAMERA = "observation.images.base_camera"
@@ -166,7 +166,6 @@ def record(out: Path, steps: tuple[int, ...], obs_mode: str = "rgb", check_each=
     """PickCube-v1 on the CPU, episodes of ``steps`` steps (each ended by a reset), HDF5 + LeRobot in one run;
     ``check_each(env, finished)`` after each finished episode, before the run closes."""
     import gymnasium as gym
-
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     env = gym.make("PickCube-v1", obs_mode=obs_mode, sim_backend="physx_cpu", max_episode_steps=max(steps),

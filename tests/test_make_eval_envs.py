@@ -9,14 +9,13 @@ import importlib.util
 import inspect
 import typing
 from pathlib import Path
-from typing import Optional
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
 from conftest import CAMERA
+
 from fastrecord import make_eval_envs
 from fastrecord.video import decode_mp4
 
@@ -31,7 +30,7 @@ def baseline_make_eval_envs(
     sim_backend: str,
     env_kwargs: dict,
     other_kwargs: dict,
-    video_dir: Optional[str] = None,
+    video_dir: str | None = None,
     wrappers: list[gym.Wrapper] = [],  # noqa: B006
 ):
     """The signature of ManiSkill's examples/baselines/diffusion_policy/diffusion_policy/make_env.py
@@ -76,7 +75,9 @@ def test_cpu_branch_records_every_env_and_feeds_the_baselines_loop(tmp_path):
         obs, _ = envs.reset(seed=0)
         assert isinstance(obs, np.ndarray) and obs.shape == (2, 3, OBS_DIM)
         assert (obs[:, 0] == obs[:, 2]).all()  # after a reset every slot holds the reset observation
-        metrics = ex.evaluate(4, ex.ScriptedAgent(act_horizon=2, noise=0.0, seed=0), envs, torch.device("cpu"), "physx_cpu")
+        metrics = ex.evaluate(
+            4, ex.ScriptedAgent(act_horizon=2, noise=0.0, seed=0), envs, torch.device("cpu"), "physx_cpu"
+        )
     finally:
         envs.close()
     assert {"success_once", "success_at_end", "return", "episode_len"} <= set(metrics)
@@ -116,14 +117,22 @@ def test_frame_stack_and_autoreset_match_maniskill_framestack_in_each_env(tmp_pa
                 if truncated[0]:
                     final = info["final_observation" if "final_observation" in info else "final_obs"][0]
                     finals = info["final_info"]
-                    episode = finals[0]["episode"] if isinstance(finals, np.ndarray) else {k: v[0] for k, v in finals["episode"].items() if not k.startswith("_")}
+                    episode = (
+                        finals[0]["episode"]
+                        if isinstance(finals, np.ndarray)
+                        else {k: v[0] for k, v in finals["episode"].items() if not k.startswith("_")}
+                    )
                     out.append(("final", final, episode))
             return envs.single_observation_space, out
         finally:
             envs.close()
 
-    ref_space, ref = rollout(lambda: gym.vector.SyncVectorEnv([reference], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
-    our_space, ours = rollout(lambda: make_eval_envs(ENV_ID, 1, "physx_cpu", env_kwargs(), dict(obs_horizon=2), video_dir=str(tmp_path)))
+    ref_space, ref = rollout(
+        lambda: gym.vector.SyncVectorEnv([reference], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    )
+    our_space, ours = rollout(
+        lambda: make_eval_envs(ENV_ID, 1, "physx_cpu", env_kwargs(), dict(obs_horizon=2), video_dir=str(tmp_path))
+    )
     assert our_space == ref_space
     assert len(ours) == len(ref) == 2 * STEPS + 2 + 2  # observations and two truncations
     for a, b in zip(ours, ref):
@@ -199,8 +208,14 @@ def test_missing_obs_horizon_is_a_clear_error():
     (dict(wrappers=["FrameStack"]), r"wrappers=\['FrameStack'\] must be a list of wrapper classes"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_made(tmp_path, change, match):
-    kwargs = dict(env_id="PickCube-v1", num_envs=1, sim_backend="physx_cpu", env_kwargs=dict(), other_kwargs=dict(obs_horizon=2),
-                  video_dir=str(tmp_path / "videos"))
+    kwargs = dict(
+        env_id="PickCube-v1",
+        num_envs=1,
+        sim_backend="physx_cpu",
+        env_kwargs=dict(),
+        other_kwargs=dict(obs_horizon=2),
+        video_dir=str(tmp_path / "videos"),
+    )
     kwargs.update(change)
     with pytest.raises(ValueError, match=match):
         make_eval_envs(**kwargs)

@@ -18,7 +18,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from test_shards import TORCHRUN, _env
 
 POLICY = ["--policy", "fastrecord.policies:pick_cube_policy", "--control-mode", "pd_ee_delta_pos"]

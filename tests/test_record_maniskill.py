@@ -12,10 +12,8 @@ import numpy as np
 import torch
 
 from fastrecord import RecordEpisode
-from fastrecord.video import decode_mp4
 from fastrecord.testing import frame_psnr as psnr
-
-
+from fastrecord.video import decode_mp4
 
 
 def maniskill_video_psnr(frames: np.ndarray, tmp_path) -> float:
@@ -45,7 +43,13 @@ def rollout(env, base, steps: int, seed: int) -> dict[str, np.ndarray]:
     for _ in range(steps):
         a = torch.as_tensor(env.action_space.sample())[None]
         obs, r, *_ = env.step(a)
-        for k, v in (("obs", obs), ("actions", a), ("rewards", r), ("states", base.get_state()), ("frames", base.render())):
+        for k, v in (
+            ("obs", obs),
+            ("actions", a),
+            ("rewards", r),
+            ("states", base.get_state()),
+            ("frames", base.render()),
+        ):
             rec[k].append(v)
     return {k: torch.cat([x.clone() for x in v]).numpy() for k, v in rec.items()}
 
@@ -74,8 +78,11 @@ def test_single_env_round_trip(make_env, tmp_path):
             assert g["terminated"].shape == g["truncated"].shape == g["success"].shape == (steps,)
             assert g["truncated"][-1] == (steps == 8)
             # env_states: ManiSkill's nested layout, and the flat state per step equals get_state()
-            flat = np.concatenate([g["env_states/actors"][k][:] for k in g["env_states/actors"]]
-                                  + [g["env_states/articulations"][k][:] for k in g["env_states/articulations"]], axis=1)
+            flat = np.concatenate(
+                [g["env_states/actors"][k][:] for k in g["env_states/actors"]]
+                + [g["env_states/articulations"][k][:] for k in g["env_states/articulations"]],
+                axis=1,
+            )
             np.testing.assert_allclose(flat, ep["states"], rtol=1e-5, atol=1e-6)
     meta = json.loads((tmp_path / "traj.json").read_text())
     assert meta["env_info"]["env_id"] == "PickCube-v1"
@@ -98,7 +105,9 @@ def test_single_env_round_trip(make_env, tmp_path):
 
 def test_replay_tool_reproduces_success(make_env, tmp_path):
     """PushCube-v1 episodes recorded by fastrecord replay with ManiSkill's replay tool to the same success flags."""
-    env = RecordEpisode(make_env("PushCube-v1", max_episode_steps=6), tmp_path, trajectory_name="push", save_video=False)
+    env = RecordEpisode(
+        make_env("PushCube-v1", max_episode_steps=6), tmp_path, trajectory_name="push", save_video=False
+    )
     for seed in (0, 1):
         env.reset(seed=seed)
         for _ in range(6):
@@ -119,7 +128,9 @@ def test_replay_tool_reproduces_success(make_env, tmp_path):
         for k in ("traj_0", "traj_1"):
             # the replay re-simulates each step from our state t-1 with our action t-1 (row 0 it overwrites
             # with row 1 in ManiSkill 3.0.1, so it is skipped): positions agree with what we recorded
-            np.testing.assert_allclose(r[k]["env_states/actors/cube"][1:, :3], o[k]["env_states/actors/cube"][1:, :3], atol=1e-4)
+            np.testing.assert_allclose(
+                r[k]["env_states/actors/cube"][1:, :3], o[k]["env_states/actors/cube"][1:, :3], atol=1e-4
+            )
 
 
 def test_keep_success_on_real_successes(make_env, tmp_path):
@@ -140,7 +151,10 @@ def test_keep_success_on_real_successes(make_env, tmp_path):
     env.close()
     assert results == [True, False, True]
     meta = json.loads((tmp_path / "t.json").read_text())
-    assert [(e["episode_id"], e["episode_seed"], e["success"]) for e in meta["episodes"]] == [(0, 0, True), (1, 2, True)]
+    assert [(e["episode_id"], e["episode_seed"], e["success"]) for e in meta["episodes"]] == [
+        (0, 0, True),
+        (1, 2, True),
+    ]
     assert sorted(p.name for p in tmp_path.glob("*.mp4")) == ["0_env0_success.mp4", "1_env0_success.mp4"]
     with h5py.File(tmp_path / "t.h5") as f:
         assert sorted(f) == ["traj_0", "traj_1"] and f["traj_1/success"][-1]
@@ -149,9 +163,8 @@ def test_keep_success_on_real_successes(make_env, tmp_path):
 def test_vector_env_partial_resets(tmp_path):
     """A SyncVectorEnv of 3 ManiSkill CPU envs whose episodes end at different steps (auto-reset)."""
     import mani_skill.envs  # noqa: F401
-    from mani_skill.utils.wrappers import CPUGymWrapper
-
     from conftest import CAMERA
+    from mani_skill.utils.wrappers import CPUGymWrapper
 
     lengths = [3, 5, 4]
 
@@ -200,7 +213,9 @@ def test_sensor_camera_video_needs_no_render(make_env, tmp_path):
     """video_source='sensor:base_camera' takes frames from the observation: no render call at all."""
     counted = CountRenders(make_env("PickCube-v1", obs_mode="rgb", max_episode_steps=4,
                                     sensor_configs=dict(width=32, height=32)))
-    env = RecordEpisode(counted, tmp_path, trajectory_name="s", video_source="sensor:base_camera", save_trajectory=False)
+    env = RecordEpisode(
+        counted, tmp_path, trajectory_name="s", video_source="sensor:base_camera", save_trajectory=False
+    )
     obs, _ = env.reset(seed=0)
     frames = [obs["sensor_data"]["base_camera"]["rgb"][0].numpy()]
     for _ in range(4):
@@ -216,9 +231,8 @@ def test_sensor_camera_video_needs_no_render(make_env, tmp_path):
 def test_async_vector_env(tmp_path):
     """AsyncVectorEnv sub-envs in other processes: flat states per step, split back into ManiSkill's dict."""
     import mani_skill.envs  # noqa: F401
-    from mani_skill.utils.wrappers import CPUGymWrapper
-
     from conftest import CAMERA
+    from mani_skill.utils.wrappers import CPUGymWrapper
 
     def thunk():
         return CPUGymWrapper(gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",

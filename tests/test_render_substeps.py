@@ -17,14 +17,13 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import CAMERA
 
 from fastrecord import RecordEpisode
 from fastrecord.substeps import SubstepFrames
 from fastrecord.testing import BatchedDoubleEnv, frame_psnr, frames_for
 from fastrecord.video import decode_mp4
 from fastrecord.video.overlay import Overlay
-
-from conftest import CAMERA
 
 
 def _actions(space, n: int, seed: int = 0) -> list[np.ndarray]:
@@ -59,7 +58,9 @@ def test_single_env_frames_equal_maniskill(make_env, tmp_path, max_steps):
     actions = _actions(env.action_space, 5)
     theirs = _maniskill_video(make_env, tmp_path / "theirs", 7, actions, max_steps_per_video=max_steps)
 
-    rec = RecordEpisode(env, tmp_path / "ours", trajectory_name="t", render_substeps=True, max_steps_per_video=max_steps)
+    rec = RecordEpisode(
+        env, tmp_path / "ours", trajectory_name="t", render_substeps=True, max_steps_per_video=max_steps
+    )
     rec.reset(seed=7)
     for a in actions:
         rec.step(a)
@@ -159,7 +160,9 @@ def test_batched_env_substep_frames(tmp_path):
     # a step whose frames are not captured renders no substeps
     calls = []
     env2 = BatchedDoubleEnv(num_envs=1, max_episode_steps=4, size=size, sim_steps_per_control=s)
-    rec = RecordEpisode(env2, tmp_path / "trig", render_substeps=True, save_video_trigger=lambda i: calls.append(i) or False)
+    rec = RecordEpisode(
+        env2, tmp_path / "trig", render_substeps=True, save_video_trigger=lambda i: calls.append(i) or False
+    )
     rec.reset(seed=0)
     for _ in range(2):
         rec.step(torch.zeros(1, 3))

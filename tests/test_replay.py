@@ -15,8 +15,8 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-
 from conftest import CAMERA, leaves
+
 from fastrecord.replay import ReplayConfig, run_replay
 from fastrecord.sinks.results import read_results
 from fastrecord.video import decode_mp4
@@ -69,7 +69,9 @@ def maniskill_file(tmp_path_factory) -> Path:
 
 def replay(path: Path, out: Path, **kw) -> tuple:
     """Replay in a SyncVectorEnv (one process: quicker to start for these small files)."""
-    cfg = ReplayConfig.from_values(dict(traj_path=str(path), output_dir=str(out), progress=False, **{"vector": "sync", **kw}))
+    cfg = ReplayConfig.from_values(
+        dict(traj_path=str(path), output_dir=str(out), progress=False, **{"vector": "sync", **kw})
+    )
     s = run_replay(cfg)
     new = sorted(out.glob("*.h5"))
     assert len(new) == 1
@@ -83,7 +85,11 @@ def assert_same_episodes(original: Path, new_h5: Path, new_meta: dict, state_ato
     with h5py.File(original) as f, h5py.File(new_h5) as g:
         for ep in new_meta["episodes"]:
             src = old_eps[ep["source_episode_id"]]
-            assert (ep["episode_seed"], ep["elapsed_steps"], ep["success"]) == (src["episode_seed"], src["elapsed_steps"], src["success"])
+            assert (ep["episode_seed"], ep["elapsed_steps"], ep["success"]) == (
+                src["episode_seed"],
+                src["elapsed_steps"],
+                src["success"],
+            )
             a, b = leaves(f[f"traj_{src['episode_id']}"]), leaves(g[f"traj_{ep['episode_id']}"])
             assert a.keys() == b.keys()
             for k in a:
@@ -111,7 +117,9 @@ def test_replay_by_states_reproduces_recorded_states_and_success(fastrecord_file
     with h5py.File(fastrecord_file) as f, h5py.File(new_h5) as g:  # actors' states: bit-exact
         for ep in meta["episodes"]:
             for k in actors:
-                np.testing.assert_array_equal(g[f"traj_{ep['episode_id']}/{k}"][:], f[f"traj_{ep['source_episode_id']}/{k}"][:])
+                np.testing.assert_array_equal(
+                    g[f"traj_{ep['episode_id']}/{k}"][:], f[f"traj_{ep['source_episode_id']}/{k}"][:]
+                )
     videos = sorted(p for p in s.files if p.suffix == ".mp4")
     assert len(videos) == 3 and sorted(p.name.endswith("_success.mp4") for p in videos) == [False, True, True]
     for ep in meta["episodes"]:
@@ -219,7 +227,9 @@ def test_keep_success_and_batched_env_path(fastrecord_file, tmp_path):
 # ---------------------------------------------------------------------------------------------- errors
 def test_output_is_never_overwritten_without_asking(fastrecord_file, tmp_path):
     replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False)
-    with pytest.raises(ValueError, match=r"already holds .*demo\.state\.pd_ee_delta_pos\.physx_cpu\.h5.*--resume.*--overwrite") as e:
+    with pytest.raises(
+        ValueError, match=r"already holds .*demo\.state\.pd_ee_delta_pos\.physx_cpu\.h5.*--resume.*--overwrite"
+    ) as e:
         replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False)
     assert "if-exists" not in str(e.value) and "if_exists" not in str(e.value)  # replay has no such option
     s, _, meta = replay(fastrecord_file, tmp_path, count=1, num_envs=1, save_video=False, overwrite=True)
@@ -259,7 +269,11 @@ def write(path: Path, data: bytes | str) -> Path:
 def test_missing_corrupt_and_foreign_files_are_named(fastrecord_file, tmp_path):
     def error(path: Path, **kw) -> str:
         with pytest.raises(ValueError) as e:
-            run_replay(ReplayConfig.from_values(dict(traj_path=str(path), output_dir=str(tmp_path / "out"), progress=False, **kw)))
+            run_replay(
+                ReplayConfig.from_values(
+                    dict(traj_path=str(path), output_dir=str(tmp_path / "out"), progress=False, **kw)
+                )
+            )
         return str(e.value)
 
     assert "does not exist" in error(tmp_path / "nope.h5")
@@ -347,9 +361,24 @@ def test_every_recording_option_is_a_flag_and_a_config_key(fastrecord_file, tmp_
     assert (cfg.record, cfg.obs_mode, cfg.option("video_fps"), cfg.option("video_codec")) == (
         dict(video_crf=31, trajectory_compression="lzf"), "rgb", None, "auto")
     # a bad value: RecordOptions' message, with the flag and the config key, before anything is written
-    assert main(["replay", str(fastrecord_file), "--output-dir", str(tmp_path / "bad"), "--trajectory-compression", "gzip:10"]) == 2
+    assert (
+        main(
+            [
+                "replay",
+                str(fastrecord_file),
+                "--output-dir",
+                str(tmp_path / "bad"),
+                "--trajectory-compression",
+                "gzip:10",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "trajectory_compression='gzip:10'" in err and "(the --trajectory-compression flag, or trajectory_compression: in" in err
+    assert (
+        "trajectory_compression='gzip:10'" in err
+        and "(the --trajectory-compression flag, or trajectory_compression: in" in err
+    )
     assert not (tmp_path / "bad").exists()
     with pytest.raises(ValueError, match=r"video_crf=2\.5 must be an integer"):
         fastrecord_replay(fastrecord_file, tmp_path / "bad", video_crf=2.5)
@@ -357,10 +386,39 @@ def test_every_recording_option_is_a_flag_and_a_config_key(fastrecord_file, tmp_
         fastrecord_replay(fastrecord_file, tmp_path / "bad", keep=lambda info: True)
 
     out = tmp_path / "out"
-    assert main(["replay", str(fastrecord_file), "--output-dir", str(out), "--count", "2", "--num-envs", "1", "--vector",
-                 "sync", "--quiet", "--trajectory-name", "again", "--video-crf", "30", "--trajectory-compression", "gzip:5",
-                 "--video-preset", "fast", "--no-record-reward", "--keep", "success", "--video-fps", "12.5",
-                 "--max-steps-per-video", "4"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(fastrecord_file),
+                "--output-dir",
+                str(out),
+                "--count",
+                "2",
+                "--num-envs",
+                "1",
+                "--vector",
+                "sync",
+                "--quiet",
+                "--trajectory-name",
+                "again",
+                "--video-crf",
+                "30",
+                "--trajectory-compression",
+                "gzip:5",
+                "--video-preset",
+                "fast",
+                "--no-record-reward",
+                "--keep",
+                "success",
+                "--video-fps",
+                "12.5",
+                "--max-steps-per-video",
+                "4",
+            ]
+        )
+        == 0
+    )
     options = json.loads((out / "again.fastrecord.json").read_text())["options"]
     assert {k: options[k] for k in ("video_crf", "trajectory_compression", "video_preset", "record_reward", "keep",
                                     "video_fps", "max_steps_per_video", "trajectory_name")} == dict(
@@ -469,16 +527,29 @@ def h5_outputs(d: Path) -> list[Path]:
     return sorted(p for p in d.glob("*.h5") if p.name != "demo.h5")
 
 
-@pytest.mark.parametrize("flags, name, kept", [
-    (["--use-env-states", "-o", "rgb", "--save-traj", "--count", "2"], "demo.rgb.pd_joint_pos.physx_cpu.h5", [True]),
-    (["--save-traj", "--allow-failure", "--record-rewards"], "demo.state.pd_joint_pos.physx_cpu.h5", [True, False, True]),
-    (["--save-traj", "-n", "1", "-b", "physx_cpu"], "demo.state.pd_joint_pos.physx_cpu.h5", [True, True]),
-])
+@pytest.mark.parametrize(
+    "flags, name, kept",
+    [
+        (
+            ["--use-env-states", "-o", "rgb", "--save-traj", "--count", "2"],
+            "demo.rgb.pd_joint_pos.physx_cpu.h5",
+            [True],
+        ),
+        (
+            ["--save-traj", "--allow-failure", "--record-rewards"],
+            "demo.state.pd_joint_pos.physx_cpu.h5",
+            [True, False, True],
+        ),
+        (["--save-traj", "-n", "1", "-b", "physx_cpu"], "demo.state.pd_joint_pos.physx_cpu.h5", [True, True]),
+    ],
+)
 def test_maniskill_command_lines_give_maniskill_outputs(joint_pos_file, tmp_path, flags, name, kept):
     dirs = run_both(joint_pos_file, tmp_path, flags)
     outs = {tool: h5_outputs(d) for tool, d in dirs.items()}
     assert [p.name for p in outs["maniskill"]] == [p.name for p in outs["fastrecord"]] == [name]
-    theirs, ours = (json.loads(outs[t][0].with_suffix(".json").read_text())["episodes"] for t in ("maniskill", "fastrecord"))
+    theirs, ours = (
+        json.loads(outs[t][0].with_suffix(".json").read_text())["episodes"] for t in ("maniskill", "fastrecord")
+    )
     assert [e["success"] for e in theirs] == [e["success"] for e in ours] == kept
     recorded = {e["episode_id"]: e for e in json.loads(joint_pos_file.with_suffix(".json").read_text())["episodes"]}
     assert [e["elapsed_steps"] for e in ours] == [recorded[e["source_episode_id"]]["elapsed_steps"] for e in ours]
@@ -503,8 +574,14 @@ def test_control_mode_conversion_matches_maniskill(joint_pos_file, tmp_path, cap
     dirs = run_both(joint_pos_file, tmp_path, ["-c", "pd_ee_delta_pose", "--save-traj", "--allow-failure"])
     assert "converted to pd_ee_delta_pose" in capsys.readouterr().out
     outs = {tool: h5_outputs(d) for tool, d in dirs.items()}
-    assert [p.name for p in outs["fastrecord"]] == [p.name for p in outs["maniskill"]] == ["demo.state.pd_ee_delta_pose.physx_cpu.h5"]
-    theirs, ours = (json.loads(outs[t][0].with_suffix(".json").read_text())["episodes"] for t in ("maniskill", "fastrecord"))
+    assert (
+        [p.name for p in outs["fastrecord"]]
+        == [p.name for p in outs["maniskill"]]
+        == ["demo.state.pd_ee_delta_pose.physx_cpu.h5"]
+    )
+    theirs, ours = (
+        json.loads(outs[t][0].with_suffix(".json").read_text())["episodes"] for t in ("maniskill", "fastrecord")
+    )
     assert [e["control_mode"] for e in ours] == ["pd_ee_delta_pose"] * 3
     assert [e["success"] for e in ours] == [e["success"] for e in theirs]
     assert sum(e["success"] for e in ours) >= 1

@@ -13,7 +13,6 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-
 from conftest import leaves
 
 SMALL = dict(human_render_camera_configs=dict(width=64, height=64), sensor_configs=dict(width=48, height=48))
@@ -61,7 +60,11 @@ def test_the_plan_draws_in_one_batch_where_it_can(pickcube_file, tmp_path, monke
     then sit in the worker's own process (sync). on: required, else one error naming the fix."""
     import fastrecord.render
 
-    monkeypatch.setattr(fastrecord.render, "available", lambda backend="auto": backend in ("gpu", "auto") or str(backend).startswith("cuda"))
+    monkeypatch.setattr(
+        fastrecord.render,
+        "available",
+        lambda backend="auto": backend in ("gpu", "auto") or str(backend).startswith("cuda"),
+    )
     rgb = dict(obs_mode="rgb", render_backend="gpu", num_envs=4, workers=1)
     plan = _plan(pickcube_file, tmp_path, **rgb)
     assert (plan.render_device, plan.vector) == ("cuda", "sync")
@@ -166,10 +169,14 @@ def _assert_same_replays(a: Path, b: Path) -> None:
                 elif k in pictures:  # poses reach the GPU as float32 there: a pixel may round to the next millimetre
                     diff = np.abs(x.astype(np.int64) - y.astype(np.int64)).reshape(len(x), -1)
                     if np.mean(diff <= 2) < 0.995:
-                        bad.append(f"{key} {k}: pixels off by > 2 by frame {np.mean(diff > 2, axis=1).round(3).tolist()}, "
-                                   f"largest {diff.max(axis=1).tolist()}")
+                        bad.append(
+                            f"{key} {k}: pixels off by > 2 by frame {np.mean(diff > 2, axis=1).round(3).tolist()}, "
+                            f"largest {diff.max(axis=1).tolist()}"
+                        )
                 elif not np.allclose(x, y, atol=1e-5):
-                    bad.append(f"{key} {k}: largest difference {float(np.max(np.abs(x.astype(float) - y.astype(float))))}")
+                    bad.append(
+                        f"{key} {k}: largest difference {float(np.max(np.abs(x.astype(float) - y.astype(float))))}"
+                    )
     assert not bad, "\n".join(bad)
 
 
@@ -201,7 +208,9 @@ def test_grouped_replay_equals_each_env_drawing_itself(pickcube_file, tmp_path, 
     """PickCube-v1 state -> rgb, 3 envs over 4 episodes of different lengths (slots refilled mid-run):
     the sensor pictures (its goal hidden), agent/extra/sensor_param, states, rewards and the render camera's
     videos (its goal shown) equal a replay whose envs draw themselves."""
-    assert _plan(pickcube_file, tmp_path, obs_mode="rgb", num_envs=3, workers=1, vector="sync").render_device is not None
+    assert (
+        _plan(pickcube_file, tmp_path, obs_mode="rgb", num_envs=3, workers=1, vector="sync").render_device is not None
+    )
     on, off = _replay_both(pickcube_file, tmp_path, obs_mode="rgb", by=by)
     _assert_same_replays(on / "out.h5", off / "out.h5")
     _assert_same_videos(on, off)

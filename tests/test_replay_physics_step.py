@@ -25,8 +25,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-
 from conftest import CAMERA
+
 from fastrecord.replay.envs import tree_index, tree_stack
 from fastrecord.sinks.maniskill_h5.reader import read_tree
 
@@ -81,7 +81,9 @@ def replay(base: Any, traj: h5py.Group, physics_step: bool, render: bool = False
     "info/...", "controller/..." (its env state), "reward", the human camera's "frame"."""
     states, actions = read_tree(traj["env_states"]), traj["actions"][:]
     device = torch.device(base.device)
-    base.reset(seed=SEED, options=dict(reset_to_env_states=dict(env_states=tree_stack([tree_index(states, 0)], device))))
+    base.reset(
+        seed=SEED, options=dict(reset_to_env_states=dict(env_states=tree_stack([tree_index(states, 0)], device)))
+    )
     rows = []
     for t, action in enumerate(torch.as_tensor(actions[:, None], device=device)):
         if physics_step:
@@ -147,7 +149,9 @@ def test_state_observation_needs_the_physics_step(grasp, make_base, obs_mode):
         np.testing.assert_allclose(column(stepped, k), v, rtol=0, atol=1e-6, err_msg=k)
 
     for rows, grasped in ((set_only, False), (stale, True)):
-        assert column(rows, "info/is_grasped").tolist() == [grasped] * len(rec_grasped)  # frozen: no step, no new contacts
+        assert column(rows, "info/is_grasped").tolist() == [grasped] * len(
+            rec_grasped
+        )  # frozen: no step, no new contacts
         wrong = column(rows, "info/is_grasped") != rec_grasped
         assert wrong.any()
         # the reward is wrong exactly where is_grasped is (PickCube's dense reward adds it), by >= 1,
@@ -163,7 +167,9 @@ def test_state_observation_needs_the_physics_step(grasp, make_base, obs_mode):
             else:  # qpos, qvel, tcp and cube poses, goal: set from the file
                 np.testing.assert_array_equal(a, b, err_msg=k)
         # the observation as the obs mode returns it ("state": one vector, is_grasped in it) differs too
-        assert obs_mode == "none" or any(not np.array_equal(r["flat"][k], s["flat"][k]) for r, s in zip(rows, stepped) for k in r["flat"])
+        assert obs_mode == "none" or any(
+            not np.array_equal(r["flat"][k], s["flat"][k]) for r, s in zip(rows, stepped) for k in r["flat"]
+        )
 
 
 def test_reset_observation_holds_the_previous_episodes_contacts(grasp, make_base):

@@ -20,8 +20,8 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-
 from conftest import CAMERA, leaves
+
 from fastrecord.replay import ReplayConfig, ReplayWorkerError, default_workers, run_replay
 
 ENV_ID = "PickCube-v1"
@@ -79,8 +79,9 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
     s2, h5_2, meta2 = replay(demo, tmp_path / "two", workers=2, num_envs=2)
     assert (s1.episodes, s1.kept, s2.episodes, s2.kept, s2.workers, s2.missing) == (5, 5, 5, 5, 2, [])
     assert [e["source_episode_id"] for e in meta1["episodes"]] == [0, 1, 2, 3, 4]
-    assert [(e["episode_id"], e["source_episode_id"], e["global_index"], e["source_rank"]) for e in meta2["episodes"]] == \
-        [(g, g, g, g % 2) for g in range(5)]
+    assert [
+        (e["episode_id"], e["source_episode_id"], e["global_index"], e["source_rank"]) for e in meta2["episodes"]
+    ] == [(g, g, g, g % 2) for g in range(5)]
     assert sorted(p.name for p in (tmp_path / "two" / f"{NAME}.shards").iterdir()) == ["rank00000", "rank00001"]
     assert len(s2.worker_times) == 2 and s2.merge_seconds > 0  # the timeline the CLI prints
     assert all(0 <= up <= replaying <= done for up, replaying, done in s2.worker_times), s2.worker_times
@@ -104,7 +105,9 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
     assert "Replayed 3 episodes" in r.stdout
 
     # the finished replay again: refused without --overwrite; --resume finds nothing to do (no worker is started)
-    with pytest.raises(ValueError, match=r"already holds a run named .*--resume .*--overwrite \(overwrite=True\) deletes it first"):
+    with pytest.raises(
+        ValueError, match=r"already holds a run named .*--resume .*--overwrite \(overwrite=True\) deletes it first"
+    ):
         replay(demo, tmp_path / "two", workers=2, num_envs=2)
     s3, _, meta3 = replay(demo, tmp_path / "two", workers=2, num_envs=2, resume=True)
     assert (s3.episodes, s3.skipped, s3.missing) == (0, 5, []) and meta3["episodes"] == meta2["episodes"]
@@ -168,8 +171,11 @@ def test_a_worker_exception_names_the_worker_and_cause(demo, tmp_path):
         del g["traj_1/actions"]
         g["traj_1/actions"] = np.concatenate([actions, actions[:, :1]], axis=1)
     bad.with_suffix(".json").write_text(demo.with_suffix(".json").read_text())
-    with pytest.raises(ReplayWorkerError, match=r"replay worker 1 of 2 .*failed: ValueError: .*traj_1/actions has shape "
-                                                r"\(6, 9\).*missing.*global indices 1, 3"):
+    with pytest.raises(
+        ReplayWorkerError,
+        match=r"replay worker 1 of 2 .*failed: ValueError: .*traj_1/actions has shape "
+        r"\(6, 9\).*missing.*global indices 1, 3",
+    ):
         replay(bad, tmp_path / "out", workers=2, num_envs=2)
     meta = json.loads((tmp_path / "out" / f"{NAME}.json").read_text())
     assert [e["global_index"] for e in meta["episodes"]] == [0, 2, 4]
@@ -251,7 +257,9 @@ def test_torchrun_ranks_replay_their_shares(demo, tmp_path):
                        env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rank 1: replayed 2 episodes" in r.stdout
-    assert re.search(r"replayed 5 episodes by env states: \d+ successful, 5 written \(keep=all\) by 2 workers", r.stdout)
+    assert re.search(
+        r"replayed 5 episodes by env states: \d+ successful, 5 written \(keep=all\) by 2 workers", r.stdout
+    )
     meta = json.loads((out / f"{NAME}.json").read_text())
     assert [(e["global_index"], e["source_rank"]) for e in meta["episodes"]] == [(g, g % 2) for g in range(5)]
     assert_matches_input(demo, out / f"{NAME}.h5", meta)

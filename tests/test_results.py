@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
+import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
 import torch
-
-import gymnasium as gym
 
 from fastrecord import RecordEpisode
 from fastrecord.sinks import EpisodeEnded, Sink
@@ -59,7 +58,9 @@ def test_rows_equal_the_trajectory_json_and_the_env_flags(tmp_path, keep):
     last_success, last_term, last_trunc = flags[-1]
     assert [r["success"] for r in first] == last_success.tolist() == [True, False, True]
     assert [r["success_once"] for r in first] == torch.stack([f[0] for f in flags]).any(0).tolist()
-    assert [r["terminated"] for r in first] == last_term.tolist() and [r["truncated"] for r in first] == last_trunc.tolist()
+    assert [r["terminated"] for r in first] == last_term.tolist() and [
+        r["truncated"] for r in first
+    ] == last_trunc.tolist()
     np.testing.assert_allclose([r["return"] for r in first], torch.stack(rewards[:4]).sum(0).tolist(), rtol=1e-6)
     np.testing.assert_allclose([r["return"] for r in second], torch.stack(rewards[4:]).sum(0).tolist(), rtol=1e-6)
     # second batch ended by close: env 0 succeeded at step 2, the others not; neither flag set by the env
@@ -90,7 +91,11 @@ def test_video_only_run_counts_failures_and_names_renamed_videos(tmp_path):
     env, _, _ = run_double(tmp_path, "success", save_trajectory=False)
     rows = read_results(tmp_path / "run.results.jsonl")
     assert len(rows) == 6 and [r["success"] for r in rows] == [True, False, True, True, False, False]
-    assert [r["video"] for r in rows if r["video"]] == ["0_env0_success_1.mp4", "1_env2_success.mp4", "2_env0_success.mp4"]
+    assert [r["video"] for r in rows if r["video"]] == [
+        "0_env0_success_1.mp4",
+        "1_env2_success.mp4",
+        "2_env0_success.mp4",
+    ]
     assert summary_lines(rows[:3])[0] == ("results of 3 episodes: success 0.67 [0.21, 0.94] (2/3), "
                                           "success_once 0.67 [0.21, 0.94] (2/3)")
 
@@ -154,8 +159,13 @@ class NanRewards(gym.Wrapper):
 
 def test_results_are_strict_json_with_non_finite_returns(tmp_path):
     """NaN or infinite returns are written as null and the row names them; the file parses strictly."""
-    env = RecordEpisode(NanRewards(BatchedDoubleEnv(num_envs=3, max_episode_steps=4)), str(tmp_path), trajectory_name="run",
-                        save_video=False, save_trajectory=False)
+    env = RecordEpisode(
+        NanRewards(BatchedDoubleEnv(num_envs=3, max_episode_steps=4)),
+        str(tmp_path),
+        trajectory_name="run",
+        save_video=False,
+        save_trajectory=False,
+    )
     env.reset(seed=[0, 1, 2])
     for _ in range(4):
         env.step(torch.zeros(3, 3))
@@ -246,11 +256,21 @@ def test_a_sink_raising_in_episodes_ended_reaches_the_caller_and_loses_nothing(t
         env.step(torch.ones(2, 3))
     env.close()  # saves the two episodes in progress
     assert failing.calls == 2 and outcomes.submitted == [0, 1, 2, 3]
-    assert [(ev.episode_id, ev.seed, ev.length) for ev in outcomes.ended] == [(0, 10, 3), (1, 11, 3), (2, 12, 2), (3, 13, 2)]
+    assert [(ev.episode_id, ev.seed, ev.length) for ev in outcomes.ended] == [
+        (0, 10, 3),
+        (1, 11, 3),
+        (2, 12, 2),
+        (3, 13, 2),
+    ]
     rows = read_results(tmp_path / "run.results.jsonl")
     assert [(r["episode_id"], r["seed"], r["length"]) for r in rows] == [(0, 10, 3), (1, 11, 3), (2, 12, 2), (3, 13, 2)]
     eps = json.loads((tmp_path / "run.json").read_text())["episodes"]
-    assert [(e["episode_id"], e["episode_seed"], e["elapsed_steps"]) for e in eps] == [(0, 10, 3), (1, 11, 3), (2, 12, 2), (3, 13, 2)]
+    assert [(e["episode_id"], e["episode_seed"], e["elapsed_steps"]) for e in eps] == [
+        (0, 10, 3),
+        (1, 11, 3),
+        (2, 12, 2),
+        (3, 13, 2),
+    ]
     with h5py.File(tmp_path / "run.h5", "r") as f:
         assert sorted(f) == ["traj_0", "traj_1", "traj_2", "traj_3"]
         assert [f[f"traj_{i}/actions"].shape[0] for i in range(4)] == [3, 3, 2, 2]

@@ -66,7 +66,10 @@ def check_pair(h5_path: Path) -> list[dict]:
 def test_rerun_refuses_and_changes_nothing(tmp_path):
     record(tmp_path, trajectory_name="t")
     before = digest(tmp_path)
-    with pytest.raises(OutputExistsError, match=r"already holds a run named 't' \(2 episodes\).*if_exists='resume'.*if_exists='overwrite'"):
+    with pytest.raises(
+        OutputExistsError,
+        match=r"already holds a run named 't' \(2 episodes\).*if_exists='resume'.*if_exists='overwrite'",
+    ):
         RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t")
     assert digest(tmp_path) == before
 
@@ -149,7 +152,9 @@ def test_two_processes_cannot_record_one_name(tmp_path):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        with pytest.raises(OutputExistsError, match=rf"another recorder \(pid {holder.pid} on .*\) is writing trajectory_name='t'"):
+        with pytest.raises(
+            OutputExistsError, match=rf"another recorder \(pid {holder.pid} on .*\) is writing trajectory_name='t'"
+        ):
             RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t", if_exists="overwrite")
         assert (tmp_path / "t.h5").exists() and (tmp_path / f"t{MANIFEST_SUFFIX}").exists()  # untouched
     finally:
@@ -272,7 +277,7 @@ def test_full_disk_is_an_error_in_the_caller_and_keeps_what_was_written(small_di
     out = small_disk / "run"
     env = RecordEpisode(BatchedDoubleEnv(num_envs=4, max_episode_steps=6, size=64), out, trajectory_name="t")
     written = 0
-    with pytest.raises(Exception) as e:  # noqa: PT011 - checked below: a WorkerError naming the cause
+    with pytest.raises(Exception) as e:
         for b in range(200):
             env.reset(seed=4 * b)
             for _ in range(6):
@@ -334,7 +339,9 @@ def test_an_unknown_sensor_camera_is_refused_before_the_run_directory(tmp_path, 
         RecordEpisode(env, out, trajectory_name="t", video_source="sensor:nocam")
     assert not out.exists()
     state = make_env(obs_mode="state")
-    with pytest.raises(ValueError, match=r"observations hold no camera images \(obs_mode='state'\); create the env with obs_mode='rgb'"):
+    with pytest.raises(
+        ValueError, match=r"observations hold no camera images \(obs_mode='state'\); create the env with obs_mode='rgb'"
+    ):
         RecordEpisode(state, out, trajectory_name="t", video_source="sensor:base_camera")
     assert not out.exists()
     RecordEpisode(env, out, trajectory_name="t", video_source="sensor:base_camera").close()  # the right name works

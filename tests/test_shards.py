@@ -51,10 +51,19 @@ def read_dataset(h5_path: Path) -> dict[int, dict]:
         for e in meta["episodes"]:
             g = f[f"traj_{e['episode_id']}"]
             states: dict[str, np.ndarray] = {}
-            g["env_states"].visititems(lambda k, v: states.__setitem__(k, v[:]) if isinstance(v, h5py.Dataset) else None)
-            out[e["episode_id"]] = dict(seed=e["episode_seed"], reset_kwargs=e["reset_kwargs"], steps=e["elapsed_steps"],
-                                        rank=e["source_rank"], global_index=e["global_index"], actions=g["actions"][:],
-                                        states=states, success=e.get("success"))
+            g["env_states"].visititems(
+                lambda k, v: states.__setitem__(k, v[:]) if isinstance(v, h5py.Dataset) else None
+            )
+            out[e["episode_id"]] = dict(
+                seed=e["episode_seed"],
+                reset_kwargs=e["reset_kwargs"],
+                steps=e["elapsed_steps"],
+                rank=e["source_rank"],
+                global_index=e["global_index"],
+                actions=g["actions"][:],
+                states=states,
+                success=e.get("success"),
+            )
     return out
 
 
@@ -234,7 +243,9 @@ def test_merge_reports_and_refuses(tmp_path, monkeypatch):
     shutil.rmtree(shards.shard_dir(tmp_path, "double", 0))
     shards.shard_dir(tmp_path, "double", 0).mkdir()
     (shards.shard_dir(tmp_path, "double", 0) / "double.json").write_text(json.dumps({**doc, "episodes": []}))
-    with pytest.raises(ValueError, match=r"self-contained file holding episodes 0, 1, 2, 3, 4 that the files being joined"):
+    with pytest.raises(
+        ValueError, match=r"self-contained file holding episodes 0, 1, 2, 3, 4 that the files being joined"
+    ):
         shards.merge(tmp_path, "double")
     assert len(read_dataset(tmp_path / "double.h5")) == 5
 
@@ -403,9 +414,24 @@ def test_maniskill_reads_the_joined_dataset(pickcube_runs, tmp_path):
     copy.mkdir()
     for f in ("trajectory.h5", "trajectory.json"):
         shutil.copy(out / f, copy / f)
-    r = subprocess.run([sys.executable, "-m", "mani_skill.trajectory.replay_trajectory", "--traj-path",
-                        str(copy / "trajectory.h5"), "--use-env-states", "--save-traj", "--allow-failure", "-b", "physx_cpu"],
-                       capture_output=True, text=True, timeout=300, env=_env())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mani_skill.trajectory.replay_trajectory",
+            "--traj-path",
+            str(copy / "trajectory.h5"),
+            "--use-env-states",
+            "--save-traj",
+            "--allow-failure",
+            "-b",
+            "physx_cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Replayed 8 episodes" in r.stdout + r.stderr
     replayed = next(copy.glob("trajectory.*.h5"))
@@ -452,8 +478,29 @@ def test_torchrun_evaluate_script(tmp_path):
     """scripts/evaluate.py under torchrun: make_eval_envs(episodes=N) gives each rank its seeds; rank 0
     prints every rank's results and joins the trajectories."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
-    r = torchrun(2, [str(script), "--episodes", "5", "--num-envs", "2", "--max-episode-steps", "10", "--width", "64",
-                     "--height", "64", "--keep", "all", "--save-trajectory", "--name", "ev", "--video-dir", str(tmp_path)])
+    r = torchrun(
+        2,
+        [
+            str(script),
+            "--episodes",
+            "5",
+            "--num-envs",
+            "2",
+            "--max-episode-steps",
+            "10",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--keep",
+            "all",
+            "--save-trajectory",
+            "--name",
+            "ev",
+            "--video-dir",
+            str(tmp_path),
+        ],
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "results of 5 episodes" in r.stdout and "5 episodes from 2 shard(s)" in r.stdout
     data = read_dataset(tmp_path / "ev.h5")
@@ -488,7 +535,9 @@ def test_make_eval_envs_sharded_in_one_process(tmp_path, monkeypatch):
     assert sharding.report.ok and sharding.report.episodes == 3
     assert sorted(r["global_index"] for r in sharding.rows) == [0, 1, 2]
     data = read_dataset(tmp_path / "ev.h5")
-    assert {g: (e["seed"], e["reset_kwargs"]["seed"], e["steps"]) for g, e in data.items()} == {g: (7 + g, 7 + g, 4) for g in range(3)}
+    assert {g: (e["seed"], e["reset_kwargs"]["seed"], e["steps"]) for g, e in data.items()} == {
+        g: (7 + g, 7 + g, 4) for g in range(3)
+    }
     assert len(list(shards.shard_dir(tmp_path, "ev", 0).glob("*.mp4"))) == 3
 
 

@@ -145,8 +145,12 @@ def test_small_batches_queued_behind_a_slow_one_share_a_part(tmp_path):
     from fastrecord.sinks.maniskill_h5.writer import part_runs
 
     big = make_episode(0, 40)
-    big.datasets["obs/sensor_data/base_camera/rgb"] = np.random.default_rng(0).integers(0, 256, (64, 256, 256, 3), dtype=np.uint8)
-    with TrajectoryWriter(tmp_path / "run.h5", HEADER, num_writers=1, consolidate_on_close=False, compression="gzip:9") as w:
+    big.datasets["obs/sensor_data/base_camera/rgb"] = np.random.default_rng(0).integers(
+        0, 256, (64, 256, 256, 3), dtype=np.uint8
+    )
+    with TrajectoryWriter(
+        tmp_path / "run.h5", HEADER, num_writers=1, consolidate_on_close=False, compression="gzip:9"
+    ) as w:
         w.submit([big])  # seconds of gzip 9 on noise
         for i in range(1, 5):
             w.submit([make_episode(i, 40 + i)])
@@ -158,7 +162,13 @@ def test_small_batches_queued_behind_a_slow_one_share_a_part(tmp_path):
         for i in range(1, 5):
             for path, data in make_episode(i, 40 + i).datasets.items():
                 np.testing.assert_array_equal(f[f"traj_{i}/{path}"][:], data)
-    assert [e["episode_seed"] for e in json.loads((tmp_path / "run.json").read_text())["episodes"]] == [40, 41, 42, 43, 44]
+    assert [e["episode_seed"] for e in json.loads((tmp_path / "run.json").read_text())["episodes"]] == [
+        40,
+        41,
+        42,
+        43,
+        44,
+    ]
     # which queued jobs share a part: consecutive numbers, all mergeable (not pieces of a spread batch), under the byte cap
     one = [("traj_0", {"a": np.zeros(10, np.uint8)}, {})]
     jobs = [(3, one, True), (4, one, True), (6, one, True), (7, one, False), (8, one, True), (9, one, True)]
@@ -228,8 +238,11 @@ def test_killed_writer_process(tmp_path):
             assert time.monotonic() < deadline, "the writer never started part 1"
             time.sleep(0.002)
         os.kill(w.pids[0], signal.SIGKILL)
-        with pytest.raises(WorkerError, match=r"HDF5 writer process 0 \(pid \d+\) was killed by signal SIGKILL \(9\) "
-                                              r"while writing part_000001\.h5 \(episodes 3-26\); [\d,]+ bytes free") as e:
+        with pytest.raises(
+            WorkerError,
+            match=r"HDF5 writer process 0 \(pid \d+\) was killed by signal SIGKILL \(9\) "
+            r"while writing part_000001\.h5 \(episodes 3-26\); [\d,]+ bytes free",
+        ) as e:
             w.wait_until_done()
         assert "3 finished episode(s) are safely on disk, listed in run.h5 + run.json" in str(e.value)
         with pytest.raises(WorkerError, match="SIGKILL"):

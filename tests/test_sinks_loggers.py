@@ -84,8 +84,12 @@ def manifest_files(tmp_path: Path, name: str = "t") -> list[str]:
 def wandb_offline(tmp_path, monkeypatch):
     """W&B offline, with every folder it writes inside tmp_path: nothing reaches the network or $HOME."""
     pytest.importorskip("wandb")
-    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CACHE_DIR", "wandb_cache"), ("WANDB_CONFIG_DIR", "wandb_config"),
-                     ("WANDB_DATA_DIR", "wandb_data")):
+    for var, sub in (
+        ("WANDB_DIR", "wandb_dir"),
+        ("WANDB_CACHE_DIR", "wandb_cache"),
+        ("WANDB_CONFIG_DIR", "wandb_config"),
+        ("WANDB_DATA_DIR", "wandb_data"),
+    ):
         (tmp_path / sub).mkdir()
         monkeypatch.setenv(var, str(tmp_path / sub))
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -170,7 +174,9 @@ def test_tensorboard_every_kth_video_returns_without_trajectory_and_nothing_rend
 
 def test_make_eval_envs_logs_a_maniskill_env_to_tensorboard(tmp_path):
     """A real ManiSkill CPU env (PickCube-v1, 64x64) through make_eval_envs(log="tensorboard")."""
-    env_kwargs = dict(obs_mode="state", render_mode="rgb_array", human_render_camera_configs=CAMERA, max_episode_steps=3)
+    env_kwargs = dict(
+        obs_mode="state", render_mode="rgb_array", human_render_camera_configs=CAMERA, max_episode_steps=3
+    )
     envs = make_eval_envs("PickCube-v1", 1, "physx_cpu", env_kwargs, dict(obs_horizon=1), video_dir=str(tmp_path),
                           log="tensorboard", record_kwargs=dict(save_trajectory=True, trajectory_name="t"))
     try:
@@ -199,8 +205,24 @@ def test_cli_record_log_tensorboard(tmp_path):
     from fastrecord.commands.cli import main
 
     out = tmp_path / "rec"
-    rc = main(["record", "PickCube-v1", "--episodes", "2", "--max-episode-steps", "2", "--width", "64", "--height", "64",
-               "--output-dir", str(out), "--log", "tensorboard"])
+    rc = main(
+        [
+            "record",
+            "PickCube-v1",
+            "--episodes",
+            "2",
+            "--max-episode-steps",
+            "2",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--output-dir",
+            str(out),
+            "--log",
+            "tensorboard",
+        ]
+    )
     assert rc == 0
     episodes = json.loads((out / "trajectory.json").read_text())["episodes"]
     scalars, videos = read_tensorboard(out / "tensorboard" / "trajectory")

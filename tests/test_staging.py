@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from fastrecord import staging
 from fastrecord.staging import StagingPool, locate

@@ -28,7 +28,11 @@ def test_no_module_imports_another_modules_private_names():
     found = []
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fastrecord") and node.module != name:
+            if (
+                isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("fastrecord")
+                and node.module != name
+            ):
                 found += [f"{name}: from {node.module} import {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
@@ -42,8 +46,11 @@ def test_modules_stay_small_or_say_why():
         n = len(path.read_text().splitlines())
         if n > MAX_LINES:
             over[name] = n
-    unexplained = {name: n for name, n in over.items()
-                   if not re.search(rf"`{re.escape(str(_modules()[name].relative_to(ROOT / 'src')))}`[^\n]*\b{n}\b", design)}
+    unexplained = {
+        name: n
+        for name, n in over.items()
+        if not re.search(rf"`{re.escape(str(_modules()[name].relative_to(ROOT / 'src')))}`[^\n]*\b{n}\b", design)
+    }
     assert unexplained == {}
 
 
@@ -75,7 +82,11 @@ def test_readme_module_table_matches_the_tree():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## How it is built", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"^\| `([\w/.]+)`", section, re.MULTILINE))
-    tree = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py") and p.parent == PACKAGE}
+    tree = {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py") and p.parent == PACKAGE
+    }
     tree |= {f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert tree - named == set(), "modules missing from the README's table"
     assert {n for n in named if not (PACKAGE / n).exists()} == set(), "names in the README's table that do not exist"

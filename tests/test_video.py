@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fastrecord import staging
+from fastrecord.testing import psnr, smooth_frames
 from fastrecord.video import (
     EncoderError,
     EncoderProcessPool,
@@ -26,7 +27,6 @@ from fastrecord.video import (
 )
 from fastrecord.video import encode as video_mod
 from fastrecord.video.yuv import Yuv420Frames, rgb_to_yuv420p, yuv420p_to_rgb_numpy
-from fastrecord.testing import psnr, smooth_frames
 
 needs_shm = pytest.mark.skipif(not staging.shared_memory_supported(), reason="needs memfd + fd passing (Linux)")
 EXECUTORS = ["thread", pytest.param("process", marks=needs_shm)]
@@ -111,7 +111,9 @@ def test_encoder_process_errors_surface_in_the_caller(tmp_path):
         with pytest.raises(FileNotFoundError, match="No such file") as info:
             enc.encode(tmp_path / "missing" / "x.mp4", smooth_frames(2), VideoSettings())
         assert info.value.errno == errno.ENOENT
-        assert "raised in the encoder process" in info.value.__notes__[0] and "encode_here" in info.value.remote_traceback
+        assert (
+            "raised in the encoder process" in info.value.__notes__[0] and "encode_here" in info.value.remote_traceback
+        )
         # the process survived its job's error and still works
         enc.encode(tmp_path / "ok.mp4", smooth_frames(2), VideoSettings())
         assert (tmp_path / "ok.mp4").exists()
@@ -131,7 +133,10 @@ def test_dead_encoder_process_raises_encoder_error_and_is_replaced(tmp_path, mon
         q.proc.kill()
         q.proc.wait()
         monkeypatch.setattr(type(q), "alive", lambda self: True)
-        with pytest.raises(EncoderError, match=r"the encoder process \(pid \d+\) was killed by signal SIGKILL \(9\) while encoding .*b\.mp4"):
+        with pytest.raises(
+            EncoderError,
+            match=r"the encoder process \(pid \d+\) was killed by signal SIGKILL \(9\) while encoding .*b\.mp4",
+        ):
             enc.encode(tmp_path / "b.mp4", smooth_frames(2), VideoSettings())
         monkeypatch.undo()
         enc.encode(tmp_path / "c.mp4", smooth_frames(2), VideoSettings())
@@ -147,34 +152,49 @@ def test_encode_mp4_rejects_bad_frames(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- settings
-@pytest.mark.parametrize("field, value, match", [
-    ("fps", 0, r"video_fps=0 must be a positive number of frames per second \(e\.g\. 30"),
-    ("fps", -30, r"video_fps=-30 must be a positive number of frames per second"),
-    ("fps", -7.5, r"video_fps=-7\.5 must be a positive number"),
-    ("fps", Fraction(-1, 2), r"video_fps=Fraction\(-1, 2\) must be a positive number"),
-    ("fps", float("nan"), r"video_fps=nan must be a positive number"),
-    ("fps", float("inf"), r"video_fps=inf must be a positive number"),
-    ("fps", True, r"video_fps=True must be a positive number"),
-    ("fps", "30", r"video_fps='30' must be a positive number"),
-    ("fps", 1e-5, r"video_fps=1e-05 is below .*1/1001 frames per second.*use at least 1/1001"),
-    ("codec", "aac", r"video_codec='aac' is an audio encoder, not a video encoder; use 'libx264' .* or 'auto'"),
-    ("codec", "h265_magic", r"video codec 'h265_magic' is not available.*use 'libx264'.*'auto'"),
-    ("codec", None, r"video_codec=None must be an encoder name; use 'libx264' or 'auto'"),
-    ("codec", "mjpeg", r"video_codec='mjpeg' with pix_fmt='yuv420p'.*failed a trial encode.*Non full-range YUV"
-                       r".*use video_codec='libx264' or 'auto'"),
-    ("crf", 52, r"video_crf=52 must be an integer from 0 to 51 for libx264.*\(e\.g\. 23\)"),
-    ("crf", -1, r"video_crf=-1 must be an integer from 0 to 51 for libx264"),
-    ("crf", 23.5, r"video_crf=23\.5 must be an integer from 0 to 51"),
-    ("crf", "23", r"video_crf='23' must be an integer"),
-    ("crf", False, r"video_crf=False must be an integer"),
-    ("preset", "turbo", r"video_preset='turbo' is not a libx264 preset; use one of ultrafast, superfast, .*placebo"),
-    ("preset", "p4", r"video_preset='p4' is not a libx264 preset"),
-    ("threads", 0, r"video_threads=0 must be an integer >= 1"),
-    ("threads", 1.5, r"video_threads=1\.5 must be an integer >= 1"),
-    ("pix_fmt", "yuv42Op", r"video_pix_fmt='yuv42Op' is not a pixel format libav knows; use e\.g\. 'yuv420p'"),
-    ("pix_fmt", "rgb24", r"video_pix_fmt='rgb24' is not one libx264 encodes; use one of yuv420p, .*\(e\.g\. 'yuv420p'\)"),
-    ("executor", "gpu", r"video_executor='gpu' is unknown; use one of auto, process, thread"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("fps", 0, r"video_fps=0 must be a positive number of frames per second \(e\.g\. 30"),
+        ("fps", -30, r"video_fps=-30 must be a positive number of frames per second"),
+        ("fps", -7.5, r"video_fps=-7\.5 must be a positive number"),
+        ("fps", Fraction(-1, 2), r"video_fps=Fraction\(-1, 2\) must be a positive number"),
+        ("fps", float("nan"), r"video_fps=nan must be a positive number"),
+        ("fps", float("inf"), r"video_fps=inf must be a positive number"),
+        ("fps", True, r"video_fps=True must be a positive number"),
+        ("fps", "30", r"video_fps='30' must be a positive number"),
+        ("fps", 1e-5, r"video_fps=1e-05 is below .*1/1001 frames per second.*use at least 1/1001"),
+        ("codec", "aac", r"video_codec='aac' is an audio encoder, not a video encoder; use 'libx264' .* or 'auto'"),
+        ("codec", "h265_magic", r"video codec 'h265_magic' is not available.*use 'libx264'.*'auto'"),
+        ("codec", None, r"video_codec=None must be an encoder name; use 'libx264' or 'auto'"),
+        (
+            "codec",
+            "mjpeg",
+            r"video_codec='mjpeg' with pix_fmt='yuv420p'.*failed a trial encode.*Non full-range YUV"
+            r".*use video_codec='libx264' or 'auto'",
+        ),
+        ("crf", 52, r"video_crf=52 must be an integer from 0 to 51 for libx264.*\(e\.g\. 23\)"),
+        ("crf", -1, r"video_crf=-1 must be an integer from 0 to 51 for libx264"),
+        ("crf", 23.5, r"video_crf=23\.5 must be an integer from 0 to 51"),
+        ("crf", "23", r"video_crf='23' must be an integer"),
+        ("crf", False, r"video_crf=False must be an integer"),
+        (
+            "preset",
+            "turbo",
+            r"video_preset='turbo' is not a libx264 preset; use one of ultrafast, superfast, .*placebo",
+        ),
+        ("preset", "p4", r"video_preset='p4' is not a libx264 preset"),
+        ("threads", 0, r"video_threads=0 must be an integer >= 1"),
+        ("threads", 1.5, r"video_threads=1\.5 must be an integer >= 1"),
+        ("pix_fmt", "yuv42Op", r"video_pix_fmt='yuv42Op' is not a pixel format libav knows; use e\.g\. 'yuv420p'"),
+        (
+            "pix_fmt",
+            "rgb24",
+            r"video_pix_fmt='rgb24' is not one libx264 encodes; use one of yuv420p, .*\(e\.g\. 'yuv420p'\)",
+        ),
+        ("executor", "gpu", r"video_executor='gpu' is unknown; use one of auto, process, thread"),
+    ],
+)
 def test_check_video_settings_rejects(field, value, match, tmp_path):
     settings = VideoSettings(**{field: value})
     with pytest.raises(ValueError, match=match):
@@ -259,8 +279,10 @@ def test_same_name_from_two_threads_gives_two_videos(tmp_path):
     settings = VideoSettings(executor="thread")
     frames = [smooth_frames(30, 64, 64, seed=s) for s in (1, 2)]
     out: dict[int, object] = {}
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, encode_mp4(tmp_path / "v.mp4", frames[i], settings)))
-               for i in range(2)]
+    threads = [
+        threading.Thread(target=lambda i=i: out.__setitem__(i, encode_mp4(tmp_path / "v.mp4", frames[i], settings)))
+        for i in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -380,8 +402,14 @@ def test_overlay_from_cached_glyphs_is_pils_picture(size):
     rng = np.random.default_rng(size)
     t = 12
     frames = rng.integers(0, 256, (t + 1, size, size, 3), dtype=np.uint8)
-    cols = {"success": rng.random(t) > 0.5, "fail": np.zeros(t, bool), "reward": rng.random(t).astype(np.float32),
-            "elapsed_steps": np.arange(1, t + 1), "tcp_to_obj_dist": rng.random(t), "very_long_key_name_for_cut": rng.random(t)}
+    cols = {
+        "success": rng.random(t) > 0.5,
+        "fail": np.zeros(t, bool),
+        "reward": rng.random(t).astype(np.float32),
+        "elapsed_steps": np.arange(1, t + 1),
+        "tcp_to_obj_dist": rng.random(t),
+        "very_long_key_name_for_cut": rng.random(t),
+    }
     ov = Overlay.of_episode(cols, maniskill_font())
     ours, pil = draw_overlay(frames, ov), _pil_overlay(frames, ov)
     diff = np.abs(ours.astype(int) - pil.astype(int)).max(-1)

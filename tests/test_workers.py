@@ -94,8 +94,8 @@ def test_encoder_processes_run_below_the_callers_priority(monkeypatch):
     process and a CPU vector env's sub-envs get the cores first; a bad value names the variable."""
     import os
 
-    from fastrecord.video.pool import EncoderProcessPool
     from fastrecord.processes import DEFAULT_NICE, background_nice
+    from fastrecord.video.pool import EncoderProcessPool
 
     monkeypatch.delenv("FASTRECORD_BACKGROUND_NICE", raising=False)
     assert background_nice() == DEFAULT_NICE == 10
@@ -139,7 +139,9 @@ def test_hdf5_writer_processes_run_at_the_callers_priority(tmp_path, monkeypatch
     rgb = np.arange(3 * 8 * 8 * 3, dtype=np.uint8).reshape(3, 8, 8, 3)
     episodes = [EpisodeData(i, 0, 2, {"actions": np.full((2, 4), i, np.float32), "obs/sensor_data/cam/rgb": rgb},
                             dict(episode_id=i, episode_seed=i, elapsed_steps=2)) for i in range(2)]
-    w = TrajectoryWriter(tmp_path / "run.h5", {"env_info": {"env_id": "Test-v0"}}, num_writers=2, consolidate_on_close=False)
+    w = TrajectoryWriter(
+        tmp_path / "run.h5", {"env_info": {"env_id": "Test-v0"}}, num_writers=2, consolidate_on_close=False
+    )
     try:
         w.submit(episodes)  # one part per writer: both answer
         w.wait_until_done()  # the index process answers too
@@ -216,7 +218,9 @@ def test_helper_process_calls_by_name_and_by_reference_and_reraises_errors():
         with pytest.raises(KeyError) as info:
             proc.call("_checked.__getitem__", "missing")  # a dotted name resolves too
         assert info.value.args == ("missing",)
-        assert "raised in the probe process (pid" in info.value.__notes__[0] and "KeyError" in info.value.remote_traceback
+        assert (
+            "raised in the probe process (pid" in info.value.__notes__[0] and "KeyError" in info.value.remote_traceback
+        )
         assert proc.poll() == 1 and not proc.alive()
     finally:
         proc.stop()
@@ -358,8 +362,14 @@ def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tm
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "PYTHONPATH": src})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.splitlines() == ["few cores True", "server True", "child starts none True", "stand-in True True True True True True",
-                                     "elsewhere True True _CPUGymWrapper", "broken None"]
+    assert r.stdout.splitlines() == [
+        "few cores True",
+        "server True",
+        "child starts none True",
+        "stand-in True True True True True True",
+        "elsewhere True True _CPUGymWrapper",
+        "broken None",
+    ]
 
 
 def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):

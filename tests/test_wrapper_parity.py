@@ -19,13 +19,12 @@ from typing import Any
 
 import gymnasium as gym
 import h5py
+import mani_skill.envs  # noqa: F401 - registers the tasks
 import numpy as np
 import pytest
-
-import mani_skill.envs  # noqa: F401 - registers the tasks
+from conftest import leaves
 from mani_skill.utils.wrappers import CPUGymWrapper
 
-from conftest import leaves
 from fastrecord import RecordEpisode, RecordVectorEpisode
 from fastrecord.options import RecordOptions
 from fastrecord.sinks.base import Sink

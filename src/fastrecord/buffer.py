@@ -57,7 +57,7 @@ class _Pack:
     leaf ``name`` the columns ``members[name] = (lo, hi, shape)`` (its field: a view, ``[capacity, num_envs,
     *shape]``). A step that brings every member writes them with one ``cat`` into ``storage[t]``."""
 
-    __slots__ = ("storage", "device", "flat", "host", "members")
+    __slots__ = ("device", "flat", "host", "members", "storage")
 
     def __init__(self, storage: torch.Tensor, members: dict[str, tuple[int, int, tuple[int, ...]]]) -> None:
         self.members = members
@@ -162,7 +162,9 @@ class EpisodeBuffer:
         """Every tensor that holds fields (a pack's storage once), for copies of whole slots."""
         return [p.storage for p in self._packs] + [b for n, b in self._bufs.items() if n not in self._pack_of]
 
-    def _alloc(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, capacity: int, device: torch.device) -> torch.Tensor:
+    def _alloc(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, capacity: int, device: torch.device
+    ) -> torch.Tensor:
         full = (capacity, self.num_envs, *shape)
         need = int(np.prod(full)) * torch.empty((), dtype=dtype).element_size()
         free = free_bytes(device)
@@ -173,7 +175,11 @@ class EpisodeBuffer:
                 f"{free / GiB:.2f} GiB is free. Lower the video resolution "
                 f"(human_render_camera_configs=dict(width=..., height=...)), record fewer envs, pass a smaller "
                 f"buffer_capacity (longer episodes grow the buffer), or set save_video=False"
-                + (" or render_substeps=False (it holds every physics substep's frame)." if name == "frames" and len(shape) == 4 else ".")
+                + (
+                    " or render_substeps=False (it holds every physics substep's frame)."
+                    if name == "frames" and len(shape) == 4
+                    else "."
+                )
             )
         return torch.empty(full, dtype=dtype, device=device)
 
@@ -252,8 +258,15 @@ class EpisodeBuffer:
         new_cap = max(2 * self.capacity, min_capacity)
         grown = {name: self._alloc(name, tuple(buf.shape[2:]), buf.dtype, new_cap, buf.device)
                  for name, buf in self._bufs.items() if name not in self._pack_of}
-        packs = [(p, self._alloc(_pack_label(p.members), tuple(p.storage.shape[2:]), p.storage.dtype, new_cap, p.storage.device))
-                 for p in self._packs]
+        packs = [
+            (
+                p,
+                self._alloc(
+                    _pack_label(p.members), tuple(p.storage.shape[2:]), p.storage.dtype, new_cap, p.storage.device
+                ),
+            )
+            for p in self._packs
+        ]
         for name, new in grown.items():
             new[: self.capacity] = self._bufs[name]
             self._set(name, new)
@@ -421,7 +434,9 @@ class EpisodeBuffer:
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         length = int(self.cursor[env_idx].max()) + 1 if len(env_idx) else 0
         srcs: dict[str, torch.Tensor] = {}
-        index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # env_idx and their cursors, copied once a device
+        index: dict[
+            torch.device, tuple[torch.Tensor, torch.Tensor]
+        ] = {}  # env_idx and their cursors, copied once a device
         for keys, prefix in ((last, ""), (whole, "whole/")):
             for n in keys:
                 buf = self._bufs.get(n)
@@ -578,7 +593,7 @@ def _host_view(t: torch.Tensor) -> np.ndarray | None:
     return t.numpy()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
     try:
         return torch.empty(0, dtype=dtype).numpy().dtype

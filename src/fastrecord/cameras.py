@@ -40,8 +40,10 @@ def check_video_source(video_source: str, env: Any) -> None:
                          f"{', '.join(cameras)}: pass video_source='sensor:{cameras[0]}' (or another of them), or "
                          f"video_source='render'")
     obs_mode = getattr(getattr(env, "unwrapped", None), "obs_mode", None)
-    raise ValueError(f"video_source={video_source!r}: the env's observations hold no camera images "
-                     f"(obs_mode={obs_mode!r}); create the env with obs_mode='rgb' (or 'rgbd'), or use video_source='render'")
+    raise ValueError(
+        f"video_source={video_source!r}: the env's observations hold no camera images "
+        f"(obs_mode={obs_mode!r}); create the env with obs_mode='rgb' (or 'rgbd'), or use video_source='render'"
+    )
 
 
 def check_frame_sides(video_source: str, env: Any) -> None:

@@ -113,13 +113,21 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise ValueError(f"config file {str(path)!r} does not exist; pass the path of a YAML preset (see configs/)") from None
+        raise ValueError(
+            f"config file {str(path)!r} does not exist; pass the path of a YAML preset (see configs/)"
+        ) from None
     except IsADirectoryError:
-        raise ValueError(f"config file {str(path)!r} is a directory; pass the path of a YAML preset (see configs/)") from None
+        raise ValueError(
+            f"config file {str(path)!r} is a directory; pass the path of a YAML preset (see configs/)"
+        ) from None
     except UnicodeDecodeError:
-        raise ValueError(f"config file {str(path)!r} is not a text (YAML) file; pass a YAML preset (see configs/)") from None
+        raise ValueError(
+            f"config file {str(path)!r} is not a text (YAML) file; pass a YAML preset (see configs/)"
+        ) from None
     except OSError as e:
-        raise ValueError(f"config file {str(path)!r} cannot be read ({e.strerror}); check the path and its permissions") from None
+        raise ValueError(
+            f"config file {str(path)!r} cannot be read ({e.strerror}); check the path and its permissions"
+        ) from None
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -134,8 +142,10 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of option: value, got {type(loaded).__name__}; "
-                         f"write one 'option: value' per line (see configs/)")
+        raise ValueError(
+            f"config file {str(path)!r} must hold a mapping of option: value, got {type(loaded).__name__}; "
+            f"write one 'option: value' per line (see configs/)"
+        )
     return loaded
 
 
@@ -182,7 +192,8 @@ def parse_env_kwarg(text: str) -> tuple[str, Any]:
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(
             f"{text!r} is not KEY=VALUE; pass gym.make keywords as KEY=VALUE items, e.g. --env-kwargs reward_mode=dense "
-            f"shader_dir=rt-fast sim_config='{{\"sim_freq\": 200}}'")
+            f"shader_dir=rt-fast sim_config='{{\"sim_freq\": 200}}'"
+        )
     return key, json_or_text(raw)
 
 
@@ -207,7 +218,9 @@ def json_flag(flag: str, kinds: tuple[type, ...], example: str) -> Any:
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"{raw!r} is not JSON ({e}); pass e.g. {flag} '{example}'") from None
         if not isinstance(value, kinds):
-            raise argparse.ArgumentTypeError(f"{raw!r} is a JSON {type(value).__name__}, not a JSON object; pass e.g. {flag} '{example}'")
+            raise argparse.ArgumentTypeError(
+                f"{raw!r} is a JSON {type(value).__name__}, not a JSON object; pass e.g. {flag} '{example}'"
+            )
         return value
 
     return parse
@@ -225,7 +238,9 @@ def env_kwargs_of(pairs: list[tuple[str, Any]] | None) -> dict[str, Any] | None:
     return out
 
 
-def lift_env_kwargs(values: dict[str, Any], options: dict[str, str], refused: dict[str, str] | None = None) -> dict[str, Any]:
+def lift_env_kwargs(
+    values: dict[str, Any], options: dict[str, str], refused: dict[str, str] | None = None
+) -> dict[str, Any]:
     """``values`` (a config's flat keys: YAML and flags) with the entries of ``values["env_kwargs"]`` that
     the config has an option of its own for (``options``: gym.make key -> the option's flag) moved to that
     option, so that one value decides each key. A key that ``values`` also gives through its option is a
@@ -236,13 +251,17 @@ def lift_env_kwargs(values: dict[str, Any], options: dict[str, str], refused: di
     out, rest = dict(values), dict(env_kwargs)
     for key, why in (refused or {}).items():
         if key in rest:
-            raise ValueError(f"env_kwargs {key}={rest[key]!r} (--env-kwargs, or env_kwargs: in the --config file): {why}")
+            raise ValueError(
+                f"env_kwargs {key}={rest[key]!r} (--env-kwargs, or env_kwargs: in the --config file): {why}"
+            )
     for key, flag in options.items():
         if key not in rest:
             continue
         if values.get(key) is not None:
-            raise ValueError(f"{key} is given twice: {flag} {values[key]!r} and --env-kwargs {key}={rest[key]!r} (or {key}: "
-                             f"and env_kwargs: in the --config file); pass one of them")
+            raise ValueError(
+                f"{key} is given twice: {flag} {values[key]!r} and --env-kwargs {key}={rest[key]!r} (or {key}: "
+                f"and env_kwargs: in the --config file); pass one of them"
+            )
         out[key] = rest.pop(key)
     out["env_kwargs"] = rest
     return out

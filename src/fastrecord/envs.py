@@ -15,7 +15,6 @@ from typing import Any, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 import torch
-
 from mani_skill.envs.sapien_env import BaseEnv
 from mani_skill.utils import gym_utils
 from mani_skill.utils.wrappers import CPUGymWrapper
@@ -30,7 +29,9 @@ IMAGE_RENDER_MODES = ("rgb_array", "sensors", "all")
 def to_batched(x: Any, device: torch.device | None, add_batch_dim: bool) -> Any:
     """Tree of arrays/tensors/scalars -> tree of tensors with a leading env dim, on ``device`` (None: where
     they are; arrays and scalars on the CPU)."""
-    if isinstance(x, torch.Tensor):  # first: every step batches the observation's leaves (a Mapping test is an ABC check)
+    if isinstance(
+        x, torch.Tensor
+    ):  # first: every step batches the observation's leaves (a Mapping test is an ABC check)
         t = x
     elif isinstance(x, Mapping):
         return {k: to_batched(v, device, add_batch_dim) for k, v in x.items()}
@@ -131,7 +132,11 @@ class ManiSkillView:
         self.env = env
         self.base: BaseEnv = env.unwrapped
         # ManiSkill's batched-env contract, checked by duck typing so test doubles can stand in
-        missing = [a for a in ("num_envs", "device", "get_state_dict", "render", "single_action_space") if not hasattr(self.base, a)]
+        missing = [
+            a
+            for a in ("num_envs", "device", "get_state_dict", "render", "single_action_space")
+            if not hasattr(self.base, a)
+        ]
         if missing:
             raise TypeError(
                 f"fastrecord.RecordEpisode records ManiSkill envs or gymnasium vector envs of them; got "
@@ -239,8 +244,10 @@ class VectorEnvView:
             self._substeps = None
             counts = set(vec.call(SWITCH, False))
         if len(counts) != 1:
-            raise ValueError(f"render_substeps=True needs one sim_steps_per_control in every sub-env, got {sorted(counts)}; "
-                             f"make the sub-envs with the same sim_config")
+            raise ValueError(
+                f"render_substeps=True needs one sim_steps_per_control in every sub-env, got {sorted(counts)}; "
+                f"make the sub-envs with the same sim_config"
+            )
         self._substep_count = counts.pop()
         return self._substep_count
 
@@ -304,7 +311,9 @@ class VectorEnvView:
         return out
 
     def episode_seeds(self) -> np.ndarray:
-        return np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1)[:1] for s in self.env.get_attr("_episode_seed")])
+        return np.concatenate(
+            [np.asarray(s, dtype=np.int64).reshape(-1)[:1] for s in self.env.get_attr("_episode_seed")]
+        )
 
     @property
     def control_mode(self) -> str | None:
@@ -345,7 +354,9 @@ def env_keywords(env_id: str) -> set[str] | None:
     if spec is None:
         return None
     own = inspect.signature(gym.make).parameters.values()  # gym.make's own keywords (max_episode_steps, ...)
-    names = {p.name for p in own if p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "id"} | set(spec.default_kwargs or {})
+    names = {p.name for p in own if p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "id"} | set(
+        spec.default_kwargs or {}
+    )
     for cls in spec.cls.__mro__:
         init = vars(cls).get("__init__")
         if init is None:
@@ -411,7 +422,7 @@ def make_checked(env_id: str, **kwargs: Any) -> gym.Env:
     check_robot_uids(kwargs.get("robot_uids"))
     try:
         return gym.make(env_id, **kwargs)
-    except Exception as e:  # noqa: BLE001 - sorted: a refused value becomes a ValueError, anything else is raised
+    except Exception as e:
         if not (isinstance(e, (NotImplementedError, TypeError, ValueError))
                 or type(e).__module__.split(".")[0] == "dacite"):  # a sim_config/sensor_configs key ManiSkill lacks
             raise

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -40,7 +40,7 @@ def make_eval_envs(
     sim_backend: str,
     env_kwargs: dict,
     other_kwargs: dict,
-    video_dir: Optional[str] = None,
+    video_dir: str | None = None,
     wrappers: list[gym.Wrapper] = [],  # noqa: B006 - the baseline's signature; never mutated
     *,
     keep: KeepFilter = "all",
@@ -128,8 +128,9 @@ def make_eval_envs(
         render_mode=env_kwargs.get("render_mode"), videos=bool(video_dir),
         substeps=bool((record_kwargs or {}).get("render_substeps")), flag="batched_render=True",
         instead="batched_render=None (batched where it can run) or False, or render_backend='gpu' on a CUDA machine")
-    rec: dict[str, Any] = dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE, source_desc=SOURCE_DESC,
-                               keep=keep)
+    rec: dict[str, Any] = dict(
+        output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE, source_desc=SOURCE_DESC, keep=keep
+    )
     if log is not None:
         if not video_dir:
             raise ValueError(f"log={log!r} logs through the recorder, which records only with a video_dir (the logs go "
@@ -160,9 +161,12 @@ def make_eval_envs(
         if batched:
             from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
 
-            envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=True),
-                                  make_mirror_factory(env_id, env_kwargs), num_envs,
-                                  device=device_of(env_kwargs.get("render_backend")))
+            envs = group_rendered(
+                lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=True),
+                make_mirror_factory(env_id, env_kwargs),
+                num_envs,
+                device=device_of(env_kwargs.get("render_backend")),
+            )
         else:
             envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers))
         if video_dir:
@@ -179,7 +183,9 @@ def make_eval_envs(
     for wrapper in wrappers:
         env = wrapper(env)
     if video_dir:  # below FrameStack: the recorder sees the env's own (unstacked) observations
-        env = RecordEpisode(env, **{**rec, "save_video": True, "max_steps_per_video": max_episode_steps, **(record_kwargs or {})})
+        env = RecordEpisode(
+            env, **{**rec, "save_video": True, "max_steps_per_video": max_episode_steps, **(record_kwargs or {})}
+        )
     if sharding is not None:
         sharding.attach(env.recorder)
         env = _ScheduledResets(env, sharding)
@@ -202,7 +208,9 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
     from mani_skill.envs.utils.system.backend import sim_backend_name_mapping
 
     if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
-        raise ValueError(f"num_envs={num_envs!r} must be an integer >= 1 (the number of parallel envs), e.g. num_envs=8")
+        raise ValueError(
+            f"num_envs={num_envs!r} must be an integer >= 1 (the number of parallel envs), e.g. num_envs=8"
+        )
     if not isinstance(env_id, str) or env_id not in gym.registry:
         close = difflib.get_close_matches(str(env_id), list(gym.registry), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
@@ -211,8 +219,10 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
     backends = ("auto", *sim_backend_name_mapping)  # "auto": ManiSkill's default, resolved by gym.make
     base = sim_backend.split(":")[0] if isinstance(sim_backend, str) else None
     if base not in backends:
-        raise ValueError(f"sim_backend={sim_backend!r} is unknown; use one of {', '.join(backends)} (the CUDA ones also "
-                         f"as cuda:N), e.g. sim_backend='physx_cpu'")
+        raise ValueError(
+            f"sim_backend={sim_backend!r} is unknown; use one of {', '.join(backends)} (the CUDA ones also "
+            f"as cuda:N), e.g. sim_backend='physx_cpu'"
+        )
     if sim_backend_name_mapping.get(base) == "physx_cuda":
         import torch
 
@@ -230,14 +240,22 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
     if wrappers is None or isinstance(wrappers, (str, bytes)) or not all(callable(w) for w in wrappers):
         raise ValueError(f"wrappers={wrappers!r} must be a list of wrapper classes (callables env -> env), e.g. [] ")
     if record_kwargs is not None and not isinstance(record_kwargs, Mapping):
-        raise ValueError(f"record_kwargs={record_kwargs!r} must be a dict of fastrecord.RecordEpisode arguments, or None")
+        raise ValueError(
+            f"record_kwargs={record_kwargs!r} must be a dict of fastrecord.RecordEpisode arguments, or None"
+        )
     if log is not None:
         from fastrecord.sinks.loggers import LOGGERS
 
         if log not in LOGGERS:
-            raise ValueError(f"log={log!r} is not a logger; use one of {', '.join(map(repr, LOGGERS))}, or None to log nothing")
-    if episodes is not None and (isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1):
-        raise ValueError(f"episodes={episodes!r} must be an integer >= 1 (the evaluation episodes of all ranks), or None")
+            raise ValueError(
+                f"log={log!r} is not a logger; use one of {', '.join(map(repr, LOGGERS))}, or None to log nothing"
+            )
+    if episodes is not None and (
+        isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1
+    ):
+        raise ValueError(
+            f"episodes={episodes!r} must be an integer >= 1 (the evaluation episodes of all ranks), or None"
+        )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"seed={seed!r} must be an integer, e.g. seed=0")
     from fastrecord.options import RecordOptions
@@ -432,7 +450,9 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         return _tree_map(np.copy, self._frames)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
-        mask = None if not options or options.get("reset_mask") is None else np.asarray(options["reset_mask"], dtype=bool)
+        mask = (
+            None if not options or options.get("reset_mask") is None else np.asarray(options["reset_mask"], dtype=bool)
+        )
         obs, info = self._reset(seed, None if options is None else dict(options), mask)
         self._fill(obs, None if mask is None or mask.all() else mask)
         return self._stacked(), info

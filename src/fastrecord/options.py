@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import typing
 import numbers
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -72,54 +72,99 @@ def default_trajectory_writers(cores: int, image_leaves: bool) -> int:
 class RecordOptions:
     # ManiSkill's arguments, same meaning, defaults and positional order as
     # mani_skill.utils.wrappers.RecordEpisode (after env, output_dir)
-    save_trajectory: bool = _opt(True, "write NAME.h5 + NAME.json in ManiSkill's trajectory format", flag="--no-trajectory",
-                                 off="write no trajectory (no NAME.h5 + NAME.json): videos only")
-    trajectory_name: str | None = _opt(None, "NAME of the trajectory pair and run manifest (None: a timestamp, made unique)")
+    save_trajectory: bool = _opt(
+        True,
+        "write NAME.h5 + NAME.json in ManiSkill's trajectory format",
+        flag="--no-trajectory",
+        off="write no trajectory (no NAME.h5 + NAME.json): videos only",
+    )
+    trajectory_name: str | None = _opt(
+        None, "NAME of the trajectory pair and run manifest (None: a timestamp, made unique)"
+    )
     save_video: bool = _opt(True, "write MP4 videos", flag="--no-video", off="write no MP4 videos: the trajectory only")
     info_on_video: bool = _opt(False, "draw reward and info scalars on each frame")
     save_on_reset: bool = _opt(True, "save the episode in progress at reset and close (False: only flush_* saves)",
                                off="refused by fastrecord record, which makes no flush_* calls (it would save nothing)")
-    save_video_trigger: Callable[[int], bool] | None = _opt(None, "fn(elapsed_record_steps) -> capture frames of this step?")
-    max_steps_per_video: int | None = _opt(None, "split each video into pieces of at most this many steps (the trajectory is not split)")
+    save_video_trigger: Callable[[int], bool] | None = _opt(
+        None, "fn(elapsed_record_steps) -> capture frames of this step?"
+    )
+    max_steps_per_video: int | None = _opt(
+        None, "split each video into pieces of at most this many steps (the trajectory is not split)"
+    )
     clean_on_close: bool = _opt(True, "accepted for compatibility (episode ids are always consecutive)")
     record_reward: bool = _opt(True, "write rewards", off="write no rewards")
     record_env_state: bool = _opt(True, "write env states (needed to replay from states)",
                                   off="write no env states (the episodes can then be replayed from actions only)")
     video_fps: float = _opt(30, "frames per second of the videos (a positive number; 7.5 and 29.97 work)")
-    render_substeps: bool = _opt(False, "videos get a frame after every physics substep, as ManiSkill's (sim_steps_per_control + 1 "
-                                        "frames a step; the trajectory keeps one row a step)")
-    avoid_overwriting_video: bool = _opt(False, "accepted for compatibility: fastrecord never overwrites a video (a taken name gets _1, _2, ...)")
+    render_substeps: bool = _opt(
+        False,
+        "videos get a frame after every physics substep, as ManiSkill's (sim_steps_per_control + 1 "
+        "frames a step; the trajectory keeps one row a step)",
+    )
+    avoid_overwriting_video: bool = _opt(
+        False, "accepted for compatibility: fastrecord never overwrites a video (a taken name gets _1, _2, ...)"
+    )
     source_type: str | None = _opt(None, "JSON source_type (e.g. 'motionplanning')")
     source_desc: str | None = _opt(None, "JSON source_desc")
     # fastrecord's additions (keyword-only)
-    keep: KeepFilter = _opt("all", f"which finished episodes are written: one of {KEEP_CHOICES} or a callable(final_info) -> bool",
-                            kw_only=True, choices=KEEP_CHOICES)
+    keep: KeepFilter = _opt(
+        "all",
+        f"which finished episodes are written: one of {KEEP_CHOICES} or a callable(final_info) -> bool",
+        kw_only=True,
+        choices=KEEP_CHOICES,
+    )
     if_exists: IfExists = _opt(
-        "error", "when output_dir already holds a run of this trajectory_name: 'error' (refuse), 'overwrite' "
-        "(delete that run's files first), 'resume' (keep them and add episodes after them)", kw_only=True, choices=IF_EXISTS)
-    video_layout: VideoLayout = _opt("per_env", "one MP4 per env episode, or 'tiled' (ManiSkill's layout)", kw_only=True,
-                                     choices=VIDEO_LAYOUTS)
-    video_source: str = _opt("render", "'render' (the human render camera) or 'sensor:<camera>' (an RGB camera of the observation)", kw_only=True)
-    video_codec: str = _opt("auto", "'auto' (h264_nvenc where it encodes, else libx264) or a PyAV video encoder", kw_only=True)
+        "error",
+        "when output_dir already holds a run of this trajectory_name: 'error' (refuse), 'overwrite' "
+        "(delete that run's files first), 'resume' (keep them and add episodes after them)",
+        kw_only=True,
+        choices=IF_EXISTS,
+    )
+    video_layout: VideoLayout = _opt(
+        "per_env", "one MP4 per env episode, or 'tiled' (ManiSkill's layout)", kw_only=True, choices=VIDEO_LAYOUTS
+    )
+    video_source: str = _opt(
+        "render",
+        "'render' (the human render camera) or 'sensor:<camera>' (an RGB camera of the observation)",
+        kw_only=True,
+    )
+    video_codec: str = _opt(
+        "auto", "'auto' (h264_nvenc where it encodes, else libx264) or a PyAV video encoder", kw_only=True
+    )
     video_crf: int = _opt(23, "constant rate factor (lower is better quality; libx264: 0-51)", kw_only=True)
     video_preset: str = _opt("ultrafast", "libx264 preset (ultrafast keeps up with GPU envs)", kw_only=True)
     video_gop: int | None = _opt(None, "keyframe interval of the MP4 videos in frames (None: the encoder's default, "
                                  "libx264's 250: one key frame per episode video)", kw_only=True)
-    video_workers: int | None = _opt(None, "background encoder processes (None: one per usable core, at most 16)", kw_only=True)
+    video_workers: int | None = _opt(
+        None, "background encoder processes (None: one per usable core, at most 16)", kw_only=True
+    )
     trajectory_writers: int | None = _opt(
-        None, "HDF5 writer processes, each compressing whole batches of episodes (None: 1 when the observations hold "
-        "no image leaves, else half the usable cores, 1 to 8; decided from the first reset's observations)", kw_only=True)
+        None,
+        "HDF5 writer processes, each compressing whole batches of episodes (None: 1 when the observations hold "
+        "no image leaves, else half the usable cores, 1 to 8; decided from the first reset's observations)",
+        kw_only=True,
+    )
     trajectory_compression: str = _opt(
         "gzip:1", "compression of image observations in NAME.h5: 'gzip:1' ... 'gzip:9' (ManiSkill writes 'gzip:5'), "
         "'lzf' or 'none' (docs/format.md: Image observations on disk)", kw_only=True)
-    buffer_capacity: int | None = _opt(None, "steps per env held on the device (None: max_episode_steps + 1; longer episodes grow it)", kw_only=True)
-    lerobot: bool = _opt(False, "also write a LeRobot v3.0 dataset NAME.lerobot/ (a row per step at the env's control "
-                              "frequency, sensor cameras as H.264 videos; needs pip install 'fastrecord[lerobot]')", kw_only=True)
+    buffer_capacity: int | None = _opt(
+        None, "steps per env held on the device (None: max_episode_steps + 1; longer episodes grow it)", kw_only=True
+    )
+    lerobot: bool = _opt(
+        False,
+        "also write a LeRobot v3.0 dataset NAME.lerobot/ (a row per step at the env's control "
+        "frequency, sensor cameras as H.264 videos; needs pip install 'fastrecord[lerobot]')",
+        kw_only=True,
+    )
     lerobot_video_codec: str | None = _opt(
         None, "encoder of the LeRobot dataset's videos: None (video_codec's), 'libx264', or 'libsvtav1' (AV1, "
         "LeRobot's own default: files ~1.5x smaller, encoding ~6x slower; docs/format.md)", kw_only=True)
-    lerobot_gop: int = _opt(2, "keyframe interval of the LeRobot videos in frames (2, as LeRobot: training reads "
-                               "random frames, each decoded from the key frame before it; docs/format.md)", kw_only=True)
+    lerobot_gop: int = _opt(
+        2,
+        "keyframe interval of the LeRobot videos in frames (2, as LeRobot: training reads "
+        "random frames, each decoded from the key frame before it; docs/format.md)",
+        kw_only=True,
+    )
     lerobot_crf: int | None = _opt(None, "rate factor of the LeRobot videos (None: video_crf for H.264, LeRobot's 30 "
                                          "for libsvtav1, whose range is 0-63)", kw_only=True)
     lerobot_state_keys: str | tuple[str, ...] | None = _opt(
@@ -139,36 +184,54 @@ class RecordOptions:
                 f"a step; use video_source='render' with render_substeps=True, or render_substeps=False"
             )
         name = self.trajectory_name
-        if name is not None and (not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0")):
-            raise ValueError(f"trajectory_name={name!r} must be a plain file name without folders (e.g. 'trajectory'), or None for a timestamp")
+        if name is not None and (
+            not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0")
+        ):
+            raise ValueError(
+                f"trajectory_name={name!r} must be a plain file name without folders (e.g. 'trajectory'), or None for a timestamp"
+            )
         if self.save_video_trigger is not None and not callable(self.save_video_trigger):
-            raise ValueError(f"save_video_trigger={self.save_video_trigger!r} must be a callable(elapsed_steps) -> bool, or None")
-        _positive_int_or_none("max_steps_per_video", self.max_steps_per_video, 1, "e.g. 50, or None to keep each episode in one video")
+            raise ValueError(
+                f"save_video_trigger={self.save_video_trigger!r} must be a callable(elapsed_steps) -> bool, or None"
+            )
+        _positive_int_or_none(
+            "max_steps_per_video", self.max_steps_per_video, 1, "e.g. 50, or None to keep each episode in one video"
+        )
         check_video_fps(self.video_fps)
         for name in ("source_type", "source_desc"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"{name}={v!r} must be a string or None")
         if not (callable(self.keep) or (isinstance(self.keep, str) and self.keep in KEEP_CHOICES)):
-            raise ValueError(f"keep={self.keep!r} is not a filter; use one of {KEEP_CHOICES} or a callable(final_info) -> bool")
+            raise ValueError(
+                f"keep={self.keep!r} is not a filter; use one of {KEEP_CHOICES} or a callable(final_info) -> bool"
+            )
         if self.if_exists not in IF_EXISTS:
             raise ValueError(f"if_exists={self.if_exists!r} is unknown; use one of {IF_EXISTS}")
         if self.video_layout not in VIDEO_LAYOUTS:
             raise ValueError(f"video_layout={self.video_layout!r} is unknown; use one of {VIDEO_LAYOUTS}")
         src = self.video_source
         if not isinstance(src, str) or not (src == "render" or (src.startswith("sensor:") and len(src) > 7)):
-            raise ValueError(f"video_source={src!r} is unknown; use 'render' (the human render camera) or 'sensor:<camera name>'")
+            raise ValueError(
+                f"video_source={src!r} is unknown; use 'render' (the human render camera) or 'sensor:<camera name>'"
+            )
         if not isinstance(self.video_codec, str) or not self.video_codec:
             raise ValueError(f"video_codec={self.video_codec!r} must be an encoder name such as 'libx264', or 'auto'")
         if isinstance(self.video_crf, bool) or not isinstance(self.video_crf, numbers.Integral):
-            raise ValueError(f"video_crf={self.video_crf!r} must be an integer (libx264: 0-51, lower is better; default 23)")
+            raise ValueError(
+                f"video_crf={self.video_crf!r} must be an integer (libx264: 0-51, lower is better; default 23)"
+            )
         if not isinstance(self.video_preset, str):
             raise ValueError(f"video_preset={self.video_preset!r} must be a preset name such as 'ultrafast'")
         _positive_int_or_none("video_workers", self.video_workers, 1, "e.g. 4, or None for one per core")
-        _positive_int_or_none("video_gop", self.video_gop, 1, "frames between key frames, e.g. 2, or None: the encoder's")
+        _positive_int_or_none(
+            "video_gop", self.video_gop, 1, "frames between key frames, e.g. 2, or None: the encoder's"
+        )
         _positive_int_or_none("lerobot_gop", self.lerobot_gop, 1, "frames between key frames, e.g. 2")
         if self.lerobot_gop is None:
-            raise ValueError("lerobot_gop=None: the LeRobot videos need a keyframe interval; use an integer >= 1 (e.g. 2)")
+            raise ValueError(
+                "lerobot_gop=None: the LeRobot videos need a keyframe interval; use an integer >= 1 (e.g. 2)"
+            )
         codec = self.lerobot_video_codec
         if codec is not None and (not isinstance(codec, str) or not codec):
             raise ValueError(f"lerobot_video_codec={codec!r} must be an encoder name such as 'libx264' or 'libsvtav1', "
@@ -177,7 +240,9 @@ class RecordOptions:
         if crf is not None and (isinstance(crf, bool) or not isinstance(crf, numbers.Integral)):
             raise ValueError(f"lerobot_crf={crf!r} must be an integer (libx264: 0-51, libsvtav1: 0-63) or None")
         state_keys(self.lerobot_state_keys)
-        _positive_int_or_none("trajectory_writers", self.trajectory_writers, 1, "e.g. 1 or 4, or None to size it to the machine")
+        _positive_int_or_none(
+            "trajectory_writers", self.trajectory_writers, 1, "e.g. 1 or 4, or None to size it to the machine"
+        )
         from fastrecord.sinks.maniskill_h5 import parse_compression  # the one list of choices, with the writer
 
         parse_compression(self.trajectory_compression)
@@ -269,9 +334,15 @@ def _value_type(f: dataclasses.Field) -> Callable[[str], Any]:
     return float if text.startswith("float") else int if text.startswith("int") else str
 
 
-def add_record_flags(parser: argparse.ArgumentParser, *, include: typing.Iterable[str] | None = None, exclude: typing.Iterable[str] = (),
-                     defaults: typing.Mapping[str, Any] | None = None, help: typing.Mapping[str, str] | None = None,
-                     title: str | None = "recording options (fastrecord.RecordOptions)") -> list[str]:
+def add_record_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    include: typing.Iterable[str] | None = None,
+    exclude: typing.Iterable[str] = (),
+    defaults: typing.Mapping[str, Any] | None = None,
+    help: typing.Mapping[str, str] | None = None,
+    title: str | None = "recording options (fastrecord.RecordOptions)",
+) -> list[str]:
     """Add one flag per `RecordOptions` field to ``parser`` (an ``argparse.ArgumentParser``): the fields
     of `cli_option_names`, only those in ``include`` if given, minus ``exclude``. Returns the fields added.
 
@@ -309,8 +380,14 @@ def add_record_flags(parser: argparse.ArgumentParser, *, include: typing.Iterabl
                                help=f"{text} (sets {name}=True; default {name}={default})")
         else:
             shown = "" if "default" in text.lower() else f" (default: {default})".replace("%", "%%")
-            group.add_argument(flag_of(name), dest=name, type=_value_type(f), choices=f.metadata["choices"], default=None,
-                               help=f"{text}{shown}")
+            group.add_argument(
+                flag_of(name),
+                dest=name,
+                type=_value_type(f),
+                choices=f.metadata["choices"],
+                default=None,
+                help=f"{text}{shown}",
+            )
         added.append(name)
     return added
 

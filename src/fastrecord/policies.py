@@ -10,7 +10,8 @@ called on the env before the recorder wraps it). A refused command then leaves n
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -60,8 +60,10 @@ def background_nice() -> int:
     except ValueError:
         value = -2
     if not 0 <= value <= 19:
-        raise ValueError(f"{NICE_ENV}={raw!r}: expected an integer from 0 (helper processes as urgent as the caller) to "
-                         f"19, or 'idle' (only CPU nothing else wants); unset it for the default {DEFAULT_NICE}")
+        raise ValueError(
+            f"{NICE_ENV}={raw!r}: expected an integer from 0 (helper processes as urgent as the caller) to "
+            f"19, or 'idle' (only CPU nothing else wants); unset it for the default {DEFAULT_NICE}"
+        )
     return value
 
 
@@ -300,7 +302,9 @@ class IsolatedProcess:
         from multiprocessing.connection import Connection
 
         if not module.startswith("fastrecord."):
-            raise ValueError(f"module={module!r}: an IsolatedProcess serves a fastrecord module, e.g. 'fastrecord.sinks.maniskill_h5'")
+            raise ValueError(
+                f"module={module!r}: an IsolatedProcess serves a fastrecord module, e.g. 'fastrecord.sinks.maniskill_h5'"
+            )
         self.name = name
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pkg_dir = str(Path(__file__).resolve().parent)  # the fastrecord package

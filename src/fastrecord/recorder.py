@@ -59,7 +59,9 @@ class EpisodeRecorder:
     Env-agnostic: it sees envs only through an `EnvView`.
     """
 
-    def __init__(self, view: EnvView, output_dir: str | Path, options: RecordOptions, sinks: Sequence[Sink] = ()) -> None:
+    def __init__(
+        self, view: EnvView, output_dir: str | Path, options: RecordOptions, sinks: Sequence[Sink] = ()
+    ) -> None:
         opts = options
         if opts.save_video and opts.video_source == "render" and view.render_mode not in IMAGE_RENDER_MODES:
             raise ValueError(
@@ -91,7 +93,12 @@ class EpisodeRecorder:
         # every check that can fail runs before the first file is touched
         built = build_sinks(opts, view, sinks)
         self.sinks: list[Sink] = built.all
-        self.trajectory, self.videos, self.lerobot, self.results = built.trajectory, built.videos, built.lerobot, built.results
+        self.trajectory, self.videos, self.lerobot, self.results = (
+            built.trajectory,
+            built.videos,
+            built.lerobot,
+            built.results,
+        )
         # what the sinks need recorded
         self._record_data = any(s.wants_datasets for s in self.sinks)
         frame_sinks = [s for s in self.sinks if s.wants_frames]
@@ -270,7 +277,9 @@ class EpisodeRecorder:
         self._raise_if_failed()
         capture = self.capturing()
         self._frames_ok[env_idx] = capture
-        data = self._collect(obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs, reset=True)
+        data = self._collect(
+            obs, with_frames=capture, check_state=True, refresh=len(env_idx) == self.num_envs, reset=True
+        )
         leaves = self._leaves(data)
         buf = self._ensure_buffer()
         if len(env_idx) == self.num_envs:  # a full reset may reconfigure the scene: drop stale fields
@@ -365,14 +374,18 @@ class EpisodeRecorder:
         set them at each reset that starts a new episode."""
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         if len(env_idx) != len(metas):
-            raise ValueError(f"set_episode_meta: {len(env_idx)} envs but {len(metas)} metas; give one mapping (or None) per env")
+            raise ValueError(
+                f"set_episode_meta: {len(env_idx)} envs but {len(metas)} metas; give one mapping (or None) per env"
+            )
         reserved = {"episode_id", "episode_seed", "control_mode", "elapsed_steps", "reset_kwargs", "success", "fail"}
         for e, m in zip(env_idx.tolist(), metas):
             if not 0 <= e < self.num_envs:
                 raise ValueError(f"set_episode_meta: env index {e} is outside 0..{self.num_envs - 1}")
             if m is not None and reserved & set(m):
-                raise ValueError(f"set_episode_meta: keys {sorted(reserved & set(m))} are the recorder's own JSON fields; "
-                                 f"use other names (e.g. global_index)")
+                raise ValueError(
+                    f"set_episode_meta: keys {sorted(reserved & set(m))} are the recorder's own JSON fields; "
+                    f"use other names (e.g. global_index)"
+                )
             self.episode_meta[e] = None if m is None else dict(m)
 
     # ------------------------------------------------------------------ finishing episodes
@@ -388,7 +401,12 @@ class EpisodeRecorder:
                 final = {}
                 for k, v in info.items():
                     a = to_numpy(v) if not isinstance(v, Mapping) else v
-                    if isinstance(a, np.ndarray) and a.ndim >= 1 and a.shape[0] == self.num_envs and not self.view.unbatched:
+                    if (
+                        isinstance(a, np.ndarray)
+                        and a.ndim >= 1
+                        and a.shape[0] == self.num_envs
+                        and not self.view.unbatched
+                    ):
                         final[k] = a[e]
                     else:
                         final[k] = a
@@ -415,11 +433,16 @@ class EpisodeRecorder:
         which must not yet include the (large) gather of the frames."""
         buf = self.buffer
         lengths = buf.cursor[rows].copy()
-        extra = {} if self._returns is None else {"returns": self._returns}  # every env's (tiny): no index to the device
+        extra = (
+            {} if self._returns is None else {"returns": self._returns}
+        )  # every env's (tiny): no index to the device
         # one transfer for every flag the events and the keep filter need
         got = buf.read_rows(rows, last=["success", "terminated", "truncated", "fail"], whole=["success"], extra=extra)
-        last = {n: np.asarray(got[n]).reshape(len(rows)).astype(bool) for n in ("success", "terminated", "truncated", "fail")
-                if n in got}
+        last = {
+            n: np.asarray(got[n]).reshape(len(rows)).astype(bool)
+            for n in ("success", "terminated", "truncated", "fail")
+            if n in got
+        }
         once = None
         if "whole/success" in got:
             flags = np.asarray(got["whole/success"]).reshape(len(rows), -1).astype(bool)
@@ -435,12 +458,23 @@ class EpisodeRecorder:
         def flag(name: str, i: int) -> bool | None:
             return bool(last[name][i]) if name in last else None
 
-        return [EpisodeEnded(env_idx=e, episode_id=next(ids) if keep[i] else None, length=int(ended["lengths"][i]),
-                             seed=int(self._seeds[e]), episode_return=float(ended["returns"][i]), success=flag("success", i),
-                             success_once=None if once is None else bool(once[i]), fail=flag("fail", i),
-                             terminated=flag("terminated", i), truncated=flag("truncated", i),
-                             has_frames=bool(self._frames_ok[e]), meta=dict(self.episode_meta[e] or {}))
-                for i, e in enumerate(rows.tolist())]
+        return [
+            EpisodeEnded(
+                env_idx=e,
+                episode_id=next(ids) if keep[i] else None,
+                length=int(ended["lengths"][i]),
+                seed=int(self._seeds[e]),
+                episode_return=float(ended["returns"][i]),
+                success=flag("success", i),
+                success_once=None if once is None else bool(once[i]),
+                fail=flag("fail", i),
+                terminated=flag("terminated", i),
+                truncated=flag("truncated", i),
+                has_frames=bool(self._frames_ok[e]),
+                meta=dict(self.episode_meta[e] or {}),
+            )
+            for i, e in enumerate(rows.tolist())
+        ]
 
     def finalize(self, env_idx: np.ndarray, split: bool = False) -> None:
         """End the episodes in progress of ``env_idx``: keep, copy and queue them, or drop them.
@@ -453,7 +487,9 @@ class EpisodeRecorder:
             return
         env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
         rows = env_idx[buf.cursor[env_idx] >= 1]  # episodes without a step are not saved (as ManiSkill)
-        rows = rows[np.array([self.episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)]  # spare slots: dropped
+        rows = rows[
+            np.array([self.episode_meta[e] is not None for e in rows], dtype=bool).reshape(-1)
+        ]  # spare slots: dropped
         try:
             if len(rows):
                 self.num_finished += len(rows)
@@ -515,8 +551,12 @@ class EpisodeRecorder:
                     meta[key] = bool(datasets[key][-1])
             lines = None
             if overlay and frames is not None:  # columns, formatted and drawn where the video is encoded
-                lines = Overlay.of_episode({k: np.array(v) for k, v in overlay.items()}, self._font, self.frames_per_step)
-            episodes.append(EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines, self.frames_per_step))
+                lines = Overlay.of_episode(
+                    {k: np.array(v) for k, v in overlay.items()}, self._font, self.frames_per_step
+                )
+            episodes.append(
+                EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines, self.frames_per_step)
+            )
             self.next_episode_id += 1
         for s in self.sinks:
             s.submit(episodes)
@@ -539,7 +579,9 @@ class EpisodeRecorder:
         """Before a step: raise a background writer's error, use after close, or a step before reset."""
         self._raise_if_failed()
         if self.buffer is None:
-            raise RuntimeError(f"step() for envs {list(range(self.num_envs))} before any reset(): call env.reset() first")
+            raise RuntimeError(
+                f"step() for envs {list(range(self.num_envs))} before any reset(): call env.reset() first"
+            )
 
     def before_step(self) -> None:
         """Right before the env steps: `check`, and with render_substeps switch the substep frames on for a
@@ -607,7 +649,7 @@ class EpisodeRecorder:
 def _warm_yuv420p(frames: torch.Tensor) -> None:
     """Convert a few frames once (the result is dropped) so that the first gather finds the kernel ready."""
     try:
-        from fastrecord.video.yuv import rgb_to_yuv420p  # noqa: PLC0415 - on the warm-up thread only
+        from fastrecord.video.yuv import rgb_to_yuv420p
 
         rgb_to_yuv420p(frames)
         torch.cuda.synchronize(frames.device)

@@ -84,7 +84,9 @@ class SubstepCapture:
             self._count = 0
         if self._frames is None or self._frames.shape[2:] != img.shape[1:] or self._frames.shape[0] != img.shape[0] \
                 or self._frames.device != img.device or self._frames.dtype != img.dtype:
-            self._frames = torch.empty((img.shape[0], self.substeps, *img.shape[1:]), dtype=img.dtype, device=img.device)
+            self._frames = torch.empty(
+                (img.shape[0], self.substeps, *img.shape[1:]), dtype=img.dtype, device=img.device
+            )
         self._frames[:, self._count].copy_(img)  # a copy now: a GPU render's picture is reused by the next
         self._count += 1
 
@@ -157,7 +159,9 @@ def step_frames(post: torch.Tensor, substeps: list[torch.Tensor | None], count: 
         if sub is not None:
             sub = torch.as_tensor(sub)
             if tuple(sub.shape) != (count, *post.shape[1:]):
-                raise ValueError(f"env {e} gave substep frames of shape {list(sub.shape)}; expected {[count, *post.shape[1:]]} "
-                                 f"(sim_steps_per_control and the video camera must be the same in every sub-env)")
+                raise ValueError(
+                    f"env {e} gave substep frames of shape {list(sub.shape)}; expected {[count, *post.shape[1:]]} "
+                    f"(sim_steps_per_control and the video camera must be the same in every sub-env)"
+                )
             out[e, :count] = sub.to(out.device)
     return out

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import glob
 import logging
-import warnings
 import os
+import warnings
 
 _LAVAPIPE = ("/usr/share/vulkan/icd.d/lvp_icd.json", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 

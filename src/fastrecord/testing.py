@@ -64,11 +64,23 @@ class BatchedDoubleEnv(gym.Env):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}  # type: ignore[misc]  # Env's, shared
 
-    def __init__(self, num_envs: int = 4, max_episode_steps: int = 8, size: int = 32, device: str | torch.device = "cpu",
-                 success_step: list[int] | None = None, render_mode: str | None = "rgb_array", *,
-                 bank: np.ndarray | torch.Tensor | None = None, sim_seconds: float = 0.0,
-                 episode_lengths: EpisodeLengths | None = None, fail_step: list[int] | None = None,
-                 obs_mode: str = "state", camera: str = "base_camera", sim_steps_per_control: int = 1) -> None:
+    def __init__(
+        self,
+        num_envs: int = 4,
+        max_episode_steps: int = 8,
+        size: int = 32,
+        device: str | torch.device = "cpu",
+        success_step: list[int] | None = None,
+        render_mode: str | None = "rgb_array",
+        *,
+        bank: np.ndarray | torch.Tensor | None = None,
+        sim_seconds: float = 0.0,
+        episode_lengths: EpisodeLengths | None = None,
+        fail_step: list[int] | None = None,
+        obs_mode: str = "state",
+        camera: str = "base_camera",
+        sim_steps_per_control: int = 1,
+    ) -> None:
         """
         Args:
             num_envs: parallel envs ``N``.
@@ -109,8 +121,14 @@ class BatchedDoubleEnv(gym.Env):
         self._episode_seed = np.zeros(num_envs, dtype=np.int64)
         self.render_calls = 0
         self.busy_seconds = 0.0
-        if isinstance(sim_steps_per_control, bool) or not isinstance(sim_steps_per_control, int) or sim_steps_per_control < 1:
-            raise ValueError(f"sim_steps_per_control={sim_steps_per_control!r} must be an integer >= 1 (physics substeps a step)")
+        if (
+            isinstance(sim_steps_per_control, bool)
+            or not isinstance(sim_steps_per_control, int)
+            or sim_steps_per_control < 1
+        ):
+            raise ValueError(
+                f"sim_steps_per_control={sim_steps_per_control!r} must be an integer >= 1 (physics substeps a step)"
+            )
         self._sim_steps_per_control = sim_steps_per_control
         self.scene = _DoubleScene()
 
@@ -144,7 +162,9 @@ class BatchedDoubleEnv(gym.Env):
     def _per_env(self, name: str, steps: list[int] | None) -> torch.Tensor:
         steps = [0] * self.num_envs if steps is None else list(steps)
         if len(steps) != self.num_envs:
-            raise ValueError(f"{name} has {len(steps)} entries for num_envs={self.num_envs}; give one per env (0 = never)")
+            raise ValueError(
+                f"{name} has {len(steps)} entries for num_envs={self.num_envs}; give one per env (0 = never)"
+            )
         return torch.tensor(steps, device=self.device)
 
     def _check_lengths(self, lengths: list[int], envs: list[int]) -> None:
@@ -169,11 +189,18 @@ class BatchedDoubleEnv(gym.Env):
         cam[:, :3, 3] = self.pos
         return {
             "agent": {"qpos": qpos, "qvel": 0.1 * qpos},
-            "extra": {"is_grasped": self.elapsed_steps % 2 == 1,
-                      "tcp_pose": torch.cat([self.pos, torch.ones(n, 1, device=dev), torch.zeros(n, 3, device=dev)], dim=1),
-                      "goal_pos": -self.pos},
-            "sensor_param": {self.camera: {"extrinsic_cv": cam[:, :3, :4].contiguous(), "cam2world_gl": cam,
-                                           "intrinsic_cv": torch.eye(3, device=dev).expand(n, 3, 3).clone()}},
+            "extra": {
+                "is_grasped": self.elapsed_steps % 2 == 1,
+                "tcp_pose": torch.cat([self.pos, torch.ones(n, 1, device=dev), torch.zeros(n, 3, device=dev)], dim=1),
+                "goal_pos": -self.pos,
+            },
+            "sensor_param": {
+                self.camera: {
+                    "extrinsic_cv": cam[:, :3, :4].contiguous(),
+                    "cam2world_gl": cam,
+                    "intrinsic_cv": torch.eye(3, device=dev).expand(n, 3, 3).clone(),
+                }
+            },
             "sensor_data": {self.camera: {"rgb": self._frames()}},
         }
 
@@ -189,7 +216,11 @@ class BatchedDoubleEnv(gym.Env):
               options: dict | None = None) -> tuple[Any, dict[str, Any]]:
         t0 = time.perf_counter()
         idx = (options or {}).get("env_idx")
-        rows = np.arange(self.num_envs) if idx is None else np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64).reshape(-1)
+        rows = (
+            np.arange(self.num_envs)
+            if idx is None
+            else np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64).reshape(-1)
+        )
         if seed is not None:
             seeds = np.atleast_1d(np.asarray(seed, dtype=np.int64))
             if len(seeds) == self.num_envs:  # ManiSkill: a list of num_envs seeds replaces every env's seed
@@ -278,7 +309,9 @@ def _space(obs: Any, batched: bool) -> gym.Space:
     return gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
 
 
-def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: torch.Tensor | int | None = None) -> torch.Tensor:
+def frames_for(
+    pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: torch.Tensor | int | None = None
+) -> torch.Tensor:
     """[N, size, size, 3] uint8: a smooth gradient whose offset encodes the env's state and step.
 
     Smooth content keeps H.264 at high PSNR; consecutive steps differ by far more than coding noise.
@@ -292,9 +325,13 @@ def frames_for(pos: torch.Tensor, elapsed: torch.Tensor, size: int, env_idx: tor
 
     r = tri(base + 2 * x)
     g = tri(base * 0.5 + 2 * y + 80)
-    envs = torch.arange(n, device=pos.device) if env_idx is None else torch.as_tensor(env_idx, device=pos.device).expand(n)
+    envs = (
+        torch.arange(n, device=pos.device) if env_idx is None else torch.as_tensor(env_idx, device=pos.device).expand(n)
+    )
     b = tri(envs.view(n, 1, 1) * 50 + x + y)
-    return torch.stack([r.expand(n, size, size), g.expand(n, size, size), b.expand(n, size, size).float()], dim=-1).to(torch.uint8)
+    return torch.stack([r.expand(n, size, size), g.expand(n, size, size), b.expand(n, size, size).float()], dim=-1).to(
+        torch.uint8
+    )
 
 
 # ---------------------------------------------------------------------------------------------- clip banks
@@ -351,7 +388,9 @@ def _roll_out(env: gym.Env, clips: int, frames: int, height: int, width: int, se
                 if t:
                     obs, *_ = env.step(env.action_space.sample())
                 img = frame_of(obs)
-                out[c, t] = (img.cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)).reshape(height, width, 3)
+                out[c, t] = (img.cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)).reshape(
+                    height, width, 3
+                )
     finally:
         env.close()
     return out
@@ -364,7 +403,9 @@ def make_bank(clips: np.ndarray, variants: int) -> np.ndarray:
     return np.ascontiguousarray(np.stack(banks, axis=1).reshape(-1, *clips.shape[1:]))
 
 
-def source_env(bank: np.ndarray, num_envs: int, device: str | torch.device, sim_seconds: float = 0.0) -> BatchedDoubleEnv:
+def source_env(
+    bank: np.ndarray, num_envs: int, device: str | torch.device, sim_seconds: float = 0.0
+) -> BatchedDoubleEnv:
     """The benchmark's batched source: `BatchedDoubleEnv` replaying ``bank`` (env ``e`` shows clip
     ``e % len(bank)``), episodes as long as the clips (``frames - 1`` steps), ``sim_seconds`` of emulated
     simulation a step."""

@@ -13,7 +13,8 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _SENTINEL = object()
 

@@ -40,16 +40,37 @@ from fastrecord.system import quiet_third_party
 
 # name: (module, one-line help, the config dataclass its flags fill: its defaults and comments are the flags' help)
 SUBCOMMANDS = {
-    "record": ("fastrecord.commands.record", "run a policy in N envs and record its episodes",
-               "fastrecord.commands.config:RecordConfig"),
-    "replay": ("fastrecord.commands.replay", "replay saved trajectories: re-render videos, convert observation modes",
-               "fastrecord.commands.replay:ReplayConfig"),
-    "bench": ("fastrecord.commands.bench", "measure recording throughput against ManiSkill's RecordEpisode",
-              "benchmarks.config:BenchConfig"),  # the checkout's benchmarks/, loaded by commands/bench.py
-    "info": ("fastrecord.commands.info", "summarize recorded runs: episodes, success, keys, shapes, sizes, status", None),
-    "gallery": ("fastrecord.commands.gallery", "write DIR/gallery.html: the run's videos, labelled and filterable", None),
+    "record": (
+        "fastrecord.commands.record",
+        "run a policy in N envs and record its episodes",
+        "fastrecord.commands.config:RecordConfig",
+    ),
+    "replay": (
+        "fastrecord.commands.replay",
+        "replay saved trajectories: re-render videos, convert observation modes",
+        "fastrecord.commands.replay:ReplayConfig",
+    ),
+    "bench": (
+        "fastrecord.commands.bench",
+        "measure recording throughput against ManiSkill's RecordEpisode",
+        "benchmarks.config:BenchConfig",
+    ),  # the checkout's benchmarks/, loaded by commands/bench.py
+    "info": (
+        "fastrecord.commands.info",
+        "summarize recorded runs: episodes, success, keys, shapes, sizes, status",
+        None,
+    ),
+    "gallery": (
+        "fastrecord.commands.gallery",
+        "write DIR/gallery.html: the run's videos, labelled and filterable",
+        None,
+    ),
     "merge": ("fastrecord.commands.merge", "join a sharded run's shards (torchrun) into one NAME.h5 + NAME.json", None),
-    "consolidate": ("fastrecord.commands.consolidate", "make a crashed or linked run's NAME.h5 one self-contained file", None),
+    "consolidate": (
+        "fastrecord.commands.consolidate",
+        "make a crashed or linked run's NAME.h5 one self-contained file",
+        None,
+    ),
 }
 
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda", "cuda", "gpu")  # ManiSkill's names (CUDA ones also as cuda:N)
@@ -184,8 +205,10 @@ def check_env_options(args: argparse.Namespace) -> None:
                              f"use --sim-backend physx_cpu")
     render = _requested(args, "render_backend")
     if isinstance(render, str) and render.split(":")[0] in CUDA_RENDER and not _cuda_available():
-        raise ValueError(f"render_backend={render!r} needs a CUDA device and this machine has none (torch sees no CUDA); "
-                         f"use --render-backend cpu (or auto)")
+        raise ValueError(
+            f"render_backend={render!r} needs a CUDA device and this machine has none (torch sees no CUDA); "
+            f"use --render-backend cpu (or auto)"
+        )
     obs_mode = _requested(args, "obs_mode")
     if isinstance(obs_mode, str):
         from mani_skill.envs.utils.observations import parse_obs_mode_to_struct
@@ -410,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a program that stopped reading (| head): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except Exception as e:  # noqa: BLE001 - sorted below: bad options (2), runtime failures (1), bugs (raised)
+    except Exception as e:
         if debug:
             raise
         if is_runtime_failure(e):

@@ -25,12 +25,23 @@ def _default_record() -> RecordOptions:
 
 
 # The gym.make keywords a `RecordConfig` has an option of its own for: key -> its flag.
-ENV_OPTIONS = {"obs_mode": "--obs-mode", "control_mode": "--control-mode", "sim_backend": "--sim-backend",
-               "render_backend": "--render-backend", "max_episode_steps": "--max-episode-steps", "num_envs": "--num-envs",
-               "reward_mode": "--reward-mode", "shader_dir": "--shader-dir", "robot_uids": "--robot-uids",
-               "sim_config": "--sim-config", "sensor_configs": "--sensor-configs"}
+ENV_OPTIONS = {
+    "obs_mode": "--obs-mode",
+    "control_mode": "--control-mode",
+    "sim_backend": "--sim-backend",
+    "render_backend": "--render-backend",
+    "max_episode_steps": "--max-episode-steps",
+    "num_envs": "--num-envs",
+    "reward_mode": "--reward-mode",
+    "shader_dir": "--shader-dir",
+    "robot_uids": "--robot-uids",
+    "sim_config": "--sim-config",
+    "sensor_configs": "--sensor-configs",
+}
 # gym.make keywords `record` decides itself
-ENV_REFUSED = {"render_mode": "record renders its videos with render_mode='rgb_array'; drop it (--no-video records none)"}
+ENV_REFUSED = {
+    "render_mode": "record renders its videos with render_mode='rgb_array'; drop it (--no-video records none)"
+}
 
 
 @dataclass(frozen=True)
@@ -47,7 +58,9 @@ class RecordConfig:
     output_dir: str = "recordings"  # where the .h5/.json and the MP4s go
     sim_backend: str = "physx_cpu"  # physx_cpu | physx_cuda (GPU simulation needs a CUDA machine)
     render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
-    batched_render: str = "auto"  # CPU sim, num_envs > 1: auto (one batched render when rendering on a CUDA device) | on | off
+    batched_render: str = (
+        "auto"  # CPU sim, num_envs > 1: auto (one batched render when rendering on a CUDA device) | on | off
+    )
     obs_mode: str = "state"  # ManiSkill observation mode recorded in the trajectory
     control_mode: str | None = None  # None: the task's default
     width: int = 256  # human render camera width
@@ -59,8 +72,12 @@ class RecordConfig:
     robot_uids: str | list[str] | None = None  # the robot(s), e.g. panda or a JSON list (None: the task's)
     sim_config: dict[str, Any] | None = None  # SimConfig fields as JSON, e.g. {"sim_freq": 200} (None: the task's)
     sensor_configs: dict[str, Any] | None = None  # sensor cameras as JSON, e.g. {"width": 128} (None: the task's)
-    env_kwargs: dict[str, Any] = field(default_factory=dict)  # any other gym.make keywords, e.g. {"enable_shadow": true}
-    record: RecordOptions = field(default_factory=_default_record)  # the recording options (flat keys in YAML and flags)
+    env_kwargs: dict[str, Any] = field(
+        default_factory=dict
+    )  # any other gym.make keywords, e.g. {"enable_shadow": true}
+    record: RecordOptions = field(
+        default_factory=_default_record
+    )  # the recording options (flat keys in YAML and flags)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -74,8 +91,10 @@ class RecordConfig:
                              "(--keep success chooses which episodes are written), or call flush_trajectory() yourself "
                              "through fastrecord.RecordEpisode(..., save_on_reset=False)")
         if not (self.record.save_video or self.record.save_trajectory or self.record.lerobot):
-            raise ValueError("nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
-                             "or add --lerobot")
+            raise ValueError(
+                "nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
+                "or add --lerobot"
+            )
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -90,8 +109,10 @@ class RecordConfig:
         an error if that option is given too (`ENV_OPTIONS`)."""
         values = lift_env_kwargs(values, ENV_OPTIONS, ENV_REFUSED)
         if "human_render_camera_configs" in values.get("env_kwargs", {}) and ({"width", "height"} & set(values)):
-            raise ValueError("the video camera is given twice: --width/--height and --env-kwargs human_render_camera_configs=... "
-                             "(or width:/height: and env_kwargs: in the --config file); pass one of them")
+            raise ValueError(
+                "the video camera is given twice: --width/--height and --env-kwargs human_render_camera_configs=... "
+                "(or width:/height: and env_kwargs: in the --config file); pass one of them"
+            )
         recording = {k: v for k, v in values.items() if k in cli_option_names()}
         own = {k: v for k, v in values.items() if k not in recording}
         return cls(**own, record=record_options({**RECORD_DEFAULTS, **recording}))

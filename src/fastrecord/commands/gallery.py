@@ -169,10 +169,17 @@ def render(tiles: list[Tile], title: str) -> str:
             f'<figcaption><span class="badge">{t.outcome}</span> {e(" · ".join(label))}'
             f'<div class="name">{e(t.href)}{f" (run {e(t.run)})" if t.run else ""}</div></figcaption></figure>'
         )
-    buttons = "".join(f'<button type="button" data-filter="{f}">{f} ({len(tiles) if f == "all" else counts[f]})</button>'
-                      for f in FILTERS)
-    summary = (f"{len(tiles)} videos: {counts['success']} success, {counts['failure']} failure, {counts['unknown']} unknown"
-               + (f" · {e(', '.join(envs))}" if envs else "") + ' · showing <span id="shown">' + str(len(tiles)) + "</span>")
+    buttons = "".join(
+        f'<button type="button" data-filter="{f}">{f} ({len(tiles) if f == "all" else counts[f]})</button>'
+        for f in FILTERS
+    )
+    summary = (
+        f"{len(tiles)} videos: {counts['success']} success, {counts['failure']} failure, {counts['unknown']} unknown"
+        + (f" · {e(', '.join(envs))}" if envs else "")
+        + ' · showing <span id="shown">'
+        + str(len(tiles))
+        + "</span>"
+    )
     body = "\n".join(items) if items else '<p class="empty">no videos in this folder</p>'
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -199,7 +206,9 @@ def write_gallery(folder: str | Path, output: str | Path | None = None, title: s
     """Write the gallery page of ``folder``'s videos (default ``folder/gallery.html``); returns its path."""
     root = Path(folder)
     if not root.is_dir():
-        raise ValueError(f"{str(root)!r} is not a folder; pass the folder a recording wrote its videos to (e.g. recordings)")
+        raise ValueError(
+            f"{str(root)!r} is not a folder; pass the folder a recording wrote its videos to (e.g. recordings)"
+        )
     page = Path(output) if output is not None else root / "gallery.html"
     if not page.is_absolute() and output is not None and page.parent == Path("."):
         page = root / page  # a bare file name goes into the folder, next to the videos

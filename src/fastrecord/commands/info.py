@@ -97,7 +97,11 @@ def _pid_alive(pid: Any) -> bool | None:
 def _status(manifest: dict[str, Any]) -> str:
     """The manifest's status; a ``recording`` run on this host whose process is gone was killed."""
     status = manifest.get("status", "unknown") if manifest else "unknown"
-    if status == "recording" and manifest.get("host") == socket.gethostname() and _pid_alive(manifest.get("pid")) is False:
+    if (
+        status == "recording"
+        and manifest.get("host") == socket.gethostname()
+        and _pid_alive(manifest.get("pid")) is False
+    ):
         return "recording (not closed: its process is gone; crashed or killed)"
     return status
 
@@ -122,7 +126,9 @@ def _parts(h5_path: Path) -> dict[str, Any] | None:
         "dir": parts_dir.name,
         "complete": len(complete),
         "indexed": len(linked & set(complete)),
-        "unindexed": sorted(set(complete) - linked),  # complete parts NAME.h5 does not list yet: consolidate recovers them
+        "unindexed": sorted(
+            set(complete) - linked
+        ),  # complete parts NAME.h5 does not list yet: consolidate recovers them
         "temporary": sorted(p.name for p in parts_dir.iterdir() if not PART_PATTERN.match(p.name)),
         "bytes": _size(parts_dir),
     }
@@ -205,7 +211,11 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
     if not h5_path.exists() and manifest.get("options", {}).get("save_trajectory") is False and not parts:
         return run  # a run of videos, results or a LeRobot dataset only
     if not h5_path.exists():
-        hint = f" (the parts are there: fastrecord consolidate {h5_path} rebuilds it)" if parts and parts["complete"] else ""
+        hint = (
+            f" (the parts are there: fastrecord consolidate {h5_path} rebuilds it)"
+            if parts and parts["complete"]
+            else ""
+        )
         run["error"] = f"{h5_path.name} is missing{hint}"
         return run
     try:
@@ -237,7 +247,9 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
             episodes=len(episodes),
             successes=sum(known) if known else None,
             success_rate=(sum(known) / len(known)) if known else None,
-            episode_length={"min": min(lengths), "mean": statistics.fmean(lengths), "max": max(lengths)} if lengths else None,
+            episode_length={"min": min(lengths), "mean": statistics.fmean(lengths), "max": max(lengths)}
+            if lengths
+            else None,
             steps=sum(lengths),
         )
         observations: dict[str, Any] = {}
@@ -307,10 +319,14 @@ def _shape(spec: dict[str, Any]) -> str:
 def format_run(run: dict[str, Any]) -> str:
     lines = [run["path"]]
     if "env_id" in run:
-        rate = "" if run["success_rate"] is None else f", {run['successes']} successful ({100 * run['success_rate']:.1f}%)"
+        rate = (
+            "" if run["success_rate"] is None else f", {run['successes']} successful ({100 * run['success_rate']:.1f}%)"
+        )
         control = run["control_mode"] if not isinstance(run["control_mode"], list) else ", ".join(run["control_mode"])
-        lines.append(f"  env: {run['env_id'] or 'unknown'}   obs mode: {run['obs_mode'] or 'task default'}   control mode: "
-                     f"{control or 'task default'}   sim backend: {run['sim_backend'] or 'default'}")
+        lines.append(
+            f"  env: {run['env_id'] or 'unknown'}   obs mode: {run['obs_mode'] or 'task default'}   control mode: "
+            f"{control or 'task default'}   sim backend: {run['sim_backend'] or 'default'}"
+        )
         lines.append(f"  episodes: {run['episodes']}{rate}")
         if run["episode_length"]:
             el = run["episode_length"]

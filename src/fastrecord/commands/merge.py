@@ -48,8 +48,10 @@ def main_from_args(args: argparse.Namespace) -> int:
         raise ValueError(f"expected={args.expected} must be at least 1; pass --expected N with N >= 1, or leave it out")
     out = Path(args.dir)
     if (out / f"{args.name}.shards").is_dir() and not os.access(out, os.W_OK):
-        raise PermissionError(f"cannot merge into {out}: the folder is read-only and merge writes {args.name}.h5 + "
-                              f"{args.name}.json there; make it writable or copy the run elsewhere (nothing was changed)")
+        raise PermissionError(
+            f"cannot merge into {out}: the folder is read-only and merge writes {args.name}.h5 + "
+            f"{args.name}.json there; make it writable or copy the run elsewhere (nothing was changed)"
+        )
     report = merge(args.dir, args.name, links=args.links, expected=args.expected)
     if args.json:
         data = dataclasses.asdict(report) | {"ok": report.ok}

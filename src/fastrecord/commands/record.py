@@ -26,16 +26,17 @@ import argparse
 import dataclasses
 import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from fastrecord.exits import StopSignals
 from fastrecord.checks import env_kwargs_of, json_flag, json_or_text, load_config, parse_env_kwarg
 from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig
-from fastrecord.options import add_record_flags, cli_option_names
+from fastrecord.exits import StopSignals
+from fastrecord.options import add_record_flags
 from fastrecord.system import stamp
 
 
@@ -67,7 +68,9 @@ def _render_backend(name: str) -> str:
 
 def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
     """The wrapper's arguments: ``cfg.record`` (checked when the config was built) and the source metadata."""
-    opts = dataclasses.replace(cfg.record, source_type="fastrecord", source_desc=f"fastrecord record, policy {cfg.policy}")
+    opts = dataclasses.replace(
+        cfg.record, source_type="fastrecord", source_desc=f"fastrecord record, policy {cfg.policy}"
+    )
     return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
 
 
@@ -121,7 +124,6 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     `spaces_probe` of ``cfg``, which answers the vector env's dummy env where the sub-envs fork. ``check_env``
     (a policy factory's, `check_policy`) sees the env before the recorder wraps it: its refusal writes nothing."""
     import gymnasium as gym
-
     import mani_skill.envs  # noqa: F401 - registers the tasks
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
@@ -129,7 +131,9 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
 
     kwargs = env_kwargs_for(cfg, _render_backend(cfg.render_backend))
     if cfg.env_id not in gym.registry:
-        raise ValueError(f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1")
+        raise ValueError(
+            f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1"
+        )
     from fastrecord.envs import check_env_kwargs, make_checked
 
     check_env_kwargs(cfg.env_id, kwargs)  # a misspelt keyword or a bad reward mode: one line, before any env is made
@@ -152,17 +156,28 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     from fastrecord import render
 
     wanted = {"auto": None, "on": True, "off": False}[cfg.batched_render]
-    if render.use_batched(wanted, num_envs=cfg.num_envs, render_backend=kwargs["render_backend"], render_mode="rgb_array",
-                          videos=cfg.record.save_video, substeps=cfg.record.render_substeps, flag="--batched-render on",
-                          instead="--batched-render auto or off"):
+    if render.use_batched(
+        wanted,
+        num_envs=cfg.num_envs,
+        render_backend=kwargs["render_backend"],
+        render_mode="rgb_array",
+        videos=cfg.record.save_video,
+        substeps=cfg.record.render_substeps,
+        flag="--batched-render on",
+        instead="--batched-render auto or off",
+    ):
         # the envs step in processes of their own; this process renders them all in one batch
         from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
         from fastrecord.workers import first_thunk, forkserver_context
 
         forkserver_context()
         thunks = first_thunk([_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, probe)
-        envs = group_rendered(lambda: gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode),
-                              make_mirror_factory(cfg.env_id, kwargs), cfg.num_envs, device=device_of(kwargs["render_backend"]))
+        envs = group_rendered(
+            lambda: gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode),
+            make_mirror_factory(cfg.env_id, kwargs),
+            cfg.num_envs,
+            device=device_of(kwargs["render_backend"]),
+        )
     else:
         envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
     try:
@@ -196,7 +211,6 @@ class _CpuEnvThunk:
         self.env_id, self.kwargs, self.report_poses = env_id, dict(kwargs), report_poses
 
     def __call__(self) -> Any:
-        import gymnasium as gym
 
         import mani_skill.envs  # noqa: F401 - registers the tasks (sub-env processes too)
         from mani_skill.utils.wrappers import CPUGymWrapper
@@ -219,7 +233,9 @@ def policy_factory(spec: str) -> Callable[[Any], Callable[[Any], Any]]:
         return lambda env: (lambda obs: env.action_space.sample())
     module, sep, name = spec.partition(":")
     if not sep:
-        raise ValueError(f"policy={spec!r} must be 'random' or 'module:factory' (e.g. fastrecord.policies:pick_cube_policy)")
+        raise ValueError(
+            f"policy={spec!r} must be 'random' or 'module:factory' (e.g. fastrecord.policies:pick_cube_policy)"
+        )
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
@@ -373,8 +389,14 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
     check_env = check_policy(factory, cfg)  # before the run directory is opened
     info = shards.rank_info()
     sim, render = shards.rank_backends(cfg.sim_backend, _render_backend(cfg.render_backend), info)
-    run = shards.DistributedRun(cfg.output_dir, cfg.record.trajectory_name, total=cfg.episodes, base_seed=cfg.seed,
-                                if_exists=cfg.record.if_exists, options={"command": "record", "args": cfg.as_dict()}).open()
+    run = shards.DistributedRun(
+        cfg.output_dir,
+        cfg.record.trajectory_name,
+        total=cfg.episodes,
+        base_seed=cfg.seed,
+        if_exists=cfg.record.if_exists,
+        options={"command": "record", "args": cfg.as_dict()},
+    ).open()
     failed = True
     try:
         shard_record = dataclasses.replace(cfg.record, if_exists=run.shard_if_exists,
@@ -388,7 +410,7 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
         try:
             rec = _recorder(env)
             schedule = run.plan(rec, cfg.num_envs)
-            act = (shards.SeededRandomPolicy(env.single_action_space, cfg.num_envs) if factory is None else factory(env))
+            act = shards.SeededRandomPolicy(env.single_action_space, cfg.num_envs) if factory is None else factory(env)
             from tqdm import tqdm
 
             bar = tqdm(total=len(schedule.todo), unit="episode", disable=not progress or run.rank != 0,
@@ -427,17 +449,21 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
 def print_sharded(s: ShardedSummary, output_dir: str | Path) -> None:
     """Rank 0's summary of a sharded run: each rank, the results of all, the merge report."""
     if s.interrupted:
-        print(f"rank {s.rank}: interrupted ({s.interrupted}) after {s.finished} of its {s.scheduled} episodes; the episodes "
-              f"in progress were not saved. Run the same command again to resume (then fastrecord merge "
-              f"{output_dir} if it was not joined)")
+        print(
+            f"rank {s.rank}: interrupted ({s.interrupted}) after {s.finished} of its {s.scheduled} episodes; the episodes "
+            f"in progress were not saved. Run the same command again to resume (then fastrecord merge "
+            f"{output_dir} if it was not joined)"
+        )
         return
     if s.rank != 0:
         return
     for r in s.ranks:
         rate = r["env_steps"] / r["seconds"] if r["seconds"] > 0 else 0.0
-        print(f"rank {r['rank']}: {r['finished']}/{r['scheduled']} scheduled episodes finished, {r['kept']} kept; "
-              f"{r['env_steps']} env-steps in {r['seconds']:.1f} s = {rate:.1f} env-steps/s (start-up {r['startup_seconds']:.1f} s)"
-              + (f"; interrupted ({r['interrupted']})" if r.get("interrupted") else ""))
+        print(
+            f"rank {r['rank']}: {r['finished']}/{r['scheduled']} scheduled episodes finished, {r['kept']} kept; "
+            f"{r['env_steps']} env-steps in {r['seconds']:.1f} s = {rate:.1f} env-steps/s (start-up {r['startup_seconds']:.1f} s)"
+            + (f"; interrupted ({r['interrupted']})" if r.get("interrupted") else "")
+        )
     rows = [row for r in s.ranks for row in r["results"]]
     print_results(rows, len(rows), None)
     if s.report is not None:
@@ -455,9 +481,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir")
     p.add_argument("--sim-backend")
     p.add_argument("--render-backend")
-    p.add_argument("--batched-render", choices=["auto", "on", "off"],
-                   help="CPU simulation with --num-envs > 1: step the envs in processes of their own and render all of "
-                        "them in one batch in this process (needs a CUDA device); auto: when rendering on a CUDA device")
+    p.add_argument(
+        "--batched-render",
+        choices=["auto", "on", "off"],
+        help="CPU simulation with --num-envs > 1: step the envs in processes of their own and render all of "
+        "them in one batch in this process (needs a CUDA device); auto: when rendering on a CUDA device",
+    )
     p.add_argument("--obs-mode")
     p.add_argument("--control-mode")
     p.add_argument("--width", type=int)
@@ -470,13 +499,21 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     env.add_argument("--robot-uids", type=json_or_text)
     env.add_argument("--sim-config", type=json_flag("--sim-config", (dict,), '{"sim_freq": 200, "control_freq": 20}'))
     env.add_argument("--sensor-configs", type=json_flag("--sensor-configs", (dict,), '{"width": 128, "height": 128}'))
-    env.add_argument("--env-kwargs", nargs="+", type=parse_env_kwarg, metavar="KEY=VALUE",
-                     help="any gym.make keywords, each KEY=VALUE with the value as JSON where it parses, else a string "
-                          "(reward_mode=dense shader_dir=rt-fast sim_config='{\"sim_freq\": 200}'); added to the config's "
-                          "env_kwargs; a key that has a flag of its own (--obs-mode, --reward-mode, ...) goes through one of the two")
-    p.add_argument("--log", choices=["tensorboard", "wandb"],
-                   help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
-                        "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
+    env.add_argument(
+        "--env-kwargs",
+        nargs="+",
+        type=parse_env_kwarg,
+        metavar="KEY=VALUE",
+        help="any gym.make keywords, each KEY=VALUE with the value as JSON where it parses, else a string "
+        "(reward_mode=dense shader_dir=rt-fast sim_config='{\"sim_freq\": 200}'); added to the config's "
+        "env_kwargs; a key that has a flag of its own (--obs-mode, --reward-mode, ...) goes through one of the two",
+    )
+    p.add_argument(
+        "--log",
+        choices=["tensorboard", "wandb"],
+        help="also log each kept episode (success, length, success rate, a few videos) to TensorBoard "
+        "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]",
+    )
     add_record_flags(p, defaults=RECORD_DEFAULTS, help=RECORD_HELP)
 
 
@@ -505,8 +542,10 @@ def main_from_args(args: argparse.Namespace) -> int:
     resume_shards = not distributed and resumes_shards(cfg)
     if distributed or resume_shards:  # torchrun: this process records one shard
         if resume_shards:
-            print(f"resuming the sharded run {cfg.record.trajectory_name!r} in {cfg.output_dir} from its shards "
-                  f"({cfg.record.trajectory_name}.shards/), in this one process; the shards are joined again at the end")
+            print(
+                f"resuming the sharded run {cfg.record.trajectory_name!r} in {cfg.output_dir} from its shards "
+                f"({cfg.record.trajectory_name}.shards/), in this one process; the shards are joined again at the end"
+            )
         with StopSignals("record") as stop:
             s = run_record_sharded(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
             print_sharded(s, cfg.output_dir)

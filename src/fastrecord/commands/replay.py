@@ -63,12 +63,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastrecord.exits import StopSignals
 from fastrecord.checks import env_kwargs_of, load_config, parse_env_kwarg
+from fastrecord.exits import StopSignals
 from fastrecord.options import add_record_flags
 from fastrecord.replay.api import run_replay
-from fastrecord.replay.config import (BATCHED_RENDER_CHOICES, BY_CHOICES, RECORDING_OPTIONS, RENDER_MODES, VECTOR_CHOICES,
-                                      ReplayConfig, ReplaySummary, ReplayWorkerError)
+from fastrecord.replay.config import (
+    BATCHED_RENDER_CHOICES,
+    BY_CHOICES,
+    RECORDING_OPTIONS,
+    RENDER_MODES,
+    VECTOR_CHOICES,
+    ReplayConfig,
+    ReplaySummary,
+    ReplayWorkerError,
+)
 from fastrecord.replay.layout import ENVS_PER_WORKER, MANY_CORES
 from fastrecord.workers import freeze_imports
 
@@ -78,11 +86,18 @@ __all__ = ["ReplayConfig", "config_from_args", "configure_parser", "main_from_ar
 def configure_parser(p: argparse.ArgumentParser) -> None:
     """Add replay's flags to ``p`` (fastrecord's, then ManiSkill's ``replay_trajectory`` flags)."""
     p.add_argument("traj_path", nargs="?", help="the NAME.h5 to replay (NAME.json next to it)")
-    p.add_argument("--config", help="YAML file of replay options: fastrecord.ReplayConfig's fields, e.g. 'obs_mode: rgb' "
-                                    "(see configs/)")
+    p.add_argument(
+        "--config",
+        help="YAML file of replay options: fastrecord.ReplayConfig's fields, e.g. 'obs_mode: rgb' (see configs/)",
+    )
     p.add_argument("--output-dir", help="where the new files go (default: a 'replay' folder next to the input)")
     p.add_argument("--by", choices=BY_CHOICES, help="replay by recorded env states (default) or by actions")
-    p.add_argument("--use-first-env-state", action="store_const", const=True, help="--by actions: start from the recorded first state")
+    p.add_argument(
+        "--use-first-env-state",
+        action="store_const",
+        const=True,
+        help="--by actions: start from the recorded first state",
+    )
     p.add_argument("--count", type=int, help="replay only the first COUNT episodes")
     p.add_argument("--num-envs", type=int, help="episodes replayed side by side (default: one per CPU core)")
     p.add_argument("--vector", choices=VECTOR_CHOICES, help="auto | sync | async (CPU vector env) | batched (GPU sim)")
@@ -100,19 +115,30 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_const", const=True,
                    help="continue an earlier replay of this name that was interrupted or lost a worker: the episodes "
                         "it holds are kept and not replayed again")
-    p.add_argument("--workers", type=int,
-                   help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
-                        f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
-                        f"on a GPU, one per env rendering on the CPU; else 1)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
+        f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
+        f"on a GPU, one per env rendering on the CPU; else 1)",
+    )
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
-    p.add_argument("--env-kwargs", nargs="+", type=parse_env_kwarg, metavar="KEY=VALUE",
-                   help="gym.make keywords replacing the file's env_kwargs of those keys (and adding others), each KEY=VALUE "
-                        "with the value as JSON where it parses, else a string: reward_mode=dense shader_dir=rt-fast "
-                        "sim_config='{\"sim_freq\": 200}'; a key with a flag of its own (--obs-mode, --reward-mode, "
-                        "--sim-backend, ...) goes through one of the two")
-    p.add_argument("--log", choices=["tensorboard", "wandb"],
-                   help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
-                        "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]")
+    p.add_argument(
+        "--env-kwargs",
+        nargs="+",
+        type=parse_env_kwarg,
+        metavar="KEY=VALUE",
+        help="gym.make keywords replacing the file's env_kwargs of those keys (and adding others), each KEY=VALUE "
+        "with the value as JSON where it parses, else a string: reward_mode=dense shader_dir=rt-fast "
+        "sim_config='{\"sim_freq\": 200}'; a key with a flag of its own (--obs-mode, --reward-mode, "
+        "--sim-backend, ...) goes through one of the two",
+    )
+    p.add_argument(
+        "--log",
+        choices=["tensorboard", "wandb"],
+        help="also log each kept replay (success, length, success rate, a few videos) to TensorBoard "
+        "(OUTPUT_DIR/tensorboard/NAME) or W&B (OUTPUT_DIR/wandb); needs pip install fastrecord[loggers]",
+    )
     add_record_flags(p, include=RECORDING_OPTIONS, help=REPLAY_HELP,
                      title="recording options (fastrecord.RecordOptions; a replay decides save_on_reset, if_exists and "
                            "video_layout itself)")
@@ -121,8 +147,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "the flags of python -m mani_skill.trajectory.replay_trajectory, same meaning; any of them (or -o/-n/-b with "
         "--traj-path) switches to ManiSkill's defaults: by actions, nothing written unless --save-traj/--save-video, "
         "successful replays only, no rewards, one env, output next to the input")
-    ms.add_argument("--traj-path", dest="ms_traj_path", help="the NAME.h5 to replay (ManiSkill's spelling of TRAJ_PATH)")
-    ms.add_argument("-c", "--target-control-mode", help="convert the actions to this control mode (ManiSkill's conversion code)")
+    ms.add_argument(
+        "--traj-path", dest="ms_traj_path", help="the NAME.h5 to replay (ManiSkill's spelling of TRAJ_PATH)"
+    )
+    ms.add_argument(
+        "-c", "--target-control-mode", help="convert the actions to this control mode (ManiSkill's conversion code)"
+    )
     flag = argparse.BooleanOptionalAction
     ms.add_argument("--save-traj", dest="ms_save_traj", action=flag, help="write the new .h5/.json")
     ms.add_argument("--save-video", dest="ms_save_video", action=flag, help="write videos")
@@ -137,20 +167,34 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     ms.add_argument("--vis", action=flag, help="not supported: fastrecord replays have no GUI viewer")
     # ManiSkill's short spellings of flags both tools have
     for short, dest in (("-o", "obs_mode"), ("-n", "num_envs"), ("-b", "sim_backend")):
-        ms.add_argument(short, dest=f"ms_{dest}", type=int if dest == "num_envs" else str, help=f"--{dest.replace('_', '-')}")
+        ms.add_argument(
+            short, dest=f"ms_{dest}", type=int if dest == "num_envs" else str, help=f"--{dest.replace('_', '-')}"
+        )
 
 
 # The help of the recording options whose replay default is its own (`fastrecord.replay.config.REPLAY_DEFAULTS`).
 REPLAY_HELP = {
     "trajectory_name": "base name of the new .h5/.json, run manifest and results file (default NAME.<obs>.<control>.<backend>)",
     "keep": "which replayed episodes are written (default all; with ManiSkill's flags: the successful ones, see "
-            "--allow-failure and --discard-timeout)",
+    "--allow-failure and --discard-timeout)",
     "video_fps": "frames per second of the videos (default: the task's control frequency; 7.5 and 29.97 work)",
     "record_reward": "write no rewards (with ManiSkill's flags none are written unless --record-rewards)",
 }
 
-MANISKILL_ONLY = ("ms_traj_path", "target_control_mode", "ms_save_traj", "ms_save_video", "use_env_states", "allow_failure",
-                  "discard_timeout", "max_retry", "ms_record_rewards", "reward_mode", "render_mode", "verbose")
+MANISKILL_ONLY = (
+    "ms_traj_path",
+    "target_control_mode",
+    "ms_save_traj",
+    "ms_save_video",
+    "use_env_states",
+    "allow_failure",
+    "discard_timeout",
+    "max_retry",
+    "ms_record_rewards",
+    "reward_mode",
+    "render_mode",
+    "verbose",
+)
 
 
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:
@@ -165,7 +209,9 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         value = opts.pop(f"ms_{short}")
         if value is not None:
             if opts.get(short) is not None and opts[short] != value:
-                raise ValueError(f"-{short[0]} {value} and --{short.replace('_', '-')} {opts[short]} disagree; pass one")
+                raise ValueError(
+                    f"-{short[0]} {value} and --{short.replace('_', '-')} {opts[short]} disagree; pass one"
+                )
             opts[short] = value
     path = opts.pop("ms_traj_path")
     if path is not None:
@@ -188,7 +234,9 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         if use_env_states is not None:
             by = "states" if use_env_states else "actions"
             if opts.get("by") not in (None, by):
-                raise ValueError(f"--by {opts['by']} and --{'' if use_env_states else 'no-'}use-env-states disagree; pass one")
+                raise ValueError(
+                    f"--by {opts['by']} and --{'' if use_env_states else 'no-'}use-env-states disagree; pass one"
+                )
             opts["by"] = by
     return load_config(ReplayConfig, args.config, maniskill=maniskill or None, **opts)
 
@@ -200,7 +248,11 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
 
     keep = cfg.keep_filter
     if keep is None:
-        keep = "success" + (", not truncated" if cfg.discard_timeout else "") + (f", {cfg.max_retry} retries" if cfg.max_retry else "")
+        keep = (
+            "success"
+            + (", not truncated" if cfg.discard_timeout else "")
+            + (f", {cfg.max_retry} retries" if cfg.max_retry else "")
+        )
     elif cfg.maniskill and cfg.discard_timeout:
         keep = "not truncated"
     if s.interrupted:  # what is in progress is not saved: --resume replays it whole
@@ -213,17 +265,23 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
     if s.skipped:
         print(f"resumed: {s.skipped} episodes were already replayed and kept")
     if s.missing:
-        print(f"missing: {len(s.missing)} input episodes are not in the output (global indices, the positions in the input: "
-              f"{ranges(s.missing)}); running the same command again replays them")
+        print(
+            f"missing: {len(s.missing)} input episodes are not in the output (global indices, the positions in the input: "
+            f"{ranges(s.missing)}); running the same command again replays them"
+        )
     if cfg.maniskill:  # ManiSkill's own last line, for scripts that read it
-        print(f"Replayed {s.episodes} episodes, {s.kept}/{s.episodes}={s.kept / max(s.episodes, 1) * 100:.2f}% demos saved")
+        print(
+            f"Replayed {s.episodes} episodes, {s.kept}/{s.episodes}={s.kept / max(s.episodes, 1) * 100:.2f}% demos saved"
+        )
     if s.diverged:
         hint = ""
         if cfg.replay_by == "actions" and not cfg.use_first_env_state:
             hint = (" (an episode whose seed does not reproduce its recorded start, e.g. after an unseeded auto-reset, "
                     "diverges from the first step: --use-first-env-state starts each from its recorded first state)")
-        shown = ", ".join(f"{d.episode_id} ({'success' if d.recorded else 'failure'} -> {'success' if d.replayed else 'failure'})"
-                          for d in s.diverged[:10])
+        shown = ", ".join(
+            f"{d.episode_id} ({'success' if d.recorded else 'failure'} -> {'success' if d.replayed else 'failure'})"
+            for d in s.diverged[:10]
+        )
         more = f" and {len(s.diverged) - 10} more" if len(s.diverged) > 10 else ""
         print(f"success diverged from the recording in {len(s.diverged)} episodes: {shown}{more}{hint}")
     else:
@@ -242,8 +300,10 @@ def worker_timeline(s: ReplaySummary) -> str:
         return f"{lo:.1f}-{hi:.1f} s"
 
     before = "" if s.process_age is None else f" (this process began it {s.process_age:.1f} s after its own start)"
-    return (f"workers ({len(s.worker_times)}): up (interpreter, imports) at {span(0)}, replaying from {span(1)} (envs made), "
-            f"done at {span(2)}; merge {s.merge_seconds:.1f} s; seconds since the replay began{before}")
+    return (
+        f"workers ({len(s.worker_times)}): up (interpreter, imports) at {span(0)}, replaying from {span(1)} (envs made), "
+        f"done at {span(2)}; merge {s.merge_seconds:.1f} s; seconds since the replay began{before}"
+    )
 
 
 def main_from_args(args: argparse.Namespace) -> int:

@@ -50,8 +50,10 @@ def use_batched(wanted: bool | None, *, num_envs: int, render_backend: str | Non
         return False
     if substeps:
         if wanted:
-            raise ValueError(f"{flag} renders once a step and render_substeps wants a frame after every physics substep, "
-                             f"which each sub-env renders itself; drop one of them")
+            raise ValueError(
+                f"{flag} renders once a step and render_substeps wants a frame after every physics substep, "
+                f"which each sub-env renders itself; drop one of them"
+            )
         return False
     usable = available(render_backend)
     if wanted is None:
@@ -60,7 +62,9 @@ def use_batched(wanted: bool | None, *, num_envs: int, render_backend: str | Non
         import torch
 
         why = "" if torch.cuda.is_available() else " (torch sees no CUDA device)"
-        raise ValueError(f"{flag} renders on a CUDA device, and here render_backend={render_backend!r}{why}; use {instead}")
+        raise ValueError(
+            f"{flag} renders on a CUDA device, and here render_backend={render_backend!r}{why}; use {instead}"
+        )
     if render_mode != "rgb_array":
         raise ValueError(f"{flag} renders the envs' videos, which needs render_mode='rgb_array' (got {render_mode!r})")
     return True

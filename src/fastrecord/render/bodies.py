@@ -66,8 +66,10 @@ class RenderBodies:
         if scene.sub_scenes[0] is self._scene:
             return False
         if len(scene.sub_scenes) != 1:
-            raise ValueError(f"RenderBodies reads CPU-simulated envs with one scene; this one has {len(scene.sub_scenes)} "
-                             f"(a GPU-simulated env renders in one batch by itself)")
+            raise ValueError(
+                f"RenderBodies reads CPU-simulated envs with one scene; this one has {len(scene.sub_scenes)} "
+                f"(a GPU-simulated env renders in one batch by itself)"
+            )
         entities: list[sapien.Entity] = []
         for actor in scene.actors.values():
             if actor.px_body_type != "static":

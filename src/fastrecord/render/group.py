@@ -21,7 +21,14 @@ from fastrecord.render.bodies import POSE_WIDTH, RenderBodies
 
 CUDA_ROW = 13  # SAPIEN's CUDA rigid-body row: pose (7) then linear and angular velocity (6)
 HIDDEN_AT = 99999.0  # where a hidden object is put while sensors take their pictures (ManiSkill's GPU-sim way)
-MODALITIES = ("rgb", "depth", "position", "segmentation", "normal", "albedo")  # what ManiSkill's Camera.get_obs can give
+MODALITIES = (
+    "rgb",
+    "depth",
+    "position",
+    "segmentation",
+    "normal",
+    "albedo",
+)  # what ManiSkill's Camera.get_obs can give
 
 
 def _entities_of(obj: Any) -> list[Any]:
@@ -152,8 +159,10 @@ class GroupRenderer:
             try:
                 cg = self._group.create_camera_group([c.camera._render_cameras[0] for c in cams], textures)
             except RuntimeError as e:
-                raise BatchedRenderError(f"could not make one camera group of {len(cams)} {name!r} cameras on {self.device} "
-                                   f"({e}); use fewer envs per process or smaller cameras") from e
+                raise BatchedRenderError(
+                    f"could not make one camera group of {len(cams)} {name!r} cameras on {self.device} "
+                    f"({e}); use fewer envs per process or smaller cameras"
+                ) from e
             self._camera_groups[name] = cg
         return cg
 
@@ -201,12 +210,16 @@ class GroupRenderer:
         rgb = self.read_sensor_data(name, ("rgb",))["rgb"]
         return rgb if rgb.shape[-1] == 3 else rgb[..., :3].contiguous()
 
-    def sensor_data(self, name: str, modalities: Sequence[str], apply_texture_transforms: bool = True) -> dict[str, torch.Tensor]:
+    def sensor_data(
+        self, name: str, modalities: Sequence[str], apply_texture_transforms: bool = True
+    ) -> dict[str, torch.Tensor]:
         """Sensor camera ``name``'s observation of every env (`take_pictures` then `read_sensor_data`)."""
         self.take_pictures([name], sensor=True)
         return self.read_sensor_data(name, modalities, apply_texture_transforms)
 
-    def read_sensor_data(self, name: str, modalities: Sequence[str], apply_texture_transforms: bool = True) -> dict[str, torch.Tensor]:
+    def read_sensor_data(
+        self, name: str, modalities: Sequence[str], apply_texture_transforms: bool = True
+    ) -> dict[str, torch.Tensor]:
         """Camera ``name``'s last picture (`take_pictures`) as ManiSkill's ``Camera.get_obs`` gives one env's:
         ``{modality: [N, ...]}`` on the CUDA device for the ``modalities`` asked for (rgb, depth, position,
         segmentation, normal, albedo), the texture transforms of the camera's shader applied; without them

@@ -111,7 +111,9 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         super().__init__(env)
         if mirrors is None:
             if make_mirror is None:
-                raise ValueError("GroupRenderedVectorEnv needs make_mirror (a function making one mirror env) or mirrors")
+                raise ValueError(
+                    "GroupRenderedVectorEnv needs make_mirror (a function making one mirror env) or mirrors"
+                )
             with scenes_built():
                 mirrors = [make_mirror() for _ in range(env.num_envs)]
         if len(mirrors) != env.num_envs:
@@ -146,10 +148,12 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         bodies.refresh()
         mine = bodies.signature()
         if mine != signature:
-            raise BatchedRenderError(f"sub-env {i}'s scene (episode seed {seed}) could not be rebuilt in the rendering process: "
-                               f"the same env reset with seed {seed} and reconfigure=True looks different (its scene is "
-                               f"not a function of its episode seed). Render each env in its own process instead "
-                               f"(make_eval_envs(batched_render=False), fastrecord record --batched-render off)")
+            raise BatchedRenderError(
+                f"sub-env {i}'s scene (episode seed {seed}) could not be rebuilt in the rendering process: "
+                f"the same env reset with seed {seed} and reconfigure=True looks different (its scene is "
+                f"not a function of its episode seed). Render each env in its own process instead "
+                f"(make_eval_envs(batched_render=False), fastrecord record --batched-render off)"
+            )
         self._signatures[i] = mine
         self.renderer.invalidate()
         self.mirror_rebuilds += 1

@@ -40,9 +40,11 @@ REPLAY_DEFAULTS: dict[str, Any] = {"trajectory_name": None, "video_fps": None, "
 # becomes that option's value (an error if the option is given too); those a replay decides itself are refused.
 ENV_OPTIONS = {"obs_mode": "--obs-mode", "reward_mode": "--reward-mode", "sim_backend": "--sim-backend",
                "render_backend": "--render-backend", "render_mode": "--render-mode"}
-ENV_REFUSED = {"num_envs": "--num-envs sets the envs replayed side by side",
-               "max_episode_steps": "a replay takes the file's time limit (or its longest episode's)",
-               "control_mode": "a replay takes the file's control mode; -c/--target-control-mode converts the actions to another"}
+ENV_REFUSED = {
+    "num_envs": "--num-envs sets the envs replayed side by side",
+    "max_episode_steps": "a replay takes the file's time limit (or its longest episode's)",
+    "control_mode": "a replay takes the file's control mode; -c/--target-control-mode converts the actions to another",
+}
 
 
 def _given(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -62,7 +64,9 @@ class ReplayConfig:
 
     traj_path: str = ""  # the NAME.h5 to replay (NAME.json must sit next to it)
     output_dir: str | None = None  # None: a "replay" folder next to the input file
-    by: str | None = None  # states (set every recorded env state) | actions (re-simulate the actions); None: states (maniskill: actions)
+    by: str | None = (
+        None  # states (set every recorded env state) | actions (re-simulate the actions); None: states (maniskill: actions)
+    )
     use_first_env_state: bool = False  # by actions: start from the recorded first state, not the seeded reset
     count: int | None = None  # replay the first COUNT episodes (None: all)
     num_envs: int | None = None  # episodes side by side (None: CPU one per core, maniskill 1; GPU 64; batched CPU 1)
@@ -75,10 +79,14 @@ class ReplayConfig:
     height: int | None = None  # video camera height (None: the file's / the task's)
     shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
     overwrite: bool = False  # replace the output of an earlier run of this name (never the input)
-    resume: bool = False  # continue an earlier, interrupted replay of this name: episodes it holds are not replayed again
-    workers: int | None = None  # processes replaying a share of the episodes each, merged at the end (None: several on machines of many cores, see fastrecord.replay.layout)
+    resume: bool = False
+    workers: int | None = (
+        None  # processes replaying a share of the episodes each, merged at the end (None: several on machines of many cores, see fastrecord.replay.layout)
+    )
     progress: bool = True  # show a progress bar
-    env_kwargs: dict[str, Any] = field(default_factory=dict)  # more gym.make keywords, replacing the file's env_kwargs of those keys
+    env_kwargs: dict[str, Any] = field(
+        default_factory=dict
+    )  # more gym.make keywords, replacing the file's env_kwargs of those keys
     # the recording options given (`RECORDING_OPTIONS`, flat keys of the flags, YAML files and keywords that
     # `from_values` sorts here), checked by `fastrecord.RecordOptions`; the others are RecordOptions' defaults
     # or the replay's (`REPLAY_DEFAULTS`)
@@ -97,7 +105,9 @@ class ReplayConfig:
         check_types(self)
         unknown = sorted(set(self.record) - set(RECORDING_OPTIONS))
         if unknown:
-            raise ValueError(f"record={unknown} are not recording options of a replay; use names from {RECORDING_OPTIONS}")
+            raise ValueError(
+                f"record={unknown} are not recording options of a replay; use names from {RECORDING_OPTIONS}"
+            )
         record_options(_given(self.record))  # the one check of each recording option's value
         if self.keep is not None and not isinstance(self.keep, str):
             # a replay's options travel to worker processes and its summary names the filter
@@ -114,10 +124,14 @@ class ReplayConfig:
             raise ValueError("--resume keeps the earlier replay's files and --overwrite deletes them; pass one")
         check_at_least(self, 0, "max_retry")
         if self.use_first_env_state and self.replay_by == "states":
-            raise ValueError("use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)")
+            raise ValueError(
+                "use_first_env_state only applies to --by actions (--by states sets every recorded state anyway)"
+            )
         if not self.maniskill and not (self.save_video or self.save_trajectory or self.option("lerobot")):
-            raise ValueError("nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
-                             "or add --lerobot")
+            raise ValueError(
+                "nothing to write: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
+                "or add --lerobot"
+            )
         if self.maniskill and self.keep is not None and (self.allow_failure or self.discard_timeout):
             raise ValueError(f"--keep {self.keep} and --allow-failure/--discard-timeout both choose which replays are "
                              f"written; pass one of them")
@@ -137,9 +151,11 @@ class ReplayConfig:
         (None for those of `REPLAY_DEFAULTS`: the replay decides), the others to the replay's own fields."""
         values = lift_env_kwargs(dict(values), ENV_OPTIONS, ENV_REFUSED)
         if values.get("shader") is not None and "shader_dir" in values.get("env_kwargs", {}):
-            raise ValueError(f"the shader is given twice: --shader {values['shader']!r} and --env-kwargs "
-                             f"shader_dir={values['env_kwargs']['shader_dir']!r} (or shader: and env_kwargs: in the --config "
-                             f"file); pass one of them")
+            raise ValueError(
+                f"the shader is given twice: --shader {values['shader']!r} and --env-kwargs "
+                f"shader_dir={values['env_kwargs']['shader_dir']!r} (or shader: and env_kwargs: in the --config "
+                f"file); pass one of them"
+            )
         own = {k: v for k, v in values.items() if k not in RECORDING_OPTIONS}
         return cls(**own, record=_given(values))
 
@@ -236,7 +252,9 @@ class ReplaySummary:
     interrupted: str | None = None  # the signal that stopped the replay early ("SIGINT", "SIGTERM")
     partial: int = 0  # interrupted: replays cut short and saved as they were
     startup_seconds: float = 0.0  # env creation, before the progress bar (``seconds`` is the replay after it)
-    results: list[dict[str, Any]] = field(default_factory=list)  # NAME.results.jsonl's rows: every replay, retries included
+    results: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # NAME.results.jsonl's rows: every replay, retries included
     results_path: Path | None = None
     converted: bool = False  # the actions were converted to another control mode (-c)
     skipped: int = 0  # --resume: episodes the output already held, not replayed again

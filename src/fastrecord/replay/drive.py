@@ -12,9 +12,9 @@ import functools
 import json
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import h5py
@@ -105,8 +105,13 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
     diverged: list[Divergence] = []
     sources: list[int] = []
     successes = env_steps = done = 0
-    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress or progress is not None, dynamic_ncols=True,
-               desc="convert")
+    bar = tqdm(
+        total=len(episodes),
+        unit="episode",
+        disable=not cfg.progress or progress is not None,
+        dynamic_ncols=True,
+        desc="convert",
+    )
     try:
         for ep in episodes:
             if stopping():
@@ -122,16 +127,27 @@ def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_
                     ori_env.unwrapped.set_state_dict(first)
                     options["reset_to_env_states"] = {"env_states": first}  # recorded as the episode's first state
                 env.reset(seed=reset_kwargs["seed"], options=options)
-                info = converter(cfg.target_control_mode, ori_actions, ori_env, env, render=False, pbar=None, verbose=cfg.verbose)
+                info = converter(
+                    cfg.target_control_mode, ori_actions, ori_env, env, render=False, pbar=None, verbose=cfg.verbose
+                )
                 env_steps += int(np.asarray(target.unwrapped.elapsed_steps).reshape(-1)[0])
-                replayed = bool(np.asarray(torch.as_tensor(info["success"]).cpu()).reshape(-1)[0]) if "success" in info else None
-                truncated = max_steps is not None and int(np.asarray(target.unwrapped.elapsed_steps).reshape(-1)[0]) >= max_steps
+                replayed = (
+                    bool(np.asarray(torch.as_tensor(info["success"]).cpu()).reshape(-1)[0])
+                    if "success" in info
+                    else None
+                )
+                truncated = (
+                    max_steps is not None
+                    and int(np.asarray(target.unwrapped.elapsed_steps).reshape(-1)[0]) >= max_steps
+                )
                 ok = cfg.maniskill_keeps(replayed, truncated)
                 last = ok or attempt == cfg.max_retry
                 verdict.value = ok
                 before = rec.num_episodes
                 check_replayed(rec, 0, ep, traj.h5_path.name)
-                rec.set_episode_meta([0], [meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}])
+                rec.set_episode_meta(
+                    [0], [meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}]
+                )
                 env.flush_trajectory()
                 if rec.num_episodes > before:
                     sources.append(int(ep["episode_id"]))
@@ -206,11 +222,15 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
         ep = episodes[i]
         a = traj.actions(ep)
         if a.ndim != 2 or a.shape[1:] != tuple(batch.action_shape):
-            raise ValueError(f"{traj.h5_path.name} traj_{ep['episode_id']}/actions has shape {a.shape}, but the env takes "
-                             f"actions of shape {tuple(batch.action_shape)}; was it recorded with another control mode or robot?")
+            raise ValueError(
+                f"{traj.h5_path.name} traj_{ep['episode_id']}/actions has shape {a.shape}, but the env takes "
+                f"actions of shape {tuple(batch.action_shape)}; was it recorded with another control mode or robot?"
+            )
         states = traj.env_states(ep) if (per_step or cfg.use_first_env_state) else None
         opts = (ep.get("reset_kwargs") or {}).get("options") or {}
-        return dict(seed=int(ep["episode_seed"]), options=opts, states=states, per_step=per_step, length=len(a), actions=a)
+        return dict(
+            seed=int(ep["episode_seed"]), options=opts, states=states, per_step=per_step, length=len(a), actions=a
+        )
 
     def start(envs: list[int]) -> None:
         plans = []
@@ -221,8 +241,13 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
             plans.append(p)
         batch.start(np.asarray(envs), plans)
 
-    bar = tqdm(total=len(episodes), unit="episode", disable=not cfg.progress or progress is not None, dynamic_ncols=True,
-               desc="replay")
+    bar = tqdm(
+        total=len(episodes),
+        unit="episode",
+        disable=not cfg.progress or progress is not None,
+        dynamic_ncols=True,
+        desc="replay",
+    )
     try:
         if not stopping():
             start(list(range(n)))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -143,18 +143,24 @@ class ReplayStates(gym.Wrapper):
         plans = [self._pending.pop(int(e), None) for e in idx]
         if any(p is not None for p in plans):
             if any(p is None for p in plans):
-                raise RuntimeError(f"reset of envs {idx.tolist()} where only some have a replay plan; load a plan for each")
+                raise RuntimeError(
+                    f"reset of envs {idx.tolist()} where only some have a replay plan; load a plan for each"
+                )
             seeds = [int(p["seed"]) for p in plans]
             partial = len(idx) < self.n
             # ManiSkill 3.0.1 seeds a reset with one seed per env of the whole batch only
             seed = seeds[0] if self.n == 1 else (None if partial else seeds)
-            options |= {k: v for k, v in (plans[0].get("options") or {}).items() if k not in ("env_idx", "reset_to_env_states")}
+            options |= {
+                k: v for k, v in (plans[0].get("options") or {}).items() if k not in ("env_idx", "reset_to_env_states")
+            }
             if all(p.get("states") is not None for p in plans):
                 first = tree_stack([tree_index(p["states"], 0) for p in plans], self.device)
                 options["reset_to_env_states"] = {"env_states": first}
             elif partial:
-                raise ValueError("a partial reset of a GPU-parallel env cannot reproduce seeded episodes; replay with the "
-                                 "recorded first states (--by states, or --by actions --use-first-env-state)")
+                raise ValueError(
+                    "a partial reset of a GPU-parallel env cannot reproduce seeded episodes; replay with the "
+                    "recorded first states (--by states, or --by actions --use-first-env-state)"
+                )
         obs, info = self.env.reset(seed=seed, options=options)
         if seed is None and any(p is not None for p in plans):  # bookkeeping: the recorder reads the seeds from here
             base = self.env.unwrapped
@@ -254,7 +260,7 @@ class ReplayStates(gym.Wrapper):
         return self._last_frame
 
     # -- internals
-    def _direct_step_time_limit(self) -> int | None | bool:
+    def _direct_step_time_limit(self) -> int | bool | None:
         """Whether `step` may call BaseEnv's action step directly: only ManiSkill's TimeLimitWrapper (its
         limit is returned, None: no limit) and gymnasium's checkers sit between this wrapper and the base
         env. False where another wrapper (an action transform, gymnasium's own TimeLimit) must see each step."""
@@ -284,7 +290,9 @@ class ReplayStates(gym.Wrapper):
         base = self.env.unwrapped
         info = base.get_info()
         obs = base.get_obs(info, unflattened=True)
-        act = torch.as_tensor(np.asarray(action) if not isinstance(action, torch.Tensor) else action, device=self.device)
+        act = torch.as_tensor(
+            np.asarray(action) if not isinstance(action, torch.Tensor) else action, device=self.device
+        )
         reward = base.get_reward(obs=obs, action=act, info=info)
         obs = base._flatten_raw_obs(obs)  # ManiSkill 3.0.1's own step computes the reward before flattening too
         success, fail = info.get("success"), info.get("fail")
@@ -489,7 +497,9 @@ class BatchedEnv:
         if "success" not in info:
             return None, truncated
         s = info["success"]
-        return (s.cpu().numpy() if isinstance(s, torch.Tensor) else np.asarray(s)).astype(bool).reshape(self.num_envs), truncated
+        return (s.cpu().numpy() if isinstance(s, torch.Tensor) else np.asarray(s)).astype(bool).reshape(
+            self.num_envs
+        ), truncated
 
     def flush(self, e: int) -> None:
         self.env.flush_trajectory(env_idxs_to_flush=[e])

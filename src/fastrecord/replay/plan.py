@@ -7,9 +7,10 @@ The caller and every worker process make the same plan from the same `ReplayConf
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -34,7 +35,9 @@ def _resolve_backend(cfg: ReplayConfig, recorded: str | None) -> str:
 
 def _camera_configs(cfg: ReplayConfig, kwargs: dict[str, Any]) -> None:
     """Apply --width/--height/--shader to the camera the videos come from."""
-    settings = {k: v for k, v in (("width", cfg.width), ("height", cfg.height), ("shader_pack", cfg.shader)) if v is not None}
+    settings = {
+        k: v for k, v in (("width", cfg.width), ("height", cfg.height), ("shader_pack", cfg.shader)) if v is not None
+    }
     if not settings:
         return
     if cfg.video_source == "render":
@@ -77,7 +80,9 @@ class ReplayPlan:
     vector: str  # sync | async | batched
     workers: int  # processes replaying a share each (1: this one)
     distributed: bool = False  # a torchrun rank: the ranks are the workers (fastrecord.shards)
-    render_device: str | None = None  # CUDA device each worker's envs are drawn on in one batch (None: each env draws itself)
+    render_device: str | None = (
+        None  # CUDA device each worker's envs are drawn on in one batch (None: each env draws itself)
+    )
 
     @property
     def if_exists(self) -> str:
@@ -98,7 +103,9 @@ class ReplayPlan:
             options = cfg.recorder_kwargs(name, int(control_freq), verdict, if_exists,
                                           f"fastrecord replay of {self.traj.h5_path.name} {how}")
             # --log: logger sinks (fastrecord.sinks.loggers); one recorder per replay
-            if self.workers > 1 and options["trajectory_writers"] is None:  # the workers share the cores: one writer each
+            if (
+                self.workers > 1 and options["trajectory_writers"] is None
+            ):  # the workers share the cores: one writer each
                 options["trajectory_writers"] = 1
             return dict(output_dir=str(out), **options, sinks=list(sinks or []))
 
@@ -112,19 +119,25 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     info = traj.env_info
     env_id = info["env_id"]
     if env_id not in gym.registry:
-        raise ValueError(f"{traj.json_path.name} was recorded in {env_id!r}, which is not a registered ManiSkill task here; "
-                         f"import the module that registers it, or check the ManiSkill version")
+        raise ValueError(
+            f"{traj.json_path.name} was recorded in {env_id!r}, which is not a registered ManiSkill task here; "
+            f"import the module that registers it, or check the ManiSkill version"
+        )
     episodes = traj.episodes[: cfg.count]
     if not episodes:
         raise ValueError(f"{str(traj.json_path)!r} lists no episodes: nothing to replay")
     modes = sorted({ep.get("control_mode") for ep in episodes if ep.get("control_mode")})
     if len(modes) > 1:
-        raise ValueError(f"{traj.json_path.name} mixes control modes {modes}; replay them separately (--count, or split the file)")
+        raise ValueError(
+            f"{traj.json_path.name} mixes control modes {modes}; replay them separately (--count, or split the file)"
+        )
     by = cfg.replay_by
     if by == "states" or cfg.use_first_env_state:
         lacking = [ep["episode_id"] for ep in episodes if "env_states" not in traj.group(ep)]
         if lacking:
-            raise ValueError(f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; replay it by actions (--by actions)")
+            raise ValueError(
+                f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; replay it by actions (--by actions)"
+            )
     check_input(traj, episodes)
 
     # the env: the recorded kwargs, then the replay's choices
@@ -133,7 +146,9 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     sim_backend = _resolve_backend(cfg, recorded_backend)
     gpu_sim = sim_backend not in CPU_BACKENDS
     if gpu_sim and not _cuda():
-        raise ValueError(f"sim_backend={sim_backend!r} needs a CUDA GPU, and there is none; use --sim-backend physx_cpu")
+        raise ValueError(
+            f"sim_backend={sim_backend!r} needs a CUDA GPU, and there is none; use --sim-backend physx_cpu"
+        )
     kwargs["sim_backend"] = sim_backend
     kwargs["render_backend"] = cfg.render_backend if cfg.render_backend != "auto" else ("gpu" if _cuda() else "cpu")
     if modes and "control_mode" not in kwargs:
@@ -159,7 +174,11 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     check_env_kwargs(env_id, cfg.env_kwargs)  # a misspelt keyword: one line, before any env is made
     kwargs.update(cfg.env_kwargs)
     check_env_kwargs(env_id, {"reward_mode": kwargs.get("reward_mode")})  # one of the task's reward modes
-    if cfg.video_source.startswith("sensor:") and cfg.save_video and kwargs.get("obs_mode", "state") in ("state", "state_dict", "none"):
+    if (
+        cfg.video_source.startswith("sensor:")
+        and cfg.save_video
+        and kwargs.get("obs_mode", "state") in ("state", "state_dict", "none")
+    ):
         raise ValueError(f"video_source={cfg.video_source!r} takes frames from the observation's camera images; "
                          f"add --obs-mode rgb (or rgbd), or use --video-source render")
     longest = max(int(ep["elapsed_steps"]) for ep in episodes)
@@ -175,7 +194,9 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
         out = traj.h5_path.parent if cfg.maniskill else traj.h5_path.parent / "replay"
     new_h5 = out / f"{name}.h5"
     if new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
-        raise ValueError(f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name")
+        raise ValueError(
+            f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name"
+        )
 
     from fastrecord.shards import rank_info
 
@@ -192,8 +213,10 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     if cfg.num_envs is not None:
         n = cfg.num_envs
         if n < workers:
-            raise ValueError(f"--workers {workers} with --num-envs {n}: each worker replays in envs of its own, so the "
-                             f"workers share the {n} envs; pass --num-envs {workers} or more, or --workers {n} or fewer")
+            raise ValueError(
+                f"--workers {workers} with --num-envs {n}: each worker replays in envs of its own, so the "
+                f"workers share the {n} envs; pass --num-envs {workers} or more, or --workers {n} or fewer"
+            )
     elif gpu_sim:
         n = GPU_DEFAULT_ENVS * workers
     else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
@@ -203,8 +226,10 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
         from fastrecord.shards import list_shards
 
         if list_shards(out, name):  # its NAME.h5 only links into the shards: one process would resume the links
-            raise ValueError(f"{str(out / name)}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
-                             f"--workers 2 or more (or under torchrun), or pass --overwrite")
+            raise ValueError(
+                f"{out / name!s}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
+                f"--workers 2 or more (or under torchrun), or pass --overwrite"
+            )
     per_worker = -(-n // workers)  # the largest share
     render_device = _render_device(cfg, kwargs, per_worker, gpu_sim or convert, vector)
     if vector == "auto":
@@ -217,18 +242,42 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
         raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
                          "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
     if vector == "batched" and not gpu_sim and per_worker > 1:
-        raise ValueError(f"vector='batched' runs {per_worker} envs in one ManiSkill env, which needs GPU simulation; on the "
-                         f"CPU use vector='async' or 'sync' (or num_envs=1)")
+        raise ValueError(
+            f"vector='batched' runs {per_worker} envs in one ManiSkill env, which needs GPU simulation; on the "
+            f"CPU use vector='async' or 'sync' (or num_envs=1)"
+        )
     if vector in ("sync", "async") and gpu_sim and not convert:
-        raise ValueError(f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'")
-    plan = ReplayPlan(cfg, traj, episodes, env_id, kwargs, ori_kwargs, max_steps, sim_backend, gpu_sim, source_mode, convert,
-                      out, name, n, vector, workers, info.distributed, render_device)
+        raise ValueError(
+            f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'"
+        )
+    plan = ReplayPlan(
+        cfg,
+        traj,
+        episodes,
+        env_id,
+        kwargs,
+        ori_kwargs,
+        max_steps,
+        sim_backend,
+        gpu_sim,
+        source_mode,
+        convert,
+        out,
+        name,
+        n,
+        vector,
+        workers,
+        info.distributed,
+        render_device,
+    )
 
     plan.recorder_kwargs(out, name, Verdict(), None)(20)  # the recorder's options, checked: before any env or file
     return plan
 
 
-def _render_device(cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, own_env: bool, vector: str) -> str | None:
+def _render_device(
+    cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, own_env: bool, vector: str
+) -> str | None:
     """The CUDA device on which each worker draws its CPU-simulated envs in one batch per camera name
     (`fastrecord.replay.grouped`), or None. ``--batched-render auto`` batches where a worker holds more than
     one env, renders on a CUDA device and draws something (camera observations, or videos of the render
@@ -242,9 +291,12 @@ def _render_device(cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, o
         return None
     if own_env or vector in ("async", "batched"):
         if wanted:
-            why = ("GPU simulation draws its envs in one batch by itself, and a conversion (-c) runs one env" if own_env
-                   else f"--vector {vector} holds {'its envs in processes of their own' if vector == 'async' else 'one env'}; "
-                        f"use --vector sync or auto")
+            why = (
+                "GPU simulation draws its envs in one batch by itself, and a conversion (-c) runs one env"
+                if own_env
+                else f"--vector {vector} holds {'its envs in processes of their own' if vector == 'async' else 'one env'}; "
+                f"use --vector sync or auto"
+            )
             raise ValueError(f"--batched-render on draws the CPU-simulated envs a process holds, and {why}; or drop "
                              f"--batched-render")
         return None
@@ -285,8 +337,10 @@ def check_input(traj: TrajectoryFile, episodes: list[dict[str, Any]]) -> None:
 def _check_conversion(cfg: ReplayConfig, source: str | None, by: str, gpu_sim: bool) -> None:
     """Refuse what ManiSkill's tool cannot convert, with its reasons, before anything is made."""
     if by == "states":
-        raise ValueError("cannot replay by env states (--use-env-states / --by states) while converting to another control "
-                         "mode: the converted actions take a different number of steps to reach the same states; drop one")
+        raise ValueError(
+            "cannot replay by env states (--use-env-states / --by states) while converting to another control "
+            "mode: the converted actions take a different number of steps to reach the same states; drop one"
+        )
     if gpu_sim:
         raise ValueError("control mode conversion (-c) runs in a CPU env, as in ManiSkill's tool; pass -b physx_cpu")
     if source not in CONVERTERS:

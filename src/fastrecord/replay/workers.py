@@ -14,18 +14,19 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from fastrecord.exits import StopSignals
-from fastrecord.system import quiet_third_party
+from fastrecord.processes import exit_description
 from fastrecord.replay.config import ReplayConfig, ReplaySummary, ReplayWorkerError, StopRequest
 from fastrecord.replay.drive import replayed_sources, run_plan
 from fastrecord.replay.plan import ReplayPlan, make_plan
-from fastrecord.sinks.maniskill_h5 import open_trajectory
-from fastrecord.processes import exit_description
 from fastrecord.shards import ranges_text
+from fastrecord.sinks.maniskill_h5 import open_trajectory
+from fastrecord.system import quiet_third_party
 from fastrecord.workers import forkserver_context, freeze_imports
 
 if TYPE_CHECKING:
@@ -130,7 +131,9 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
             finally:
                 traj.close()
         except BaseException as e:  # noqa: BLE001 - reported to the caller, which raises it
-            messages.put(("error", share.rank, type(e).__name__, str(e), isinstance(e, ValueError), traceback.format_exc()))
+            messages.put(
+                ("error", share.rank, type(e).__name__, str(e), isinstance(e, ValueError), traceback.format_exc())
+            )
             messages.close()
             messages.join_thread()
             raise SystemExit(1) from None
@@ -161,8 +164,10 @@ def _claim_sharded(plan: ReplayPlan, world: int) -> tuple[RunDirectory, bool]:
     run = RunDirectory(plan.out, plan.name, if_exists, options=options).open()
     try:
         if run.resuming and not sharded_before:
-            raise ValueError(f"{str(plan.out)!r} holds a replay named {plan.name!r} that was not sharded; resume it with "
-                             f"--workers 1 --resume, or pass --overwrite, another --trajectory-name or --output-dir")
+            raise ValueError(
+                f"{str(plan.out)!r} holds a replay named {plan.name!r} that was not sharded; resume it with "
+                f"--workers 1 --resume, or pass --overwrite, another --trajectory-name or --output-dir"
+            )
         run.add_file(shards.shards_root(plan.out, plan.name))
         run.add_file(plan.out / f"{plan.name}.h5")
         run.add_file(plan.out / f"{plan.name}.json")
@@ -198,7 +203,9 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     try:
         shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming)
         busy = [s for s in shares if s.indices]
-        ctx = forkserver_context()  # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
+        ctx = (
+            forkserver_context()
+        )  # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
         messages = ctx.Queue()
         procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid()),
                                      name=f"fastrecord-replay-{s.rank}") for s in busy}
@@ -206,8 +213,13 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
             p.start()
         exited: dict[int, float] = {}
         forwarded = False
-        bar = tqdm(total=sum(len(s.indices) for s in busy), unit="episode", disable=not cfg.progress, dynamic_ncols=True,
-                   desc=f"replay, {world} workers")
+        bar = tqdm(
+            total=sum(len(s.indices) for s in busy),
+            unit="episode",
+            disable=not cfg.progress,
+            dynamic_ncols=True,
+            desc=f"replay, {world} workers",
+        )
         try:
             while len(summaries) + len(failures) < len(busy):
                 if stop is not None and stop.requested and not forwarded:
@@ -247,7 +259,9 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
                     p.kill()
                     p.join()
             messages.close()
-        if value_errors and len(value_errors) == len(failures) == len(busy):  # a bad option or file: every worker refused it
+        if value_errors and len(value_errors) == len(failures) == len(
+            busy
+        ):  # a bad option or file: every worker refused it
             raise ValueError(value_errors[min(value_errors)])
         m0 = time.perf_counter()
         report = _join(plan)
@@ -264,12 +278,17 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
         first = min(failures)
         share = shares[first]
         others = f" (and worker(s) {sorted(set(failures) - {first})})" if len(failures) > 1 else ""
-        missing = (f"; {len(summary.missing)} of {len(plan.episodes)} episodes are missing from {plan.out / plan.name}.h5 "
-                   f"(global indices {ranges_text(summary.missing)})" if summary.missing else "")
+        missing = (
+            f"; {len(summary.missing)} of {len(plan.episodes)} episodes are missing from {plan.out / plan.name}.h5 "
+            f"(global indices {ranges_text(summary.missing)})"
+            if summary.missing
+            else ""
+        )
         raise ReplayWorkerError(
             f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) {failures[first]}{others}"
             f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
-            f"ones")
+            f"ones"
+        )
     return summary
 
 
@@ -308,15 +327,30 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
     for s in done:
         files += [f for f in s.files if f.suffix == ".mp4"]
     files += [s.results_path for s in done if s.results_path is not None]
-    interrupted = stop.name if stop is not None and stop.requested else next((s.interrupted for s in done if s.interrupted), None)
+    interrupted = (
+        stop.name if stop is not None and stop.requested else next((s.interrupted for s in done if s.interrupted), None)
+    )
     return ReplaySummary(
-        episodes=sum(s.episodes for s in done), kept=sum(s.kept for s in done), successes=sum(s.successes for s in done),
+        episodes=sum(s.episodes for s in done),
+        kept=sum(s.kept for s in done),
+        successes=sum(s.successes for s in done),
         diverged=sorted((d for s in done for d in s.diverged), key=lambda d: d.episode_id),
-        env_steps=sum(s.env_steps for s in done), seconds=time.perf_counter() - t0 - startup, output_dir=plan.out,
-        files=files, source_episode_ids=sources, interrupted=interrupted, partial=0, startup_seconds=startup,
-        results=[r for s in done for r in s.results], results_path=None, converted=any(s.converted for s in done),
-        skipped=total - scheduled + sum(s.skipped for s in done), workers=plan.workers, missing=missing,
-        worker_times=[w for s in done for w in s.worker_times])
+        env_steps=sum(s.env_steps for s in done),
+        seconds=time.perf_counter() - t0 - startup,
+        output_dir=plan.out,
+        files=files,
+        source_episode_ids=sources,
+        interrupted=interrupted,
+        partial=0,
+        startup_seconds=startup,
+        results=[r for s in done for r in s.results],
+        results_path=None,
+        converted=any(s.converted for s in done),
+        skipped=total - scheduled + sum(s.skipped for s in done),
+        workers=plan.workers,
+        missing=missing,
+        worker_times=[w for s in done for w in s.worker_times],
+    )
 
 
 def run_rank(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:

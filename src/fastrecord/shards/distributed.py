@@ -20,8 +20,8 @@ from fastrecord.shards.layout import (
     list_shards,
     rank_info,
     shard_dir,
-    shards_root,
     sharding_options,
+    shards_root,
 )
 from fastrecord.shards.schedule import EpisodeSchedule
 
@@ -44,8 +44,17 @@ class DistributedRun:
         run.close()
     """
 
-    def __init__(self, output_dir: str | Path, name: str | None, *, total: int, base_seed: int, if_exists: str = "error",
-                 options: dict[str, Any] | None = None, timeout_s: float = 24 * 3600.0) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        name: str | None,
+        *,
+        total: int,
+        base_seed: int,
+        if_exists: str = "error",
+        options: dict[str, Any] | None = None,
+        timeout_s: float = 24 * 3600.0,
+    ) -> None:
         from fastrecord.options import IF_EXISTS
 
         if if_exists not in IF_EXISTS:
@@ -103,8 +112,10 @@ class DistributedRun:
 
             if not dist.is_initialized():
                 if not all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT")):
-                    raise ValueError(f"WORLD_SIZE={info.world_size} but MASTER_ADDR/MASTER_PORT are not set: launch with "
-                                     f"torchrun (e.g. torchrun --standalone --nproc-per-node {info.world_size} -m fastrecord record ...)")
+                    raise ValueError(
+                        f"WORLD_SIZE={info.world_size} but MASTER_ADDR/MASTER_PORT are not set: launch with "
+                        f"torchrun (e.g. torchrun --standalone --nproc-per-node {info.world_size} -m fastrecord record ...)"
+                    )
                 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.timeout_s))
                 self._own_group = True
             info = rank_info()

@@ -58,8 +58,10 @@ class MergeReport:
     recording: list[int] = field(default_factory=list)  # ranks whose shard is being written now
     crashed: list[int] = field(default_factory=list)  # ranks whose shard was left by a run that did not close
     consolidated: bool = True  # NAME.h5 holds a copy of every episode (False: links into the shards)
-    trajectory: bool = True  # the shards have NAME.json/NAME.h5 (False: recorded without; only their LeRobot datasets joined)
-    lerobot_path: Path | None = None  # DIR/NAME.lerobot, joined from the shards' LeRobot datasets (None: they have none)
+    trajectory: bool = True
+    lerobot_path: Path | None = (
+        None  # DIR/NAME.lerobot, joined from the shards' LeRobot datasets (None: they have none)
+    )
     lerobot_episodes: int = 0  # episodes in it
     lerobot_missing: list[int] = field(default_factory=list)  # in NAME.h5, but in no shard's LeRobot dataset files
 
@@ -74,19 +76,25 @@ class MergeReport:
                   else f" (index of links into {self.h5_path.stem}{SHARDS_SUFFIX}/: it opens only next to that folder)")
                ] if self.trajectory else []
         if self.lerobot_path is not None:
-            out.append(f"{self.lerobot_path}: {self.lerobot_episodes} episodes (LeRobot v3.0)"
-                       + ("" if self.trajectory else f" from {len(self.shards)} shard(s); the shards hold no trajectory"))
+            out.append(
+                f"{self.lerobot_path}: {self.lerobot_episodes} episodes (LeRobot v3.0)"
+                + ("" if self.trajectory else f" from {len(self.shards)} shard(s); the shards hold no trajectory")
+            )
         if self.lerobot_missing:
-            out.append(f"not in the shards' LeRobot datasets: {len(self.lerobot_missing)} global episodes "
-                       f"({ranges_text(self.lerobot_missing)}); a shard left by a crash holds them as parts: re-run the "
-                       f"recording command with --if-exists resume (or fastrecord consolidate the shard), then merge again")
+            out.append(
+                f"not in the shards' LeRobot datasets: {len(self.lerobot_missing)} global episodes "
+                f"({ranges_text(self.lerobot_missing)}); a shard left by a crash holds them as parts: re-run the "
+                f"recording command with --if-exists resume (or fastrecord consolidate the shard), then merge again"
+            )
         if self.expected is not None:
             out.append(f"expected {self.expected} global episodes (0..{self.expected - 1})")
         if self.dropped:
             out.append(f"not kept by the keep filter: {len(self.dropped)} ({ranges_text(self.dropped)})")
         if self.missing:
-            out.append(f"missing: {len(self.missing)} global episodes ({ranges_text(self.missing)}); re-run the recording "
-                       f"command with --if-exists resume to record them, then merge again")
+            out.append(
+                f"missing: {len(self.missing)} global episodes ({ranges_text(self.missing)}); re-run the recording "
+                f"command with --if-exists resume to record them, then merge again"
+            )
         if self.duplicates:
             out.append(f"in several shards: {ranges_text(self.duplicates)} (the lowest rank's copy is used)")
         if self.recording:
@@ -149,9 +157,11 @@ def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int 
     if not name or any(c in name for c in "/\\\0"):
         raise ValueError(f"name={name!r} must be the run's plain name (the NAME of DIR/NAME.shards), e.g. 'trajectory'")
     if not list_shards(run_dir, name):
-        raise NothingToMerge(f"{str(shards_root(run_dir, name))!r} holds no shard folders rank00000, rank00001, ...: nothing "
-                             f"to merge. Pass the run directory and the run's name (--name, default 'trajectory') of a "
-                             f"sharded recording")
+        raise NothingToMerge(
+            f"{str(shards_root(run_dir, name))!r} holds no shard folders rank00000, rank00001, ...: nothing "
+            f"to merge. Pass the run directory and the run's name (--name, default 'trajectory') of a "
+            f"sharded recording"
+        )
     with merging(run_dir, name):
         return _merge(run_dir, name, links=links, expected=expected)
 
@@ -193,8 +203,10 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     shards = list_shards(run_dir, name)
     root = shards_root(run_dir, name)
     if not shards:
-        raise NothingToMerge(f"{str(root)!r} holds no shard folders rank00000, rank00001, ...: nothing to merge. Pass the "
-                         f"run directory and the run's name (--name, default 'trajectory') of a sharded recording")
+        raise NothingToMerge(
+            f"{str(root)!r} holds no shard folders rank00000, rank00001, ...: nothing to merge. Pass the "
+            f"run directory and the run's name (--name, default 'trajectory') of a sharded recording"
+        )
     if expected is None:
         sharding = read_manifest(run_dir / f"{name}{MANIFEST_SUFFIX}").get("options", {}).get("sharding", {})
         if isinstance(sharding, dict) and isinstance(sharding.get("total"), int):
@@ -222,7 +234,9 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
             limit = state.committed if state.rows is not None else None
         for row in results_rows(folder, name):
             if row.get("episode_id") is None and "global_index" in row:
-                dropped.add(global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {root}"))
+                dropped.add(
+                    global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {root}")
+                )
         doc = read_json(folder / f"{name}.json")
         if doc is None:
             continue
@@ -233,16 +247,19 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
             raise ValueError(
                 f"the shards disagree on env_info: rank {header_rank} has {header.get('env_info')!r}, rank {rank} has "
                 f"{shard_header.get('env_info')!r} ({folder}); they are not one run. Move the foreign shard folder out of "
-                f"{root} and merge again")
+                f"{root} and merge again"
+            )
         for e in doc.get("episodes", []):
             if not isinstance(e, dict) or "global_index" not in e or "episode_id" not in e:
                 raise ValueError(f"{folder / (name + '.json')} has an episode entry without global_index/episode_id "
                                  f"({str(e)[:120]}); it is not a shard of a sharded run. Move it out of {root}")
             g = global_index_of(e, folder / f"{name}.json", f", or move {folder} out of {root}")
             if isinstance(e["episode_id"], bool) or not isinstance(e["episode_id"], int):
-                raise ValueError(f"{folder / (name + '.json')} has an episode entry with episode_id={e['episode_id']!r} "
-                                 f"(global_index {g}); it must be the episode's group number in that shard's {name}.h5 "
-                                 f"(traj_<episode_id>). Fix that entry, or move {folder} out of {root}")
+                raise ValueError(
+                    f"{folder / (name + '.json')} has an episode entry with episode_id={e['episode_id']!r} "
+                    f"(global_index {g}); it must be the episode's group number in that shard's {name}.h5 "
+                    f"(traj_<episode_id>). Fix that entry, or move {folder} out of {root}"
+                )
             if limit is not None and e["episode_id"] >= limit:
                 continue  # left by a stop before the shard's other outputs held it: its resume records it again
             if g in chosen:
@@ -253,8 +270,10 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
         raise ValueError(damaged)
     lerobot = _lerobot_roots(shards, name)
     if header is None and not lerobot:
-        raise NothingToMerge(f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
-                         f"or nothing finished); there is nothing to join")
+        raise NothingToMerge(
+            f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
+            f"or nothing finished); there is nothing to join"
+        )
 
     order = sorted(chosen)
     sources: list[tuple[str, str, str]] = []  # (name in NAME.h5, shard file relative to DIR, group in it)
@@ -333,9 +352,11 @@ def _join_lerobot(run_dir: Path, name: str, roots: dict[int, Path], report: Merg
     for rank, root in roots.items():
         for ep, entry, _ in episode_entries(root) if root.is_dir() else ():
             if "global_index" not in entry:
-                raise ValueError(f"{root} has episode {ep} without a global_index (written by an older fastrecord, or "
-                                 f"not by a sharded run); it cannot be placed in the joined dataset. Move {shards[rank]} "
-                                 f"out of {shards_root(run_dir, name)}")
+                raise ValueError(
+                    f"{root} has episode {ep} without a global_index (written by an older fastrecord, or "
+                    f"not by a sharded run); it cannot be placed in the joined dataset. Move {shards[rank]} "
+                    f"out of {shards_root(run_dir, name)}"
+                )
             g = global_index_of(entry, root, f", or move {shards[rank]} out of {shards_root(run_dir, name)}")
             if g in chosen:
                 report.duplicates.append(g)

@@ -144,8 +144,10 @@ def global_index_of(entry: dict[str, Any], source: str | Path, alternative: str 
     g = entry.get("global_index")
     if isinstance(g, bool) or not isinstance(g, int) or g < 0:
         shown = {k: entry[k] for k in ("episode_id", "episode_seed") if k in entry}
-        raise ValueError(f"{source} has an episode entry with global_index={g!r} ({shown}); it must be the episode's "
-                         f"index in the run, an integer >= 0 (its episode_seed minus the run's --seed). Fix that entry{alternative}")
+        raise ValueError(
+            f"{source} has an episode entry with global_index={g!r} ({shown}); it must be the episode's "
+            f"index in the run, an integer >= 0 (its episode_seed minus the run's --seed). Fix that entry{alternative}"
+        )
     return g
 
 

@@ -109,9 +109,11 @@ def check_resume(run_dir: str | Path, name: str, *, base_seed: int) -> None:
     run_dir = Path(run_dir)
     where = f"cannot resume run {name!r} in {str(run_dir)!r}"
     if list_shards(run_dir, name):
-        raise ValueError(f"{where}: it is a sharded run ({shards_root(run_dir, name).name}/ holds its shards); resume it from "
-                         f"its shards (fastrecord record, or run_record_sharded), or join them first with fastrecord merge "
-                         f"{run_dir} --name {name}")
+        raise ValueError(
+            f"{where}: it is a sharded run ({shards_root(run_dir, name).name}/ holds its shards); resume it from "
+            f"its shards (fastrecord record, or run_record_sharded), or join them first with fastrecord merge "
+            f"{run_dir} --name {name}"
+        )
     path = run_dir / f"{name}.json"
     doc: Any = None
     if path.exists():
@@ -120,28 +122,42 @@ def check_resume(run_dir: str | Path, name: str, *, base_seed: int) -> None:
         except (OSError, ValueError) as e:
             doc = e
         if not isinstance(doc, dict) or not isinstance(doc.get("episodes", []), list):
-            why = f"{type(doc).__name__}: {doc}" if isinstance(doc, Exception) else "not an object with an episodes list"
+            why = (
+                f"{type(doc).__name__}: {doc}" if isinstance(doc, Exception) else "not an object with an episodes list"
+            )
             parts = run_dir / f"{name}.h5{PARTS_SUFFIX}"
-            fix = (f"fastrecord consolidate {run_dir / (name + '.h5')} rebuilds it from the part files in {parts.name}/, "
-                   "then resume" if complete_parts(parts) else
-                   "restore it from a copy, or pass --if-exists overwrite (deletes the run), or record into another "
-                   "--output-dir or --trajectory-name")
-            raise ValueError(f"{where}: {path.name} cannot be read ({why[:200]}), so which episodes and seeds it holds is "
-                             f"unknown; {fix}")
+            fix = (
+                f"fastrecord consolidate {run_dir / (name + '.h5')} rebuilds it from the part files in {parts.name}/, "
+                "then resume"
+                if complete_parts(parts)
+                else "restore it from a copy, or pass --if-exists overwrite (deletes the run), or record into another "
+                "--output-dir or --trajectory-name"
+            )
+            raise ValueError(
+                f"{where}: {path.name} cannot be read ({why[:200]}), so which episodes and seeds it holds is "
+                f"unknown; {fix}"
+            )
     entries = [e for e in doc.get("episodes", []) if isinstance(e, dict)] if isinstance(doc, dict) else []
     untagged = sum("global_index" not in e for e in entries)
     if untagged:
-        raise ValueError(f"{where}: {untagged} of its episodes have no global_index (recorded by RecordEpisode in Python or "
-                         f"an older fastrecord), so which seeds it holds is unknown; record into another --output-dir or "
-                         f"--trajectory-name, or pass --if-exists overwrite")
+        raise ValueError(
+            f"{where}: {untagged} of its episodes have no global_index (recorded by RecordEpisode in Python or "
+            f"an older fastrecord), so which seeds it holds is unknown; record into another --output-dir or "
+            f"--trajectory-name, or pass --if-exists overwrite"
+        )
     rows = [r for r in results_rows(run_dir, name) if "global_index" in r]
-    bases = {int(e[k]) - int(e["global_index"]) for e, k in [*((e, "episode_seed") for e in entries), *((r, "seed") for r in rows)]
-             if _is_int(e.get(k)) and _is_int(e.get("global_index"))}
+    bases = {
+        int(e[k]) - int(e["global_index"])
+        for e, k in [*((e, "episode_seed") for e in entries), *((r, "seed") for r in rows)]
+        if _is_int(e.get(k)) and _is_int(e.get("global_index"))
+    }
     if bases and bases != {int(base_seed)}:
         before = min(bases)
-        raise ValueError(f"{where}: it was recorded with seed {before} and this command has seed {base_seed}; episode g "
-                         f"has seed base + g, so pass --seed {before} (or record into another --output-dir or "
-                         f"--trajectory-name)")
+        raise ValueError(
+            f"{where}: it was recorded with seed {before} and this command has seed {base_seed}; episode g "
+            f"has seed base + g, so pass --seed {before} (or record into another --output-dir or "
+            f"--trajectory-name)"
+        )
 
 
 def _is_int(x: Any) -> bool:

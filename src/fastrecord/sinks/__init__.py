@@ -18,5 +18,13 @@ from fastrecord.episode import EpisodeData, EpisodeEnded
 from fastrecord.sinks.base import BackgroundSink, OutputExistsError, RunDirectory, Sink
 from fastrecord.sinks.factory import RecorderSinks, build_sinks
 
-__all__ = ["BackgroundSink", "EpisodeData", "EpisodeEnded", "OutputExistsError", "RecorderSinks", "RunDirectory", "Sink",
-           "build_sinks"]
+__all__ = [
+    "BackgroundSink",
+    "EpisodeData",
+    "EpisodeEnded",
+    "OutputExistsError",
+    "RecorderSinks",
+    "RunDirectory",
+    "Sink",
+    "build_sinks",
+]

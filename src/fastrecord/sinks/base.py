@@ -274,10 +274,14 @@ class RunDirectory:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             self._remove_folders(made)
-            raise ValueError(f"output_dir={str(self.output_dir)!r} cannot be created ({e.strerror}); pass a writable directory") from e
+            raise ValueError(
+                f"output_dir={str(self.output_dir)!r} cannot be created ({e.strerror}); pass a writable directory"
+            ) from e
         try:
             if not self.output_dir.is_dir() or not os.access(self.output_dir, os.W_OK | os.X_OK):
-                raise ValueError(f"output_dir={str(self.output_dir)!r} is not a writable directory; pass a directory you can write to")
+                raise ValueError(
+                    f"output_dir={str(self.output_dir)!r} is not a writable directory; pass a directory you can write to"
+                )
             if self.requested_name:
                 self._claim(self.requested_name, default_name=False)
             else:  # ManiSkill's timestamp name, made unique: never another run's files

@@ -21,8 +21,8 @@ from fastrecord.sinks.base import Sink
 if TYPE_CHECKING:
     from fastrecord.envs import EnvView
     from fastrecord.options import RecordOptions
-    from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
     from fastrecord.sinks.lerobot import LeRobotSink
+    from fastrecord.sinks.maniskill_h5 import ManiSkillH5Sink
     from fastrecord.sinks.mp4 import Mp4Sink
     from fastrecord.sinks.results import ResultsSink
 
@@ -50,7 +50,9 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
     instances). Every check that can fail runs here, before the run directory touches the disk."""
     for s in extra:
         if not isinstance(s, Sink):
-            raise ValueError(f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink (subclass it and implement submit)")
+            raise ValueError(
+                f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink (subclass it and implement submit)"
+            )
     from fastrecord.sinks.results import ResultsSink
 
     trajectory = videos = None
@@ -75,9 +77,15 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
         from fastrecord.sinks.mp4 import Mp4Sink
         from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
 
-        settings = check_video_settings(VideoSettings(codec=resolve_codec(options.video_codec), crf=int(options.video_crf),
-                                                      preset=options.video_preset, fps=options.video_fps,
-                                                      gop=options.video_gop))
+        settings = check_video_settings(
+            VideoSettings(
+                codec=resolve_codec(options.video_codec),
+                crf=int(options.video_crf),
+                preset=options.video_preset,
+                fps=options.video_fps,
+                gop=options.video_gop,
+            )
+        )
         workers = options.video_workers
         if workers is None:
             workers = chosen["video_workers"] = default_video_workers(usable_cores())

@@ -29,12 +29,11 @@ import importlib
 import io
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from collections.abc import Sequence
 
 from fastrecord.episode import EpisodeData, EpisodeEnded
 from fastrecord.sinks.base import RunDirectory, Sink
@@ -105,7 +104,9 @@ def make_logger(name: str, **kwargs: Any) -> Sink:
         return TensorBoardSink(**kwargs)
     if name == "wandb":
         return WandbSink(**kwargs)
-    raise ValueError(f"log={name!r} is not a logger; use one of {', '.join(map(repr, LOGGERS))}, or None to log nothing")
+    raise ValueError(
+        f"log={name!r} is not a logger; use one of {', '.join(map(repr, LOGGERS))}, or None to log nothing"
+    )
 
 
 class _EpisodeLogger(Sink):
@@ -117,12 +118,18 @@ class _EpisodeLogger(Sink):
     def __init__(self, tag: str, max_videos: int | None, video_every: int, fps: float | None, log_return: bool) -> None:
         if not isinstance(tag, str) or not tag.strip("/"):
             raise ValueError(f"tag={tag!r} must be a non-empty string, e.g. tag='eval'")
-        if max_videos is not None and (isinstance(max_videos, bool) or not isinstance(max_videos, int) or max_videos < 0):
-            raise ValueError(f"max_videos={max_videos!r} must be an int >= 0 (0: no videos) or None (every chosen episode)")
+        if max_videos is not None and (
+            isinstance(max_videos, bool) or not isinstance(max_videos, int) or max_videos < 0
+        ):
+            raise ValueError(
+                f"max_videos={max_videos!r} must be an int >= 0 (0: no videos) or None (every chosen episode)"
+            )
         if isinstance(video_every, bool) or not isinstance(video_every, int) or video_every < 1:
             raise ValueError(f"video_every={video_every!r} must be an int >= 1 (1: every episode, k: every k-th)")
         if fps is not None and not (0 < fps < float("inf")):
-            raise ValueError(f"fps={fps!r} must be a positive number of frames per second, or None (the recorder's video_fps)")
+            raise ValueError(
+                f"fps={fps!r} must be a positive number of frames per second, or None (the recorder's video_fps)"
+            )
         self.tag = tag.strip("/")
         self.max_videos = max_videos
         self.video_every = video_every
@@ -162,7 +169,9 @@ class _EpisodeLogger(Sink):
             if not ev.kept:
                 continue
             frames = self._frames.pop(ev.episode_id, None)
-            chosen = self.episodes % self.video_every == 0 and (self.max_videos is None or self.videos < self.max_videos)
+            chosen = self.episodes % self.video_every == 0 and (
+                self.max_videos is None or self.videos < self.max_videos
+            )
             video = np.ascontiguousarray(frames) if chosen and frames is not None else None
             self.videos += video is not None
             self.episodes += 1
@@ -234,8 +243,17 @@ class TensorBoardSink(_EpisodeLogger):
     ``RecordEpisode(env, "out", sinks=[TensorBoardSink()])``; then ``tensorboard --logdir out/tensorboard``.
     """
 
-    def __init__(self, log_dir: str | Path | None = None, tag: str = "eval", *, max_videos: int | None = 8,
-                 video_every: int = 1, fps: float | None = None, log_return: bool = False, flush_secs: float = 10) -> None:
+    def __init__(
+        self,
+        log_dir: str | Path | None = None,
+        tag: str = "eval",
+        *,
+        max_videos: int | None = 8,
+        video_every: int = 1,
+        fps: float | None = None,
+        log_return: bool = False,
+        flush_secs: float = 10,
+    ) -> None:
         _require("tensorboard", "TensorBoardSink")
         super().__init__(tag, max_videos, video_every, fps, log_return)
         self.log_dir = None if log_dir is None else Path(log_dir)
@@ -305,10 +323,22 @@ class WandbSink(_EpisodeLogger):
         init_kwargs: more ``wandb.init`` arguments.
     """
 
-    def __init__(self, project: str | None = None, run: Any = None, tag: str = "eval", *, max_videos: int | None = 8,
-                 video_every: int = 1, fps: float | None = None, log_return: bool = False, log_dir: str | Path | None = None,
-                 mode: str | None = None, name: str | None = None, config: dict[str, Any] | None = None,
-                 init_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        project: str | None = None,
+        run: Any = None,
+        tag: str = "eval",
+        *,
+        max_videos: int | None = 8,
+        video_every: int = 1,
+        fps: float | None = None,
+        log_return: bool = False,
+        log_dir: str | Path | None = None,
+        mode: str | None = None,
+        name: str | None = None,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         _require("wandb", "WandbSink")
         super().__init__(tag, max_videos, video_every, fps, log_return)
         self.project = project

@@ -36,8 +36,16 @@ class Mp4Sink(Sink):
     wants_frames = True
     wants_datasets = False
 
-    def __init__(self, settings: VideoSettings, *, layout: str = "per_env", num_envs: int = 1,
-                 max_steps_per_video: int | None = None, info_on_video: bool = False, workers: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: VideoSettings,
+        *,
+        layout: str = "per_env",
+        num_envs: int = 1,
+        max_steps_per_video: int | None = None,
+        info_on_video: bool = False,
+        workers: int | None = None,
+    ) -> None:
         self.settings = settings
         self.layout = layout
         self.num_envs = num_envs
@@ -67,7 +75,9 @@ class Mp4Sink(Sink):
                 default_encoder_pool().start(min(self.workers, self.num_envs))
         self._video_id = run.counters.get("next_video_id", 0)
         n = self.workers
-        self._pool = WorkerPool(self._encode, num_workers=n, max_pending=max(2 * n, self.num_envs + n), name="fastrecord-mp4")
+        self._pool = WorkerPool(
+            self._encode, num_workers=n, max_pending=max(2 * n, self.num_envs + n), name="fastrecord-mp4"
+        )
 
     # -------------------------------------------------------------- stepping thread
     def submit(self, episodes: Sequence[EpisodeData]) -> None:

@@ -214,7 +214,9 @@ def summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     if s.successes is None:
         rates = "success not reported by the env"
     else:
-        rates = f"{rate_text('success', s.successes, s.episodes)}, {rate_text('success_once', s.success_once, s.episodes)}"
+        rates = (
+            f"{rate_text('success', s.successes, s.episodes)}, {rate_text('success_once', s.success_once, s.episodes)}"
+        )
     return [f"results of {s.episodes} episode{'s' if s.episodes != 1 else ''}: {rates}",
             f"mean length {s.mean_length:.1f} steps, mean return {s.mean_return:.3f}"
             + (f" ({s.non_finite_returns} non-finite, left out)" if s.non_finite_returns else "")]

@@ -42,7 +42,9 @@ class VideoName:
 
 
 # `video_name`'s names; _k: a taken name got a suffix (the encoder never replaces a file)
-_PER_ENV_NAME = re.compile(r"^(?P<number>\d+)_env(?P<env>\d+)(?:_(?P<outcome>success|failure))?(?:_part(?P<part>\d+))?(?:_\d+)?$")
+_PER_ENV_NAME = re.compile(
+    r"^(?P<number>\d+)_env(?P<env>\d+)(?:_(?P<outcome>success|failure))?(?:_part(?P<part>\d+))?(?:_\d+)?$"
+)
 _TILED_NAME = re.compile(r"^(?P<number>\d+)$")
 
 

@@ -18,6 +18,17 @@ from fastrecord.video.pool import EncoderProcessPool, EncoderStats, default_enco
 from fastrecord.video.yuv import YUV420P, Yuv420Frames, rgb_to_yuv420p
 
 __all__ = [
-    "EncoderError", "EncoderProcessPool", "EncoderStats", "VideoSettings", "YUV420P", "Yuv420Frames", "check_video_settings",
-    "codec_available", "decode_mp4", "default_encoder_pool", "encode_mp4", "resolve_codec", "rgb_to_yuv420p",
+    "EncoderError",
+    "EncoderProcessPool",
+    "EncoderStats",
+    "VideoSettings",
+    "YUV420P",
+    "Yuv420Frames",
+    "check_video_settings",
+    "codec_available",
+    "decode_mp4",
+    "default_encoder_pool",
+    "encode_mp4",
+    "resolve_codec",
+    "rgb_to_yuv420p",
 ]

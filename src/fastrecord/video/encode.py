@@ -38,7 +38,18 @@ from fastrecord.video.yuv import Yuv420Frames
 # encoders tried, in order, when codec="auto": NVENC where the GPU has one, libx264 otherwise
 _AUTO_CODECS = ("h264_nvenc", "libx264")
 EXECUTORS = ("auto", "process", "thread")
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
 # the crf (or NVENC cq) each encoder takes; other encoders get no rate option from us
 CRF_RANGES = {"libx264": (0, 51), "h264_nvenc": (0, 51), "libsvtav1": (0, 63)}
 SVTAV1_PRESET = "12"  # libsvtav1's speed preset (0-13) when ``preset`` is not a number: LeRobot's (the fastest)
@@ -101,7 +112,9 @@ def resolve_codec(name: str) -> str:
                     _resolved[name] = c
                     break
             else:
-                raise ValueError("codec='auto' found no H.264 encoder in this PyAV build; install PyAV from PyPI (`pip install av`)")
+                raise ValueError(
+                    "codec='auto' found no H.264 encoder in this PyAV build; install PyAV from PyPI (`pip install av`)"
+                )
         return _resolved[name]
     if not codec_available(name):
         raise ValueError(
@@ -165,12 +178,21 @@ _check_lock = threading.Lock()
 def _field_errors(s: VideoSettings) -> str | None:
     """The first bad field of ``s`` (codec already resolved) as a message, or None."""
     fps = s.fps
-    if isinstance(fps, (bool, np.bool_)) or not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or fps <= 0:
+    if (
+        isinstance(fps, (bool, np.bool_))
+        or not isinstance(fps, numbers.Real)
+        or not math.isfinite(float(fps))
+        or fps <= 0
+    ):
         return f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, or 7.5, or Fraction(30000, 1001))"
     if _stream_rate(fps) < _MIN_FPS:
         return f"video_fps={fps!r} is below the slowest rate encoded here (1/1001 frames per second); use at least 1/1001 (e.g. 1)"
     lo, hi = CRF_RANGES.get(s.codec, (None, None))
-    if isinstance(s.crf, (bool, np.bool_)) or not isinstance(s.crf, numbers.Integral) or (lo is not None and not lo <= s.crf <= hi):
+    if (
+        isinstance(s.crf, (bool, np.bool_))
+        or not isinstance(s.crf, numbers.Integral)
+        or (lo is not None and not lo <= s.crf <= hi)
+    ):
         allowed = f"from {lo} to {hi} for {s.codec}" if lo is not None else f"(unused by {s.codec})"
         return f"video_crf={s.crf!r} must be an integer {allowed}; lower is better quality (e.g. 23)"
     if s.codec == "libx264" and s.preset not in X264_PRESETS:
@@ -204,8 +226,10 @@ def _resolve_video_codec(name: Any) -> str:
     codec = resolve_codec(name)
     kind = av.codec.Codec(codec, "w").type
     if kind != "video":
-        raise ValueError(f"video_codec={name!r} is an {kind} encoder, not a video encoder; use 'libx264' (always shipped "
-                         f"with PyAV's wheels) or 'auto'")
+        raise ValueError(
+            f"video_codec={name!r} is an {kind} encoder, not a video encoder; use 'libx264' (always shipped "
+            f"with PyAV's wheels) or 'auto'"
+        )
     return codec
 
 
@@ -285,7 +309,9 @@ def encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: st
     ``overlay`` (an `Overlay`, rgb24 frames only) is drawn on a copy of the frames first."""
     if overlay:
         if fmt != "rgb24":
-            raise ValueError(f"an info overlay is drawn on rgb24 frames, got {fmt} frames; pass RGB frames with overlay=")
+            raise ValueError(
+                f"an info overlay is drawn on rgb24 frames, got {fmt} frames; pass RGB frames with overlay="
+            )
         from fastrecord.video.overlay import draw_overlay
 
         frames = draw_overlay(frames, overlay)
@@ -355,7 +381,9 @@ def use_processes(settings: VideoSettings) -> bool:
     """Whether `encode_mp4` encodes with these settings in an encoder process (``executor`` "process", or
     "auto" where shared memory works) rather than in the calling thread; ValueError for a bad executor."""
     if settings.executor not in EXECUTORS:
-        raise ValueError(f"video_executor={settings.executor!r} is unknown; use one of {', '.join(EXECUTORS)} (e.g. 'auto')")
+        raise ValueError(
+            f"video_executor={settings.executor!r} is unknown; use one of {', '.join(EXECUTORS)} (e.g. 'auto')"
+        )
     if settings.executor == "thread":
         return False
     supported = shared_memory_supported()

@@ -169,7 +169,9 @@ def draw_overlay(frames: np.ndarray, overlay: Any, font: str | None = None) -> n
     ``a = (110 + 145 m) / 255``, over the frame: ``band * a + frame * (1 - a)``."""
     font_path = font or getattr(overlay, "font", None)
     if font_path is None:
-        raise ValueError("draw_overlay needs the font: pass an Overlay, or font=fastrecord.video.overlay.maniskill_font()")
+        raise ValueError(
+            "draw_overlay needs the font: pass an Overlay, or font=fastrecord.video.overlay.maniskill_font()"
+        )
     out = np.array(frames, copy=True)
     h, w = out.shape[1:3]
     size = max(8, min(16, round(16 * h / 256)))

@@ -104,7 +104,9 @@ class EncoderProcessPool:
     def __init__(self, max_processes: int | None = None, idle_timeout: float = 60.0,
                  staging: StagingPool | None = None) -> None:
         if not shared_memory_supported():
-            raise ValueError("EncoderProcessPool needs Linux (memfd and fd passing); use VideoSettings(executor='thread')")
+            raise ValueError(
+                "EncoderProcessPool needs Linux (memfd and fd passing); use VideoSettings(executor='thread')"
+            )
         self.max_processes = max_processes or usable_cores()  # the affinity mask's cores, as every default
         self.idle_timeout = idle_timeout
         # frames not already in staging memory are copied into arenas of this pool's own: one per

@@ -16,9 +16,17 @@ Needs pyarrow and pandas: ``pip install 'fastrecord[lerobot]'``.
 
 from __future__ import annotations
 
+from fastrecord.sinks.lerobot.check import repair
 from fastrecord.sinks.lerobot.layout import DATASET_SUFFIX, PARTS_SUFFIX, dataset_paths, episode_columns
 from fastrecord.sinks.lerobot.sink import LeRobotSink
-from fastrecord.sinks.lerobot.check import repair
 from fastrecord.sinks.lerobot.writer import LeRobotWriter
 
-__all__ = ["DATASET_SUFFIX", "PARTS_SUFFIX", "LeRobotSink", "LeRobotWriter", "dataset_paths", "episode_columns", "repair"]
+__all__ = [
+    "DATASET_SUFFIX",
+    "PARTS_SUFFIX",
+    "LeRobotSink",
+    "LeRobotWriter",
+    "dataset_paths",
+    "episode_columns",
+    "repair",
+]

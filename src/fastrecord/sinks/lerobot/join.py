@@ -88,8 +88,10 @@ def join_datasets(target: Path, sources: Sequence[tuple[Path, int, Mapping[str, 
                 if first is None:
                     first = (root, row["_dataset"])
                 elif _comparable(row["_dataset"]) != _comparable(first[1]):
-                    raise ValueError(f"{root} and {first[0]} hold episodes of other fps or features; one LeRobot dataset "
-                                     f"holds one schema: move the foreign dataset out of the run and merge again")
+                    raise ValueError(
+                        f"{root} and {first[0]} hold episodes of other fps or features; one LeRobot dataset "
+                        f"holds one schema: move the foreign dataset out of the run and merge again"
+                    )
                 break
         if ep not in found[root]:
             raise ValueError(f"{root} holds no episode {ep} in its files")
@@ -107,11 +109,16 @@ def join_datasets(target: Path, sources: Sequence[tuple[Path, int, Mapping[str, 
             by_video: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for seq, ep, _ in chosen:
                 row = rows[ep]
-                by_video.setdefault((row[f"videos/{key}/chunk_index"], row[f"videos/{key}/file_index"]), []).append((seq, ep))
+                by_video.setdefault((row[f"videos/{key}/chunk_index"], row[f"videos/{key}/file_index"]), []).append(
+                    (seq, ep)
+                )
             from fastrecord.sinks.lerobot.video import split_mp4
 
             for (c, f), group in by_video.items():
-                spans = [(rows[ep][f"videos/{key}/from_timestamp"], rows[ep][f"videos/{key}/to_timestamp"]) for _, ep in group]
+                spans = [
+                    (rows[ep][f"videos/{key}/from_timestamp"], rows[ep][f"videos/{key}/to_timestamp"])
+                    for _, ep in group
+                ]
                 split_mp4(root / VIDEO_PATH.format(video_key=key, chunk_index=c, file_index=f), spans,
                           [parts / f"ep_{seq:08d}.{key}.mp4" for seq, _ in group])
         for (c, f), group in by_data.items():
@@ -125,7 +132,9 @@ def join_datasets(target: Path, sources: Sequence[tuple[Path, int, Mapping[str, 
                                      f"{row['length']} in meta/episodes; the dataset is damaged")
                 meta = dict(seq=seq, length=int(row["length"]), stats=unflat_stats(row), entry=entry, dataset=settings,
                             videos={k: f"ep_{seq:08d}.{k}.mp4" for k in cameras})
-                pq.write_table(rows_of.replace_schema_metadata({PART_META: json.dumps(meta)}), parts / f"ep_{seq:08d}.parquet")
+                pq.write_table(
+                    rows_of.replace_schema_metadata({PART_META: json.dumps(meta)}), parts / f"ep_{seq:08d}.parquet"
+                )
 
     info = json.loads((next(iter(picks)) / INFO_PATH).read_text())
     writer = LeRobotWriter(staged, parts, resume=True, chunks_size=info["chunks_size"],
@@ -152,5 +161,7 @@ def _check_kept(target: Path, sources: Sequence[tuple[Path, int, Mapping[str, An
     lost = sorted(g for g in have - keep if g is not None)
     if None in have or lost:
         shown = ", ".join(map(str, lost[:10])) + (f", ... ({len(lost) - 10} more)" if len(lost) > 10 else "")
-        raise ValueError(f"{target} holds episodes {shown or '(without global_index)'} that the datasets being joined no "
-                         f"longer have; joining would drop them. Move {target.name} away first")
+        raise ValueError(
+            f"{target} holds episodes {shown or '(without global_index)'} that the datasets being joined no "
+            f"longer have; joining would drop them. Move {target.name} away first"
+        )

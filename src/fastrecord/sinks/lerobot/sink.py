@@ -37,10 +37,20 @@ class LeRobotSink(Sink):
 
     wants_datasets = True
 
-    def __init__(self, fps: float, task: str, video: VideoSettings, *, robot_type: str = "unknown", workers: int = 1,
-                 state_keys: Sequence[str] | None = None, state_layout: Sequence[tuple[str, int]] | None = None,
-                 data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
-                 video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB, chunks_size: int = DEFAULT_CHUNK_SIZE) -> None:
+    def __init__(
+        self,
+        fps: float,
+        task: str,
+        video: VideoSettings,
+        *,
+        robot_type: str = "unknown",
+        workers: int = 1,
+        state_keys: Sequence[str] | None = None,
+        state_layout: Sequence[tuple[str, int]] | None = None,
+        data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+        video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+        chunks_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> None:
         import_pyarrow()  # before anything is written: the error names the install command
         from dataclasses import replace
 
@@ -63,16 +73,28 @@ class LeRobotSink(Sink):
     def open(self, run: RunDirectory) -> None:
         super().open(run)
         root, parts = dataset_paths(run.output_dir, run.name)
-        self.writer = LeRobotWriter(root, parts, fps=self.fps, task=self.task, robot_type=self.robot_type, video=self.video,
-                                    resume=run.resuming, state_keys=self.state_keys, state_layout=self.state_layout,
-                                    limit=lambda: run.committed, **self.limits)
+        self.writer = LeRobotWriter(
+            root,
+            parts,
+            fps=self.fps,
+            task=self.task,
+            robot_type=self.robot_type,
+            video=self.video,
+            resume=run.resuming,
+            state_keys=self.state_keys,
+            state_layout=self.state_layout,
+            limit=lambda: run.committed,
+            **self.limits,
+        )
         from fastrecord.video.encode import use_processes
 
         if use_processes(self.video):
             from fastrecord.video.pool import default_encoder_pool
 
             default_encoder_pool().start(self.workers)
-        self._pool = WorkerPool(self._write, num_workers=self.workers, max_pending=2 * self.workers, name="fastrecord-lerobot")
+        self._pool = WorkerPool(
+            self._write, num_workers=self.workers, max_pending=2 * self.workers, name="fastrecord-lerobot"
+        )
 
     @property
     def root(self) -> Path:

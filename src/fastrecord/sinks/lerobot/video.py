@@ -39,7 +39,9 @@ def concat_mp4(segments: Sequence[Path], out: Path) -> list[tuple[float, float]]
                         ostream = container.add_stream_from_template(stream, opaque=True)
                         time_base = stream.time_base
                     elif stream.time_base != time_base:
-                        raise ValueError(f"{path}: time base {stream.time_base} differs from the first video's {time_base}")
+                        raise ValueError(
+                            f"{path}: time base {stream.time_base} differs from the first video's {time_base}"
+                        )
                     first_pts = min(p.pts for p in packets)
                     shift = end_pts - first_pts
                     if last_dts is not None:  # decode order stays increasing (encoders with B-frames start below 0)
@@ -80,8 +82,10 @@ def split_mp4(src: Path, spans: Sequence[tuple[float, float]], outs: Sequence[Pa
                 got[ticks[j][2]].append((p, ticks[j][0]))
         for a, b, out in ticks:
             if not got[out]:
-                raise ValueError(f"{src} holds no video packets between {float(a * tb):.4f} s and {float(b * tb):.4f} s "
-                                 f"(an episode's from/to_timestamp in meta/episodes): the dataset's video and metadata disagree")
+                raise ValueError(
+                    f"{src} holds no video packets between {float(a * tb):.4f} s and {float(b * tb):.4f} s "
+                    f"(an episode's from/to_timestamp in meta/episodes): the dataset's video and metadata disagree"
+                )
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
             try:

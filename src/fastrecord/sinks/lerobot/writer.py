@@ -89,8 +89,10 @@ def import_pyarrow() -> Any:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise ValueError(f"lerobot=True writes parquet files with pyarrow and pandas, and {e.name or module} is not "
-                             f"installed: {INSTALL}") from None
+            raise ValueError(
+                f"lerobot=True writes parquet files with pyarrow and pandas, and {e.name or module} is not "
+                f"installed: {INSTALL}"
+            ) from None
     return importlib.import_module("pyarrow")
 
 
@@ -104,7 +106,9 @@ class _Part:
     videos: dict[str, str]  # camera key -> segment file name
     data_bytes: int
     video_bytes: dict[str, int] = field(default_factory=dict)
-    entry: dict[str, Any] = field(default_factory=dict)  # the episode's place in a sharded run (global_index, source_rank)
+    entry: dict[str, Any] = field(
+        default_factory=dict
+    )  # the episode's place in a sharded run (global_index, source_rank)
 
 
 @dataclass
@@ -361,8 +365,12 @@ class LeRobotWriter:
         for j, part in enumerate(batch):
             t = self.pq.read_table(self.parts / f"ep_{part.seq:08d}.parquet").replace_schema_metadata(None)
             n, ep = t.num_rows, first + j
-            t = t.set_column(t.schema.get_field_index("episode_index"), "episode_index", pa.array(np.full(n, ep, np.int64)))
-            t = t.set_column(t.schema.get_field_index("index"), "index", pa.array(np.arange(index, index + n, dtype=np.int64)))
+            t = t.set_column(
+                t.schema.get_field_index("episode_index"), "episode_index", pa.array(np.full(n, ep, np.int64))
+            )
+            t = t.set_column(
+                t.schema.get_field_index("index"), "index", pa.array(np.arange(index, index + n, dtype=np.int64))
+            )
             tables.append(t)
             stats = _placed(part.stats, ep, index, n)
             row: dict[str, Any] = {"episode_index": ep, "tasks": [self.task], "length": n, "data/chunk_index": chunk,
@@ -447,7 +455,9 @@ class LeRobotWriter:
         for kind in ("data", "videos"):  # files of a file group whose episodes file was never committed
             for p in (self.root / kind).rglob("*") if (self.root / kind).is_dir() else ():
                 m = re.match(r"^chunk-(\d+)$", p.parent.name), re.match(r"^file-(\d+)\.(parquet|mp4)$", p.name)
-                if p.is_file() and (p.name.startswith(".") or (all(m) and int(m[0][1]) * self.chunks_size + int(m[1][1]) >= self.files)):
+                if p.is_file() and (
+                    p.name.startswith(".") or (all(m) and int(m[0][1]) * self.chunks_size + int(m[1][1]) >= self.files)
+                ):
                     p.unlink()
         for p in self.root.rglob(".*.tmp") if self.root.is_dir() else ():
             p.unlink()
@@ -541,4 +551,6 @@ def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: i
 
 def _diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     keys = sorted(set(a) ^ set(b)) or sorted(k for k in a if a[k] != b.get(k))
-    return ", ".join(f"{k}: {a.get(k, {}).get('shape', 'absent')} vs {b.get(k, {}).get('shape', 'absent')}" for k in keys[:4])
+    return ", ".join(
+        f"{k}: {a.get(k, {}).get('shape', 'absent')} vs {b.get(k, {}).get('shape', 'absent')}" for k in keys[:4]
+    )

@@ -49,11 +49,33 @@ from fastrecord.sinks.maniskill_h5.recover import consolidate, recover, run_in_c
 from fastrecord.sinks.maniskill_h5.sink import ManiSkillH5Sink
 from fastrecord.sinks.maniskill_h5.writer import TrajectoryWriter
 
-
 __all__ = [
-    "COMPRESSIONS", "DEFAULT_COMPRESSION", "EPISODES_ATTR", "HEADER_ATTR", "PARTS_SUFFIX", "PART_PATTERN",
-    "WRITER_PROCESS_MODULE", "EpisodeProblem", "ManiSkillH5Sink", "TrajectoryFile", "TrajectoryWriter", "atomic_write_json",
-    "check_episode", "check_links", "complete_parts", "consolidate", "has_image_leaves", "image_chunks", "join_runs", "missing_link_targets",
-    "open_trajectory", "parse_compression", "part_name", "read_json", "read_tree", "recover", "run_in_child",
+    "COMPRESSIONS",
+    "DEFAULT_COMPRESSION",
+    "EPISODES_ATTR",
+    "HEADER_ATTR",
+    "PARTS_SUFFIX",
+    "PART_PATTERN",
+    "WRITER_PROCESS_MODULE",
+    "EpisodeProblem",
+    "ManiSkillH5Sink",
+    "TrajectoryFile",
+    "TrajectoryWriter",
+    "atomic_write_json",
+    "check_episode",
+    "check_links",
+    "complete_parts",
+    "consolidate",
+    "has_image_leaves",
+    "image_chunks",
+    "join_runs",
+    "missing_link_targets",
+    "open_trajectory",
+    "parse_compression",
+    "part_name",
+    "read_json",
+    "read_tree",
+    "recover",
+    "run_in_child",
     "sibling_paths",
 ]

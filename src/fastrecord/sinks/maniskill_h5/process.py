@@ -20,6 +20,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from fastrecord.processes import parent_alive
 from fastrecord.sinks.maniskill_h5.layout import (
     DEFAULT_COMPRESSION,
     EPISODES_ATTR,
@@ -33,7 +34,6 @@ from fastrecord.sinks.maniskill_h5.layout import (
     read_json,
     sibling_paths,
 )
-from fastrecord.processes import parent_alive
 
 
 def write_dataset(group: h5py.Group, path: str, data: np.ndarray, compression: str = DEFAULT_COMPRESSION) -> None:
@@ -199,17 +199,24 @@ def recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, A
     parts = complete_parts(parts_dir)
     if not parts and h5.exists() and not self_contained(h5):
         with h5py.File(h5, "r") as f:
-            linked = [f.get(k, getlink=True).filename for k in f if isinstance(f.get(k, getlink=True), h5py.ExternalLink)]
+            linked = [
+                f.get(k, getlink=True).filename for k in f if isinstance(f.get(k, getlink=True), h5py.ExternalLink)
+            ]
         if linked:  # an index copied without its parts: rebuilding it from no parts would list nothing
             raise ValueError(
                 f"{h5} is an index of links ({len(linked)} episodes, e.g. into {linked[0]}) and {parts_dir.name}/ is not "
                 f"next to it: there are no parts to rebuild it from. Run this in the folder the run was recorded in, "
-                f"or copy {parts_dir.name}/ next to {h5.name} first")
+                f"or copy {parts_dir.name}/ next to {h5.name} first"
+            )
     if not parts and h5.exists() and self_contained(h5):
         if not resume:  # a closed run: already one file
-            return dict(header=header or {}, episodes=old_entries, links=[], next_part=0, skipped=[], self_contained=True)
+            return dict(
+                header=header or {}, episodes=old_entries, links=[], next_part=0, skipped=[], self_contained=True
+            )
         if old is None:
-            raise ValueError(f"cannot resume {h5}: {json_path.name} (the episodes' seeds and ids) is missing or not valid JSON")
+            raise ValueError(
+                f"cannot resume {h5}: {json_path.name} (the episodes' seeds and ids) is missing or not valid JSON"
+            )
         with h5py.File(h5, "r") as f:
             metas = [e for e in old_entries if f"traj_{e.get('episode_id')}" in f]
             unlisted = sorted(set(f) - {f"traj_{e['episode_id']}" for e in metas})
@@ -256,7 +263,9 @@ def recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, A
     parts_dir.mkdir(exist_ok=True)
     publish_index(str(h5), links, {**header, "episodes": episodes})
     next_part = parts[-1][0] + 1 if parts else 0
-    return dict(header=header, episodes=episodes, links=links, next_part=next_part, skipped=skipped, self_contained=False)
+    return dict(
+        header=header, episodes=episodes, links=links, next_part=next_part, skipped=skipped, self_contained=False
+    )
 
 
 def consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict] | None = None) -> dict[str, Any]:
@@ -268,7 +277,9 @@ def consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict]
     h5 = Path(h5_path)
     json_path, parts_dir = sibling_paths(h5)
     if known is not None:
-        state = dict(header=header or {}, episodes=known[1]["episodes"], links=known[0], skipped=[], self_contained=False)
+        state = dict(
+            header=header or {}, episodes=known[1]["episodes"], links=known[0], skipped=[], self_contained=False
+        )
     else:
         state = recover_here(h5_path, header, resume=False)
     if state["self_contained"]:

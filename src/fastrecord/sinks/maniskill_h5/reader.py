@@ -60,9 +60,13 @@ def open_trajectory(path: str | Path) -> TrajectoryFile:
     """Open and check a trajectory pair; every problem is a ValueError naming the file and the fix."""
     h5_path = Path(path)
     if not h5_path.exists():
-        raise ValueError(f"trajectory file {str(h5_path)!r} does not exist; pass the NAME.h5 of a recorded NAME.h5 + NAME.json pair")
+        raise ValueError(
+            f"trajectory file {str(h5_path)!r} does not exist; pass the NAME.h5 of a recorded NAME.h5 + NAME.json pair"
+        )
     if h5_path.is_dir() or h5_path.suffix != ".h5":
-        raise ValueError(f"{str(h5_path)!r} is not a .h5 trajectory file; pass the NAME.h5 of a recorded NAME.h5 + NAME.json pair")
+        raise ValueError(
+            f"{str(h5_path)!r} is not a .h5 trajectory file; pass the NAME.h5 of a recorded NAME.h5 + NAME.json pair"
+        )
     json_path = h5_path.with_suffix(".json")
     if not json_path.exists():
         raise ValueError(
@@ -72,25 +76,37 @@ def open_trajectory(path: str | Path) -> TrajectoryFile:
     try:
         meta = json.loads(json_path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{str(json_path)!r} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt or truncated") from None
+        raise ValueError(
+            f"{str(json_path)!r} is not valid JSON ({e.msg} at line {e.lineno}); the file is corrupt or truncated"
+        ) from None
     except UnicodeDecodeError:
         raise ValueError(f"{str(json_path)!r} is not a text (JSON) file; the file is corrupt") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("env_info"), dict) or not isinstance(meta.get("episodes"), list):
+    if (
+        not isinstance(meta, dict)
+        or not isinstance(meta.get("env_info"), dict)
+        or not isinstance(meta.get("episodes"), list)
+    ):
         found = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
         raise ValueError(
             f"{str(json_path)!r} is not ManiSkill trajectory metadata: it needs 'env_info' (a mapping) and 'episodes' "
             f"(a list), found {found}. Pass a file written by fastrecord or mani_skill's RecordEpisode"
         )
     if not meta["env_info"].get("env_id"):
-        raise ValueError(f"{str(json_path)!r} has no env_info.env_id: the task to replay in is unknown; the file is not a ManiSkill trajectory")
+        raise ValueError(
+            f"{str(json_path)!r} has no env_info.env_id: the task to replay in is unknown; the file is not a ManiSkill trajectory"
+        )
     for i, ep in enumerate(meta["episodes"]):
         missing = [k for k in ("episode_id", "episode_seed", "elapsed_steps") if k not in ep]
         if missing:
-            raise ValueError(f"{str(json_path)!r}: episodes[{i}] lacks {missing}; the file is not a ManiSkill trajectory (or is corrupt)")
+            raise ValueError(
+                f"{str(json_path)!r}: episodes[{i}] lacks {missing}; the file is not a ManiSkill trajectory (or is corrupt)"
+            )
     try:
         h5 = h5py.File(h5_path, "r")
     except OSError as e:
-        raise ValueError(f"{str(h5_path)!r} is not a readable HDF5 file ({e}); the file is corrupt, truncated or of another format") from None
+        raise ValueError(
+            f"{str(h5_path)!r} is not a readable HDF5 file ({e}); the file is corrupt, truncated or of another format"
+        ) from None
     try:
         check_links(h5, h5_path)
     except ValueError:

@@ -9,8 +9,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE, disk_text, is_disk_full
 from fastrecord.processes import ChildDied, IsolatedProcess
+from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE, disk_text, is_disk_full
 from fastrecord.workers import WorkerError
 
 

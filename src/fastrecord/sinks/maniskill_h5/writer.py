@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastrecord.processes import ChildDied, IsolatedProcess, exit_description
 from fastrecord.sinks.maniskill_h5.layout import (
     DEFAULT_COMPRESSION,
     LOW_DISK,
@@ -46,7 +47,6 @@ from fastrecord.sinks.maniskill_h5.layout import (
     sibling_paths,
     to_jsonable,
 )
-from fastrecord.processes import ChildDied, IsolatedProcess, exit_description
 from fastrecord.workers import WorkerError
 
 if TYPE_CHECKING:
