@@ -164,7 +164,7 @@ def phase_micro(cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
         if cuda:
             torch.cuda.synchronize(device)
         res[f"yuv420p_{kern}_first_call_s"] = time.perf_counter() - t0
-        host, dev = timed(lambda: yuv.rgb_to_yuv420p(episode[:k], kernel=kern), 3)
+        host, dev = timed(lambda kern=kern: yuv.rgb_to_yuv420p(episode[:k], kernel=kern), 3)
         res[f"yuv420p_{kern}_device_ms_per_batch"] = dev * cfg.num_envs / k
     if "triton" in kernels:
         a = yuv.rgb_to_yuv420p(episode[:k], kernel="torch")

@@ -120,14 +120,17 @@ def realenv_diag(cfg: BenchConfig, kw: dict, loop: Any, out: Path, device: torch
         times: list[float] = []
         strided: set[str] = set()
 
-        def step(self: Any, data: Any, restart: Any = None, _v: str = variant) -> None:
+        def step(
+            self: Any, data: Any, restart: Any = None, _v: str = variant,
+            _strided: set[str] = strided, _times: list[float] = times,
+        ) -> None:
             t = time.perf_counter()
             if _v == "contiguous":
                 orig(self, {k: v.contiguous() for k, v in data.items()}, restart)
             else:
-                strided.update(k for k, v in data.items() if not v.is_contiguous())
+                _strided.update(k for k, v in data.items() if not v.is_contiguous())
                 orig(self, data, restart)
-            times.append(time.perf_counter() - t)
+            _times.append(time.perf_counter() - t)
 
         EpisodeBuffer.step = step
         try:

@@ -96,7 +96,7 @@ def test_make_eval_envs_renders_per_process_without_cuda(tmp_path):
         max_episode_steps=4,
         **{k: v for k, v in SMALL.items() if "human" in k},
     )
-    with pytest.raises(ValueError, match="batched_render=True.*CUDA"):
+    with pytest.raises(ValueError, match=r"batched_render=True.*CUDA"):
         make_eval_envs(
             "PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render=True
         )
@@ -104,7 +104,7 @@ def test_make_eval_envs_renders_per_process_without_cuda(tmp_path):
         make_eval_envs(
             "PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path), batched_render="yes"
         )
-    with pytest.raises(ValueError, match="batched_render=True renders once a step.*render_substeps"):
+    with pytest.raises(ValueError, match=r"batched_render=True renders once a step.*render_substeps"):
         make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path),
                        batched_render=True, record_kwargs=dict(render_substeps=True))
     envs = make_eval_envs("PickCube-v1", 2, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path))

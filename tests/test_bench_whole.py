@@ -32,7 +32,7 @@ def test_launch_reads_phases_and_the_table_and_ratios_use_them(tmp_path):
     code = ("import time; from fastrecord.system import stamp\n"
             + "".join(f"stamp({name!r}); time.sleep(0.02)\n" for name in STAMPS))
     r = bw.launch("record", "fastrecord record", [sys.executable, "-c", code], tmp_path, env_steps=100)
-    assert [k for k in r.stamps] == ["launch", *STAMPS, "exit"]
+    assert list(r.stamps) == ["launch", *STAMPS, "exit"]
     assert all(r.phase(n) is not None and r.phase(n) >= 0 for n, _, _ in bw.PHASES)
     assert sum(r.phase(n) for n, _, _ in bw.PHASES) == pytest.approx(r.seconds)
     one = bw.Result("record", "fastrecord record, 1 env", r.seconds, {**r.stamps, "first_step": r.first_step / 2})

@@ -167,7 +167,7 @@ def test_a_packed_leaf_that_changes_shape_at_a_full_reset_gets_its_own_storage()
     buf = EpisodeBuffer(N, 4)
     buf.start(np.arange(N), small(0))
     buf.step(small(1))
-    with pytest.raises(ValueError, match="recorded field 'actions' changed from \\[3\\] torch.float32 to \\[2\\]"):
+    with pytest.raises(ValueError, match=r"recorded field 'actions' changed from \[3\] torch.float32 to \[2\]"):
         buf.step({**small(2), "actions": torch.zeros(N, 2)})
     bigger = {**small(0), "obs/pose": torch.ones(N, 5)}
     buf.start(np.arange(N), bigger)  # a reconfiguring full reset: every cursor is at 0

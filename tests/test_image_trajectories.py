@@ -69,7 +69,7 @@ def record_batched(tmp_path, writers: int, compression: str, num_envs: int = 5, 
         obs, _, term, trunc, _ = env.step(action)
         leaves = _np_tree(obs)
         for e in range(num_envs):
-            current[e]["obs"].append({k: v for k, v in leaves.items()})
+            current[e]["obs"].append(dict(leaves.items()))
             current[e]["actions"].append(action[e].numpy())
         done = torch.nonzero(term | trunc).reshape(-1).numpy()
         if len(done):

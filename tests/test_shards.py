@@ -52,7 +52,7 @@ def read_dataset(h5_path: Path) -> dict[int, dict]:
             g = f[f"traj_{e['episode_id']}"]
             states: dict[str, np.ndarray] = {}
             g["env_states"].visititems(
-                lambda k, v: states.__setitem__(k, v[:]) if isinstance(v, h5py.Dataset) else None
+                lambda k, v, states=states: states.__setitem__(k, v[:]) if isinstance(v, h5py.Dataset) else None
             )
             out[e["episode_id"]] = dict(
                 seed=e["episode_seed"],

@@ -337,7 +337,7 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path):
         TensorBoardSink(video_every=0)
     with pytest.raises(ValueError, match="tag='' must be a non-empty string"):
         TensorBoardSink(tag="")
-    with pytest.raises(ValueError, match="needs a video_dir|only with a video_dir"):
+    with pytest.raises(ValueError, match=r"needs a video_dir|only with a video_dir"):
         make_eval_envs("PickCube-v1", 1, "physx_cpu", {}, dict(obs_horizon=1), log="tensorboard")
     with pytest.raises(ValueError, match="is not a logger"):
         make_eval_envs("PickCube-v1", 1, "physx_cpu", {}, dict(obs_horizon=1), video_dir=str(tmp_path), log="mlflow")

@@ -131,7 +131,7 @@ def test_bank_frames_are_the_bank_entries(device):
         np.testing.assert_array_equal(img.cpu().numpy(), want)
 
     check()
-    for t in range(2):
+    for _t in range(2):
         env.step(torch.zeros(5, 3, device=device))
         steps += 1
         check()

@@ -193,7 +193,7 @@ def test_vector_save_on_reset_false_drops_autoreset_episodes_unless_flushed(tmp_
     env.reset(seed=0)
     zero = np.zeros((2, 8), np.float32)
     flushed = False
-    for t in range(1, 10):  # episodes end at steps 3, 7 (the auto-reset takes a step)
+    for _t in range(1, 10):  # episodes end at steps 3, 7 (the auto-reset takes a step)
         _, _, term, trunc, _ = env.step(zero)
         done = np.logical_or(term, trunc)
         if done.any() and not flushed:  # save the first ended episode of env 1 only

@@ -82,14 +82,14 @@ PRESTART_CORES = 4  # `_prestart_forkserver` only where this many cores are usab
 
 
 def _prestart_forkserver() -> None:
-    """``from fastrecord import make_eval_envs`` (the baseline's one-line switch) starts the forkserver its CPU
-    vector envs fork from, before `fastrecord.make_env` imports ManiSkill: the server's preload (torch, ManiSkill:
-    about 7 s on the H200 machine) runs on another core while the script imports and loads its policy, not after
-    `make_eval_envs` is called (H200, started before the script's imports: the eval's first step 5 s sooner). Only in a script's main process: not
-    in a process multiprocessing started, nor while a server or a spawned process imports the script (as
-    ``__mp_main__``, with the process marked as inheriting), nor on fewer than `PRESTART_CORES` cores: there the
-    preload competes with the script's own imports for the cores (2-core machine: the script's imports took
-    longer by about what the preload takes)."""
+    """``from fastrecord import make_eval_envs`` (the baseline's one-line switch) starts the forkserver its CPU vector
+    envs fork from, before `fastrecord.make_env` imports ManiSkill: the server's preload (torch, ManiSkill: about 7 s on
+    the H200 machine) runs on another core while the script imports and loads its policy, not after `make_eval_envs` is
+    called (H200, started before the script's imports: the eval's first step 5 s sooner). Only in a script's main
+    process: not in a process multiprocessing started, nor while a server or a spawned process imports the script (as
+    ``__mp_main__``, with the process marked as inheriting), nor on fewer than `PRESTART_CORES` cores: there the preload
+    competes with the script's own imports for the cores (2-core machine: the script's imports took longer by about what
+    the preload takes)."""
     import multiprocessing
     import os
     import sys

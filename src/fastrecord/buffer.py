@@ -203,8 +203,9 @@ class EpisodeBuffer:
                 continue
             if buf is not None and (self.cursor > 0).any():
                 raise ValueError(
-                    f"recorded field {name!r} changed from {list(buf.shape[2:])} {buf.dtype} to {list(value.shape[1:])} "
-                    f"{value.dtype} while episodes were in progress; reconfigure only with a full reset"
+                    f"recorded field {name!r} changed from {list(buf.shape[2:])} {buf.dtype} to "
+                    f"{list(value.shape[1:])} {value.dtype} while episodes were in progress; "
+                    "reconfigure only with a full reset"
                 )
             new[name] = value
         if not new:
@@ -357,9 +358,8 @@ class EpisodeBuffer:
         if value.shape[0] != self.num_envs:
             value = value.expand(self.num_envs, *buf.shape[2:])
         if (dst := self._host[name]) is not None and (src := _host_view(value)) is not None:
-            # CPU leaves through numpy: torch's CPU kernels split image copies over its intra-op
-            # threads, which wait for cores the writer processes hold (index_copy_ of 8 envs x 64x64
-            # RGB: 0.6-6 ms a call; numpy: 0.01 ms)
+            # CPU leaves through numpy: torch's CPU kernels split image copies over its intra-op threads, which wait for
+            # cores the writer processes hold (index_copy_ of 8 envs x 64x64 RGB: 0.6-6 ms a call; numpy: 0.01 ms)
             if lo == hi:
                 dst[lo] = src
             else:

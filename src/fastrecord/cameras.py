@@ -61,6 +61,8 @@ def check_frame_sides(video_source: str, env: Any) -> None:
     else:
         camera = video_source.split(":", 1)[1]
         space = getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
+        if space is None:  # as the TypeError below: no space, no size to check
+            return
         try:
             shape = space["sensor_data"][camera]["rgb"].shape  # [(N,) H, W, 3]
         except (KeyError, TypeError, IndexError):

@@ -191,8 +191,8 @@ def parse_env_kwarg(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not KEY=VALUE; pass gym.make keywords as KEY=VALUE items, e.g. --env-kwargs reward_mode=dense "
-            f"shader_dir=rt-fast sim_config='{{\"sim_freq\": 200}}'"
+            f"{text!r} is not KEY=VALUE; pass gym.make keywords as KEY=VALUE items, e.g. --env-kwargs "
+            f"reward_mode=dense shader_dir=rt-fast sim_config='{{\"sim_freq\": 200}}'"
         )
     return key, json_or_text(raw)
 

@@ -140,7 +140,8 @@ class ManiSkillView:
         if missing:
             raise TypeError(
                 f"fastrecord.RecordEpisode records ManiSkill envs or gymnasium vector envs of them; got "
-                f"{type(self.base).__name__} (no {', '.join(missing)}). Create the env with gym.make('<ManiSkill env id>', ...)"
+                f"{type(self.base).__name__} (no {', '.join(missing)}). "
+                "Create the env with gym.make('<ManiSkill env id>', ...)"
             )
         self.num_envs = self.base.num_envs
         self.device = torch.device(self.base.device)
@@ -239,7 +240,8 @@ class VectorEnvView:
                     f"render_substeps=True on a {type(vec).__name__}: its sub-envs run in other processes, where the "
                     f"recorder cannot hook their physics substeps, and sub-envs {lacking} are not wrapped in "
                     f"fastrecord.substeps.SubstepFrames, which renders them there. Wrap each sub-env in its env "
-                    f"function (lambda: SubstepFrames(gym.make(...))), use a SyncVectorEnv, or pass render_substeps=False"
+                    "function (lambda: SubstepFrames(gym.make(...))), use a SyncVectorEnv, or pass "
+                    "render_substeps=False"
                 )
             self._substeps = None
             counts = set(vec.call(SWITCH, False))

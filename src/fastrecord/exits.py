@@ -94,10 +94,10 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 class StopSignals:
     """Owns the SIGINT/SIGTERM handlers of one run: installed on enter (main thread only), restored on exit.
 
-    A signal does not raise in the middle of a step: it sets `signum`, and the run loop checks
-    `requested` between steps, then closes the env from a consistent state (`record` drops the episodes
-    in progress, a one-process `replay` saves its replays in progress). Later signals, while the files are being finished, are ignored with a message on stderr;
-    ``kill -9`` still stops at once, and every finished episode stays readable.
+    A signal does not raise in the middle of a step: it sets `signum`, and the run loop checks `requested` between
+    steps, then closes the env from a consistent state (`record` drops the episodes in progress, a one-process `replay`
+    saves its replays in progress). Later signals, while the files are being finished, are ignored with a message on
+    stderr; ``kill -9`` still stops at once, and every finished episode stays readable.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -487,7 +487,7 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
             finals_obs = np.full(self.num_envs, None, dtype=object)
             finals_info = np.full(self.num_envs, None, dtype=object)
             for i in np.flatnonzero(done):
-                finals_obs[i] = _tree_map(lambda x: x[i], final_obs)
+                finals_obs[i] = _tree_map(lambda x, i=i: x[i], final_obs)
                 finals_info[i] = _env_info(info, i)
             reset_obs, _ = self._reset(None, {"reset_mask": done.copy()}, done.copy())
             self._fill(reset_obs, done)

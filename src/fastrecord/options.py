@@ -188,7 +188,8 @@ class RecordOptions:
             not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0")
         ):
             raise ValueError(
-                f"trajectory_name={name!r} must be a plain file name without folders (e.g. 'trajectory'), or None for a timestamp"
+                f"trajectory_name={name!r} must be a plain file name without folders (e.g. 'trajectory'), "
+                "or None for a timestamp"
             )
         if self.save_video_trigger is not None and not callable(self.save_video_trigger):
             raise ValueError(

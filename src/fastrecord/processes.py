@@ -7,12 +7,12 @@ forkserver re-import the user's ``__main__``; fork copies CUDA state and threads
 fastrecord modules whose functions it runs, not ``fastrecord/__init__.py`` (torch, ManiSkill) nor the
 ``__init__`` of the packages between: bare package modules stand in for them.
 
-The wire: a Unix stream socket pair, messages pickled with `multiprocessing.connection` framing (any
-size). A request is ``(target, args, nfds, answer)``: ``target`` a function name of the served module or a
-``(module, qualified name)`` pair (dotted names resolve attribute by attribute); ``nfds`` file descriptors follow it as SCM_RIGHTS data and are
-appended to ``args``; ``answer=False`` makes it one-way (`IsolatedProcess.notify`). An answer is
-``("ok", result)`` or ``("error", details, leaving)``. A child's exception is raised in the caller with
-the same builtin type (``OSError`` with its errno), else as `RemoteError`; a child that died is `ChildDied`.
+The wire: a Unix stream socket pair, messages pickled with `multiprocessing.connection` framing (any size). A request is
+``(target, args, nfds, answer)``: ``target`` a function name of the served module or a ``(module, qualified name)`` pair
+(dotted names resolve attribute by attribute); ``nfds`` file descriptors follow it as SCM_RIGHTS data and are appended
+to ``args``; ``answer=False`` makes it one-way (`IsolatedProcess.notify`). An answer is ``("ok", result)`` or
+``("error", details, leaving)``. A child's exception is raised in the caller with the same builtin type (``OSError``
+with its errno), else as `RemoteError`; a child that died is `ChildDied`.
 
 Background helpers (encoders) run below the caller's CPU priority (`background_nice`); helpers whose work
 the caller waits on (HDF5 writers: ``background=False``) run at the caller's own priority.
@@ -303,7 +303,8 @@ class IsolatedProcess:
 
         if not module.startswith("fastrecord."):
             raise ValueError(
-                f"module={module!r}: an IsolatedProcess serves a fastrecord module, e.g. 'fastrecord.sinks.maniskill_h5'"
+                f"module={module!r}: an IsolatedProcess serves a fastrecord module, e.g. "
+                "'fastrecord.sinks.maniskill_h5'"
             )
         self.name = name
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -186,8 +186,9 @@ class EpisodeRecorder:
             except (KeyError, TypeError, IndexError):
                 cams = list(obs["sensor_data"]) if isinstance(obs, Mapping) and "sensor_data" in obs else []
                 raise ValueError(
-                    f"video_source={self.video_source!r}: the observation has no sensor_data/{cam}/rgb (cameras: {cams}); "
-                    f"create the env with obs_mode='rgb' (or 'rgbd') and a camera of that name, or use video_source='render'"
+                    f"video_source={self.video_source!r}: the observation has no sensor_data/{cam}/rgb "
+                    f"(cameras: {cams}); create the env with obs_mode='rgb' (or 'rgbd') and a camera of that name, "
+                    "or use video_source='render'"
                 ) from None
         if isinstance(img, np.ndarray) and img.ndim == 3:
             img = img[None]
@@ -200,9 +201,8 @@ class EpisodeRecorder:
                  reset: bool = False) -> dict[str, Any]:
         """The state-kind data of this instant: observation, env state, frame.
 
-        ``check_state`` (at resets: the scene may have been reconfigured) verifies that every env has the
-        same state layout, as ManiSkill does; otherwise env states are not recorded.
-        """
+        ``check_state`` (at resets: the scene may have been reconfigured) verifies that every env has the same state
+        layout, as ManiSkill does; otherwise env states are not recorded."""
         data: dict[str, Any] = {}
         if self._record_data:
             data["obs"] = obs
@@ -415,7 +415,8 @@ class EpisodeRecorder:
         fields = buf.fields
         if "success" not in fields and not (self.keep == "failure" and "fail" in fields):
             raise ValueError(
-                f"keep={self.keep!r} needs info['success'] from the env, which this env does not report; use keep='all' or a callable"
+                f"keep={self.keep!r} needs info['success'] from the env, which this env does not report; "
+                "use keep='all' or a callable"
             )
         if self.keep == "success_once":
             return np.asarray(ended["once"], dtype=bool)
@@ -480,8 +481,7 @@ class EpisodeRecorder:
         """End the episodes in progress of ``env_idx``: keep, copy and queue them, or drop them.
 
         With ``split`` the envs go on: a new episode starts at their current state (ManiSkill's
-        ``flush_trajectory``/``max_steps_per_video`` behaviour); otherwise a reset must follow.
-        """
+        ``flush_trajectory``/``max_steps_per_video`` behaviour); otherwise a reset must follow."""
         buf = self.buffer
         if buf is None or self._closed:
             return

@@ -235,7 +235,8 @@ class _FirstThunk:
     probe's stand-in where the probe answered, elsewhere (sub-env 0's own process) the env itself."""
 
     def __init__(self, thunk: Callable[[], Any], probe: SpacesProbe) -> None:
-        self.thunk, self.probe, self.pid = thunk, probe, os.getpid()
+        self.thunk, self.pid = thunk, os.getpid()
+        self.probe: SpacesProbe | None = probe
 
     def __getstate__(self) -> dict[str, Any]:
         return {"thunk": self.thunk, "probe": None, "pid": self.pid}

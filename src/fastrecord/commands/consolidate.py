@@ -46,7 +46,7 @@ def consolidate_run(path: str | Path) -> str:
                          f"(or NAME.lerobot) of a recorded run")
     name, folder = path.stem, path.parent
     h5 = folder / f"{name}.h5"
-    json_path, parts_dir = sibling_paths(h5)
+    _json_path, parts_dir = sibling_paths(h5)
     lerobot = folder / f"{name}.lerobot"
     if lock_held(folder, name):
         raise ValueError(f"{path} is being recorded now (its lock .{name}.lock is held); consolidate it once that "

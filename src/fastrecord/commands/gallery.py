@@ -110,7 +110,8 @@ h1 { font-size: 20px; margin: 0 0 4px; }
 .tile[hidden] { display: none; }
 .tile video { display: block; width: 100%; aspect-ratio: 1 / 1; background: #203040; }
 .tile figcaption { padding: 6px 8px; }
-.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; color: #fff; font-weight: 600; background: #888; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; color: #fff;
+  font-weight: 600; background: #888; }
 .success .badge { background: #1e9e3e; }
 .failure .badge { background: #d22f2f; }
 .name { color: #666; font-size: 12px; word-break: break-all; }
@@ -164,7 +165,8 @@ def render(tiles: list[Tile], title: str) -> str:
         if t.env_id:
             label.append(t.env_id)
         items.append(
-            f'<figure class="tile {t.outcome}" data-outcome="{t.outcome}" data-episode="{"" if t.episode_id is None else t.episode_id}">'
+            f'<figure class="tile {t.outcome}" data-outcome="{t.outcome}" '
+            f'data-episode="{"" if t.episode_id is None else t.episode_id}">'
             f'<video src="{e(t.href)}" controls muted loop playsinline preload="metadata"></video>'
             f'<figcaption><span class="badge">{t.outcome}</span> {e(" · ".join(label))}'
             f'<div class="name">{e(t.href)}{f" (run {e(t.run)})" if t.run else ""}</div></figcaption></figure>'

@@ -353,7 +353,8 @@ def format_run(run: dict[str, Any]) -> str:
         lines.append(f"  status: {run['status']}{who}")
     parts = run.get("parts")
     if parts:
-        text = f"  parts: {parts['dir']}/ holds {parts['complete']} complete part files ({parts['indexed']} listed in the index)"
+        text = f"  parts: {parts['dir']}/ holds {parts['complete']} complete part files "
+        text += f"({parts['indexed']} listed in the index)"
         if parts["unindexed"]:
             text += f"; {len(parts['unindexed'])} not indexed yet"
         if parts["temporary"]:

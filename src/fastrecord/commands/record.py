@@ -270,15 +270,14 @@ def _recorder(env: Any):
 
 def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None,
                sinks: list[Any] | None = None, probe: Any = None) -> RecordSummary:
-    """Record episodes 0 .. ``cfg.episodes``-1 of the run: episode g is reset with seed ``cfg.seed + g``
-    and the random policy is seeded per episode (`fastrecord.shards.SeededRandomPolicy`), so the same
-    command records the same dataset, with or without torchrun. A resumed run (``--if-exists resume``)
-    records the episodes its NAME.json and results file do not have yet (`fastrecord.shards.single_schedule`):
-    ``cfg.episodes`` is the run's total; whether the run on disk can be resumed (`fastrecord.shards.check_resume`:
-    its episode list readable, its seeds this command's) is checked before the env is made or a file
-    written. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between two steps. The episodes in
-    progress when the run stops (a signal, an error) are not saved, as in a sharded run: a cut episode is
-    not a finished one, and a resumed run records it whole; the summary counts them (``cut``)."""
+    """Record episodes 0 .. ``cfg.episodes``-1 of the run: episode g is reset with seed ``cfg.seed + g`` and the random
+    policy is seeded per episode (`fastrecord.shards.SeededRandomPolicy`), so the same command records the same dataset,
+    with or without torchrun. A resumed run (``--if-exists resume``) records the episodes its NAME.json and results file
+    do not have yet (`fastrecord.shards.single_schedule`): ``cfg.episodes`` is the run's total; whether the run on disk
+    can be resumed (`fastrecord.shards.check_resume`: its episode list readable, its seeds this command's) is checked
+    before the env is made or a file written. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between two
+    steps. The episodes in progress when the run stops (a signal, an error) are not saved, as in a sharded run: a cut
+    episode is not a finished one, and a resumed run records it whole; the summary counts them (``cut``)."""
     from tqdm import tqdm
 
     from fastrecord import shards
@@ -450,8 +449,8 @@ def print_sharded(s: ShardedSummary, output_dir: str | Path) -> None:
     """Rank 0's summary of a sharded run: each rank, the results of all, the merge report."""
     if s.interrupted:
         print(
-            f"rank {s.rank}: interrupted ({s.interrupted}) after {s.finished} of its {s.scheduled} episodes; the episodes "
-            f"in progress were not saved. Run the same command again to resume (then fastrecord merge "
+            f"rank {s.rank}: interrupted ({s.interrupted}) after {s.finished} of its {s.scheduled} episodes; the "
+            f"episodes in progress were not saved. Run the same command again to resume (then fastrecord merge "
             f"{output_dir} if it was not joined)"
         )
         return
@@ -461,7 +460,8 @@ def print_sharded(s: ShardedSummary, output_dir: str | Path) -> None:
         rate = r["env_steps"] / r["seconds"] if r["seconds"] > 0 else 0.0
         print(
             f"rank {r['rank']}: {r['finished']}/{r['scheduled']} scheduled episodes finished, {r['kept']} kept; "
-            f"{r['env_steps']} env-steps in {r['seconds']:.1f} s = {rate:.1f} env-steps/s (start-up {r['startup_seconds']:.1f} s)"
+            f"{r['env_steps']} env-steps in {r['seconds']:.1f} s = {rate:.1f} env-steps/s "
+            f"(start-up {r['startup_seconds']:.1f} s)"
             + (f"; interrupted ({r['interrupted']})" if r.get("interrupted") else "")
         )
     rows = [row for r in s.ranks for row in r["results"]]

@@ -174,7 +174,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 # The help of the recording options whose replay default is its own (`fastrecord.replay.config.REPLAY_DEFAULTS`).
 REPLAY_HELP = {
-    "trajectory_name": "base name of the new .h5/.json, run manifest and results file (default NAME.<obs>.<control>.<backend>)",
+    "trajectory_name": "base name of the new .h5/.json, run manifest and results file "
+    "(default NAME.<obs>.<control>.<backend>)",
     "keep": "which replayed episodes are written (default all; with ManiSkill's flags: the successful ones, see "
     "--allow-failure and --discard-timeout)",
     "video_fps": "frames per second of the videos (default: the task's control frequency; 7.5 and 29.97 work)",
@@ -266,12 +267,13 @@ def print_summary(s: ReplaySummary, cfg: ReplayConfig) -> None:
         print(f"resumed: {s.skipped} episodes were already replayed and kept")
     if s.missing:
         print(
-            f"missing: {len(s.missing)} input episodes are not in the output (global indices, the positions in the input: "
-            f"{ranges(s.missing)}); running the same command again replays them"
+            f"missing: {len(s.missing)} input episodes are not in the output (global indices, the positions in the "
+            f"input: {ranges(s.missing)}); running the same command again replays them"
         )
     if cfg.maniskill:  # ManiSkill's own last line, for scripts that read it
         print(
-            f"Replayed {s.episodes} episodes, {s.kept}/{s.episodes}={s.kept / max(s.episodes, 1) * 100:.2f}% demos saved"
+            f"Replayed {s.episodes} episodes, "
+            f"{s.kept}/{s.episodes}={s.kept / max(s.episodes, 1) * 100:.2f}% demos saved"
         )
     if s.diverged:
         hint = ""
@@ -301,8 +303,8 @@ def worker_timeline(s: ReplaySummary) -> str:
 
     before = "" if s.process_age is None else f" (this process began it {s.process_age:.1f} s after its own start)"
     return (
-        f"workers ({len(s.worker_times)}): up (interpreter, imports) at {span(0)}, replaying from {span(1)} (envs made), "
-        f"done at {span(2)}; merge {s.merge_seconds:.1f} s; seconds since the replay began{before}"
+        f"workers ({len(s.worker_times)}): up (interpreter, imports) at {span(0)}, replaying from {span(1)} (envs "
+        f"made), done at {span(2)}; merge {s.merge_seconds:.1f} s; seconds since the replay began{before}"
     )
 
 

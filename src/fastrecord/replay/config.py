@@ -64,25 +64,25 @@ class ReplayConfig:
 
     traj_path: str = ""  # the NAME.h5 to replay (NAME.json must sit next to it)
     output_dir: str | None = None  # None: a "replay" folder next to the input file
-    by: str | None = (
-        None  # states (set every recorded env state) | actions (re-simulate the actions); None: states (maniskill: actions)
-    )
+    # states (set every recorded env state) | actions (re-simulate the actions); None: states (maniskill: actions)
+    by: str | None = None
     use_first_env_state: bool = False  # by actions: start from the recorded first state, not the seeded reset
     count: int | None = None  # replay the first COUNT episodes (None: all)
     num_envs: int | None = None  # episodes side by side (None: CPU one per core, maniskill 1; GPU 64; batched CPU 1)
     vector: str = "auto"  # auto | sync | async (gymnasium vector env of CPU envs) | batched (one ManiSkill env)
     sim_backend: str = "auto"  # auto (the file's, CPU where CUDA is absent) | physx_cpu | physx_cuda
     render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
-    batched_render: str = "auto"  # CPU sim: each worker's envs drawn in one batch per camera on the GPU: auto (where it can run) | on | off
+    # CPU sim: each worker's envs drawn in one batch per camera on the GPU: auto (where it can run) | on | off
+    batched_render: str = "auto"
     obs_mode: str | None = None  # observation mode of the new trajectory (None: the file's)
     width: int | None = None  # video camera width (None: the file's / the task's)
     height: int | None = None  # video camera height (None: the file's / the task's)
     shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
     overwrite: bool = False  # replace the output of an earlier run of this name (never the input)
     resume: bool = False
-    workers: int | None = (
-        None  # processes replaying a share of the episodes each, merged at the end (None: several on machines of many cores, see fastrecord.replay.layout)
-    )
+    # processes replaying a share of the episodes each, merged at the end (None: several on machines of many cores,
+    # see fastrecord.replay.layout)
+    workers: int | None = None
     progress: bool = True  # show a progress bar
     env_kwargs: dict[str, Any] = field(
         default_factory=dict

@@ -131,8 +131,8 @@ class ReplayStates(gym.Wrapper):
         if theirs != ours:
             raise ValueError(
                 f"the recorded env states do not fit this env: missing here {sorted(theirs - ours)[:5]}, not recorded "
-                f"{sorted(ours - theirs)[:5]}. The file was recorded with another task version or env kwargs; replay it "
-                f"by actions (--by actions) or with the env kwargs it was recorded with"
+                f"{sorted(ours - theirs)[:5]}. The file was recorded with another task version or env kwargs; replay "
+                "it by actions (--by actions) or with the env kwargs it was recorded with"
             )
 
     # -- gym API

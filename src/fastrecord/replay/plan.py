@@ -112,7 +112,7 @@ class ReplayPlan:
         return rec_kwargs
 
 
-def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
+def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C901 - to be split later
     """Check the input and the options and decide the env, the output and the layout; raises ValueError."""
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
@@ -136,7 +136,8 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
         lacking = [ep["episode_id"] for ep in episodes if "env_states" not in traj.group(ep)]
         if lacking:
             raise ValueError(
-                f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; replay it by actions (--by actions)"
+                f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; "
+                "replay it by actions (--by actions)"
             )
     check_input(traj, episodes)
 
@@ -195,7 +196,8 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:
     new_h5 = out / f"{name}.h5"
     if new_h5.exists() and new_h5.resolve() == traj.h5_path.resolve():
         raise ValueError(
-            f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or --trajectory-name"
+            f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or "
+            "--trajectory-name"
         )
 
     from fastrecord.shards import rank_info
@@ -294,8 +296,8 @@ def _render_device(
             why = (
                 "GPU simulation draws its envs in one batch by itself, and a conversion (-c) runs one env"
                 if own_env
-                else f"--vector {vector} holds {'its envs in processes of their own' if vector == 'async' else 'one env'}; "
-                f"use --vector sync or auto"
+                else f"--vector {vector} holds "
+                f"{'its envs in processes of their own' if vector == 'async' else 'one env'}; use --vector sync or auto"
             )
             raise ValueError(f"--batched-render on draws the CPU-simulated envs a process holds, and {why}; or drop "
                              f"--batched-render")

@@ -232,9 +232,11 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
                 except queue_mod.Empty:
                     now = time.monotonic()
                     for r, p in procs.items():
-                        if p.exitcode is not None and r not in summaries and r not in failures:
-                            if now - exited.setdefault(r, now) > 2.0:  # its last message would have arrived by now
-                                failures[r] = f"{exit_description(p.exitcode)} without a report"
+                        if (
+                            p.exitcode is not None and r not in summaries and r not in failures
+                            and now - exited.setdefault(r, now) > 2.0  # its last message would have arrived by now
+                        ):
+                            failures[r] = f"{exit_description(p.exitcode)} without a report"
                     continue
                 kind, rank = msg[0], msg[1]
                 if kind == "progress":
@@ -285,7 +287,8 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
             else ""
         )
         raise ReplayWorkerError(
-            f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) {failures[first]}{others}"
+            f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) "
+            f"{failures[first]}{others}"
             f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
             f"ones"
         )

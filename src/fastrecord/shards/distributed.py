@@ -114,7 +114,8 @@ class DistributedRun:
                 if not all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT")):
                     raise ValueError(
                         f"WORLD_SIZE={info.world_size} but MASTER_ADDR/MASTER_PORT are not set: launch with "
-                        f"torchrun (e.g. torchrun --standalone --nproc-per-node {info.world_size} -m fastrecord record ...)"
+                        f"torchrun (e.g. torchrun --standalone --nproc-per-node {info.world_size} "
+                        "-m fastrecord record ...)"
                     )
                 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.timeout_s))
                 self._own_group = True

@@ -246,8 +246,8 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
         elif _comparable(shard_header.get("env_info")) != _comparable(header.get("env_info")):
             raise ValueError(
                 f"the shards disagree on env_info: rank {header_rank} has {header.get('env_info')!r}, rank {rank} has "
-                f"{shard_header.get('env_info')!r} ({folder}); they are not one run. Move the foreign shard folder out of "
-                f"{root} and merge again"
+                f"{shard_header.get('env_info')!r} ({folder}); they are not one run. Move the foreign shard folder out "
+                f"of {root} and merge again"
             )
         for e in doc.get("episodes", []):
             if not isinstance(e, dict) or "global_index" not in e or "episode_id" not in e:

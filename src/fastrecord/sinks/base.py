@@ -1,11 +1,10 @@
 """The output seam: `Sink` (where finished episodes go) and `RunDirectory` (who owns the files).
 
-A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`) to each of its sinks,
-and the outcome of every finished episode, kept or not (`fastrecord.episode.EpisodeEnded`), too.
-fastrecord's own outputs are sinks (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `lerobot.LeRobotSink`, `results.ResultsSink`,
-the loggers), built from the options by `fastrecord.sinks.factory.build_sinks`; a user's sink is
-passed to the wrapper as ``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new
-module in this package.
+A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`) to each of its sinks, and the outcome
+of every finished episode, kept or not (`fastrecord.episode.EpisodeEnded`), too. fastrecord's own outputs are sinks
+(`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `lerobot.LeRobotSink`, `results.ResultsSink`, the loggers), built from
+the options by `fastrecord.sinks.factory.build_sinks`; a user's sink is passed to the wrapper as
+``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new module in this package.
 
 `RunDirectory` is the one owner of a run's files in ``output_dir``. A run is named (``trajectory_name``,
 a unique timestamp by default) and owns ``NAME.h5``, ``NAME.json``, ``NAME.h5.parts/``, the manifest
@@ -183,11 +182,10 @@ def _h5_holds_episodes(path: Path) -> bool:
 
 
 def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
-    """Whether the run ``name`` whose files are ``existing`` recorded nothing: no episode in ``NAME.json``,
-    no part or shard files, no counter above 0, and its other files empty (a results file of no episode)
-    or folders without videos or parquet files (a logger's folder of no episode, a LeRobot dataset of none). What start-up left when it was
-    interrupted (Ctrl-C, a bad camera name found at the first reset) or a run closed before its first
-    episode ended."""
+    """Whether the run ``name`` whose files are ``existing`` recorded nothing: no episode in ``NAME.json``, no part or
+    shard files, no counter above 0, and its other files empty (a results file of no episode) or folders without videos
+    or parquet files (a logger's folder of no episode, a LeRobot dataset of none). What start-up left when it was
+    interrupted (Ctrl-C, a bad camera name found at the first reset) or a run closed before its first episode ended."""
     if not (output_dir / f"{name}{MANIFEST_SUFFIX}").is_file():
         return False  # not a run fastrecord made: never judged empty
     manifest = read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}")
@@ -280,7 +278,8 @@ class RunDirectory:
         try:
             if not self.output_dir.is_dir() or not os.access(self.output_dir, os.W_OK | os.X_OK):
                 raise ValueError(
-                    f"output_dir={str(self.output_dir)!r} is not a writable directory; pass a directory you can write to"
+                    f"output_dir={str(self.output_dir)!r} is not a writable directory; "
+                    "pass a directory you can write to"
                 )
             if self.requested_name:
                 self._claim(self.requested_name, default_name=False)
@@ -439,7 +438,8 @@ class RunDirectory:
     def _append_journal(self, entry: dict[str, Any]) -> None:
         """One line, flushed (under ``_mutex``): it survives a kill of this process."""
         if self._journal is None:
-            self._journal = open(journal_path(self.output_dir, self.name), "a", encoding="utf-8")
+            path = journal_path(self.output_dir, self.name)
+            self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the run; _release closes)
         self._journal.write(json.dumps(entry) + "\n")
         self._journal.flush()
 

@@ -1,7 +1,7 @@
 """`build_sinks`: the sinks a recorder writes to, made from its `RecordOptions`.
 
-fastrecord's own outputs come from the options (``save_trajectory``: `ManiSkillH5Sink`, ``save_video``:
-`Mp4Sink`, ``lerobot``: `LeRobotSink`), the user's sinks follow, and `ResultsSink` is always last: it names the videos the sinks
+fastrecord's own outputs come from the options (``save_trajectory``: `ManiSkillH5Sink`, ``save_video``: `Mp4Sink`,
+``lerobot``: `LeRobotSink`), the user's sinks follow, and `ResultsSink` is always last: it names the videos the sinks
 before it wrote. A new built-in output format is a new sink module plus one branch here.
 
 Process counts left at None (``trajectory_writers``, ``video_workers``) are chosen here, from the cores
@@ -51,7 +51,8 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
     for s in extra:
         if not isinstance(s, Sink):
             raise ValueError(
-                f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink (subclass it and implement submit)"
+                f"sinks=[..., {s!r}, ...]: every sink must be a fastrecord.sinks.Sink "
+                "(subclass it and implement submit)"
             )
     from fastrecord.sinks.results import ResultsSink
 

@@ -11,11 +11,10 @@ Per finished, kept episode, at step = its episode id, both log under ``TAG/`` (d
   (``video_every=k``) until ``max_videos`` videos (None: no limit; 0: no videos, and nothing is rendered
   for the logger).
 
-The scalars come from the recorder's `EpisodeEnded` events (``episodes_ended``), the frames from the kept
-episodes (``submit``, just before). Writes run on one background thread (the stepping thread waits only
-when the queue is full; an error reaches it as `fastrecord.WorkerError`). Files go into the run directory and are listed in
-its manifest: TensorBoard ``output_dir/tensorboard/NAME/events.out.tfevents.*``, W&B
-``output_dir/wandb/<its run folder>/``.
+The scalars come from the recorder's `EpisodeEnded` events (``episodes_ended``), the frames from the kept episodes
+(``submit``, just before). Writes run on one background thread (the stepping thread waits only when the queue is full;
+an error reaches it as `fastrecord.WorkerError`). Files go into the run directory and are listed in its manifest:
+TensorBoard ``output_dir/tensorboard/NAME/events.out.tfevents.*``, W&B ``output_dir/wandb/<its run folder>/``.
 
 TensorBoard videos are animated GIFs in an image summary, the record ``SummaryWriter.add_video`` writes;
 the GIF is encoded here with Pillow (a tensorboard dependency), because ``add_video`` needs moviepy < 2

@@ -1,10 +1,10 @@
 """`Mp4Sink`: MP4 videos of finished episodes, encoded in the background.
 
-Layouts: ``per_env`` (default), one video per env episode, ``{episode_id}_env{env}_{success|failure}.mp4``
-(no suffix when the env reports no success); ``tiled`` (ManiSkill's), the episodes of a batch ending
-together tiled into one ``{video_id}.mp4``. ``max_steps_per_video=M`` splits a video as ManiSkill does:
-pieces of M steps (M + 1 frames, with ``render_substeps`` M * (sim_steps_per_control + 1) + 1: each piece
-starts with the last frame of the one before), a last piece of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
+Layouts: ``per_env`` (default), one video per env episode, ``{episode_id}_env{env}_{success|failure}.mp4`` (no suffix
+when the env reports no success); ``tiled`` (ManiSkill's), the episodes of a batch ending together tiled into one
+``{video_id}.mp4``. ``max_steps_per_video=M`` splits a video as ManiSkill does: pieces of M steps (M + 1 frames, with
+``render_substeps`` M * (sim_steps_per_control + 1) + 1: each piece starts with the last frame of the one before), a
+last piece of a single frame dropped; per-env pieces are named ``..._part{k}.mp4``. The trajectory is never split.
 
 A finished video appears atomically and never replaces an existing file (a taken name gets ``_1``,
 ``_2``, ...). Each file is in the run's journal before it is encoded and once it lands

@@ -83,7 +83,7 @@ def episode_ranges(ids: list[int]) -> str:
     runs: list[str] = []
     start = prev = None
     for i in ids + [None]:
-        if start is not None and (i is None or i != prev + 1):
+        if start is not None and prev is not None and (i is None or i != prev + 1):  # prev is set once start is
             runs.append(str(start) if start == prev else f"{start}-{prev}")
             start = None
         if i is not None and start is None:
@@ -120,8 +120,9 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
         problems += lerobot.problems
     owned = {**listed_files(out, name), **owned_intent_files(out, name)}
     vids = {f: e for f, e in owned.items() if f.endswith(".mp4") and (out / f).exists()}
-    n = n_rows if rows is not None else min((_prefix(x) for x in [(h5 or {}).get("ids"), lerobot and lerobot.seqs]
-                                             if x is not None), default=0)
+    seqs = lerobot.seqs if lerobot else None
+    n = n_rows if rows is not None else min((_prefix(x) for x in [(h5 or {}).get("ids"), seqs] if x is not None),
+                                            default=0)
     for what, ids in ((f"{name}.h5", (h5 or {}).get("ids")), (f"{name}.lerobot", lerobot.seqs if lerobot else None)):
         if ids is not None and _prefix(ids) < n:
             lacking = sorted(set(range(n)) - set(ids))

@@ -68,7 +68,8 @@ class ResultsSink(Sink):
     def open(self, run: RunDirectory) -> None:
         super().open(run)
         self.path = run.path(RESULTS_SUFFIX)
-        self._file = open(self.path, "a", encoding="utf-8")  # resume: rows go on after the earlier run's
+        # resume: rows go on after the earlier run's
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (open for the sink's life; close closes)
         run.add_file(self.path)
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:

@@ -75,7 +75,8 @@ def listed_files(output_dir: Path, name: str) -> dict[str, list[int]]:
     """Every file run ``name`` says it wrote (its manifest's ``files`` and its journal's), relative to
     ``output_dir``, with the episode ids each holds (``[]``: none named, e.g. the results file)."""
     manifest = read_manifest(Path(output_dir) / f"{name}{MANIFEST_SUFFIX}")
-    episodes = manifest.get("file_episodes") if isinstance(manifest.get("file_episodes"), dict) else {}
+    episodes = manifest.get("file_episodes")
+    episodes = episodes if isinstance(episodes, dict) else {}
     out: dict[str, list[int]] = {}
     for f in manifest.get("files", []):
         if isinstance(f, str):
@@ -127,13 +128,3 @@ def owned_intent_files(output_dir: Path, name: str) -> dict[str, list[int]]:
             if fresh and rel not in others:
                 out[rel] = [int(x) for x in e.get("episodes", []) if isinstance(x, int)]
     return out
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-

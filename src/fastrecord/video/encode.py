@@ -119,7 +119,8 @@ def resolve_codec(name: str) -> str:
     if not codec_available(name):
         raise ValueError(
             f"video codec {name!r} is not available in this PyAV/FFmpeg build; use 'libx264' (always shipped "
-            f"with PyAV's wheels), 'auto', or another encoder listed by `python -c \"import av; print(av.codecs_available)\"`"
+            "with PyAV's wheels), 'auto', or another encoder listed by "
+            "`python -c \"import av; print(av.codecs_available)\"`"
         )
     return name
 
@@ -141,7 +142,8 @@ def check_frames(frames: Any) -> str:
         return "yuv420p"
     if not isinstance(frames, np.ndarray) or frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(
-            f"frames must be [T, H, W, 3] uint8, got shape {getattr(frames, 'shape', None)} dtype {getattr(frames, 'dtype', type(frames))}"
+            f"frames must be [T, H, W, 3] uint8, got shape {getattr(frames, 'shape', None)} dtype "
+            f"{getattr(frames, 'dtype', type(frames))}"
         )
     return "rgb24"
 
@@ -184,9 +186,15 @@ def _field_errors(s: VideoSettings) -> str | None:
         or not math.isfinite(float(fps))
         or fps <= 0
     ):
-        return f"video_fps={fps!r} must be a positive number of frames per second (e.g. 30, or 7.5, or Fraction(30000, 1001))"
+        return (
+            f"video_fps={fps!r} must be a positive number of frames per second "
+            "(e.g. 30, or 7.5, or Fraction(30000, 1001))"
+        )
     if _stream_rate(fps) < _MIN_FPS:
-        return f"video_fps={fps!r} is below the slowest rate encoded here (1/1001 frames per second); use at least 1/1001 (e.g. 1)"
+        return (
+            f"video_fps={fps!r} is below the slowest rate encoded here (1/1001 frames per second); "
+            "use at least 1/1001 (e.g. 1)"
+        )
     lo, hi = CRF_RANGES.get(s.codec, (None, None))
     if (
         isinstance(s.crf, (bool, np.bool_))
@@ -211,7 +219,10 @@ def _field_errors(s: VideoSettings) -> str | None:
         return f"video_pix_fmt={s.pix_fmt!r} is not a pixel format libav knows; use e.g. 'yuv420p' (plays in browsers)"
     formats = [f.name for f in av.codec.Codec(s.codec, "w").video_formats or ()]
     if formats and s.pix_fmt not in formats:
-        return f"video_pix_fmt={s.pix_fmt!r} is not one {s.codec} encodes; use one of {', '.join(formats)} (e.g. {formats[0]!r})"
+        return (
+            f"video_pix_fmt={s.pix_fmt!r} is not one {s.codec} encodes; "
+            f"use one of {', '.join(formats)} (e.g. {formats[0]!r})"
+        )
     if s.executor not in EXECUTORS:
         return f"video_executor={s.executor!r} is unknown; use one of {', '.join(EXECUTORS)} (e.g. 'auto')"
     if s.executor == "process" and not shared_memory_supported():

@@ -67,8 +67,8 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
     episodes = frames = 0
     for k, (group, path) in enumerate(groups):
         if group != k:
-            c, f = chunk_file(k, chunks)
-            missing = root / EPISODES_PATH.format(chunk_index=c, file_index=f)
+            chunk_idx, file_idx = chunk_file(k, chunks)
+            missing = root / EPISODES_PATH.format(chunk_index=chunk_idx, file_index=file_idx)
             st.problems.append(f"{rel(missing)} is missing (the episodes files go on with {rel(path)}); {_fix(root)}")
             break
         try:

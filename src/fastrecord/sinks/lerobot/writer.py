@@ -22,10 +22,10 @@ is ``total_frames``), and every file appears atomically, so after a kill at any 
 dataset as it is, with every episode a group write took in, every frame readable:
 rows and episodes past info.json's totals wait there unseen, a video's episodes past them are never
 asked for. Opening the writer again on the same folders (``resume``: ``if_exists="resume"``, or
-`fastrecord.sinks.lerobot.check.repair`, which ``fastrecord consolidate NAME.lerobot`` runs) finishes a committed group's renames,
-counts what info.json did not, removes what an interrupted step left half done (dataset files past the
-last committed episodes file, parts already in a file, videos of uncommitted parts) and carries on: the
-pending parts go into a new file group.
+`fastrecord.sinks.lerobot.check.repair`, which ``fastrecord consolidate NAME.lerobot`` runs) finishes a committed
+group's renames, counts what info.json did not, removes what an interrupted step left half done (dataset files past the
+last committed episodes file, parts already in a file, videos of uncommitted parts) and carries on: the pending parts go
+into a new file group.
 A part's number is the recorder's episode id, and only the episodes the whole run committed (``limit``:
 its results rows, `fastrecord.sinks.results`) go into dataset files.
 """

@@ -204,9 +204,9 @@ def recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, A
             ]
         if linked:  # an index copied without its parts: rebuilding it from no parts would list nothing
             raise ValueError(
-                f"{h5} is an index of links ({len(linked)} episodes, e.g. into {linked[0]}) and {parts_dir.name}/ is not "
-                f"next to it: there are no parts to rebuild it from. Run this in the folder the run was recorded in, "
-                f"or copy {parts_dir.name}/ next to {h5.name} first"
+                f"{h5} is an index of links ({len(linked)} episodes, e.g. into {linked[0]}) and "
+                f"{parts_dir.name}/ is not next to it: there are no parts to rebuild it from. Run this in the folder "
+                f"the run was recorded in, or copy {parts_dir.name}/ next to {h5.name} first"
             )
     if not parts and h5.exists() and self_contained(h5):
         if not resume:  # a closed run: already one file

@@ -93,13 +93,15 @@ def open_trajectory(path: str | Path) -> TrajectoryFile:
         )
     if not meta["env_info"].get("env_id"):
         raise ValueError(
-            f"{str(json_path)!r} has no env_info.env_id: the task to replay in is unknown; the file is not a ManiSkill trajectory"
+            f"{str(json_path)!r} has no env_info.env_id: the task to replay in is unknown; "
+            "the file is not a ManiSkill trajectory"
         )
     for i, ep in enumerate(meta["episodes"]):
         missing = [k for k in ("episode_id", "episode_seed", "elapsed_steps") if k not in ep]
         if missing:
             raise ValueError(
-                f"{str(json_path)!r}: episodes[{i}] lacks {missing}; the file is not a ManiSkill trajectory (or is corrupt)"
+                f"{str(json_path)!r}: episodes[{i}] lacks {missing}; the file is not a ManiSkill trajectory "
+                "(or is corrupt)"
             )
     try:
         h5 = h5py.File(h5_path, "r")
@@ -119,8 +121,8 @@ def open_trajectory(path: str | Path) -> TrajectoryFile:
             h5.close()
             problem = "no group" if name not in h5 else "no actions in group"
             raise ValueError(
-                f"{str(h5_path)!r} has {problem} {name!r} for episode {ep['episode_id']} listed in {json_path.name}: the .h5 "
-                f"and .json do not belong together, or the file is not a ManiSkill trajectory"
+                f"{str(h5_path)!r} has {problem} {name!r} for episode {ep['episode_id']} listed in {json_path.name}: "
+                "the .h5 and .json do not belong together, or the file is not a ManiSkill trajectory"
             )
     return traj
 

@@ -25,6 +25,7 @@ parts are complete.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -194,7 +195,7 @@ class TrajectoryWriter:
         # a batch larger than one episode a writer is spread over the writers: one part each, in order
         n = min(self.num_writers, len(entries))
         bounds = [round(i * len(entries) / n) for i in range(n + 1)]
-        for lo, hi in zip(bounds, bounds[1:]):
+        for lo, hi in itertools.pairwise(bounds):
             with self._lock:
                 k = self._next_part
                 self._next_part += 1
