@@ -447,14 +447,26 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
     shard1 = shards.shard_dir(out, "trajectory", 1)
     killed = None
     try:
+        # rank 1 runs in slices of 20 ms between SIGSTOP and SIGCONT, and its files are read while it is stopped:
+        # it is killed after its first finished episode and before its last, however loaded the machine is
         deadline = time.monotonic() + 240
+        pid = None
+        while time.monotonic() < deadline and proc.poll() is None and pid is None:
+            lock = shard1 / ".trajectory.lock"
+            text = lock.read_text() if lock.exists() else ""
+            pid = int(text.split()[1]) if text.startswith("pid ") else None  # "pid N on HOST"
+            time.sleep(0.005)
+        assert pid is not None, "rank 1 took no lock in time"
+        os.kill(pid, signal.SIGSTOP)
         while time.monotonic() < deadline and proc.poll() is None:
             doc = read_json(shard1 / "trajectory.json")
             if doc is not None and len(doc["episodes"]) >= 1:
-                killed = int((shard1 / ".trajectory.lock").read_text().split()[1])  # "pid N on HOST"
-                os.kill(killed, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+                killed = pid
                 break
+            os.kill(pid, signal.SIGCONT)
             time.sleep(0.02)
+            os.kill(pid, signal.SIGSTOP)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -12,6 +12,7 @@ from fastrecord.sinks.lerobot.layout import (
     DEFAULT_DATA_FILE_SIZE_IN_MB,
     DEFAULT_VIDEO_FILE_SIZE_IN_MB,
     dataset_paths,
+    state_leaves,
 )
 from fastrecord.sinks.lerobot.writer import LeRobotWriter, import_pyarrow
 from fastrecord.workers import WorkerPool
@@ -69,6 +70,7 @@ class LeRobotSink(Sink):
         self._pool: WorkerPool | None = None
         self._closed = False
         self._rolled_to = 0  # the run's committed count when a roll was last asked for
+        self._keys_checked = False
 
     def open(self, run: RunDirectory) -> None:
         super().open(run)
@@ -101,6 +103,9 @@ class LeRobotSink(Sink):
         return self.writer.root
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
+        if episodes and not self._keys_checked:  # a wrong key is the caller's error, raised here, not in a writer
+            state_leaves(episodes[0].datasets, self.state_keys, self.state_layout)
+            self._keys_checked = True
         for ep in episodes:
             self._pool.submit((self.writer.reserve(ep.episode_id), ep))
 
