@@ -601,11 +601,10 @@ class EpisodeRecorder:
 
     def wait_until_done(self) -> None:
         """Block until every queued episode is on disk (re-raises writer errors)."""
-        # twice: every output done, and the results sink writes the rows all of them hold (the commit log);
-        # then a sink that joins only committed episodes into files (LeRobot's `limit`) takes the new ones
-        for _ in range(2):
-            for s in self.sinks:
-                s.wait_until_done()
+        # the results sink is the last: its rows of what every output holds (the commit log) then reach a sink
+        # that joins only committed episodes into files (LeRobot's `limit`) through `Sink.after_commit`
+        for s in self.sinks:
+            s.wait_until_done()
 
     def close(self, flush: bool) -> None:
         """Finish episodes in progress (if ``flush``), drain and close every sink, release the run

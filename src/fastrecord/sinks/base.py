@@ -69,8 +69,8 @@ class Sink:
     Lifecycle: ``open(run)`` once (after the run directory is claimed), ``submit(episodes)`` for each
     batch of kept episodes (on the stepping thread: return quickly or block for backpressure, never drop),
     then ``episodes_ended(ended)`` with the outcome of every episode of that batch, kept or not (the same
-    call of the recorder; optional), ``raise_if_failed()`` before each step, ``wait_until_done()``,
-    ``close()`` (idempotent, re-raises).
+    call of the recorder; optional), ``after_commit(n, wait)`` each time the run's commit log advances,
+    ``raise_if_failed()`` before each step, ``wait_until_done()``, ``close()`` (idempotent, re-raises).
 
     ``wants_frames``: episodes carry ``frames`` (``[T+1, H, W, 3]`` uint8, or `Yuv420Frames` if
     ``accepts_yuv420p`` and every frame sink accepts them). ``wants_datasets``: episodes carry the
@@ -96,6 +96,13 @@ class Sink:
         results row of an episode, the run's commit (`fastrecord.sinks.results`), waits until every sink
         says so. The default: at once (a sink that writes in ``submit``, or keeps nothing on disk)."""
         return True
+
+    def after_commit(self, committed: int, wait: bool) -> None:
+        """The run's commit log advanced: kept episodes ``0 .. committed-1`` are done in every output (their
+        results rows are written; ``run.committed`` says so too). Called on the stepping thread by the results
+        sink (`fastrecord.sinks.results`), after every other sink's ``wait_until_done`` when ``wait``: then
+        return once the sink has taken them in (a sink that puts only committed episodes into its files,
+        LeRobot's, rolls its file group here). The default: nothing."""
 
     def raise_if_failed(self) -> None:
         pass

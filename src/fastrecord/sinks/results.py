@@ -89,8 +89,10 @@ class ResultsSink(Sink):
     def _drain(self, final: bool = False) -> None:
         """Write the rows of the episodes every output has committed, in finish order, up to the first
         that is not (``final``: the rows after it are dropped, and so are their episodes: a resumed run
-        records them again)."""
+        records them again). When the commit log advanced, every output's ``after_commit`` (``wait``: ``final``,
+        i.e. from ``wait_until_done``/``close``)."""
         committed = None
+        errors: list[BaseException] = []
         while self._waiting:
             row, video = self._waiting[0]
             eid = row.get("episode_id")
@@ -104,11 +106,18 @@ class ResultsSink(Sink):
             self._waiting.popleft()
             self._file.write(json.dumps(row, allow_nan=False) + "\n")
             self._file.flush()  # a row a line: a kill keeps whole rows
+        if final and self._waiting:
+            self._waiting.clear()
         if committed is not None:
             self.run.committed = committed
             self.run.set_counter("episodes", committed)
-        if final and self._waiting:
-            self._waiting.clear()
+            for s in self.outputs:  # every output hears of it, even after another one failed; the first error
+                try:
+                    s.after_commit(committed, wait=final)
+                except BaseException as e:  # noqa: BLE001 - raised below, once each output heard
+                    errors.append(e)
+        if errors:
+            raise errors[0]
 
     def raise_if_failed(self) -> None:
         if self._waiting and self._file is not None and not self._file.closed:

@@ -123,11 +123,17 @@ class LeRobotSink(Sink):
     def raise_if_failed(self) -> None:
         self._pool.raise_if_failed()
         self.writer.raise_if_failed()
-        # the run's commit log (results rows) moved past what the dataset's files hold: a part written
-        # before its episode was committed by every output waits for this (the writer's `limit`)
-        run = getattr(self, "run", None)
-        if run is not None and self._pool is not None and run.committed > self._rolled_to and not self._closed:
-            self._rolled_to = run.committed
+
+    def after_commit(self, committed: int, wait: bool) -> None:
+        """The run's commit log (results rows) moved past what the dataset's files hold: a part written
+        before its episode was committed by every output waits for this (the writer's `limit`). ``wait``:
+        in the dataset's files on return (`wait_until_done`), else a worker rolls them in."""
+        if self._pool is None or self._closed:
+            return
+        if wait:
+            self.wait_until_done()
+        elif committed > self._rolled_to:
+            self._rolled_to = committed
             self._pool.submit(None)
 
     def wait_until_done(self) -> None:
