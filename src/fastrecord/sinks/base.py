@@ -120,34 +120,54 @@ class Sink:
 
 
 class BackgroundSink(Sink):
-    """A sink whose ``write(episode)`` runs on background threads (``workers`` of them) with a bounded
-    queue: the stepping thread waits when writers fall behind, and a writer's exception is re-raised in
-    the caller (`fastrecord.WorkerError`) at the next step, ``wait_until_done`` or ``close``."""
+    """A sink whose ``write(job)`` runs on background threads (``workers`` of them) with a bounded queue
+    (`fastrecord.workers.WorkerPool`): the stepping thread waits when writers fall behind, and a writer's
+    exception is re-raised in the caller (`fastrecord.WorkerError`) at the next step, ``wait_until_done``
+    or ``close``. By default every submitted episode is a job; a sink that makes its own jobs on the
+    stepping thread (pieces of a video, a row of scalars) hands them to ``queue(job)``.
+
+    The built-in `fastrecord.sinks.mp4.Mp4Sink` and the loggers (`fastrecord.sinks.loggers`) are
+    BackgroundSinks. ``workers``/``max_pending`` may be set per instance before ``open``."""
 
     workers: int = 1
     max_pending: int | None = None  # None: 2 x workers
+    _pool: WorkerPool | None = None
 
-    def write(self, episode: EpisodeData) -> None:
+    def write(self, job: Any) -> None:
         raise NotImplementedError
 
     def open(self, run: RunDirectory) -> None:
         super().open(run)
-        n = max(1, self.workers)
+        n = max(1, int(self.workers))
         self._pool = WorkerPool(self.write, num_workers=n, max_pending=self.max_pending or 2 * n,
                                 name=f"fastrecord-{type(self).__name__}")
 
+    def queue(self, job: Any) -> None:
+        """Hand ``job`` to a writer thread (on the stepping thread; blocks while the queue is full)."""
+        if self._pool is None:
+            raise RuntimeError(f"{type(self).__name__}: a job before open(); the recorder opens its sinks first")
+        self._pool.submit(job)
+
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
         for ep in episodes:
-            self._pool.submit(ep)
+            self.queue(ep)
 
     def raise_if_failed(self) -> None:
-        self._pool.raise_if_failed()
+        if self._pool is not None:
+            self._pool.raise_if_failed()
 
     def wait_until_done(self) -> None:
-        self._pool.wait_until_done()
+        if self._pool is not None:
+            self._pool.wait_until_done()
 
     def close(self) -> None:
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time the stepping thread waited for a free slot in the queue (backpressure)."""
+        return self._pool.blocked_seconds if self._pool is not None else 0.0
 
 
 # ---------------------------------------------------------------------------------------------- run directory

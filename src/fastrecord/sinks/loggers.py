@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 
 from fastrecord.episode import EpisodeData, EpisodeEnded
-from fastrecord.sinks.base import RunDirectory, Sink
-from fastrecord.workers import WorkerPool
+from fastrecord.sinks.base import BackgroundSink, RunDirectory, Sink
 
 LOGGERS = ("tensorboard", "wandb")
 
@@ -108,8 +107,8 @@ def make_logger(name: str, **kwargs: Any) -> Sink:
     )
 
 
-class _EpisodeLogger(Sink):
-    """Owns: the writer thread, the running counts (episodes, successes, videos), the choice of the
+class _EpisodeLogger(BackgroundSink):
+    """Owns: the writer thread (`BackgroundSink`), the running counts (episodes, successes, videos), the choice of the
     episodes whose video is logged and their frames until their episode's event arrives. A backend
     implements ``_start(run)`` (on the caller's thread, in ``open``), ``_log(step, scalars, video)`` (on
     the writer thread) and ``_finish(failed)``."""
@@ -143,19 +142,18 @@ class _EpisodeLogger(Sink):
         self.videos = 0  # videos chosen for logging
         self._frames: dict[int, np.ndarray] = {}  # episode id -> frames, from submit to episodes_ended
         self._files: list[Path] = []
-        self._pool: WorkerPool | None = None
         self._finished = False
 
     def open(self, run: RunDirectory) -> None:
-        super().open(run)
         if self.fps is None:
             self.fps = float(run.options.get("video_fps") or 30)
-        # one writer thread: episodes are logged in order (the running rate, W&B's step order)
-        self._pool = WorkerPool(self._write, num_workers=1, max_pending=2, name=f"fastrecord-{type(self).__name__}")
+        # one writer thread (BackgroundSink's default): episodes are logged in order (the running rate, W&B's
+        # step order)
+        super().open(run)
         try:
             self._start(run)
         except BaseException:
-            self._pool.close()
+            super().close()
             raise
 
     # -------------------------------------------------------------- stepping thread
@@ -181,25 +179,18 @@ class _EpisodeLogger(Sink):
                 scalars["success"] = float(ev.success)
                 scalars["success_rate"] = self.successes / self.judged
             scalars["return"] = float(ev.episode_return)
-            self._pool.submit((ev.episode_id, {f"{self.tag}/{k}": v for k, v in scalars.items()}, video))
+            self.queue((ev.episode_id, {f"{self.tag}/{k}": v for k, v in scalars.items()}, video))
         self._frames.clear()
 
-    def raise_if_failed(self) -> None:
-        self._pool.raise_if_failed()
-
-    def wait_until_done(self) -> None:
-        self._pool.wait_until_done()
-
     # -------------------------------------------------------------- writer thread
-    def _write(self, job: tuple[int, dict[str, float], np.ndarray | None]) -> None:
+    def write(self, job: tuple[int, dict[str, float], np.ndarray | None]) -> None:
         self._log(*job)
 
     def close(self) -> None:
         """Drain the queue, then close the logger (also after a failure). Idempotent; re-raises."""
         failed = False
         try:
-            if self._pool is not None:
-                self._pool.close()
+            super().close()
         except BaseException:
             failed = True
             raise

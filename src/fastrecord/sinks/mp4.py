@@ -22,16 +22,15 @@ import numpy as np
 
 from fastrecord.episode import EpisodeData
 from fastrecord.options import default_video_workers, usable_cores
-from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.sinks.base import BackgroundSink, RunDirectory
 from fastrecord.sinks.video_names import tiled_video_name, video_name
 from fastrecord.video import VideoSettings, encode_mp4
 from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
-from fastrecord.workers import WorkerPool
 
 
-class Mp4Sink(Sink):
-    """Owns: the encode queue and its worker threads (each drives one encoder process at a time), the
-    video names (which episode went into which video), and the list of videos written."""
+class Mp4Sink(BackgroundSink):
+    """Owns: the encode queue and its worker threads (`BackgroundSink`: each drives one encoder process at a
+    time), the video names (which episode went into which video), and the list of videos written."""
 
     wants_frames = True
     wants_datasets = False
@@ -59,10 +58,8 @@ class Mp4Sink(Sink):
         self._names: dict[int, str] = {}  # episode id -> the intended name of its (first) video, until taken
         self._outstanding: dict[int, int] = {}  # episode id -> its videos (pieces) not yet on disk
         self._lock = threading.Lock()
-        self._pool: WorkerPool | None = None
 
     def open(self, run: RunDirectory) -> None:
-        super().open(run)
         if self.settings.executor != "thread":
             from fastrecord.video.encode import use_processes
 
@@ -74,10 +71,8 @@ class Mp4Sink(Sink):
                 # started now (each imports PyAV in parallel), not when the first episodes are waiting
                 default_encoder_pool().start(min(self.workers, self.num_envs))
         self._video_id = run.counters.get("next_video_id", 0)
-        n = self.workers
-        self._pool = WorkerPool(
-            self._encode, num_workers=n, max_pending=max(2 * n, self.num_envs + n), name="fastrecord-mp4"
-        )
+        self.max_pending = max(2 * self.workers, self.num_envs + self.workers)
+        super().open(run)
 
     # -------------------------------------------------------------- stepping thread
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
@@ -97,7 +92,7 @@ class Mp4Sink(Sink):
                     overlay = ep.overlay[lo:hi] if ep.overlay else None
                     path = self.run.output_dir / name
                     self.run.intend_file(path, [ep.episode_id])
-                    self._pool.submit((path, ep.frames[lo:hi], overlay, k == 0, (ep.episode_id,)))
+                    self.queue((path, ep.frames[lo:hi], overlay, k == 0, (ep.episode_id,)))
             return
         from mani_skill.utils.visualization.misc import tile_images
 
@@ -117,7 +112,7 @@ class Mp4Sink(Sink):
             self._video_id += 1
             self.run.set_counter("next_video_id", self._video_id)
             self.run.intend_file(path, ids)
-            self._pool.submit((path, np.ascontiguousarray(tiled[lo:hi]), None, True, ids))
+            self.queue((path, np.ascontiguousarray(tiled[lo:hi]), None, True, ids))
 
     def _pieces(self, frames: int, per_step: int = 1) -> list[tuple[int, int]]:
         """Frame ranges of the videos of an episode with ``frames`` frames, ``per_step`` of them a step
@@ -132,7 +127,7 @@ class Mp4Sink(Sink):
         return [(lo, hi) for lo, hi in out if hi - lo > 1]
 
     # -------------------------------------------------------------- encoder threads
-    def _encode(self, job: tuple[Path, np.ndarray, list | None, bool, tuple[int, ...]]) -> None:
+    def write(self, job: tuple[Path, np.ndarray, list | None, bool, tuple[int, ...]]) -> None:
         path, frames, overlay, first, ids = job
         if overlay is not None and not isinstance(overlay, Overlay):  # per-frame dicts from a sink's caller
             frames, overlay = draw_overlay(frames, overlay, font=self._font), None
@@ -166,22 +161,7 @@ class Mp4Sink(Sink):
         with self._lock:
             return self._written.get(name)
 
-    def raise_if_failed(self) -> None:
-        self._pool.raise_if_failed()
-
-    def wait_until_done(self) -> None:
-        self._pool.wait_until_done()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-
     @property
     def files(self) -> list[Path]:
         with self._lock:
             return list(self._paths)
-
-    @property
-    def blocked_seconds(self) -> float:
-        """Time the stepping thread waited for a free slot in the encode queue (backpressure)."""
-        return self._pool.blocked_seconds if self._pool is not None else 0.0
