@@ -32,7 +32,6 @@ import h5py
 from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
 from fastrecord.sinks.maniskill_h5 import (
     PART_PATTERN,
-    PARTS_SUFFIX,
     TrajectoryFile,
     check_episode,
     check_links,
@@ -49,14 +48,9 @@ def find_runs(path: Path) -> list[Path]:
         if path.suffix != ".h5":
             raise ValueError(f"{str(path)!r} is not a .h5 trajectory file; pass a NAME.h5 or a folder of recordings")
         return [path]
-    names: set[str] = set()
-    for p in path.iterdir():
-        if p.is_file() and p.suffix == ".h5":
-            names.add(p.stem)
-        elif p.is_file() and p.name.endswith(MANIFEST_SUFFIX):
-            names.add(p.name[: -len(MANIFEST_SUFFIX)])
-        elif p.is_dir() and p.name.endswith(".h5" + PARTS_SUFFIX):
-            names.add(p.name[: -len(".h5" + PARTS_SUFFIX)])
+    from fastrecord.sinks.formats import run_names
+
+    names = run_names(path)  # by the files that mark a run (`fastrecord.sinks.formats.RunFile.marks_run`)
     if not names:
         raise ValueError(f"{str(path)!r} holds no recorded run (no NAME.h5, NAME{MANIFEST_SUFFIX} or NAME.h5.parts/); "
                          f"pass the folder a recording wrote (e.g. recordings)")

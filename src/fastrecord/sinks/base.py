@@ -187,61 +187,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def _holds_recordings(folder: Path) -> bool:
-    """Whether ``folder`` holds a video or a parquet file (a LeRobot dataset's rows) anywhere."""
-    return any(p.suffix in (".mp4", ".parquet") for p in folder.rglob("*"))
-
-
-def _h5_holds_episodes(path: Path) -> bool:
-    """Whether an HDF5 file holds any ``traj_*`` group, or cannot be read (then it is kept too).
-
-    Read in a writer process (`fastrecord.sinks.maniskill_h5.run_in_child`), as every other HDF5 access
-    to a run's files while recording: the file is what an earlier run left, maybe damaged, and the HDF5
-    library must not take the caller's process down on it (a process start, about 0.14 s on a busy
-    2-core machine, paid only when an earlier run of the name recorded nothing)."""
-    from fastrecord.sinks.maniskill_h5.recover import run_in_child
-
-    try:
-        state = run_in_child("groups_of", str(path))
-    except Exception:  # noqa: BLE001 - the reader died on it: unreadable, so kept
-        return True
-    return "error" in state or any(str(k).startswith("traj_") for k in state.get("names", []))
-
-
 def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
-    """Whether the run ``name`` whose files are ``existing`` recorded nothing: no episode in ``NAME.json``, no part or
-    shard files, no counter above 0, and its other files empty (a results file of no episode) or folders without videos
-    or parquet files (a logger's folder of no episode, a LeRobot dataset of none). What start-up left when it was
-    interrupted (Ctrl-C, a bad camera name found at the first reset) or a run closed before its first episode ended."""
+    """Whether the run ``name`` whose files are ``existing`` recorded nothing: no counter above 0 in its manifest,
+    and none of its files holds recordings, as the format owning each says (`fastrecord.sinks.formats`: no episode
+    in ``NAME.json``, no part or shard files, other files empty, folders without videos or parquet files: a logger's
+    folder of no episode, a LeRobot dataset of none). What start-up left when it was interrupted (Ctrl-C, a bad
+    camera name found at the first reset) or a run closed before its first episode ended."""
+    from fastrecord.sinks import formats
+
     if not (output_dir / f"{name}{MANIFEST_SUFFIX}").is_file():
         return False  # not a run fastrecord made: never judged empty
     manifest = read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}")
     if any(isinstance(v, int) and v > 0 for v in manifest.get("counters", {}).values()):
         return False
-    own = {output_dir / f"{name}{s}": s for s in (".h5", ".json", ".h5.parts", ".shards", MANIFEST_SUFFIX)}
-    for p in existing:
-        suffix = own.get(p)
-        if suffix == MANIFEST_SUFFIX or p.name.startswith(f".{name}{MANIFEST_SUFFIX}."):  # the manifest, its temporary
-            continue
-        if suffix in (".h5.parts", ".shards"):
-            if any(p.iterdir()):
-                return False
-        elif suffix == ".json":
-            try:
-                episodes = json.loads(p.read_text()).get("episodes")
-                if not isinstance(episodes, list) or episodes:
-                    return False
-            except (OSError, ValueError, AttributeError):
-                return False  # unreadable: keep it, the user decides
-        elif suffix == ".h5":
-            if not (output_dir / f"{name}.json").exists() or _h5_holds_episodes(p):
-                return False  # an HDF5 file without its episode list, or with episodes: keep it
-        elif p.is_dir():
-            if _holds_recordings(p):
-                return False
-        elif p.stat().st_size > 0:
-            return False
-    return True
+    return not any(formats.file_holds_recordings(p, output_dir, name) for p in existing)
 
 
 class RunDirectory:
@@ -410,13 +369,10 @@ class RunDirectory:
         what = ", ".join(p.name + ("/" if p.is_dir() else "") for p in existing[:6])
         if len(existing) > 6:
             what += f" and {len(existing) - 6} more"
-        episodes = ""
-        js = self.path(".json")
-        if js.exists():
-            try:
-                episodes = f" ({len(json.loads(js.read_text()).get('episodes', []))} episodes)"
-            except (OSError, ValueError):
-                pass
+        from fastrecord.sinks.formats import episodes_listed
+
+        listed = episodes_listed(self.output_dir, self.name)
+        episodes = "" if listed is None else f" ({listed} episodes)"
         status = self.previous.get("status")
         left = " It was left by a run that did not close (crash or kill)." if status == "recording" else ""
         return f"{str(self.output_dir)!r} already holds a run named {self.name!r}{episodes}: {what}.{left}"
@@ -519,10 +475,11 @@ class RunDirectory:
         """Construction failed before anything was recorded: remove what this run created (never what an
         earlier run of a resumed name left), release the name."""
         if self._created and not self.resuming:
+            from fastrecord.sinks import formats
+
             created = [self.output_dir / f for f in self._files]
-            for p in (self.manifest_path, self.path(".h5"), self.path(".json"), self.path(".h5.parts"),
-                      self.path(".lerobot"), self.path(".lerobot.parts"), journal_path(self.output_dir, self.name),
-                      *created):
+            declared = [f.path(self.output_dir, self.name) for f in formats.RUN_FILES if f.abandon]
+            for p in (*declared, *created):
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
                 elif p.exists():

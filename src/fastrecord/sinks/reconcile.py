@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fastrecord.sinks import formats
 from fastrecord.sinks.runfiles import RESULTS_SUFFIX, listed_files, owned_intent_files, pending_intents
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ def episode_ranges(ids: list[int]) -> str:
     return ", ".join(runs)
 
 
+def _is_video(rel: str) -> bool:
+    """Whether a listed file is a video of the run (`fastrecord.sinks.mp4`)."""
+    return rel.endswith(formats.RECORDING_SUFFIXES["mp4"])
+
+
 def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunState:
     """Read every output of run ``name`` in ``output_dir`` (nothing is written): the commit log, what
     each output holds, and every disagreement that is damage (`RunState.problems`). ``videos``: check the
@@ -105,21 +111,20 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
     n_rows, keep = commit_log(rows) if rows is not None else (0, 0)
     problems: list[str] = []
     h5 = None
-    if any((out / f"{name}{s}").exists() for s in (".h5", ".json", ".h5.parts")):
+    if formats.present(out, name, "maniskill_h5"):
         from fastrecord.sinks.maniskill_h5 import run_in_child
 
         h5 = run_in_child("scan_here", str(out / f"{name}.h5"))
         problems += [f"{name}.h5.parts/{u} cannot be read; restore it or move it out (its episodes are then recorded "
                      f"again)" for u in h5["unreadable"]]
     lerobot = None
-    root = out / f"{name}.lerobot"
-    if root.exists() or root.with_name(root.name + ".parts").exists():
+    if formats.present(out, name, "lerobot"):
         from fastrecord.sinks.lerobot.check import scan_dataset
 
-        lerobot = scan_dataset(root, videos=videos)
+        lerobot = scan_dataset(out / f"{name}.lerobot", videos=videos)
         problems += lerobot.problems
     owned = {**listed_files(out, name), **owned_intent_files(out, name)}
-    vids = {f: e for f, e in owned.items() if f.endswith(".mp4") and (out / f).exists()}
+    vids = {f: e for f, e in owned.items() if _is_video(f) and (out / f).exists()}
     seqs = lerobot.seqs if lerobot else None
     n = n_rows if rows is not None else min((_prefix(x) for x in [(h5 or {}).get("ids"), seqs] if x is not None),
                                             default=0)
@@ -138,7 +143,7 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
         if isinstance(video, str) and not (out / video).exists():
             problems.append(f"{video} (the video of episode {row.get('episode_id')}) is missing; {fix}")
     for f, eps in owned.items():  # listed by the manifest: gone although its episodes are committed
-        if f not in named and f.endswith(".mp4") and eps and all(e < n for e in eps) and not (out / f).exists():
+        if f not in named and _is_video(f) and eps and all(e < n for e in eps) and not (out / f).exists():
             problems.append(f"{f} (a video of episode(s) {episode_ranges(eps)}, listed in {name}.fastrecord.json) is "
                             f"missing; {fix}")
     return RunState(name, n, rows, keep, h5, lerobot, vids, problems)

@@ -30,14 +30,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def run_files(output_dir: Path, name: str) -> list[Path]:
-    """The files a run of ``name`` owns in ``output_dir`` that exist now (listed ones from its manifest and
-    journal too, and a manifest's temporary file a kill left)."""
-    # NAME.shards/: the shards of a sharded run (fastrecord.shards), NAME.h5 + NAME.json then join them
-    # NAME.lerobot/ (+ NAME.lerobot.parts/): the LeRobot dataset (fastrecord.sinks.lerobot)
-    fixed = [output_dir / f"{name}{s}" for s in (".h5", ".json", ".h5.parts", ".shards", ".lerobot", ".lerobot.parts",
-                                                        RESULTS_SUFFIX, MANIFEST_SUFFIX)]
-    fixed.append(journal_path(output_dir, name))
-    fixed += sorted(output_dir.glob(f".{glob_escape(name)}{MANIFEST_SUFFIX}.*.tmp"))
+    """The files a run of ``name`` owns in ``output_dir`` that exist now: those its formats declare
+    (`fastrecord.sinks.formats.RUN_FILES`, and a manifest's temporary file a kill left), and those its manifest
+    and journal list."""
+    from fastrecord.sinks import formats  # the files each format declares
+
+    fixed = formats.paths(output_dir, name) + formats.temporaries(output_dir, name)
     listed = [output_dir / f for f in {**listed_files(output_dir, name), **owned_intent_files(output_dir, name)}]
     root = output_dir.resolve()
     inside = [p for p in listed if p.resolve().is_relative_to(root) and p.resolve() != root]

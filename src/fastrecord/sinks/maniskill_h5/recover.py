@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,40 @@ def consolidate(h5_path: str | Path) -> Path:
     process, atomic rename), and only then remove ``NAME.h5.parts``. Returns ``NAME.h5``."""
     run_in_child("consolidate_here", str(h5_path), None)
     return Path(h5_path)
+
+
+# ---------------------------------------------------------------------------------------------- what a run holds
+# The tests of `fastrecord.sinks.formats.RUN_FILES` for this format's files: whether an earlier run's file holds
+# recorded episodes (a run that recorded nothing is replaced, whatever ``if_exists`` says).
+def h5_holds_episodes(path: Path, output_dir: Path, name: str) -> bool:
+    """Whether ``NAME.h5`` holds any ``traj_*`` group, or cannot be read, or has no ``NAME.json`` beside it
+    (then it is kept too).
+
+    Read in a writer process (`run_in_child`), as every other HDF5 access to a run's files while recording:
+    the file is what an earlier run left, maybe damaged, and the HDF5 library must not take the caller's
+    process down on it (a process start, about 0.14 s on a busy 2-core machine, paid only when an earlier run
+    of the name recorded nothing)."""
+    if not (Path(output_dir) / f"{name}.json").exists():
+        return True  # an HDF5 file without its episode list: keep it
+    try:
+        state = run_in_child("groups_of", str(path))
+    except Exception:  # noqa: BLE001 - the reader died on it: unreadable, so kept
+        return True
+    return "error" in state or any(str(k).startswith("traj_") for k in state.get("names", []))
+
+
+def json_holds_episodes(path: Path, output_dir: Path, name: str) -> bool:
+    """Whether ``NAME.json`` lists an episode, or cannot be read."""
+    try:
+        episodes = json.loads(Path(path).read_text()).get("episodes")
+        return not isinstance(episodes, list) or bool(episodes)
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable: keep it, the user decides
+
+
+def json_episodes(path: Path) -> int | None:
+    """How many episodes ``NAME.json`` lists (None: unreadable)."""
+    try:
+        return len(json.loads(Path(path).read_text()).get("episodes", []))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
