@@ -131,6 +131,7 @@ class BackgroundSink(Sink):
 
     workers: int = 1
     max_pending: int | None = None  # None: 2 x workers
+    thread_name: str | None = None  # the worker threads' name (None: fastrecord-<class name>), -0, -1, ...
     _pool: WorkerPool | None = None
 
     def write(self, job: Any) -> None:
@@ -140,7 +141,7 @@ class BackgroundSink(Sink):
         super().open(run)
         n = max(1, int(self.workers))
         self._pool = WorkerPool(self.write, num_workers=n, max_pending=self.max_pending or 2 * n,
-                                name=f"fastrecord-{type(self).__name__}")
+                                name=self.thread_name or f"fastrecord-{type(self).__name__}")
 
     def queue(self, job: Any) -> None:
         """Hand ``job`` to a writer thread (on the stepping thread; blocks while the queue is full)."""

@@ -34,6 +34,7 @@ class Mp4Sink(BackgroundSink):
 
     wants_frames = True
     wants_datasets = False
+    thread_name = "fastrecord-mp4"
 
     def __init__(
         self,
