@@ -5,18 +5,16 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from fastrecord import locks
 from fastrecord.shards.layout import SHARDS_SUFFIX, global_index_of, list_shards, results_rows, shards_root
-from fastrecord.sinks.maniskill_h5.layout import read_json
 from fastrecord.sinks.results import RESULTS_SUFFIX
 
 log = logging.getLogger("fastrecord")
@@ -24,18 +22,7 @@ log = logging.getLogger("fastrecord")
 
 def lock_held(shard: Path, name: str) -> bool:
     """Whether a live process holds the shard's run lock (it is recording now)."""
-    lock = shard / f".{name}.lock"
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return locks.lock_held(shard / f".{name}.lock")
 
 
 # ---------------------------------------------------------------------------------------------- merge
@@ -124,10 +111,6 @@ def ranges_text(values: Sequence[int], limit: int = 12) -> str:
     return text + (f", ... ({len(spans) - limit} more spans)" if len(spans) > limit else "")
 
 
-def _comparable(info: Any) -> str:
-    return json.dumps(info, sort_keys=True, default=repr)
-
-
 def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int | None = None) -> MergeReport:
     """Build (or rebuild) the joined dataset ``DIR/NAME.h5`` + ``DIR/NAME.json`` from the shards in
     ``DIR/NAME.shards/rank*/``; return a `MergeReport`.
@@ -172,32 +155,44 @@ def merging(run_dir: Path, name: str) -> Iterator[None]:
     dies): one merge of run ``NAME`` at a time. Not the run's own lock ``.NAME.lock``: rank 0 holds that
     for the whole recording and merges under it, and a merge while the run records is allowed. A second
     merge logs that it waits, then waits."""
-    path = run_dir / f".{name}.merge.lock"
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
-            log.warning("fastrecord: waiting for another merge of %r in %s (%s) to end", name, str(run_dir), holder)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        try:  # the holder removes the file as it ends: a lock on a removed file is no lock, take the new one
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+
+    def waiting(holder: str) -> None:
+        log.warning("fastrecord: waiting for another merge of %r in %s (%s) to end", name, str(run_dir),
+                    holder or "unknown process")
+
+    with locks.holding(run_dir / f".{name}.merge.lock", waiting=waiting):
         yield
-    finally:
-        path.unlink(missing_ok=True)  # before the close that releases it: a waiter then sees it removed
-        os.close(fd)
+
+
+class JoinPart(Protocol):
+    """A format's part of `merge` (`fastrecord.sinks.maniskill_h5.merge.TrajectoryJoin`,
+    `fastrecord.sinks.lerobot.join.LeRobotJoin`): reads what each shard holds in that format (``read_shard``,
+    ``limit``: the shard's committed episodes, None: unknown), then writes the joined output in ``DIR``
+    (``write``, told what the parts before it joined) and returns ``{global episode: (rank, entry)}``."""
+
+    duplicates: list[int]  # global episodes found in several shards (the lowest rank's is used)
+
+    @property
+    def found(self) -> bool: ...
+
+    def read_shard(self, rank: int, folder: Path, limit: int | None) -> None: ...
+
+    def write(self, report: MergeReport,
+              joined: dict[int, tuple[int, dict[str, Any]]]) -> dict[int, tuple[int, dict[str, Any]]]: ...
+
+
+def join_parts(run_dir: Path, name: str, *, links: bool) -> list[JoinPart]:
+    """The formats' parts of a merge, in the order they are written: the trajectory (whose episodes the
+    report and the results rows follow when there is one), then the LeRobot dataset."""
+    from fastrecord.sinks.lerobot.join import LeRobotJoin
+    from fastrecord.sinks.maniskill_h5.merge import TrajectoryJoin
+
+    return [TrajectoryJoin(run_dir, name, links=links), LeRobotJoin(run_dir, name)]
 
 
 def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> MergeReport:
-    """`merge`'s work, under `merging`."""
+    """`merge`'s work, under `merging`: the shards read once, each format's part joined, the report and the
+    joined results rows written."""
     from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
 
     shards = list_shards(run_dir, name)
@@ -211,15 +206,42 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
         sharding = read_manifest(run_dir / f"{name}{MANIFEST_SUFFIX}").get("options", {}).get("sharding", {})
         if isinstance(sharding, dict) and isinstance(sharding.get("total"), int):
             expected = sharding["total"]
-    h5_path, json_path = run_dir / f"{name}.h5", run_dir / f"{name}.json"
-    report = MergeReport(h5_path, json_path, expected=expected, consolidated=not links)
+    report = MergeReport(run_dir / f"{name}.h5", run_dir / f"{name}.json", expected=expected, consolidated=not links)
+    parts = join_parts(run_dir, name, links=links)
+    dropped = _read_shards(run_dir, name, shards, parts, report)
+    primary = next((p for p in parts if p.found), None)
+    if primary is None:
+        raise NothingToMerge(
+            f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
+            f"or nothing finished); there is nothing to join"
+        )
+    chosen: dict[int, tuple[int, dict[str, Any]]] = {}
+    for part in parts:
+        joined = part.write(report, chosen)
+        if part is primary:
+            chosen = joined
+            for rank, _ in chosen.values():
+                report.shards[rank] = report.shards.get(rank, 0) + 1
+        report.duplicates += part.duplicates
+    top = max([*chosen, *dropped], default=-1) + 1
+    span = range(expected if expected is not None else top)
+    report.dropped = sorted(g for g in dropped if g not in chosen)
+    report.missing = [g for g in span if g not in chosen and g not in dropped]
+    report.duplicates = sorted(set(report.duplicates))
+    _join_results(run_dir, name, shards, chosen)
+    return report
 
-    header: dict[str, Any] | None = None
-    header_rank = -1
-    chosen: dict[int, tuple[int, dict[str, Any]]] = {}  # g -> (rank, shard entry)
-    dropped: set[int] = set()
+
+def _read_shards(run_dir: Path, name: str, shards: dict[int, Path], parts: Sequence[JoinPart],
+                 report: MergeReport) -> set[int]:
+    """Read every shard for the parts (a shard recording now or left by a crash noted in ``report``); returns
+    the global episodes the shards' results rows say the keep filter dropped. A damaged shard (`inspect_run`)
+    is a ValueError, raised once every shard's entries were checked (a bad entry says more)."""
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
     from fastrecord.sinks.reconcile import inspect_run
 
+    root = shards_root(run_dir, name)
+    dropped: set[int] = set()
     damaged = None
     for rank, folder in shards.items():
         limit = None  # a shard's committed episodes (its results file's commit log): what it holds past them is not
@@ -229,7 +251,7 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
             if read_manifest(folder / f"{name}{MANIFEST_SUFFIX}").get("status") == "recording":
                 report.crashed.append(rank)
             state = inspect_run(folder, name, videos=False)
-            if state.problems and damaged is None:  # raised once the entries are checked (a bad one says more)
+            if state.problems and damaged is None:
                 damaged = f"not merging run {name!r}: its shard {folder.relative_to(run_dir)}: {state.problems[0]}"
             limit = state.committed if state.rows is not None else None
         for row in results_rows(folder, name):
@@ -237,74 +259,11 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
                 dropped.add(
                     global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {root}")
                 )
-        doc = read_json(folder / f"{name}.json")
-        if doc is None:
-            continue
-        shard_header = {k: v for k, v in doc.items() if k != "episodes"}
-        if header is None:
-            header, header_rank = shard_header, rank
-        elif _comparable(shard_header.get("env_info")) != _comparable(header.get("env_info")):
-            raise ValueError(
-                f"the shards disagree on env_info: rank {header_rank} has {header.get('env_info')!r}, rank {rank} has "
-                f"{shard_header.get('env_info')!r} ({folder}); they are not one run. Move the foreign shard folder out "
-                f"of {root} and merge again"
-            )
-        for e in doc.get("episodes", []):
-            if not isinstance(e, dict) or "global_index" not in e or "episode_id" not in e:
-                raise ValueError(f"{folder / (name + '.json')} has an episode entry without global_index/episode_id "
-                                 f"({str(e)[:120]}); it is not a shard of a sharded run. Move it out of {root}")
-            g = global_index_of(e, folder / f"{name}.json", f", or move {folder} out of {root}")
-            if isinstance(e["episode_id"], bool) or not isinstance(e["episode_id"], int):
-                raise ValueError(
-                    f"{folder / (name + '.json')} has an episode entry with episode_id={e['episode_id']!r} "
-                    f"(global_index {g}); it must be the episode's group number in that shard's {name}.h5 "
-                    f"(traj_<episode_id>). Fix that entry, or move {folder} out of {root}"
-                )
-            if limit is not None and e["episode_id"] >= limit:
-                continue  # left by a stop before the shard's other outputs held it: its resume records it again
-            if g in chosen:
-                report.duplicates.append(g)
-                continue
-            chosen[g] = (rank, e)
+        for part in parts:
+            part.read_shard(rank, folder, limit)
     if damaged is not None:
         raise ValueError(damaged)
-    lerobot = _lerobot_roots(shards, name)
-    if header is None and not lerobot:
-        raise NothingToMerge(
-            f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
-            f"or nothing finished); there is nothing to join"
-        )
-
-    order = sorted(chosen)
-    sources: list[tuple[str, str, str]] = []  # (name in NAME.h5, shard file relative to DIR, group in it)
-    episodes: list[dict[str, Any]] = []
-    for g in order:
-        rank, e = chosen[g]
-        target = os.path.relpath(shards[rank] / f"{name}.h5", run_dir)
-        sources.append((f"traj_{g}", target, f"traj_{int(e['episode_id'])}"))
-        report.shards[rank] = report.shards.get(rank, 0) + 1
-        episodes.append({**e, "episode_id": g, "global_index": g, "source_rank": rank,
-                         "shard_episode_id": int(e["episode_id"])})
-    report.episodes = len(episodes)
-    if header is not None:
-        from fastrecord.sinks.maniskill_h5.merge import join_runs
-
-        join_runs(h5_path, sources, {**header, "episodes": episodes}, links=links)
-    else:
-        report.trajectory = False
-    if lerobot:
-        present = _join_lerobot(run_dir, name, lerobot, report)
-        report.lerobot_missing = sorted(set(order) - set(present))
-        if header is None:
-            chosen = {g: (rank, {}) for g, rank in present.items()}
-            order = sorted(chosen)
-    top = max([*order, *dropped], default=-1) + 1
-    span = range(expected if expected is not None else top)
-    report.dropped = sorted(g for g in dropped if g not in chosen)
-    report.missing = [g for g in span if g not in chosen and g not in dropped]
-    report.duplicates = sorted(set(report.duplicates))
-    _join_results(run_dir, name, shards, chosen)
-    return report
+    return dropped
 
 
 def _join_results(run_dir: Path, name: str, shards: dict[int, Path],
@@ -329,43 +288,3 @@ def _join_results(run_dir: Path, name: str, shards: dict[int, Path],
     if rows or (run_dir / f"{name}{RESULTS_SUFFIX}").exists():
         text = "".join(json.dumps(rows[g], allow_nan=False) + "\n" for g in sorted(rows))
         atomic_write_bytes(run_dir / f"{name}{RESULTS_SUFFIX}", text.encode())
-
-
-def _lerobot_roots(shards: dict[int, Path], name: str) -> dict[int, Path]:
-    """{rank: its ``NAME.lerobot``} of the shards that recorded a LeRobot dataset (its folder, or its parts
-    folder, exists)."""
-    from fastrecord.sinks.lerobot.layout import dataset_paths
-
-    return {rank: dataset_paths(folder, name)[0] for rank, folder in shards.items()
-            if any(p.is_dir() for p in dataset_paths(folder, name))}
-
-
-def _join_lerobot(run_dir: Path, name: str, roots: dict[int, Path], report: MergeReport) -> dict[int, int]:
-    """Join the shards' LeRobot datasets ``roots`` into ``DIR/NAME.lerobot``: each global episode once
-    (the lowest rank's), ordered by global index, renumbered 0..N-1 (`fastrecord.sinks.lerobot.join`).
-    Returns {global episode: rank} of those joined. Without a trajectory, ``report.shards`` counts them."""
-    from fastrecord.sinks.lerobot.join import episode_entries, join_datasets
-    from fastrecord.sinks.lerobot.layout import DATASET_SUFFIX
-
-    shards = {rank: root.parent for rank, root in roots.items()}
-    chosen: dict[int, tuple[Path, int, dict[str, Any]]] = {}
-    for rank, root in roots.items():
-        for ep, entry, _ in episode_entries(root) if root.is_dir() else ():
-            if "global_index" not in entry:
-                raise ValueError(
-                    f"{root} has episode {ep} without a global_index (written by an older fastrecord, or "
-                    f"not by a sharded run); it cannot be placed in the joined dataset. Move {shards[rank]} "
-                    f"out of {shards_root(run_dir, name)}"
-                )
-            g = global_index_of(entry, root, f", or move {shards[rank]} out of {shards_root(run_dir, name)}")
-            if g in chosen:
-                report.duplicates.append(g)
-                continue
-            chosen[g] = (root, ep, {"global_index": g, "source_rank": rank})
-    target = run_dir / f"{name}{DATASET_SUFFIX}"
-    report.lerobot_episodes = join_datasets(target, [chosen[g] for g in sorted(chosen)])
-    report.lerobot_path = target if target.is_dir() else None
-    if not report.trajectory:
-        for _, _, entry in chosen.values():
-            report.shards[entry["source_rank"]] = report.shards.get(entry["source_rank"], 0) + 1
-    return {g: entry["source_rank"] for g, (_, _, entry) in chosen.items()}

@@ -20,7 +20,6 @@ lock ``.NAME.lock`` held while it records. Policy, the same for the wrapper and 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fastrecord.episode import EpisodeData, EpisodeEnded
+from fastrecord.locks import LockHeld, release_lock, take_lock
 from fastrecord.sinks.runfiles import (  # noqa: F401 - the run's file names, re-exported
     JOURNAL_SUFFIX,
     MANIFEST_SUFFIX,
@@ -296,33 +296,20 @@ class RunDirectory:
 
     def _claim(self, name: str, default_name: bool) -> bool:
         """Take the lock of ``name`` and apply the policy; False when a default name is taken."""
-        lock = self.output_dir / f".{name}.lock"
-        while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                os.close(fd)
-                if default_name:
-                    return False
-                raise OutputExistsError(
-                    f"another recorder ({owner or 'unknown process'}) is writing trajectory_name={name!r} in "
-                    f"{str(self.output_dir)!r}; give this run another trajectory_name or output_dir, or wait until "
-                    f"the other one is closed"
-                ) from None
-            # the lock file may have been removed by its previous owner between our open and flock
-            try:
-                if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-        self._lock_fd = fd
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        try:
+            self._lock_fd = take_lock(self.output_dir / f".{name}.lock")
+        except LockHeld as e:
+            if default_name:
+                return False
+            raise OutputExistsError(
+                f"another recorder ({e.holder or 'unknown process'}) is writing trajectory_name={name!r} in "
+                f"{str(self.output_dir)!r}; give this run another trajectory_name or output_dir, or wait until "
+                f"the other one is closed"
+            ) from None
         self.name = name
-        for tmp in self.output_dir.glob(f".{glob_escape(name)}{MANIFEST_SUFFIX}.*.tmp"):
+        from fastrecord.sinks import formats
+
+        for tmp in formats.temporaries(self.output_dir, name):
             tmp.unlink(missing_ok=True)  # a manifest write a kill cut short (the name is ours now: nobody writes it)
         existing = run_files(self.output_dir, name)
         if not existing:
@@ -464,13 +451,8 @@ class RunDirectory:
             if self._closed and not self._intents:
                 journal_path(self.output_dir, self.name).unlink(missing_ok=True)
         if self._lock_fd is not None:
-            lock = self.output_dir / f".{self.name}.lock"
-            try:
-                lock.unlink()
-            except FileNotFoundError:
-                pass
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+            fd, self._lock_fd = self._lock_fd, None
+            release_lock(self.output_dir / f".{self.name}.lock", fd)
 
     def abandon(self) -> None:
         """Construction failed before anything was recorded: remove what this run created (never what an
