@@ -33,6 +33,8 @@ from typing import Any
 
 from fastrecord.episode import EpisodeData, EpisodeEnded
 from fastrecord.locks import LockHeld, release_lock, take_lock
+from fastrecord.sinks import formats
+from fastrecord.sinks.formats import run_files
 from fastrecord.sinks.runfiles import (  # noqa: F401 - the run's file names, re-exported
     JOURNAL_SUFFIX,
     MANIFEST_SUFFIX,
@@ -42,7 +44,6 @@ from fastrecord.sinks.runfiles import (  # noqa: F401 - the run's file names, re
     listed_files,
     owned_intent_files,
     read_manifest,
-    run_files,
 )
 from fastrecord.workers import WorkerPool
 
@@ -194,8 +195,6 @@ def recorded_nothing(output_dir: Path, name: str, existing: list[Path]) -> bool:
     in ``NAME.json``, no part or shard files, other files empty, folders without videos or parquet files: a logger's
     folder of no episode, a LeRobot dataset of none). What start-up left when it was interrupted (Ctrl-C, a bad
     camera name found at the first reset) or a run closed before its first episode ended."""
-    from fastrecord.sinks import formats
-
     if not (output_dir / f"{name}{MANIFEST_SUFFIX}").is_file():
         return False  # not a run fastrecord made: never judged empty
     manifest = read_manifest(output_dir / f"{name}{MANIFEST_SUFFIX}")
@@ -307,8 +306,6 @@ class RunDirectory:
                 f"the other one is closed"
             ) from None
         self.name = name
-        from fastrecord.sinks import formats
-
         for tmp in formats.temporaries(self.output_dir, name):
             tmp.unlink(missing_ok=True)  # a manifest write a kill cut short (the name is ours now: nobody writes it)
         existing = run_files(self.output_dir, name)
@@ -357,9 +354,7 @@ class RunDirectory:
         what = ", ".join(p.name + ("/" if p.is_dir() else "") for p in existing[:6])
         if len(existing) > 6:
             what += f" and {len(existing) - 6} more"
-        from fastrecord.sinks.formats import episodes_listed
-
-        listed = episodes_listed(self.output_dir, self.name)
+        listed = formats.episodes_listed(self.output_dir, self.name)
         episodes = "" if listed is None else f" ({listed} episodes)"
         status = self.previous.get("status")
         left = " It was left by a run that did not close (crash or kill)." if status == "recording" else ""
@@ -458,8 +453,6 @@ class RunDirectory:
         """Construction failed before anything was recorded: remove what this run created (never what an
         earlier run of a resumed name left), release the name."""
         if self._created and not self.resuming:
-            from fastrecord.sinks import formats
-
             created = [self.output_dir / f for f in self._files]
             declared = [f.path(self.output_dir, self.name) for f in formats.RUN_FILES if f.abandon]
             for p in (*declared, *created):

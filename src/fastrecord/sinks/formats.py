@@ -5,7 +5,7 @@ Each output format declares its files here, as `RunFile` rows of `RUN_FILES`, an
 they hold lives in its own package (named lazily, ``"module:function"``, so that the run directory imports
 neither h5py nor pyarrow before a format is used). Everything that asks "which files are this run's" or
 "did this run record anything" asks this module: the run directory's claim (`fastrecord.sinks.base`:
-error / overwrite / resume, a run that recorded nothing, `abandon`), `runfiles.run_files`, the commit log's
+error / overwrite / resume, a run that recorded nothing, `abandon`), `run_files`, the commit log's
 check of the outputs (`fastrecord.sinks.reconcile`) and ``fastrecord info``.
 
 A file a run lists in its manifest or journal (a video, a logger's folder) and that no row names is judged
@@ -20,7 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastrecord.sinks.runfiles import JOURNAL_SUFFIX, MANIFEST_SUFFIX, RESULTS_SUFFIX
+from fastrecord.sinks.runfiles import (
+    JOURNAL_SUFFIX,
+    MANIFEST_SUFFIX,
+    RESULTS_SUFFIX,
+    glob_escape,
+    listed_files,
+    owned_intent_files,
+)
 
 # holds(path, output_dir, name) -> whether the file ``path`` of run ``name`` holds recordings; a file that cannot
 # be read holds them (it is kept: the user decides)
@@ -91,13 +98,22 @@ def present(output_dir: Path, name: str, owner: str) -> bool:
 
 def temporaries(output_dir: Path, name: str) -> list[Path]:
     """The temporary files of atomic writes a kill cut short (`RunFile.temporaries`), sorted."""
-    from fastrecord.sinks.runfiles import glob_escape
-
     out: list[Path] = []
     for f in RUN_FILES:
         if f.temporaries:
             out += sorted(Path(output_dir).glob(f".{glob_escape(name)}{f.suffix}.*.tmp"))
     return out
+
+
+def run_files(output_dir: Path, name: str) -> list[Path]:
+    """The files a run of ``name`` owns in ``output_dir`` that exist now: those its formats declare
+    (`fastrecord.sinks.formats.RUN_FILES`, and a manifest's temporary file a kill left), and those its manifest
+    and journal list."""
+    fixed = paths(output_dir, name) + temporaries(output_dir, name)
+    listed = [output_dir / f for f in {**listed_files(output_dir, name), **owned_intent_files(output_dir, name)}]
+    root = output_dir.resolve()
+    inside = [p for p in listed if p.resolve().is_relative_to(root) and p.resolve() != root]
+    return [p for p in dict.fromkeys(fixed + inside) if p.exists()]
 
 
 def declared(path: Path, output_dir: Path, name: str) -> RunFile | None:

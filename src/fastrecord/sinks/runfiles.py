@@ -5,7 +5,8 @@ writes is also a line of its journal ``.NAME.fastrecord.journal`` at once (appen
 video's name before it is encoded (an *intent*) and the file it became (a ``_k`` name where the one asked
 for was taken), with the kept episodes it holds. A manifest write folds the journal in and starts it
 afresh. So after a ``kill -9`` the manifest and the journal together list every file of the run
-(`listed_files`), and `owned_intent_files` finds a video published in the instant between its file and
+(`listed_files`; `fastrecord.sinks.formats.run_files` adds the files each format declares), and
+`owned_intent_files` finds a video published in the instant between its file and
 its journal line.
 """
 
@@ -27,19 +28,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
-
-
-def run_files(output_dir: Path, name: str) -> list[Path]:
-    """The files a run of ``name`` owns in ``output_dir`` that exist now: those its formats declare
-    (`fastrecord.sinks.formats.RUN_FILES`, and a manifest's temporary file a kill left), and those its manifest
-    and journal list."""
-    from fastrecord.sinks import formats  # the files each format declares
-
-    fixed = formats.paths(output_dir, name) + formats.temporaries(output_dir, name)
-    listed = [output_dir / f for f in {**listed_files(output_dir, name), **owned_intent_files(output_dir, name)}]
-    root = output_dir.resolve()
-    inside = [p for p in listed if p.resolve().is_relative_to(root) and p.resolve() != root]
-    return [p for p in dict.fromkeys(fixed + inside) if p.exists()]
 
 
 def glob_escape(name: str) -> str:
