@@ -4,12 +4,14 @@ A recorder hands every kept, finished episode (`fastrecord.episode.EpisodeData`)
 of every finished episode, kept or not (`fastrecord.episode.EpisodeEnded`), too. fastrecord's own outputs are sinks
 (`maniskill_h5.ManiSkillH5Sink`, `mp4.Mp4Sink`, `lerobot.LeRobotSink`, `results.ResultsSink`, the loggers), built from
 the options by `fastrecord.sinks.factory.build_sinks`; a user's sink is passed to the wrapper as
-``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new module in this package.
+``RecordEpisode(env, dir, sinks=[MySink()])``. Adding an output format is a new module in this package, with
+its files declared in `fastrecord.sinks.formats` (this module knows no format: it asks that registry).
 
 `RunDirectory` is the one owner of a run's files in ``output_dir``. A run is named (``trajectory_name``,
-a unique timestamp by default) and owns ``NAME.h5``, ``NAME.json``, ``NAME.h5.parts/``, the manifest
-``NAME.fastrecord.json`` (options, status, and every other file the run wrote, e.g. its videos) and a
-lock ``.NAME.lock`` held while it records. Policy, the same for the wrapper and every command:
+a unique timestamp by default) and owns the ``NAME{suffix}`` files its formats declare
+(`fastrecord.sinks.formats.RUN_FILES`), the manifest ``NAME.fastrecord.json`` (options, status, and every
+other file the run wrote, e.g. its videos) and a lock ``.NAME.lock`` held while it records
+(`fastrecord.locks`). Policy, the same for the wrapper and every command:
 
 - never delete or replace a file of another run, nor of an earlier run of the same name unless asked;
 - an existing run of the same name: ``if_exists="error"`` (default) refuses with the choices,
