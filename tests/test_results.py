@@ -274,3 +274,39 @@ def test_a_sink_raising_in_episodes_ended_reaches_the_caller_and_loses_nothing(t
     with h5py.File(tmp_path / "run.h5", "r") as f:
         assert sorted(f) == ["traj_0", "traj_1", "traj_2", "traj_3"]
         assert [f[f"traj_{i}/actions"].shape[0] for i in range(4)] == [3, 3, 2, 2]
+
+
+class Commits(Sink):
+    """A user's sink that notes every `after_commit`: (committed, wait, kept rows in the results file then)."""
+
+    wants_datasets = False
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, bool, int]] = []
+
+    def submit(self, episodes):
+        pass
+
+    def after_commit(self, committed, wait):
+        rows = read_results(self.run.path(".results.jsonl"))
+        self.calls.append((committed, wait, sum(r["episode_id"] is not None for r in rows)))
+
+
+def test_every_output_hears_each_advance_of_the_commit_log(tmp_path):
+    """`Sink.after_commit`: the results sink tells every output when the commit log advances, after the rows are
+    written; ``recorder.wait_until_done`` (one pass over the sinks) leaves the log at every kept episode, told
+    with ``wait=True`` where that pass committed them (the trajectory's writer process lists them)."""
+    sink = Commits()
+    double = BatchedDoubleEnv(num_envs=3, max_episode_steps=4, success_step=[2, 0, 3])
+    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[sink], save_video=False)
+    env.reset(seed=[10, 11, 12])
+    for _ in range(4):
+        env.step(torch.ones(3, 3))
+    env.recorder.wait_until_done()
+    assert sink.calls and sink.calls[-1][0] == env.recorder.run.committed == 3
+    assert all(committed == kept for committed, _, kept in sink.calls)  # told once the rows are on disk
+    assert [c for c, _, _ in sink.calls] == sorted({c for c, _, _ in sink.calls})  # each advance once, in order
+    told = len(sink.calls)
+    env.close()
+    assert len(sink.calls) == told  # nothing more to commit at close
+    assert len(json.loads((tmp_path / "run.json").read_text())["episodes"]) == 3

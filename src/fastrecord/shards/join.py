@@ -22,7 +22,9 @@ log = logging.getLogger("fastrecord")
 
 def lock_held(shard: Path, name: str) -> bool:
     """Whether a live process holds the shard's run lock (it is recording now)."""
-    return locks.lock_held(shard / f".{name}.lock")
+    from fastrecord.sinks.runfiles import lock_path
+
+    return locks.lock_held(lock_path(shard, name))
 
 
 # ---------------------------------------------------------------------------------------------- merge

@@ -44,6 +44,7 @@ from fastrecord.sinks.runfiles import (  # noqa: F401 - the run's file names, re
     glob_escape,
     journal_path,
     listed_files,
+    lock_path,
     owned_intent_files,
     read_manifest,
 )
@@ -298,7 +299,7 @@ class RunDirectory:
     def _claim(self, name: str, default_name: bool) -> bool:
         """Take the lock of ``name`` and apply the policy; False when a default name is taken."""
         try:
-            self._lock_fd = take_lock(self.output_dir / f".{name}.lock")
+            self._lock_fd = take_lock(lock_path(self.output_dir, name))
         except LockHeld as e:
             if default_name:
                 return False
@@ -449,7 +450,7 @@ class RunDirectory:
                 journal_path(self.output_dir, self.name).unlink(missing_ok=True)
         if self._lock_fd is not None:
             fd, self._lock_fd = self._lock_fd, None
-            release_lock(self.output_dir / f".{self.name}.lock", fd)
+            release_lock(lock_path(self.output_dir, self.name), fd)
 
     def abandon(self) -> None:
         """Construction failed before anything was recorded: remove what this run created (never what an

@@ -35,6 +35,11 @@ def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
+def lock_path(output_dir: Path, name: str) -> Path:
+    """``.NAME.lock``: held (`fastrecord.locks`) by the process recording run ``name`` while it records."""
+    return Path(output_dir) / f".{name}.lock"
+
+
 def journal_path(output_dir: Path, name: str) -> Path:
     """``.NAME.fastrecord.journal``: one JSON line per file the run wrote since its manifest was last written."""
     return Path(output_dir) / f".{name}{JOURNAL_SUFFIX}"
