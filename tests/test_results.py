@@ -302,6 +302,7 @@ def test_every_output_hears_each_advance_of_the_commit_log(tmp_path):
     env.reset(seed=[10, 11, 12])
     for _ in range(4):
         env.step(torch.ones(3, 3))
+    env.reset(seed=[20, 21, 22])  # the 3 truncated episodes end here
     env.recorder.wait_until_done()
     assert sink.calls and sink.calls[-1][0] == env.recorder.run.committed == 3
     assert all(committed == kept for committed, _, kept in sink.calls)  # told once the rows are on disk
