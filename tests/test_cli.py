@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import checkout_env, record_args
 
 from fastrecord.commands.cli import main
 from fastrecord.video import decode_mp4
@@ -438,25 +438,9 @@ def _interrupt(tmp_path, signals: list[int]) -> tuple[subprocess.CompletedProces
     """Start `fastrecord record` for far more episodes than it will get to, wait until one is on disk,
     send ``signals`` (a short pause between them), and let it finish."""
     out = tmp_path / "rec"
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "fastrecord",
-        "record",
-        "PickCube-v1",
-        "--episodes",
-        "1000",
-        "--max-episode-steps",
-        "3",
-        "--width",
-        "64",
-        "--height",
-        "64",
-        "--output-dir",
-        str(out),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    cmd = [sys.executable, "-m", "fastrecord", *record_args(out, episodes=1000, max_steps=3)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=checkout_env(),
+                            cwd=tmp_path)
     try:
         deadline = time.monotonic() + 240
         while _episodes_on_disk(out) < 1:
