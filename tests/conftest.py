@@ -1,4 +1,6 @@
-"""Shared fixtures: real ManiSkill envs on the CPU (lavapipe rendering), small cameras for speed."""
+"""Shared fixtures: real ManiSkill envs on the CPU (lavapipe rendering), small cameras for speed; and the helpers
+several test modules use: this checkout's code in a child process (`checkout_env`, `fastrecord_cli`, `torchrun`),
+datasets read back (`leaves`), a worker killed mid-run (`run_then_kill`), small or read-only disks (`tmpfs`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -17,6 +22,49 @@ from fastrecord.system import use_lavapipe_if_no_gpu
 use_lavapipe_if_no_gpu()  # before SAPIEN creates a renderer
 
 CAMERA = dict(width=64, height=64)
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+# what torchrun sets in its ranks: a child process started by a test is no rank of the test's own launch, if any
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python process that runs this checkout's fastrecord: this process's, with
+    src/ first on PYTHONPATH, without torchrun's rank variables and without FASTRECORD_DEBUG (errors as a user
+    sees them), then ``extra`` (e.g. ``OMP_NUM_THREADS="1"``)."""
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES and k != "FASTRECORD_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def fastrecord_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+                   **kwargs: Any) -> subprocess.CompletedProcess:
+    """``python -m fastrecord ARGS`` in a fresh process, as a user runs it (`checkout_env` plus ``env``), its
+    output captured as text; ``kwargs`` go to `subprocess.run` (``cwd``)."""
+    return subprocess.run([sys.executable, "-m", "fastrecord", *args], capture_output=True, text=True,
+                          env=checkout_env(**(env or {})), timeout=timeout, **kwargs)
+
+
+def record_args(out: Path, episodes: int, max_steps: int, size: int = 64) -> list[str]:
+    """The arguments of a short ``fastrecord record PickCube-v1`` into ``out``: ``episodes`` episodes of at most
+    ``max_steps`` steps, a ``size`` x ``size`` video camera."""
+    return ["record", "PickCube-v1", "--episodes", str(episodes), "--max-episode-steps", str(max_steps),
+            "--width", str(size), "--height", str(size), "--output-dir", str(out)]
+
+
+def torchrun_env() -> dict[str, str]:
+    """`checkout_env` with one OpenMP thread a process: what `torchrun` gives its ranks, and what a test gives the
+    one-process run it compares them with."""
+    return checkout_env(OMP_NUM_THREADS="1")
+
+
+def torchrun(nproc: int, args: list[str], timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node NPROC ARGS`` (gloo on the loopback) with this checkout's code
+    (`torchrun_env`), output captured as text; ``kwargs`` go to `subprocess.run`."""
+    return subprocess.run([*TORCHRUN, "--nproc-per-node", str(nproc), *args], capture_output=True, text=True,
+                          timeout=timeout, env=torchrun_env(), **kwargs)
 
 
 def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import checkout_env
 
 
 def test_bench_smoke_tiny_cpu(tmp_path):
@@ -219,14 +220,10 @@ def test_bench_command_without_the_checkout_is_one_line_naming_the_fix(tmp_path,
 
 def test_bench_help_imports_neither_torch_nor_the_benchmark_runner():
     """`fastrecord bench --help` reads the flags from benchmarks/config.py alone: it answers at once."""
-    import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    import fastrecord
-
-    env = {**os.environ, "PYTHONPATH": str(Path(fastrecord.__file__).resolve().parents[1])}  # this checkout's code
+    env = checkout_env()  # this checkout's code
     code = (
         "import sys\nfrom fastrecord.commands.cli import main\ntry:\n    main(['bench', '--help'])\n"
         "except SystemExit as e:\n    assert e.code == 0\n"

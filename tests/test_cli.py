@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import checkout_env, record_args
 
 from fastrecord.commands.cli import main
 from fastrecord.video import decode_mp4
@@ -258,7 +258,7 @@ def test_a_refused_resume_makes_no_env_and_changes_no_file(tmp_path, capsys, mon
     def no_env(*args, **kwargs):
         raise AssertionError("an env was made for a resume that is refused")
 
-    monkeypatch.setattr("fastrecord.commands.record.make_recorded_env", no_env)
+    monkeypatch.setattr("fastrecord.commands.record_run.make_recorded_env", no_env)
     resume = argv + ["--episodes", "2", "--if-exists", "resume"]
 
     def refused(extra: list[str], message: str) -> None:
@@ -298,7 +298,8 @@ def test_a_stop_mid_episode_saves_no_cut_episode_and_resume_records_it_whole(tmp
     has no results row and is not counted as done, so --if-exists resume records it whole, with its seed,
     and the run ends as the uninterrupted one (a sharded run does the same)."""
     from fastrecord.checks import load_config
-    from fastrecord.commands.record import RecordConfig, run_record
+    from fastrecord.commands.config import RecordConfig
+    from fastrecord.commands.record_run import run_record
 
     out = tmp_path / "rec"
     kw = dict(env_id="PushCube-v1", max_episode_steps=3, width=32, height=32, save_video=False, seed=100,
@@ -330,7 +331,8 @@ def test_same_command_same_dataset_with_or_without_torchrun(tmp_path):
     """The random policy is seeded per episode: two runs of one command, and a sharded run of world size 1
     (what torchrun runs), record the same actions and states for each global episode."""
     from fastrecord.checks import load_config
-    from fastrecord.commands.record import RecordConfig, run_record_sharded
+    from fastrecord.commands.config import RecordConfig
+    from fastrecord.commands.record_run import run_record_sharded
 
     argv = ["record", "PushCube-v1", *SMALL, "--num-envs", "2", "--episodes", "3"]
     assert main(argv + ["--output-dir", str(tmp_path / "a")]) == 0
@@ -351,7 +353,8 @@ def test_plain_resume_of_a_sharded_run_resumes_from_its_shards(tmp_path, capsys,
     older than its shards (a merge that never ran after the last episodes): the missing global episodes
     only are recorded, into the shards, and the joined pair is rebuilt from them: no episode twice."""
     from fastrecord.checks import load_config
-    from fastrecord.commands.record import RecordConfig, run_record_sharded
+    from fastrecord.commands.config import RecordConfig
+    from fastrecord.commands.record_run import run_record_sharded
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
@@ -390,7 +393,7 @@ def test_every_recording_option_is_a_flag_and_a_config_key(tmp_path):
     from fastrecord.checks import load_config
     from fastrecord.commands.cli import build_parser
     from fastrecord.commands.config import RecordConfig
-    from fastrecord.commands.record import recorder_kwargs
+    from fastrecord.commands.record_env import recorder_kwargs
     from fastrecord.options import CLI_EXCLUDED, RecordOptions, flag_of
 
     names = [f.name for f in dataclasses.fields(RecordOptions) if f.name not in CLI_EXCLUDED]
@@ -435,25 +438,9 @@ def _interrupt(tmp_path, signals: list[int]) -> tuple[subprocess.CompletedProces
     """Start `fastrecord record` for far more episodes than it will get to, wait until one is on disk,
     send ``signals`` (a short pause between them), and let it finish."""
     out = tmp_path / "rec"
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "fastrecord",
-        "record",
-        "PickCube-v1",
-        "--episodes",
-        "1000",
-        "--max-episode-steps",
-        "3",
-        "--width",
-        "64",
-        "--height",
-        "64",
-        "--output-dir",
-        str(out),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    cmd = [sys.executable, "-m", "fastrecord", *record_args(out, episodes=1000, max_steps=3)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=checkout_env(),
+                            cwd=tmp_path)
     try:
         deadline = time.monotonic() + 240
         while _episodes_on_disk(out) < 1:

@@ -9,17 +9,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import pytest
-from conftest import tmpfs
+from conftest import fastrecord_cli, record_args, tmpfs
 
 from fastrecord.commands.cli import main
 from fastrecord.video import decode_mp4
-
-REPO = Path(__file__).parents[1]
 
 
 def fill(disk: Path, leave: int) -> None:
@@ -30,13 +27,6 @@ def fill(disk: Path, leave: int) -> None:
             f.write(os.urandom(max(0, free - leave)))
         except OSError:  # full: as meant when leave is 0
             pass
-
-
-def fastrecord(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("FASTRECORD_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "fastrecord", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
 
 
 def assert_one_line(stderr: str, command: str) -> str:
@@ -57,8 +47,8 @@ def test_short_version_flag(capsys):
 def test_disk_full_while_writing_trajectories(small_disk, tmp_path):
     fill(small_disk, 300 << 10)
     out = small_disk / "rec"
-    r = fastrecord("record", "PickCube-v1", "--episodes", "200", "--max-episode-steps", "10", "--width", "64",
-                   "--height", "64", "--obs-mode", "rgb", "--no-video", "--output-dir", str(out), cwd=tmp_path)
+    r = fastrecord_cli("record", "PickCube-v1", "--episodes", "200", "--max-episode-steps", "10", "--width", "64",
+                       "--height", "64", "--obs-mode", "rgb", "--no-video", "--output-dir", str(out), cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     line = assert_one_line(r.stderr, "record")
     assert "No space left on device" in line and "safely on disk" in line, line
@@ -72,8 +62,8 @@ def test_disk_full_while_writing_trajectories(small_disk, tmp_path):
 def test_disk_full_while_encoding(small_disk, tmp_path):
     fill(small_disk, 120 << 10)
     out = small_disk / "rec"
-    r = fastrecord("record", "PickCube-v1", "--episodes", "200", "--max-episode-steps", "10", "--width", "128",
-                   "--height", "128", "--no-trajectory", "--output-dir", str(out), cwd=tmp_path)
+    r = fastrecord_cli("record", "PickCube-v1", "--episodes", "200", "--max-episode-steps", "10", "--width", "128",
+                       "--height", "128", "--no-trajectory", "--output-dir", str(out), cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     line = assert_one_line(r.stderr, "record")
     assert "No space left on device" in line and f"kept and readable in {out}" in line, line
@@ -86,25 +76,7 @@ def test_disk_full_while_encoding(small_disk, tmp_path):
 def test_no_space_at_start_leaves_nothing(small_disk, capsys):
     fill(small_disk, 0)
     out = small_disk / "rec"
-    assert (
-        main(
-            [
-                "record",
-                "PickCube-v1",
-                "--episodes",
-                "1",
-                "--max-episode-steps",
-                "2",
-                "--width",
-                "64",
-                "--height",
-                "64",
-                "--output-dir",
-                str(out),
-            ]
-        )
-        == 1
-    )
+    assert main(record_args(out, episodes=1, max_steps=2)) == 1
     line = assert_one_line(capsys.readouterr().err, "record")
     assert "No space left on device" in line and "nothing was written" in line, line
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no folder, no lock
@@ -184,11 +156,11 @@ def test_a_policy_that_refuses_the_env_leaves_no_run(tmp_path, monkeypatch, caps
 
 def test_debug_flag_keeps_the_traceback_of_a_refused_env_keyword(tmp_path):
     bad = ["record", "PickCube-v1", "--sim-config", '{"bogus": 1}', "--output-dir", str(tmp_path / "o")]
-    r = fastrecord(*bad, cwd=tmp_path)
+    r = fastrecord_cli(*bad, cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     line = assert_one_line(r.stderr, "record")
     assert "PickCube-v1 refused its keywords" in line and "bogus" in line, line
-    r = fastrecord(*bad, "--debug", cwd=tmp_path)
+    r = fastrecord_cli(*bad, "--debug", cwd=tmp_path)
     assert r.returncode != 0 and "Traceback" in r.stderr and "UnexpectedDataError" in r.stderr
     assert not (tmp_path / "o").exists()
 

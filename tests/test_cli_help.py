@@ -4,7 +4,6 @@ and backends ManiSkill or this machine refuse, ManiSkill's noise silenced, a rea
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,19 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import checkout_env, fastrecord_cli
 
 from fastrecord import RecordEpisode
 from fastrecord.commands.cli import SUBCOMMANDS, build_parser, main
 from fastrecord.video import decode_mp4
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cli(*argv: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python -m fastrecord ...`` in a fresh process (what a user sees on the terminal)."""
-    full = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "fastrecord", *argv], capture_output=True, text=True, env=full,
-                          timeout=timeout, cwd=ROOT)
 
 
 def test_version(capsys):
@@ -44,8 +37,7 @@ def test_import_fastrecord_is_light_and_exports_on_use():
             "from fastrecord import RecordEpisode, make_eval_envs, WorkerError\n"
             "assert 'mani_skill' in sys.modules\n"
             "print(sorted(n for n in fastrecord.__all__ if getattr(fastrecord, n) is not None))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=checkout_env())
     assert r.returncode == 0, r.stderr[-2000:]
     import fastrecord
 
@@ -187,8 +179,8 @@ def test_cuda_backends_without_cuda(tmp_path, capsys, argv, message):
 
 def test_unknown_control_mode_is_maniskills_check_rephrased(tmp_path):
     """ManiSkill refuses it when the env is made (an assert with a traceback); the CLI prints one line."""
-    r = _cli("record", "PickCube-v1", "--control-mode", "pd_joint_bogus", "--episodes", "1", "--width", "32",
-             "--height", "32", "--output-dir", str(tmp_path / "out"))
+    r = fastrecord_cli("record", "PickCube-v1", "--control-mode", "pd_joint_bogus", "--episodes", "1", "--width",
+                       "32", "--height", "32", "--output-dir", str(tmp_path / "out"), cwd=ROOT)
     assert r.returncode == 2, r.stderr
     assert r.stderr == ("fastrecord record: error: control_mode='pd_joint_bogus' is not supported by PickCube-v1's "
                         "robot; use one of pd_joint_delta_pos, pd_joint_pos, pd_ee_delta_pos, pd_ee_delta_pose, "
@@ -198,8 +190,9 @@ def test_unknown_control_mode_is_maniskills_check_rephrased(tmp_path):
 
 
 def test_maniskill_noise_silenced_in_the_cli(tmp_path):
-    r = _cli("record", "PickCube-v1", "--episodes", "1", "--max-episode-steps", "2", "--width", "32", "--height", "32",
-             "--no-video", "--output-dir", str(tmp_path / "out"), env={"PYTHONWARNINGS": "default"})
+    r = fastrecord_cli("record", "PickCube-v1", "--episodes", "1", "--max-episode-steps", "2", "--width", "32",
+                       "--height", "32", "--no-video", "--output-dir", str(tmp_path / "out"),
+                       env={"PYTHONWARNINGS": "default"}, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "episodes: 1 finished, 1 kept" in r.stdout
     assert "not installed with git" not in r.stderr and "DeprecationWarning" not in r.stderr, r.stderr
@@ -246,7 +239,7 @@ def test_version_and_help_start_without_torch():
     out = {}
     for argv in (["--version"], ["--help"], ["replay", "--help"]):
         r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                           env=checkout_env())
         assert r.returncode == 0, r.stderr[-2000:]
         assert "HEAVY []" in r.stdout, (argv, r.stdout[-500:])
         out[argv[0]] = r.stdout

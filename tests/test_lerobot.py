@@ -8,7 +8,6 @@ venv). Needs the ``lerobot`` extra (pandas, opencv-python-headless, pyarrow, tyr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ for module in ("pandas", "cv2", "pyarrow", "tyro"):
 
 import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from conftest import run_then_kill  # noqa: E402
+from conftest import fastrecord_cli, leaves, record_args, run_then_kill, torchrun, torchrun_env  # noqa: E402
 
 from fastrecord import RecordEpisode  # noqa: E402
 from fastrecord.sinks.lerobot import LeRobotSink  # noqa: E402
@@ -32,6 +31,14 @@ from fastrecord.testing import BatchedDoubleEnv, psnr  # noqa: E402
 from fastrecord.video import VideoSettings, decode_mp4  # noqa: E402
 
 SIZE = 64
+
+
+def maniskill_convert(h5_path: Path, out: Path) -> subprocess.CompletedProcess:
+    """ManiSkill's converter to LeRobot, as the README shows it (fps: PickCube's control frequency), on a
+    PickCube-v1 trajectory of SIZE x SIZE images."""
+    return subprocess.run([sys.executable, "-m", "mani_skill.trajectory.convert_to_lerobot", "--traj-path", str(h5_path),
+                           "--output-dir", str(out), "--fps", "20", "--image-size", f"{SIZE}x{SIZE}", "--robot-type",
+                           "panda"], capture_output=True, text=True, timeout=600)
 
 
 def test_rgb_trajectory_to_lerobot_with_maniskills_converter(make_env, tmp_path):
@@ -45,27 +52,7 @@ def test_rgb_trajectory_to_lerobot_with_maniskills_converter(make_env, tmp_path)
     env.close()
     h5_path = tmp_path / "rec" / "demo.h5"
     out = tmp_path / "lerobot"
-    # ManiSkill's CLI, as the README shows it (fps: PickCube's control frequency)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mani_skill.trajectory.convert_to_lerobot",
-            "--traj-path",
-            str(h5_path),
-            "--output-dir",
-            str(out),
-            "--fps",
-            "20",
-            "--image-size",
-            f"{SIZE}x{SIZE}",
-            "--robot-type",
-            "panda",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = maniskill_convert(h5_path, out)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Conversion completed successfully" in r.stderr
 
@@ -193,7 +180,7 @@ def test_lerobot_sink_equals_the_hdf5_recording(pickcube_run):
     root = pickcube_run / "demo.lerobot"
     info, data, episodes = read_dataset(root)
     with h5py.File(pickcube_run / "demo.h5") as f:
-        trajs = [leaves_of(f[f"traj_{i}"]) for i in range(len(f))]
+        trajs = [leaves(f[f"traj_{i}"]) for i in range(len(f))]
     lengths = [len(t["actions"]) for t in trajs]
     assert lengths == [5, 4, 2]  # the keep filter applies to both outputs alike
     assert not (pickcube_run / "demo.lerobot.parts").exists()  # closed: every episode is in the dataset's files
@@ -209,8 +196,8 @@ def test_lerobot_sink_equals_the_hdf5_recording(pickcube_run):
     column = {k: np.stack(data[k].to_numpy()) for k in ("action", "observation.state")}
     np.testing.assert_array_equal(column["action"], np.concatenate([t["actions"] for t in trajs]))
     # observation.state: every non-image observation leaf, in the observation's order (ManiSkill's state)
-    leaves = ["obs/agent/qpos", "obs/agent/qvel", "obs/extra/is_grasped", "obs/extra/tcp_pose", "obs/extra/goal_pos"]
-    state = np.concatenate([np.concatenate([t[k][:-1].reshape(len(t[k]) - 1, -1) for k in leaves], 1) for t in trajs])
+    keys = ["obs/agent/qpos", "obs/agent/qvel", "obs/extra/is_grasped", "obs/extra/tcp_pose", "obs/extra/goal_pos"]
+    state = np.concatenate([np.concatenate([t[k][:-1].reshape(len(t[k]) - 1, -1) for k in keys], 1) for t in trajs])
     np.testing.assert_array_equal(column["observation.state"], state.astype(np.float32))
     names = info["features"]["observation.state"]["names"]
     assert names[:2] == ["agent.qpos.0", "agent.qpos.1"] and names[9] == "agent.qvel.0" and len(names) == 29
@@ -244,13 +231,6 @@ def test_lerobot_sink_equals_the_hdf5_recording(pickcube_run):
     np.testing.assert_allclose(np.ravel(stats[CAMERA_KEY]["std"]), rgb.std(0), rtol=1e-5)
 
 
-def leaves_of(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for k, v in group.items():
-        out |= leaves_of(v, f"{prefix}{k}/") if isinstance(v, h5py.Group) else {prefix + k: v[:]}
-    return out
-
-
 def test_lerobot_sink_has_the_schema_of_maniskills_converter(pickcube_run, tmp_path):
     """ManiSkill's converter run on the HDF5 file of the same episodes: every feature, episode column and data
     column it writes is ours too, with the same dtypes, shapes and names and the same episode index, but for
@@ -259,26 +239,7 @@ def test_lerobot_sink_has_the_schema_of_maniskills_converter(pickcube_run, tmp_p
     first); so are its info.json keys but for those LeRobot 0.4's LeRobotDataset.create does not write
     (``total_chunks``, ``total_videos``, a ``fps`` in each feature)."""
     conv = tmp_path / "converted"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mani_skill.trajectory.convert_to_lerobot",
-            "--traj-path",
-            str(pickcube_run / "demo.h5"),
-            "--output-dir",
-            str(conv),
-            "--fps",
-            "20",
-            "--image-size",
-            f"{SIZE}x{SIZE}",
-            "--robot-type",
-            "panda",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = maniskill_convert(pickcube_run / "demo.h5", conv)
     assert r.returncode == 0, r.stderr[-3000:]
     info, data, episodes = read_dataset(pickcube_run / "demo.lerobot")
     their_info, their_data, their_episodes = read_dataset(conv)
@@ -348,7 +309,7 @@ def test_lerobot_files_roll_past_the_size_limit_and_keep_success(tmp_path):
     record_double(tmp_path, rounds=4, video_files_size_in_mb=0.004)
     info, data, episodes = read_dataset(tmp_path / "double.lerobot")
     with h5py.File(tmp_path / "double.h5") as f:
-        trajs = [leaves_of(f[f"traj_{i}"]) for i in range(len(f))]
+        trajs = [leaves(f[f"traj_{i}"]) for i in range(len(f))]
     assert len(trajs) == info["total_episodes"] == 8  # envs 0 and 2 succeed, every round
     assert all(t["success"][-1] for t in trajs)
     assert episodes["length"].tolist() == [len(t["actions"]) for t in trajs] == [3] * 8
@@ -514,9 +475,7 @@ def test_lerobot_sigkill_then_consolidate(tmp_path):
     visible, in_files, pending = check_killed(tmp_path, durable)
     done = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))  # the commit log
     assert durable <= done and visible <= done  # LeRobot's reader sees committed episodes only
-    r = subprocess.run([sys.executable, "-m", "fastrecord", "consolidate", str(tmp_path / "crash.lerobot")],
-                       capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(WORKER.parents[1] / "src")})
+    r = fastrecord_cli("consolidate", str(tmp_path / "crash.lerobot"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"{done} episodes" in r.stdout  # what every output held: the trajectory is consolidated with it
     check_complete(tmp_path, at_least=done, durable=done)
@@ -533,31 +492,8 @@ def test_lerobot_without_pyarrow_names_the_install(monkeypatch, tmp_path):
 def test_record_command_writes_only_lerobot(tmp_path):
     """``fastrecord record --lerobot --no-trajectory --no-video``: the LeRobot dataset alone, a state
     observation (obs_mode=state) as observation.state, no video."""
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fastrecord",
-            "record",
-            "PickCube-v1",
-            "--lerobot",
-            "--no-trajectory",
-            "--no-video",
-            "--episodes",
-            "2",
-            "--max-episode-steps",
-            "3",
-            "--width",
-            "64",
-            "--height",
-            "64",
-            "--output-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = fastrecord_cli(*record_args(tmp_path, episodes=2, max_steps=3), "--lerobot", "--no-trajectory", "--no-video",
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert str(tmp_path / "trajectory.lerobot") in r.stdout  # the summary lists the dataset
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trajectory.fastrecord.json", "trajectory.lerobot",
@@ -683,38 +619,15 @@ SHARDED = [
 ]
 
 
-def _clean_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"), OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def sharded_runs(tmp_path_factory):
     """The same 5 PickCube-v1 episodes (rgb, --lerobot) recorded by one process and by torchrun with 2
     ranks (gloo on 127.0.0.1); (plain run dir, sharded run dir, the sharded run's stdout)."""
     base = tmp_path_factory.mktemp("lrshards")
     r = subprocess.run([sys.executable, *SHARDED, "--output-dir", str(base / "plain")], capture_output=True, text=True,
-                       timeout=600, env=_clean_env())
+                       timeout=600, env=torchrun_env())
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            *SHARDED,
-            "--output-dir",
-            str(base / "sharded"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_clean_env(),
-    )
+    r = torchrun(2, [*SHARDED, "--output-dir", str(base / "sharded")], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return base / "plain", base / "sharded", r.stdout
 
@@ -746,13 +659,7 @@ def test_merge_again_rebuilds_the_same_lerobot_dataset(sharded_runs, tmp_path):
     shutil.copytree(sharded, run)
     (run / ".trajectory.lerobot.join" / "parts").mkdir(parents=True)  # what a killed join leaves
     (run / ".trajectory.lerobot.join" / "parts" / "ep_00000000.parquet").write_bytes(b"torn")
-    r = subprocess.run(
-        [sys.executable, "-m", "fastrecord", "merge", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_clean_env(),
-    )
+    r = fastrecord_cli("merge", str(run), env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"{run / 'trajectory.lerobot'}: 5 episodes (LeRobot v3.0)" in r.stdout
     assert not (run / ".trajectory.lerobot.join").exists()
@@ -760,13 +667,7 @@ def test_merge_again_rebuilds_the_same_lerobot_dataset(sharded_runs, tmp_path):
         frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(5)]
     same_dataset(plain / "trajectory.lerobot", run / "trajectory.lerobot", frames)
     shutil.rmtree(run / "trajectory.shards" / "rank00001" / "trajectory.lerobot")
-    r = subprocess.run(
-        [sys.executable, "-m", "fastrecord", "merge", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_clean_env(),
-    )
+    r = fastrecord_cli("merge", str(run), env={"OMP_NUM_THREADS": "1"})
     assert r.returncode != 0 and "holds episodes 1, 3 that the datasets being joined no longer have" in r.stderr
     assert read_dataset(run / "trajectory.lerobot")[0]["total_episodes"] == 5  # kept
 

@@ -17,7 +17,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,8 @@ import torch
 INSTALL = "pip install -e '.[lerobot]'"
 pd = pytest.importorskip("pandas", reason=f"reading LeRobot datasets needs pandas: {INSTALL}")
 pq = pytest.importorskip("pyarrow.parquet", reason=f"reading LeRobot datasets needs pyarrow: {INSTALL}")
+
+from conftest import torchrun  # noqa: E402
 
 from fastrecord import RecordEpisode  # noqa: E402
 from fastrecord.sinks.lerobot import LeRobotSink  # noqa: E402
@@ -78,13 +79,6 @@ def lerobot(tmp_path_factory) -> Callable[..., subprocess.CompletedProcess]:
 
 
 # ---------------------------------------------------------------------------------------------- the datasets
-def _clean_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def one_file(tmp_path_factory) -> tuple[Path, Path]:
     """PickCube-v1 on the CPU, rgb observations (64x64 sensor camera), 4 episodes of 6 (the time limit), 4, 6
@@ -127,12 +121,10 @@ def joined(tmp_path_factory) -> tuple[Path, Path]:
     """5 PickCube-v1 episodes (rgb, --lerobot) recorded by torchrun with 2 ranks (gloo on 127.0.0.1), whose
     shards' datasets rank 0 joined: (joined dataset root, joined HDF5 file)."""
     out = tmp_path_factory.mktemp("joined")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "-m", "fastrecord", "record", "PickCube-v1", "--obs-mode", "rgb",
-                        "--sensor-configs", json.dumps(dict(width=SIZE, height=SIZE)), "--episodes", "5",
-                        "--max-episode-steps", "6", "--width", "64", "--height", "64", "--no-video", "--seed", "3",
-                        "--lerobot", "--output-dir", str(out)],
-                       capture_output=True, text=True, timeout=600, env=_clean_env())
+    r = torchrun(2, ["-m", "fastrecord", "record", "PickCube-v1", "--obs-mode", "rgb",
+                     "--sensor-configs", json.dumps(dict(width=SIZE, height=SIZE)), "--episodes", "5",
+                     "--max-episode-steps", "6", "--width", "64", "--height", "64", "--no-video", "--seed", "3",
+                     "--lerobot", "--output-dir", str(out)], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "5 episodes from 2 shard(s)" in r.stdout
     return out / "trajectory.lerobot", out / "trajectory.h5"

@@ -11,6 +11,7 @@ import av
 import h5py
 import numpy as np
 import pytest
+from conftest import leaves
 
 pytest.importorskip("pyarrow")
 pytest.importorskip("pandas")
@@ -153,13 +154,6 @@ def lerobot_buffer(traj: dict, names: list[str], episode: int, first_index: int)
         "index": np.arange(first_index, first_index + t),
         "task_index": np.array([0] * t),
     }
-
-
-def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in group.items():
-        out.update(leaves(v, f"{prefix}{k}/") if isinstance(v, h5py.Group) else {f"{prefix}{k}": v[:]})
-    return out
 
 
 def record(out: Path, steps: tuple[int, ...], obs_mode: str = "rgb", check_each=None, **options) -> RecordEpisode:

@@ -18,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from test_shards import TORCHRUN, _env
+from conftest import TORCHRUN, torchrun_env
 
 POLICY = ["--policy", "fastrecord.policies:pick_cube_policy", "--control-mode", "pd_ee_delta_pos"]
 RECORD = ["-m", "fastrecord", "record", "PickCube-v1", *POLICY, "--max-episode-steps", "30", "--no-video",
@@ -35,7 +35,7 @@ def read_episodes(out: Path) -> dict[int, dict]:
 
 
 def run(args: list[str]) -> None:
-    r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=_env())
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=torchrun_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 

@@ -20,14 +20,13 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-from conftest import CAMERA, leaves
+from conftest import CAMERA, checkout_env, leaves, torchrun
 
 from fastrecord.replay import ReplayConfig, ReplayWorkerError, default_workers, run_replay
 
 ENV_ID = "PickCube-v1"
 SENSORS = dict(sensor_configs=dict(width=32, height=32))
 NAME = "demo.rgb.pd_joint_delta_pos.physx_cpu"
-SRC = Path(__file__).parents[1] / "src"
 
 
 def record(out: Path, episodes: int, steps: int) -> Path:
@@ -116,9 +115,8 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
 
 
 def run_cli(argv: list[str], **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    return subprocess.Popen([sys.executable, "-m", "fastrecord", "replay", *argv], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen([sys.executable, "-m", "fastrecord", "replay", *argv], env=checkout_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
 def test_killed_worker_then_rerun_resumes(tmp_path):
@@ -251,10 +249,8 @@ def test_torchrun_ranks_replay_their_shares(demo, tmp_path):
     config = tmp_path / "replay.yaml"
     config.write_text(json.dumps({"env_kwargs": SENSORS}))
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "-m", "fastrecord", "replay", str(demo), "--output-dir", str(out), "--obs-mode", "rgb",
-                        "--no-video", "--num-envs", "1", "--config", str(config), "--quiet"],
-                       env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=1200)
+    r = torchrun(2, ["-m", "fastrecord", "replay", str(demo), "--output-dir", str(out), "--obs-mode", "rgb",
+                     "--no-video", "--num-envs", "1", "--config", str(config), "--quiet"], timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rank 1: replayed 2 episodes" in r.stdout
     assert re.search(

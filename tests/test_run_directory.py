@@ -20,13 +20,12 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import SRC
 
 from fastrecord import RecordEpisode
 from fastrecord.sinks.base import MANIFEST_SUFFIX, OutputExistsError, RunDirectory
 from fastrecord.testing import BatchedDoubleEnv
 from fastrecord.video import decode_mp4
-
-SRC = str(Path(__file__).parents[1] / "src")
 
 
 def record(out: Path, batches: int = 1, num_envs: int = 2, steps: int = 3, seed: int = 0, **kwargs) -> RecordEpisode:
@@ -148,7 +147,7 @@ HOLDER = textwrap.dedent("""
 
 
 def test_two_processes_cannot_record_one_name(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(src=SRC), str(tmp_path)],
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(src=str(SRC)), str(tmp_path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -220,7 +219,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_script_without_close_keeps_every_finished_episode(tmp_path):
-    r = subprocess.run([sys.executable, "-c", SCRIPT.format(src=SRC), str(tmp_path), "3"], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", SCRIPT.format(src=str(SRC)), str(tmp_path), "3"], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     eps = check_pair(tmp_path / "t.h5")
@@ -233,7 +232,7 @@ def test_script_without_close_keeps_every_finished_episode(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_close_the_recorder(tmp_path, sig):
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(src=SRC), str(tmp_path), "forever"],
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(src=str(SRC)), str(tmp_path), "forever"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("episodes") and int(line.split()[1]) >= 2:

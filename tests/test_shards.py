@@ -18,29 +18,16 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
+from conftest import TORCHRUN, torchrun, torchrun_env
 
 from fastrecord import shards
 from fastrecord.sinks.maniskill_h5 import read_json
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = Path(__file__).with_name("shard_worker.py")
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 # the PickCube recording every torchrun case below runs (world size varies): 8 global episodes; no videos, as
 # lavapipe takes 10-30 s per process to a first frame (the double's case checks each shard's videos)
 RECORD = ["-m", "fastrecord", "record", "PickCube-v1", "--episodes", "8", "--max-episode-steps", "12", "--width", "64",
           "--height", "64", "--no-video", "--seed", "5"]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
-def torchrun(nproc: int, args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*TORCHRUN, "--nproc-per-node", str(nproc), *args], capture_output=True, text=True,
-                          timeout=timeout, env=_env(), **kw)
 
 
 def read_dataset(h5_path: Path) -> dict[int, dict]:
@@ -295,7 +282,7 @@ def test_concurrent_merges_take_turns(tmp_path, monkeypatch):
 
     def join_while_another_merge_starts(*args, **kwargs):
         other = subprocess.Popen([sys.executable, "-m", "fastrecord", "merge", str(tmp_path), "--name", "double"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=torchrun_env())
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(other.stderr), daemon=True)
         reader.start()
@@ -430,7 +417,7 @@ def test_maniskill_reads_the_joined_dataset(pickcube_runs, tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env=_env(),
+        env=torchrun_env(),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Replayed 8 episodes" in r.stdout + r.stderr
@@ -443,7 +430,8 @@ def test_maniskill_reads_the_joined_dataset(pickcube_runs, tmp_path):
 def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
     out = tmp_path / "run"
     command = [*TORCHRUN, "--nproc-per-node", "2", *RECORD, "--output-dir", str(out)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=torchrun_env())
     shard1 = shards.shard_dir(out, "trajectory", 1)
     killed = None
     try:
@@ -477,7 +465,7 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
     assert 1 <= left < 4, "rank 1 was killed after it had finished: nothing to resume"
     report = shards.merge(out, "trajectory")  # merge reports, not fails
     assert report.missing and report.crashed == [1]
-    r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_env())
+    r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=torchrun_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "is a sharded run that did not finish: resuming it" in r.stderr
     assert "8 episodes from 2 shard(s)" in r.stdout

@@ -395,7 +395,7 @@ def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
     import dataclasses
 
     from fastrecord.commands.config import RecordConfig
-    from fastrecord.commands.record import spaces_probe
+    from fastrecord.commands.record_env import spaces_probe
 
     cfg = RecordConfig(num_envs=16)
     assert spaces_probe(cfg) is None  # auto render, no CUDA: no batched render

@@ -132,6 +132,13 @@ class BatchedDoubleEnv(gym.Env):
         self._sim_steps_per_control = sim_steps_per_control
         self.scene = _DoubleScene()
 
+        self._set_bank(bank)
+        self._set_lengths(episode_lengths)
+        self.single_observation_space = _space(self._obs(), batched=False)
+        self.observation_space = _space(self._obs(), batched=True)
+
+    def _set_bank(self, bank: np.ndarray | torch.Tensor | None) -> None:
+        """The clip bank's tensors on ``self.device`` (``bank`` checked: `__init__`'s argument)."""
         self.bank: torch.Tensor | None = None
         if bank is not None:
             bank = torch.as_tensor(bank)
@@ -142,22 +149,22 @@ class BatchedDoubleEnv(gym.Env):
             # env e shows clip e % clips: frame (clip, t) is row clip * frames + t of the flat bank, so a
             # render is one index_select (torch's CPU advanced indexing is far slower for image rows)
             self._bank_rows = self.bank.view(-1, *self.bank.shape[2:])
-            self._clip_row = (torch.arange(num_envs, device=self.device) % bank.shape[0]) * bank.shape[1]
+            self._clip_row = (torch.arange(self.num_envs, device=self.device) % bank.shape[0]) * bank.shape[1]
             self._last_frame = bank.shape[1] - 1
 
+    def _set_lengths(self, episode_lengths: EpisodeLengths | None) -> None:
+        """Each env's episode length (``episode_lengths`` checked: `__init__`'s argument)."""
         self._length_fn: Callable[[int, int], int] | None = None
-        self._lengths = torch.full((num_envs,), max_episode_steps, dtype=torch.int32, device=self.device)
+        self._lengths = torch.full((self.num_envs,), self.max_episode_steps, dtype=torch.int32, device=self.device)
         if callable(episode_lengths):
             self._length_fn = episode_lengths
         elif episode_lengths is not None:
             lengths = [int(n) for n in episode_lengths]
-            if len(lengths) != num_envs:
-                raise ValueError(f"episode_lengths has {len(lengths)} entries for num_envs={num_envs}; "
+            if len(lengths) != self.num_envs:
+                raise ValueError(f"episode_lengths has {len(lengths)} entries for num_envs={self.num_envs}; "
                                  f"give one length per env, or a function (env_idx, episode_seed) -> length")
-            self._check_lengths(lengths, list(range(num_envs)))
+            self._check_lengths(lengths, list(range(self.num_envs)))
             self._lengths[:] = torch.tensor(lengths, dtype=torch.int32)
-        self.single_observation_space = _space(self._obs(), batched=False)
-        self.observation_space = _space(self._obs(), batched=True)
 
     def _per_env(self, name: str, steps: list[int] | None) -> torch.Tensor:
         steps = [0] * self.num_envs if steps is None else list(steps)

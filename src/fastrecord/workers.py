@@ -121,11 +121,11 @@ class WorkerPool:
 # is copied, as with spawn. "__main__" is multiprocessing's own default: a user script's guarded main module,
 # so that wrappers or tasks defined there unpickle in the children.
 # "fastrecord.replay.workers" is the replay library's process code (worker processes), and with it its env
-# code (`fastrecord.replay.envs`: a CPU vector env's sub-envs); "fastrecord.commands.record" holds `record`'s
+# code (`fastrecord.replay.envs`: a CPU vector env's sub-envs); "fastrecord.commands.record_env" holds `record`'s
 # sub-env factory and "fastrecord.render.vector" the batched render's pose reporter, which every sub-env of
 # a batched render unpickles (a module the server cannot import is skipped by multiprocessing).
-FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.replay.workers", "fastrecord.commands.record",
-                      "fastrecord.render.vector")
+FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.replay.workers",
+                      "fastrecord.commands.record_env", "fastrecord.render.vector")
 
 
 def forkserver_context() -> Any:

@@ -220,48 +220,57 @@ def describe_run(h5_path: Path, single_run: bool = True) -> dict[str, Any]:
         run["error"] = f"{h5_path.name} cannot be opened: {str(e).split('. ')[0]} (see damage)"
         return run
     try:
-        env_info, episodes = traj.meta.get("env_info") or {}, traj.episodes
-        kwargs = env_info.get("env_kwargs") or {}
-        missing = [ep["episode_id"] for ep in episodes if f"traj_{ep['episode_id']}" not in traj.h5]
-        if missing:
-            run["error"] = (f"{len(missing)} episodes listed in {json_path.name} have no group in {h5_path.name} "
-                            f"(first: traj_{missing[0]}); the pair is incomplete")
-            episodes = [ep for ep in episodes if ep["episode_id"] not in set(missing)]
-        successes = [traj.recorded_success(ep) for ep in episodes]
-        known = [s for s in successes if s is not None]
-        lengths = [int(ep["elapsed_steps"]) for ep in episodes if "elapsed_steps" in ep]
-        control = sorted({str(ep["control_mode"]) for ep in episodes if ep.get("control_mode")})
-        run.update(
-            env_id=env_info.get("env_id"),
-            obs_mode=kwargs.get("obs_mode"),  # None: the task's default
-            control_mode=control[0] if len(control) == 1 else (control or kwargs.get("control_mode")),
-            sim_backend=kwargs.get("sim_backend"),
-            max_episode_steps=env_info.get("max_episode_steps"),
-            source_type=traj.meta.get("source_type"),
-            episodes=len(episodes),
-            successes=sum(known) if known else None,
-            success_rate=(sum(known) / len(known)) if known else None,
-            episode_length={"min": min(lengths), "mean": statistics.fmean(lengths), "max": max(lengths)}
-            if lengths
-            else None,
-            steps=sum(lengths),
-        )
-        observations: dict[str, Any] = {}
-        actions = None
-        other: dict[str, Any] = {}
-        if episodes:
-            group = traj.group(episodes[0])
-            for key, d in _leaves(group).items():
-                if key.startswith("obs/") or key == "obs":
-                    observations[key[4:] if key.startswith("obs/") else key] = _spec(d)
-                elif key == "actions":
-                    actions = _spec(d)
-                else:
-                    other[key] = _spec(d)
-        run.update(observations=observations, actions=actions, other_fields=other)
-        run["problems"] = [p.as_dict() for ep in episodes for p in check_episode(traj.group(ep), ep)]
+        run.update(_describe_episodes(traj, h5_path.name, json_path.name))
     finally:
         traj.close()
+    return run
+
+
+def _describe_episodes(traj: TrajectoryFile, h5_name: str, json_name: str) -> dict[str, Any]:
+    """`describe_run`'s part read from an open trajectory pair: the task, the episodes and their success,
+    the recorded fields of the first episode, the problems `check_episode` finds ("error" where the pair
+    disagrees)."""
+    run: dict[str, Any] = {}
+    env_info, episodes = traj.meta.get("env_info") or {}, traj.episodes
+    kwargs = env_info.get("env_kwargs") or {}
+    missing = [ep["episode_id"] for ep in episodes if f"traj_{ep['episode_id']}" not in traj.h5]
+    if missing:
+        run["error"] = (f"{len(missing)} episodes listed in {json_name} have no group in {h5_name} "
+                        f"(first: traj_{missing[0]}); the pair is incomplete")
+        episodes = [ep for ep in episodes if ep["episode_id"] not in set(missing)]
+    successes = [traj.recorded_success(ep) for ep in episodes]
+    known = [s for s in successes if s is not None]
+    lengths = [int(ep["elapsed_steps"]) for ep in episodes if "elapsed_steps" in ep]
+    control = sorted({str(ep["control_mode"]) for ep in episodes if ep.get("control_mode")})
+    run.update(
+        env_id=env_info.get("env_id"),
+        obs_mode=kwargs.get("obs_mode"),  # None: the task's default
+        control_mode=control[0] if len(control) == 1 else (control or kwargs.get("control_mode")),
+        sim_backend=kwargs.get("sim_backend"),
+        max_episode_steps=env_info.get("max_episode_steps"),
+        source_type=traj.meta.get("source_type"),
+        episodes=len(episodes),
+        successes=sum(known) if known else None,
+        success_rate=(sum(known) / len(known)) if known else None,
+        episode_length={"min": min(lengths), "mean": statistics.fmean(lengths), "max": max(lengths)}
+        if lengths
+        else None,
+        steps=sum(lengths),
+    )
+    observations: dict[str, Any] = {}
+    actions = None
+    other: dict[str, Any] = {}
+    if episodes:
+        group = traj.group(episodes[0])
+        for key, d in _leaves(group).items():
+            if key.startswith("obs/") or key == "obs":
+                observations[key[4:] if key.startswith("obs/") else key] = _spec(d)
+            elif key == "actions":
+                actions = _spec(d)
+            else:
+                other[key] = _spec(d)
+    run.update(observations=observations, actions=actions, other_fields=other)
+    run["problems"] = [p.as_dict() for ep in episodes for p in check_episode(traj.group(ep), ep)]
     return run
 
 

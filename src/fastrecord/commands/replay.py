@@ -142,6 +142,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_record_flags(p, include=RECORDING_OPTIONS, help=REPLAY_HELP,
                      title="recording options (fastrecord.RecordOptions; a replay decides save_on_reset, if_exists and "
                            "video_layout itself)")
+    _add_maniskill_flags(p)
+
+
+def _add_maniskill_flags(p: argparse.ArgumentParser) -> None:
+    """Add the flags of ManiSkill's ``replay_trajectory`` to ``p``, in a group of their own."""
     ms = p.add_argument_group(
         "ManiSkill's replay_trajectory flags",
         "the flags of python -m mani_skill.trajectory.replay_trajectory, same meaning; any of them (or -o/-n/-b with "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -193,7 +193,7 @@ class DistributedRun:
         return shard_dir(self.output_dir, self.name, self.info.rank)
 
     @property
-    def shard_if_exists(self) -> str:
+    def shard_if_exists(self) -> Literal["resume", "error"]:
         """The ``if_exists`` of this rank's shard: ``"resume"`` when the run resumes (a shard there is this
         rank's earlier work), else ``"error"`` (rank 0 has already refused or removed an earlier run)."""
         return "resume" if self.if_exists == "resume" else "error"

@@ -104,7 +104,7 @@ def check_resume(run_dir: str | Path, name: str, *, base_seed: int) -> None:
     - its episodes or results rows were recorded with another base seed (their seeds minus their global
       indices), since global episode g has seed ``base_seed + g``;
     - ``NAME.shards/`` holds shards: a sharded run, which a plain run must not write beside
-      (``fastrecord record`` resumes it from its shards, `fastrecord.commands.record.run_record_sharded`).
+      (``fastrecord record`` resumes it from its shards, `fastrecord.commands.record_run.run_record_sharded`).
     """
     run_dir = Path(run_dir)
     where = f"cannot resume run {name!r} in {str(run_dir)!r}"

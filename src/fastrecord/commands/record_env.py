@@ -1,0 +1,189 @@
+"""The env stack `fastrecord record` records from: ``gym.make``'s keywords for the run's config, the recorder's
+options, the batched env (GPU simulation, or N=1) or the vector env of CPU sub-envs (with the batched render
+where it applies), the start-up probe of its dummy env, and a close that skips ManiSkill's garbage collections.
+
+`fastrecord.commands.record_run` runs its loop over this stack; `fastrecord.commands.record` is the CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from fastrecord.commands.config import RecordConfig
+from fastrecord.system import stamp
+
+__all__ = ["close_without_collecting", "env_kwargs_for", "make_recorded_env", "recorder_kwargs",
+           "resolve_render_backend", "spaces_probe"]
+
+
+def resolve_render_backend(name: str) -> str:
+    """``--render-backend``: "auto" resolved to "gpu" where torch sees CUDA, else "cpu"; any other name as it is."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:
+    """The wrapper's arguments: ``cfg.record`` (checked when the config was built) and the source metadata."""
+    opts = dataclasses.replace(
+        cfg.record, source_type="fastrecord", source_desc=f"fastrecord record, policy {cfg.policy}"
+    )
+    return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+
+
+def env_kwargs_for(cfg: RecordConfig, render_backend: str) -> dict[str, Any]:
+    """The ``gym.make`` keywords of `record`'s envs."""
+    kwargs: dict[str, Any] = dict(
+        obs_mode=cfg.obs_mode,
+        render_mode="rgb_array",
+        sim_backend=cfg.sim_backend,
+        render_backend=render_backend,
+        human_render_camera_configs=dict(width=cfg.width, height=cfg.height),
+        # a fresh episode seed at every (auto-)reset, so each recorded episode replays from its seed
+        enhanced_determinism=True,
+    )
+    kwargs.update(cfg.env_kwargs)
+    if cfg.control_mode:
+        kwargs["control_mode"] = cfg.control_mode
+    if cfg.max_episode_steps:
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    for key in ("reward_mode", "shader_dir", "robot_uids", "sim_config", "sensor_configs"):
+        if getattr(cfg, key) is not None:
+            kwargs[key] = getattr(cfg, key)
+    return kwargs
+
+
+def spaces_probe(cfg: RecordConfig) -> Any:
+    """Where `record` will step its envs in forkserver processes (CPU simulation, several envs, the batched
+    render: a cheap guess, without torch), a `fastrecord.workers.SpacesProbe` of its sub-env, started now:
+    it builds gymnasium's dummy env on another core while this process imports (None elsewhere)."""
+    from fastrecord.system import has_nvidia_gpu
+
+    render = cfg.render_backend
+    if render == "auto":
+        render = "gpu" if has_nvidia_gpu() else "cpu"
+    batched = {"on": True, "off": False}.get(cfg.batched_render, render.split(":")[0] in ("gpu", "cuda", "sapien_cuda"))
+    if (cfg.sim_backend not in ("physx_cpu", "cpu") or cfg.num_envs <= 1 or not batched or not cfg.record.save_video
+            or cfg.record.render_substeps):
+        return None
+    from fastrecord.workers import SpacesProbe
+
+    return SpacesProbe(_CpuEnvThunk(cfg.env_id, env_kwargs_for(cfg, render), report_poses=True))
+
+
+def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True, probe: Any = None,
+                      check_env: Callable[[Any], None] | None = None) -> Any:
+    """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
+
+    ``auto_reset=False`` (what `run_record` and `run_record_sharded` use: their loop,
+    `fastrecord.shards.record_schedule`, resets each env with its episode's seed): the batched env's
+    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``. ``probe``: a
+    `spaces_probe` of ``cfg``, which answers the vector env's dummy env where the sub-envs fork. ``check_env``
+    (a policy factory's, `check_policy`) sees the env before the recorder wraps it: its refusal writes nothing."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    from fastrecord.record import RecordEpisode
+
+    kwargs = env_kwargs_for(cfg, resolve_render_backend(cfg.render_backend))
+    if cfg.env_id not in gym.registry:
+        raise ValueError(
+            f"env_id={cfg.env_id!r} is not a registered ManiSkill task; e.g. PickCube-v1, PushCube-v1, StackCube-v1"
+        )
+    from fastrecord.envs import check_env_kwargs, make_checked
+
+    check_env_kwargs(cfg.env_id, kwargs)  # a misspelt keyword or a bad reward mode: one line, before any env is made
+    rec = recorder_kwargs(cfg)
+    rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
+    stamp("imported")  # benchmarks/bench_whole.py: interpreter and imports end here, env creation starts
+    gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
+    if gpu_sim or cfg.num_envs == 1:
+        env = make_checked(cfg.env_id, num_envs=cfg.num_envs, **kwargs)
+        try:
+            if check_env is not None:
+                check_env(env)
+            env = RecordEpisode(env, cfg.output_dir, **rec)
+        except BaseException:
+            env.close()
+            raise
+        return ManiSkillVectorEnv(env, auto_reset=auto_reset, ignore_terminations=False)
+
+    mode = gym.vector.AutoresetMode.NEXT_STEP if auto_reset else gym.vector.AutoresetMode.DISABLED
+    envs: Any
+    from fastrecord import render
+
+    wanted = {"auto": None, "on": True, "off": False}[cfg.batched_render]
+    if render.use_batched(
+        wanted,
+        num_envs=cfg.num_envs,
+        render_backend=kwargs["render_backend"],
+        render_mode="rgb_array",
+        videos=cfg.record.save_video,
+        substeps=cfg.record.render_substeps,
+        flag="--batched-render on",
+        instead="--batched-render auto or off",
+    ):
+        # the envs step in processes of their own; this process renders them all in one batch
+        from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
+        from fastrecord.workers import first_thunk, forkserver_context
+
+        forkserver_context()
+        thunks = first_thunk([_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, probe)
+        envs = group_rendered(
+            lambda: gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode),
+            make_mirror_factory(cfg.env_id, kwargs),
+            cfg.num_envs,
+            device=device_of(kwargs["render_backend"]),
+        )
+    else:
+        envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
+    try:
+        if check_env is not None:
+            check_env(envs)
+        return RecordEpisode(envs, cfg.output_dir, **rec)
+    except BaseException:
+        envs.close()
+        raise
+
+
+def close_without_collecting(env: Any) -> None:
+    """``env.close()`` with ``gc.collect`` a no-op meanwhile: ManiSkill's close of every env this process holds
+    (a sync vector env's envs, the batched render's mirror scenes) runs a full collection to release GPU
+    memory, 0.1-0.3 s each (2.7 s of a 16-env `record`'s close on the H200 machine went to closing), which
+    the command's exit releases anyway. The recorder's own close (encoders, files) is unchanged."""
+    import gc
+
+    collect = gc.collect
+    gc.collect = lambda *args, **kwargs: 0
+    try:
+        env.close()
+    finally:
+        gc.collect = collect
+
+
+class _CpuEnvThunk:
+    """Builds one CPU sub-env of `record` (picklable: an AsyncVectorEnv sends it to the sub-env's process)."""
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any], report_poses: bool = False) -> None:
+        self.env_id, self.kwargs, self.report_poses = env_id, dict(kwargs), report_poses
+
+    def __call__(self) -> Any:
+
+        import mani_skill.envs  # noqa: F401 - registers the tasks (sub-env processes too)
+        from mani_skill.utils.wrappers import CPUGymWrapper
+
+        from fastrecord.envs import make_checked
+
+        env = CPUGymWrapper(make_checked(self.env_id, **self.kwargs))
+        if self.report_poses:
+            from fastrecord.render.vector import PoseReporter
+
+            env = PoseReporter(env)
+        return env
+
+
