@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,12 +68,42 @@ def write_parquet(table: Any, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- parts
-def write_part(path: str, cols: Mapping[str, np.ndarray], sampled: Mapping[str, np.ndarray], fps: float,
+_arenas: dict[int, mmap.mmap] = {}  # the caller's staging arenas this process has mapped, by id
+
+
+def map_arena(arena_id: int, size: int, fd: int) -> None:
+    """Map a staging arena (`fastrecord.staging`; its memfd ``fd``, which this takes over) read-only."""
+    try:
+        _arenas[arena_id] = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def forget_arena(arena_id: int) -> None:
+    """Unmap an arena the caller is unmapping."""
+    mm = _arenas.pop(arena_id, None)
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:  # a view of it is still alive: unmapped when collected
+            pass
+
+
+def _frames(ref: Any) -> np.ndarray:
+    """A camera's frames: an array (pickled), or ``(arena id, offset, shape)`` of uint8 frames in a mapped arena."""
+    if isinstance(ref, np.ndarray):
+        return ref
+    arena_id, offset, shape = ref
+    return np.frombuffer(_arenas[arena_id], dtype=np.uint8, count=int(np.prod(shape)), offset=offset).reshape(shape)
+
+
+def write_part(path: str, cols: Mapping[str, np.ndarray], sampled: Mapping[str, Any], fps: float,
                meta: dict[str, Any]) -> tuple[dict[str, dict[str, list]], int]:
     """Commit one episode as the part ``path``: its statistics (``sampled``: each camera's frames that
-    LeRobot's image statistics read, `fastrecord.sinks.lerobot.stats.sampled_frames`), then its rows with
-    ``meta`` and the statistics in the parquet metadata; returns (statistics, the file's size)."""
-    stats = episode_stats(cols, sampled, fps, sampled=True)
+    LeRobot's image statistics read, `fastrecord.sinks.lerobot.stats.sampled_frames`, as an array or where
+    they lie in a mapped staging arena), then its rows with ``meta`` and the statistics in the parquet
+    metadata; returns (statistics, the file's size)."""
+    stats = episode_stats(cols, {k: _frames(v) for k, v in sampled.items()}, fps, sampled=True)
     table = table_of(cols).replace_schema_metadata({PART_META: json.dumps({**meta, "stats": stats})})
     write_parquet(table, Path(path))
     return stats, Path(path).stat().st_size

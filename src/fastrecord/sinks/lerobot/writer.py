@@ -73,6 +73,7 @@ from fastrecord.sinks.lerobot.layout import (
     write_json,
 )
 from fastrecord.sinks.lerobot.stats import aggregate_stats, sampled_frames, unflat_stats
+from fastrecord.staging import locate, on_arena_close
 
 PART_RE = re.compile(r"^ep_(\d{8})\.parquet$")
 SEGMENT_RE = re.compile(r"^ep_(\d{8})\.(.+)\.mp4$")
@@ -170,6 +171,8 @@ class LeRobotWriter:
         self._idle_procs: queue.Queue[IsolatedProcess] = queue.Queue()
         self._group_proc: IsolatedProcess | None = None  # writes the file groups (holds the open group's rows)
         self._group_error: BaseException | None = None  # a file group's write failed: no further group writes
+        self._mapped: dict[int, set[int]] = {}  # a part process's pid -> the staging arenas it has mapped
+        on_arena_close(self._forget_arena)
         if resume:
             self._recover()
         elif self._holds_anything():
@@ -248,9 +251,33 @@ class LeRobotWriter:
                 more = len(self._part_procs) < self._max_part_procs and not self._closed
             proc = self._new_part_proc() if more else self._idle_procs.get()
         try:
-            return proc.call("write_part", *args)
+            path, cols, sampled, fps, meta = args
+            refs: dict[str, Any] = {}
+            for key, frames in sampled.items():  # frames in staging memory are read there in place, not pickled
+                loc = locate(frames) if frames.dtype == np.uint8 else None
+                if loc is None:
+                    refs[key] = frames
+                    continue
+                arena, offset = loc
+                mapped = self._mapped.setdefault(proc.pid, set())
+                if arena.id not in mapped:
+                    proc.notify("map_arena", arena.id, arena.size, fds=[arena.fd])
+                    mapped.add(arena.id)
+                refs[key] = (arena.id, offset, tuple(frames.shape))
+            return proc.call("write_part", path, cols, refs, fps, meta)
         finally:
             self._idle_procs.put(proc)
+
+    def _forget_arena(self, arena_id: int) -> None:
+        """A staging arena is being unmapped: the part processes that mapped it unmap it too."""
+        for proc in list(self._part_procs):
+            mapped = self._mapped.get(proc.pid, set())
+            if arena_id in mapped:
+                mapped.discard(arena_id)
+                try:
+                    proc.notify("forget_arena", arena_id)
+                except RuntimeError:  # stopped or died: nothing left to unmap
+                    pass
 
     def _group(self) -> IsolatedProcess:
         if self._group_proc is None:
