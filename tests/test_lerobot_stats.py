@@ -454,3 +454,37 @@ def test_episodes_finishing_during_the_quiet_time_go_in_by_the_timer(rgb_run, tm
     assert json.loads(info.read_text())["total_episodes"] == 2 and w.pending == 0
     w.close()
     assert json.loads(info.read_text())["total_frames"] == sum(len(t["actions"]) for t in trajs)
+
+
+def test_the_writers_work_runs_in_helper_processes_and_their_errors_reach_the_caller(rgb_run, tmp_path):
+    """The statistics, rows and file groups are written by the writer's helper processes (off the caller's
+    GIL); a group write that fails there (a part's video gone) is raised here with its builtin type, the
+    dataset keeps what info.json counted, the failed episode's part stays, and no process is left."""
+    import os
+    import time
+
+    from fastrecord.sinks.lerobot import LeRobotWriter
+    from fastrecord.video import VideoSettings
+
+    out, _ = rgb_run
+    with h5py.File(out / "pc.h5") as f:
+        trajs = [leaves(f[f"traj_{i}"]) for i in range(2)]
+    root, parts = tmp_path / "t.lerobot", tmp_path / "t.lerobot.parts"
+    w = LeRobotWriter(root, parts, fps=FPS, task="PickCube-v1", video=VideoSettings(fps=FPS, gop=2, executor="thread"))
+    w.write_episode(w.reserve(), trajs[0], len(trajs[0]["actions"]))
+    procs = [*w._part_procs, w._group_proc]
+    assert all(p is not None and p.alive() and p.pid != os.getpid() for p in procs)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["total_episodes"] == 1 and info["total_frames"] == len(trajs[0]["actions"])
+    episode = pd.read_parquet(next((root / "meta" / "episodes").glob("*/*.parquet")))
+    assert episode["stats/action/q50"][0].shape == (trajs[0]["actions"].shape[1],)  # computed there, read back
+    w._quiet_until = time.monotonic() + 60  # the next part waits for close()
+    w.write_episode(w.reserve(), trajs[1], len(trajs[1]["actions"]))
+    assert w.pending == 1
+    video = next(parts.glob("ep_00000001.*.mp4"))
+    video.unlink()
+    with pytest.raises(FileNotFoundError, match="ep_00000001"):
+        w.close()
+    assert json.loads((root / "meta" / "info.json").read_text())["total_episodes"] == 1
+    assert (parts / "ep_00000001.parquet").exists()  # the committed part stays for resume / consolidate
+    assert not any(p.alive() for p in procs)

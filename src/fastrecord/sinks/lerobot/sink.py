@@ -17,6 +17,8 @@ from fastrecord.sinks.lerobot.layout import (
 from fastrecord.sinks.lerobot.writer import LeRobotWriter, import_pyarrow
 from fastrecord.workers import WorkerPool
 
+MAX_PART_PROCESSES = 4  # an episode's part takes ~10 ms: 4 keep up with ~400 finished episodes a second
+
 if TYPE_CHECKING:
     from fastrecord.episode import EpisodeData
     from fastrecord.video import VideoSettings
@@ -24,9 +26,10 @@ if TYPE_CHECKING:
 
 class LeRobotSink(Sink):
     """Owns: the run's LeRobot v3.0 dataset ``NAME.lerobot/`` (through `LeRobotWriter`) and the worker
-    threads that turn kept episodes into its parts (columns, statistics, each camera's video encoded in
-    fastrecord's encoder processes) off the stepping thread; the stepping thread only queues them, in
-    episode order, and waits when they fall behind.
+    threads that turn kept episodes into its parts off the stepping thread: each camera's video encoded in
+    fastrecord's encoder processes, the statistics and rows in the writer's part processes, the file groups
+    in its group process (`fastrecord.sinks.lerobot.files`); the threads only wait on those processes, and
+    the stepping thread only queues the episodes, in episode order, and waits when they fall behind.
 
     ``fps``: the dataset's frame rate (the env's control frequency: a row per step); ``task``: the task
     string of every episode (the env id); ``video``: the encoder settings of the camera videos (their
@@ -86,8 +89,10 @@ class LeRobotSink(Sink):
             state_keys=self.state_keys,
             state_layout=self.state_layout,
             limit=lambda: run.committed,
+            part_processes=min(self.workers, MAX_PART_PROCESSES),
             **self.limits,
         )
+        self.writer.start_processes()
         from fastrecord.video.encode import use_processes
 
         if use_processes(self.video):

@@ -135,10 +135,21 @@ def _downsample(frames: np.ndarray) -> np.ndarray:
     return frames[:, ::step, ::step]
 
 
-def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
-    """LeRobot's statistics of a camera's ``[T, H, W, C]`` uint8 frames: per channel, in [0, 1], shape
-    [C, 1, 1]; ``count``: the frames sampled (see the module docstring)."""
-    picked = _downsample(np.asarray(frames)[sample_indices(len(frames))])
+def sampled_frames(frames: np.ndarray) -> np.ndarray:
+    """The frames of a camera's ``[T, H, W, C]`` that LeRobot's image statistics read (`sample_indices`,
+    then `_downsample`); ``frames`` itself (no copy) where that is every frame at full size."""
+    frames = np.asarray(frames)
+    picked = sample_indices(len(frames))
+    if picked != list(range(len(frames))):
+        frames = frames[picked]
+    return _downsample(frames)
+
+
+def image_stats(frames: np.ndarray, sampled: bool = False) -> dict[str, np.ndarray]:
+    """LeRobot's statistics of a camera's ``[T, H, W, C]`` uint8 frames (``sampled``: already
+    `sampled_frames`' result): per channel, in [0, 1], shape [C, 1, 1]; ``count``: the frames sampled
+    (see the module docstring)."""
+    picked = np.asarray(frames) if sampled else sampled_frames(frames)
     n, channels = picked.shape[0], picked.shape[-1]
     values = np.arange(256, dtype=np.float64)
     counts = np.stack([np.bincount(picked[..., c].ravel(), minlength=256) for c in range(channels)]).astype(np.float64)
@@ -161,17 +172,18 @@ def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- episodes
-def episode_stats(cols: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray],
-                  fps: float) -> dict[str, dict[str, list]]:
+def episode_stats(cols: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray], fps: float,
+                  sampled: bool = False) -> dict[str, dict[str, list]]:
     """Every feature's statistics of one episode, as JSON-ready lists (``.tolist()``: integers stay
-    integers, booleans booleans). ``timestamp`` from frame_index / ``fps`` in float64, as LeRobot."""
+    integers, booleans booleans). ``timestamp`` from frame_index / ``fps`` in float64, as LeRobot.
+    ``sampled``: ``images`` are the cameras' `sampled_frames` already."""
     out = {}
     for key, column in cols.items():
         if key == "timestamp":
             column = np.asarray(cols["frame_index"]) / fps
         out[key] = listed(vector_stats(column))
     for key, frames in images.items():
-        out[key] = listed(image_stats(frames))
+        out[key] = listed(image_stats(frames, sampled))
     return out
 
 

@@ -14,7 +14,9 @@ rewrites its current video file at every episode the same way. Writing a group: 
 temporary file and a rename each), the rows under a hidden name (``.file-FFF.parquet.next``), the
 episodes file as ``file-FFF.parquet.pending`` (the commit of the group: its parquet metadata lists the
 parts it holds), the renames that give both their names, then ``meta/tasks.parquet``,
-``meta/stats.json`` and ``meta/info.json`` with the new totals, and the parts are removed.
+``meta/stats.json`` and ``meta/info.json`` with the new totals, and the parts are removed. The parts'
+statistics and rows, and the file groups up to the ``.pending`` commit, are written in the writer's helper
+processes (`fastrecord.sinks.lerobot.files`: off the caller's GIL); the renames and meta files here.
 
 Rewrites keep to a third of the time (`roll`: parts committed within twice the last write's duration
 wait for a timer). LeRobot's reader reads the episodes and rows that meta/info.json counts (its length
@@ -33,6 +35,7 @@ its results rows, `fastrecord.sinks.results`) go into dataset files.
 from __future__ import annotations
 
 import json
+import queue
 import re
 import shutil
 import threading
@@ -44,12 +47,19 @@ from typing import Any
 
 import numpy as np
 
+from fastrecord.processes import IsolatedProcess
+from fastrecord.sinks.lerobot.files import (
+    FILE_META,
+    MODULE,
+    PART_META,
+    PENDING,
+    staged_path,
+    write_parquet,
+)
 from fastrecord.sinks.lerobot.layout import (
-    DATA_PATH,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DATA_FILE_SIZE_IN_MB,
     DEFAULT_VIDEO_FILE_SIZE_IN_MB,
-    EPISODES_PATH,
     INFO_PATH,
     STATS_PATH,
     TASKS_PATH,
@@ -60,21 +70,11 @@ from fastrecord.sinks.lerobot.layout import (
     info_json,
     state_leaves,
     state_names,
-    write_file,
     write_json,
 )
-from fastrecord.sinks.lerobot.stats import (
-    aggregate_stats,
-    episode_stats,
-    flat_stats,
-    listed,
-    unflat_stats,
-    vector_stats,
-)
+from fastrecord.sinks.lerobot.stats import aggregate_stats, sampled_frames, unflat_stats
+from fastrecord.staging import locate, on_arena_close
 
-PART_META = b"fastrecord.lerobot.part"  # a part's parquet metadata: its episode and the dataset's settings
-FILE_META = b"fastrecord.lerobot.parts"  # an episodes file's parquet metadata: the parts it holds
-PENDING = ".pending"  # meta/episodes/.../file-FFF.parquet.pending: committed, info.json not yet rewritten
 PART_RE = re.compile(r"^ep_(\d{8})\.parquet$")
 SEGMENT_RE = re.compile(r"^ep_(\d{8})\.(.+)\.mp4$")
 INSTALL = "pip install 'fastrecord[lerobot]' (or pip install pyarrow pandas)"
@@ -114,20 +114,20 @@ class _Part:
 @dataclass
 class _OpenFile:
     """The last file group of the dataset, still growing: rewritten with each new batch of parts until
-    it passes a size limit."""
+    it passes a size limit (its episodes rows live in the group process: `files.write_group`)."""
 
     group: int  # its running number (chunk_file)
-    parts: list[int] = field(default_factory=list)  # the parts it holds
-    entries: list[dict[str, Any]] = field(default_factory=list)
-    rows: Any = None  # its meta/episodes rows (a pyarrow Table; None: no episode yet)
+    held: int = 0  # the episodes it holds
     data_bytes: int = 0
     video_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class LeRobotWriter:
     """Owns: the dataset folder ``root`` and its parts folder ``parts`` (see the module docstring), the
-    order of the episodes (``reserve``), the files written so far and the dataset's features (fixed by
-    the first episode).
+    order of the episodes (``reserve``), the files written so far, the dataset's features (fixed by
+    the first episode) and its helper processes (`fastrecord.sinks.lerobot.files`): up to
+    ``part_processes`` that commit parts (statistics, rows), one that writes the file groups; the calling
+    threads only wait on them (and on the encoder processes), so the caller's GIL stays free.
 
     ``write_episode`` runs on any number of threads; ``close`` puts every committed part into files."""
 
@@ -136,7 +136,7 @@ class LeRobotWriter:
                  state_keys: Sequence[str] | None = None, state_layout: Sequence[tuple[str, int]] | None = None,
                  limit: Any = None, chunks_size: int = DEFAULT_CHUNK_SIZE,
                  data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
-                 video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB) -> None:
+                 video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB, part_processes: int = 1) -> None:
         self.pa = import_pyarrow()
         import pyarrow.parquet as pq
 
@@ -166,6 +166,13 @@ class LeRobotWriter:
         self._timer: threading.Timer | None = None  # writes the waiting parts after the quiet time
         self._error: BaseException | None = None  # the timer's write failed: raised by the next call
         self._closed = False
+        self._max_part_procs = max(1, int(part_processes))
+        self._part_procs: list[IsolatedProcess] = []  # started on demand, up to _max_part_procs
+        self._idle_procs: queue.Queue[IsolatedProcess] = queue.Queue()
+        self._group_proc: IsolatedProcess | None = None  # writes the file groups (holds the open group's rows)
+        self._group_error: BaseException | None = None  # a file group's write failed: no further group writes
+        self._mapped: dict[int, set[int]] = {}  # a part process's pid -> the staging arenas it has mapped
+        on_arena_close(self._forget_arena)
         if resume:
             self._recover()
         elif self._holds_anything():
@@ -210,17 +217,77 @@ class LeRobotWriter:
         for key, frames in images.items():
             written = Path(encode_mp4(self.parts / f"ep_{seq:08d}.{key}.mp4", frames, self.video))
             videos[key], video_bytes[key] = written.name, written.stat().st_size
-        stats = episode_stats(cols, images, self.fps)
         entry = dict(entry or {})
-        meta = dict(seq=seq, length=int(length), stats=stats, videos=videos, dataset=self._settings(), entry=entry)
-        table = self._table(cols).replace_schema_metadata({PART_META: json.dumps(meta)})
+        meta = dict(seq=seq, length=int(length), videos=videos, dataset=self._settings(), entry=entry)
+        sampled = {k: sampled_frames(v) for k, v in images.items()}  # what the statistics read (pickled)
         path = self.parts / f"ep_{seq:08d}.parquet"
-        self._write_parquet(table, path)
-        part = _Part(seq, int(length), stats, videos, path.stat().st_size, video_bytes, entry)
+        stats, size = self._part_call(str(path), cols, sampled, self.fps, meta)
+        part = _Part(seq, int(length), stats, videos, size, video_bytes, entry)
         with self._lock:
             self._ready[seq] = part
             self._committed_seqs.add(seq)
         self.roll()
+
+    # -------------------------------------------------------------- helper processes
+    def start_processes(self) -> None:
+        """Start the group process and a part process now (their imports then overlap the caller's set-up)."""
+        self._group()
+        if not self._part_procs:
+            self._idle_procs.put(self._new_part_proc())
+
+    def _new_part_proc(self) -> IsolatedProcess:
+        proc = IsolatedProcess(MODULE, f"the LeRobot part process {len(self._part_procs)}", keep_after_error=True,
+                               background=False)
+        with self._lock:
+            self._part_procs.append(proc)
+        return proc
+
+    def _part_call(self, *args: Any) -> Any:
+        """`files.write_part` in an idle part process (a new one while fewer than ``part_processes`` run)."""
+        try:
+            proc = self._idle_procs.get_nowait()
+        except queue.Empty:
+            with self._lock:
+                more = len(self._part_procs) < self._max_part_procs and not self._closed
+            proc = self._new_part_proc() if more else self._idle_procs.get()
+        try:
+            path, cols, sampled, fps, meta = args
+            refs: dict[str, Any] = {}
+            for key, frames in sampled.items():  # frames in staging memory are read there in place, not pickled
+                loc = locate(frames) if frames.dtype == np.uint8 else None
+                if loc is None:
+                    refs[key] = frames
+                    continue
+                arena, offset = loc
+                mapped = self._mapped.setdefault(proc.pid, set())
+                if arena.id not in mapped:
+                    proc.notify("map_arena", arena.id, arena.size, fds=[arena.fd])
+                    mapped.add(arena.id)
+                refs[key] = (arena.id, offset, tuple(frames.shape))
+            return proc.call("write_part", path, cols, refs, fps, meta)
+        finally:
+            self._idle_procs.put(proc)
+
+    def _forget_arena(self, arena_id: int) -> None:
+        """A staging arena is being unmapped: the part processes that mapped it unmap it too."""
+        for proc in list(self._part_procs):
+            mapped = self._mapped.get(proc.pid, set())
+            if arena_id in mapped:
+                mapped.discard(arena_id)
+                try:
+                    proc.notify("forget_arena", arena_id)
+                except RuntimeError:  # stopped or died: nothing left to unmap
+                    pass
+
+    def _group(self) -> IsolatedProcess:
+        if self._group_proc is None:
+            self._group_proc = IsolatedProcess(MODULE, "the LeRobot file group process", background=False)
+        return self._group_proc
+
+    def _stop_processes(self) -> None:
+        procs = [*self._part_procs, *([self._group_proc] if self._group_proc is not None else [])]
+        for proc in procs:
+            proc.stop()
 
     def _settings(self) -> dict[str, Any]:
         """What a later writer of this dataset takes up (`_take_settings`), in every part and episodes file."""
@@ -230,24 +297,6 @@ class LeRobotWriter:
         self.fps, self.task = self.fps or found["fps"], self.task or found["task"]
         self.robot_type = self.robot_type or found["robot_type"]
         self.features = self.features or found["features"]
-
-    def _table(self, cols: Mapping[str, np.ndarray]) -> Any:
-        pa = self.pa
-        arrays, names = [], []
-        for key, a in cols.items():
-            if a.ndim == 2:
-                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(a).ravel()), a.shape[1]))
-            else:
-                arrays.append(pa.array(a))
-            names.append(key)
-        return pa.Table.from_arrays(arrays, names=names)
-
-    def _write_parquet(self, table: Any, path: Path) -> None:
-        import io
-
-        buf = io.BytesIO()
-        self.pq.write_table(table, buf)
-        write_file(path, buf.getvalue())
 
     # -------------------------------------------------------------- dataset files
     def roll(self, final: bool = False) -> None:
@@ -341,66 +390,28 @@ class LeRobotWriter:
             i = j
 
     def _write_file(self, open_: _OpenFile, batch: Sequence[_Part]) -> None:
-        """(Re)write the file group ``open_`` with ``batch`` after the episodes it holds: each camera's video
-        (the old file's packets, then the parts', without re-encoding: the episodes already in it keep their
-        times), then the rows under a hidden name, then the episodes file as ``.pending`` (the commit), the
-        renames that give both their names, and the meta files, meta/info.json last: LeRobot's reader reads
-        the rows and episodes info.json counts, so every step leaves the dataset it loads whole."""
-        pa = self.pa
-        chunk, file = chunk_file(open_.group, self.chunks_size)
-        where = dict(chunk_index=chunk, file_index=file)
-        cameras = [k for k, v in (self.features or {}).items() if v.get("dtype") == "video"]
-        from fastrecord.sinks.lerobot.video import concat_mp4
-
-        spans = {}
-        for k in cameras:
-            path = self.root / VIDEO_PATH.format(video_key=k, **where)
-            old = [path] if open_.rows is not None else []
-            spans[k] = concat_mp4([*old, *(self.parts / p.videos[k] for p in batch)], path)[len(old):]
-            open_.video_bytes[k] = path.stat().st_size
-        data = self.root / DATA_PATH.format(**where)
-        tables = [self.pq.read_table(data)] if open_.rows is not None else []
-        rows = []
-        first, index = self.episodes, self.frames
-        for j, part in enumerate(batch):
-            t = self.pq.read_table(self.parts / f"ep_{part.seq:08d}.parquet").replace_schema_metadata(None)
-            n, ep = t.num_rows, first + j
-            t = t.set_column(
-                t.schema.get_field_index("episode_index"), "episode_index", pa.array(np.full(n, ep, np.int64))
-            )
-            t = t.set_column(
-                t.schema.get_field_index("index"), "index", pa.array(np.arange(index, index + n, dtype=np.int64))
-            )
-            tables.append(t)
-            stats = _placed(part.stats, ep, index, n)
-            row: dict[str, Any] = {"episode_index": ep, "tasks": [self.task], "length": n, "data/chunk_index": chunk,
-                                   "data/file_index": file, "dataset_from_index": index, "dataset_to_index": index + n}
-            for k in cameras:
-                row.update({f"videos/{k}/chunk_index": chunk, f"videos/{k}/file_index": file,
-                            f"videos/{k}/from_timestamp": spans[k][j][0], f"videos/{k}/to_timestamp": spans[k][j][1]})
-            row.update(flat_stats(stats))
-            row.update({"meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file})
-            rows.append(row)
-            # as LeRobot's save_episode aggregates: the dataset's so far with the new episode's
-            self._stats = stats if self._stats is None else aggregate_stats([self._stats, stats])
-            index += n
-        staged = staged_path(data)  # hidden from LeRobot's reader (it loads data/*/*.parquet) until info.json counts it
-        self._write_parquet(pa.concat_tables(tables), staged)
-        open_.data_bytes = staged.stat().st_size
-        new_rows = pa.Table.from_pylist(rows)
-        if open_.rows is not None:
-            new_rows = pa.concat_tables([open_.rows, new_rows], promote_options="default")
-        open_.rows = new_rows
-        open_.parts += [p.seq for p in batch]
-        open_.entries += [p.entry for p in batch]
-        meta = dict(parts=open_.parts, entries=open_.entries, dataset=self._settings())
-        episodes = open_.rows.replace_schema_metadata({FILE_META: json.dumps(meta)})
-        final = self.root / EPISODES_PATH.format(**where)
-        pending = final.with_name(final.name + PENDING)  # complete, but not yet counted by info.json
-        self._write_parquet(episodes, pending)  # the commit of this file: a recovery finishes the steps below
-        self.files, self.episodes, self.frames = max(self.files, open_.group + 1), first + len(batch), index
-        staged.replace(data)  # rows past info.json's totals: LeRobot's reader reads only what info.json counts
-        pending.replace(final)
+        """(Re)write the file group ``open_`` with ``batch`` after the episodes it holds: the group process
+        writes each camera's video (the old file's packets, then the parts', without re-encoding: the
+        episodes already in it keep their times), the rows under a hidden name and the episodes file as
+        ``.pending`` (the commit, `files.write_group`); then here the renames that give both their names,
+        and the meta files, meta/info.json last: LeRobot's reader reads the rows and episodes info.json
+        counts, so every step leaves the dataset it loads whole."""
+        if self._group_error is not None:  # the group process failed: its open group is not trusted
+            raise self._group_error
+        jobs = [dict(seq=p.seq, stats=p.stats, videos=p.videos, entry=p.entry) for p in batch]
+        try:
+            done = self._group().call("write_group", str(self.root), str(self.parts), open_.group, open_.held == 0,
+                                      jobs, self.episodes, self.frames, self._stats, self._settings(),
+                                      self.chunks_size)
+        except BaseException as e:
+            self._group_error = e
+            raise
+        open_.held += len(batch)
+        open_.data_bytes, open_.video_bytes = done["data_bytes"], dict(done["video_bytes"])
+        self._stats = done["stats"]
+        self.files, self.episodes, self.frames = max(self.files, open_.group + 1), done["episodes"], done["frames"]
+        Path(done["staged"]).replace(done["data"])  # rows past info.json's totals: LeRobot reads what it counts
+        Path(done["pending"]).replace(done["final"])
         self._write_meta()  # info.json last: LeRobot's reader sees the new episodes from here on
         for part in batch:
             self._remove_part(part)
@@ -412,7 +423,7 @@ class LeRobotWriter:
                          episodes=self.episodes, frames=self.frames, chunks_size=self.chunks_size,
                          data_mb=self.data_mb, video_mb=self.video_mb)
         tasks = pd.DataFrame({"task_index": [0]}, index=[self.task])
-        self._write_parquet(self.pa.Table.from_pandas(tasks), self.root / TASKS_PATH)
+        write_parquet(self.pa.Table.from_pandas(tasks), self.root / TASKS_PATH)
         write_json(self.root / STATS_PATH, self._stats or {})
         write_json(self.root / INFO_PATH, info)
 
@@ -518,7 +529,10 @@ class LeRobotWriter:
             self._closed, timer, self._timer = True, self._timer, None
         if timer is not None:
             timer.cancel()
-        self.roll(final=True)
+        try:
+            self.roll(final=True)
+        finally:
+            self._stop_processes()
         self.raise_if_failed()
         if self.parts.is_dir():
             for p in self.parts.iterdir():
@@ -533,20 +547,6 @@ def av_open(path: Path) -> Any:
     import av
 
     return av.open(str(path))
-
-
-def staged_path(data: Path) -> Path:
-    """Where a data file's rows wait, hidden, until meta/info.json counts them (``.file-FFF.parquet.next``)."""
-    return data.with_name(f".{data.name}.next")
-
-
-def _placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: int,
-            n: int) -> dict[str, dict[str, Any]]:
-    """An episode's statistics with its final ``episode_index`` and ``index`` (the part's were provisional)."""
-    out = {k: dict(v) for k, v in stats.items()}
-    out["episode_index"] = listed(vector_stats(np.full(n, episode, dtype=np.int64)))
-    out["index"] = listed(vector_stats(np.arange(first_index, first_index + n, dtype=np.int64)))
-    return out
 
 
 def _diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
