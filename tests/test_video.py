@@ -442,3 +442,26 @@ def test_tiled_and_foreign_video_names():
     assert not parse_video_name("4.mp4").per_env
     for other in ("clip.mp4", "3_env.mp4", "3_envx_success.mp4", "env1_3.mp4", "3_env1_maybe.mp4"):
         assert parse_video_name(other) is None, other
+
+
+def test_rgb_to_yuv420p_torch_kernels_in_pieces_match_one_pass_and_ready_falls_back(monkeypatch):
+    from fastrecord.video import yuv
+
+    frames = torch.from_numpy(np.stack([smooth_frames(3, 16, 24, seed=s) for s in range(5)]))  # [5, 3, 16, 24, 3]
+    whole = rgb_to_yuv420p(frames, kernel="torch")
+    monkeypatch.setattr(yuv, "_TORCH_PIECE_BYTES", frames[0].numel() * 2)  # 2 envs at a time
+    np.testing.assert_array_equal(rgb_to_yuv420p(frames, kernel="torch").numpy(), whole.numpy())
+    # "ready" on a device without the Triton kernel loaded: torch's kernels, the same values
+    np.testing.assert_array_equal(rgb_to_yuv420p(frames, kernel="ready").numpy(), whole.numpy())
+    assert not yuv.triton_ready(frames.device)
+    with pytest.raises(ValueError, match="kernel='cuda' is unknown; use 'auto', 'triton', 'torch' or 'ready'"):
+        rgb_to_yuv420p(frames, kernel="cuda")
+
+
+@needs_shm
+def test_encoder_pool_close_stops_every_process():
+    enc = EncoderProcessPool(max_processes=4)
+    enc.start(4)
+    procs = [p.process for p in enc._all]
+    enc.close()
+    assert len(procs) == 4 and all(p.poll() is not None for p in procs)
