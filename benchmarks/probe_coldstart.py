@@ -7,7 +7,8 @@ Pieces (seconds): ``arena`` a staging arena of one batch of yuv420p frames made 
 ``stall`` the longest wait of this thread's small CUDA calls while another thread pins an arena;
 ``copy`` the batch's device-to-host copy into pinned, fresh unpinned and populated unpinned memory;
 ``yuv`` importing triton, the first Triton conversion, the first torch conversion; ``encoders`` starting
-the encoder processes until each answers; ``codec`` resolving ``codec="auto"`` (the NVENC probe).
+the encoder processes until each answers; ``codec`` resolving ``codec="auto"`` (the NVENC probe); ``recorder`` a fresh recorder's first reset
+(profiled) and its first two batches' steps one by one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-PIECES = ("arena", "stall", "copy", "yuv", "encoders", "codec")
+PIECES = ("recorder", "arena", "stall", "copy", "yuv", "encoders", "codec")
 
 
 def _t(fn: Any) -> float:
@@ -227,10 +228,54 @@ def piece_codec() -> dict[str, Any]:
     return r
 
 
+def piece_recorder(envs: int, steps: int, size: int, device: str) -> dict[str, Any]:
+    """A fresh recorder's first reset (cProfile's top functions) and the wall time of each of its first
+    ``2 * steps`` steps (the two first batch ends included), on the bench's batched source."""
+    import cProfile
+    import tempfile
+
+    import torch
+
+    from benchmarks.profiling import cprofile_top
+    from fastrecord import RecordEpisode
+    from fastrecord.testing import gradient_clips, make_bank, source_env
+
+    src = source_env(make_bank(gradient_clips(2, steps + 1, size, size), 2), envs, device)
+    r: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    env = RecordEpisode(src, tempfile.mkdtemp(prefix="probe-rec-"), save_trajectory=False)
+    r["construct"] = time.perf_counter() - t0
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    env.reset(seed=list(range(envs)))
+    prof.disable()
+    r["first_reset"] = time.perf_counter() - t0
+    r["first_reset_top"] = cprofile_top(prof, 15)
+    action = torch.zeros(envs, 3, device=src.device)
+    walls = []
+    for _ in range(2 * steps):
+        t0 = time.perf_counter()
+        _, _, term, trunc, _ = env.step(action)
+        if bool((term | trunc).all()):
+            env.reset(seed=list(range(envs)))
+        walls.append(time.perf_counter() - t0)
+    r["step_ms"] = [round(1000 * w, 1) for w in walls]
+    t0 = time.perf_counter()
+    env.recorder.wait_until_done()
+    r["drain"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    env.close()
+    r["close"] = time.perf_counter() - t0
+    return r
+
+
 def run_piece(name: str, a: argparse.Namespace) -> dict[str, Any]:
     nbytes = a.num_envs * (a.steps + 1) * a.size * a.size * 3 // 2
     if name == "arena":
         return piece_arena(nbytes)
+    if name == "recorder":
+        return piece_recorder(a.num_envs, a.steps, a.size, a.device)
     if name == "stall":
         return piece_stall(nbytes)
     if name == "copy":
@@ -248,6 +293,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=512)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--encoders", type=int, default=16)
+    p.add_argument("--device", default="cuda")
     p.add_argument("--pieces", default=",".join(PIECES))
     p.add_argument("--piece", default=None)  # in the child: the one piece to run
     p.add_argument("--json", default=None)
@@ -258,7 +304,8 @@ def main() -> None:
     res: dict[str, Any] = {}
     for name in a.pieces.split(","):
         cmd = [sys.executable, "-m", "benchmarks.probe_coldstart", "--piece", name, "--num-envs", str(a.num_envs),
-               "--size", str(a.size), "--steps", str(a.steps), "--encoders", str(a.encoders)]
+               "--size", str(a.size), "--steps", str(a.steps), "--encoders", str(a.encoders),
+               "--device", a.device]
         t0 = time.perf_counter()
         p2 = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if p2.returncode:
