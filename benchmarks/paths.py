@@ -7,8 +7,10 @@
              (all episodes end together) of the same run, on the same frames.
   coldstart  a fresh process records its first ``coldstart_episodes`` episodes, once with synchronous
              and once with staggered ends: set-up seconds (imports, construction, first episode out),
-             the rate over those episodes with everything set up inside the run, peak host RSS and
-             device memory.
+             the rate over those episodes from the recorder's construction to the last video on disk
+             (``rate_from_construct``: what a user waits for once fastrecord is imported; the import is
+             reported apart) and from the first reset (``env_frames_per_s``), close() after the
+             encoders' last video, the interpreter's exit, peak host RSS and device memory.
   cpueval    the CPU branch of `fastrecord.make_eval_envs` (an AsyncVectorEnv of ``cpueval_envs``
              CPU-simulated envs, GPU rendering where CUDA is present): a step+render loop of the same
              envs, no videos, every env's video with the info overlay (the branch's default) and with

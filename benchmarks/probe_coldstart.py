@@ -8,7 +8,11 @@ Pieces (seconds): ``arena`` a staging arena of one batch of yuv420p frames made 
 ``copy`` the batch's device-to-host copy into pinned, fresh unpinned and populated unpinned memory;
 ``yuv`` importing triton, the first Triton conversion, the first torch conversion; ``encoders`` starting
 the encoder processes until each answers; ``codec`` resolving ``codec="auto"`` (the NVENC probe); ``recorder`` a fresh recorder's first reset
-(profiled) and its first two batches' steps one by one.
+(profiled) and its first two batches' steps one by one; ``evalclose`` `make_eval_envs`' close after 45
+steps, split into the recorder's and the vector env's.
+
+On the CPU machine: ``--device cpu --pieces recorder,encoders,codec,evalclose --num-envs 8 --size 64
+--eval-envs 2 --eval-size 128``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-PIECES = ("recorder", "arena", "stall", "copy", "yuv", "encoders", "codec")
+PIECES = ("recorder", "arena", "stall", "copy", "yuv", "encoders", "codec", "evalclose")
 
 
 def _t(fn: Any) -> float:
@@ -270,10 +274,53 @@ def piece_recorder(envs: int, steps: int, size: int, device: str) -> dict[str, A
     return r
 
 
+def piece_evalclose(envs: int, size: int, render: str) -> dict[str, Any]:
+    """`make_eval_envs`' CPU branch (PickCube-v1, every env's video): ``envs.close()`` after 45 steps, split
+    into the recorder's close (episodes in progress flushed, encoders drained, files closed) and the vector
+    env's (the sub-env processes)."""
+    import tempfile
+
+    import gymnasium as gym
+
+    from fastrecord import make_eval_envs
+    from fastrecord.recorder import EpisodeRecorder
+    from fastrecord.system import use_lavapipe_if_no_gpu
+
+    use_lavapipe_if_no_gpu()
+    split: dict[str, float] = {}
+
+    def timed(cls: Any, name: str) -> None:
+        orig = getattr(cls, name)
+
+        def f(self: Any, *args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                split[f"{cls.__name__}.{name}"] = time.perf_counter() - t
+
+        setattr(cls, name, f)
+
+    timed(EpisodeRecorder, "close")
+    timed(gym.vector.AsyncVectorEnv, "close")
+    kw = dict(obs_mode="state", control_mode="pd_joint_delta_pos", render_mode="rgb_array", render_backend=render,
+              max_episode_steps=20, human_render_camera_configs=dict(width=size, height=size))
+    vec = make_eval_envs("PickCube-v1", envs, "physx_cpu", kw, dict(obs_horizon=2),
+                         video_dir=tempfile.mkdtemp(prefix="probe-eval-"))
+    vec.reset(seed=0)
+    for _ in range(45):
+        vec.step(vec.action_space.sample())
+    t0 = time.perf_counter()
+    vec.close()
+    return dict(close=time.perf_counter() - t0, split=split)
+
+
 def run_piece(name: str, a: argparse.Namespace) -> dict[str, Any]:
     nbytes = a.num_envs * (a.steps + 1) * a.size * a.size * 3 // 2
     if name == "arena":
         return piece_arena(nbytes)
+    if name == "evalclose":
+        return piece_evalclose(a.eval_envs, a.eval_size, "gpu" if a.device == "cuda" else "cpu")
     if name == "recorder":
         return piece_recorder(a.num_envs, a.steps, a.size, a.device)
     if name == "stall":
@@ -294,6 +341,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--encoders", type=int, default=16)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--eval-envs", type=int, default=16)
+    p.add_argument("--eval-size", type=int, default=512)
     p.add_argument("--pieces", default=",".join(PIECES))
     p.add_argument("--piece", default=None)  # in the child: the one piece to run
     p.add_argument("--json", default=None)
@@ -305,9 +354,9 @@ def main() -> None:
     for name in a.pieces.split(","):
         cmd = [sys.executable, "-m", "benchmarks.probe_coldstart", "--piece", name, "--num-envs", str(a.num_envs),
                "--size", str(a.size), "--steps", str(a.steps), "--encoders", str(a.encoders),
-               "--device", a.device]
+               "--device", a.device, "--eval-envs", str(a.eval_envs), "--eval-size", str(a.eval_size)]
         t0 = time.perf_counter()
-        p2 = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        p2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if p2.returncode:
             res[name] = {"error": p2.stderr[-2000:]}
         else:
