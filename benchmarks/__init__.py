@@ -19,7 +19,7 @@ recorders see identical frames and the source costs almost nothing. Phases (each
   realenv   a real ManiSkill env (CPU simulation, GPU rendering where CUDA is present): bare vs recorded
   micro     device time of the ring write and of the yuv420p conversion
   staggered per-env episode lengths drawn by the env, partial resets of the finished envs
-  coldstart fresh processes recording their first episodes: set-up seconds, rate, peak memory
+  coldstart fresh processes recording their first episodes: set-up seconds, rate from construction, close, memory
   cpueval   make_eval_envs' CPU branch: videos with and without the overlay beside a step+render loop
   imageobs  trajectories with rgb observations, no video: fastrecord beside ManiSkill's wrapper, on an idle
             machine and beside ``imageobs_busy_cores`` spinning processes (a busy one)
@@ -35,6 +35,7 @@ keepup), `benchmarks.phases_realenv`, `benchmarks.paths` (staggered, coldstart, 
 competing CPU load). Scripts beside them:
 ``profile_step.py`` (the recorder's per-step cost), ``bench_whole.py`` (whole commands launch to exit, record,
 eval and replay against ManiSkill's ways, with where the seconds go; its jobs in ``whole_children.py``),
-``probe_startup.py`` (one env's start against N env processes'), ``bench_replay.py`` (replay speed against
+``probe_startup.py`` (one env's start against N env processes'), ``probe_coldstart.py`` (a fresh
+recording process's pieces: pinning, the first conversion, encoders, close), ``bench_replay.py`` (replay speed against
 ManiSkill's tool), ``bench_shards.py`` (torchrun world sizes), ``bench_gpu.sh`` (a run on the GPU machine).
 """

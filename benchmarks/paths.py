@@ -7,8 +7,10 @@
              (all episodes end together) of the same run, on the same frames.
   coldstart  a fresh process records its first ``coldstart_episodes`` episodes, once with synchronous
              and once with staggered ends: set-up seconds (imports, construction, first episode out),
-             the rate over those episodes with everything set up inside the run, peak host RSS and
-             device memory.
+             the rate over those episodes from the recorder's construction to the last video on disk
+             (``rate_from_construct``: what a user waits for once fastrecord is imported; the import is
+             reported apart) and from the first reset (``env_frames_per_s``), close() after the
+             encoders' last video, the interpreter's exit, peak host RSS and device memory.
   cpueval    the CPU branch of `fastrecord.make_eval_envs` (an AsyncVectorEnv of ``cpueval_envs``
              CPU-simulated envs, GPU rendering where CUDA is present): a step+render loop of the same
              envs, no videos, every env's video with the info overlay (the branch's default) and with
@@ -155,6 +157,7 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
             last_episode = rec.next_episode_id
             rec.wait_until_done()
             total_s = time.perf_counter() - t0
+            res["seconds_from_construct"] = time.perf_counter() - t_construct  # warm-up included, if any
             if monitor is not None:
                 monitor.__exit__()
                 res["memory"] = monitor.peaks()
@@ -171,8 +174,11 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     res.update(staggered=staggered, construct_seconds=construct_s, first_episode_out_seconds=t_first_out)
     if prof is not None:
         res["cprofile_top"] = cprofile_top(prof)
-    # episodes still in progress are dropped, not written: they were not measured
+    # episodes still in progress are dropped, not written: they were not measured. The encoders' work is done
+    # (wait_until_done above): what close() takes now is its own (thread joins, final files)
+    t_close = time.perf_counter()
     rec.close(flush=False)
+    res["close_after_drain_seconds"] = time.perf_counter() - t_close
     env.env.close()
     videos = {int(p.name.split("_env")[0]): p for p in out.glob("*.mp4")}
     res["videos_written"] = sum(1 for i in expected if i in videos)
@@ -302,6 +308,7 @@ def phase_coldstart(
                 raise RuntimeError(f"coldstart {mode} child failed (exit {p.returncode}): {p.stderr[-3000:]}")
             r = json.loads(Path(args["result"]).read_text())
             r["process_wall_seconds"] = wall
+            r["exit_seconds"] = time.time() - r.pop("child_end_time")
             res[mode] = r
     finally:
         bank_path.unlink(missing_ok=True)
@@ -329,12 +336,16 @@ def coldstart_main(arg: str, t_process: float) -> None:
                         video=a["video"], staggered=a["staggered"], check=True, monitor=mon, bank=bank)
     r["import_seconds"] = import_s
     r["setup_seconds"] = import_s + r["construct_seconds"]
+    # what the user waits for once fastrecord is imported: construction, the first reset, every step, the
+    # encoders' last video (the source's own reset and steps included: the warm rate includes its steps)
+    r["rate_from_construct"] = r["frames"] / r["seconds_from_construct"]
     r["rate_incl_construct"] = r["frames"] / (r["seconds"] + r["construct_seconds"])
     r["host_rss_before_gib"] = rss_before / 2**30
     r["host_peak_rss_gib"] = max(peak_before, status_bytes("VmHWM")) / 2**30  # this process's peak (not inherited)
     r["record_wall_seconds"] = time.perf_counter() - t0
     if device.type == "cuda":
         r["device_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    r["child_end_time"] = time.time()  # the parent takes the interpreter's exit (exit hooks: encoders stopped) from here
     Path(a["result"]).write_text(json.dumps(r, default=str))
 
 
@@ -461,12 +472,15 @@ def table_rows(r: dict[str, Any]) -> list[str]:
             if not c:
                 continue
             ref = sync if mode == "sync" else (st or {}).get("env_frames_per_s")
-            share = f" ({c['env_frames_per_s'] / ref:.0%} of the steady {mode} rate)" if ref else ""
+            cold = c.get("rate_from_construct", c["env_frames_per_s"])
+            share = (f" = {cold / ref:.0%} of the warm {mode} rate ({ref:,.0f}); from the first reset "
+                     f"{c['env_frames_per_s']:,.0f} = {c['env_frames_per_s'] / ref:.0%}") if ref else ""
             rows.append(
-                f"| cold start, {mode}: fresh process, first {c['episodes']} episodes | {c['env_frames_per_s']:,.0f} "
-                f"env-frames/s{share}; set-up {c['setup_seconds']:.1f} s (import {c['import_seconds']:.1f}, "
-                f"construct {c['construct_seconds']:.1f}), first episode out at {c['first_episode_out_seconds']:.1f} s; "
-                f"peak host RSS {c['host_peak_rss_gib']:.1f} GiB"
+                f"| cold start, {mode}: fresh process, first {c['episodes']} episodes, construction to the last video "
+                f"| {cold:,.0f} env-frames/s{share}; import {c['import_seconds']:.1f} s (not counted), construct "
+                f"{c['construct_seconds']:.2f} s, first episode out at {c['first_episode_out_seconds']:.2f} s; "
+                f"close after the encoders' last video {c.get('close_after_drain_seconds', float('nan')):.2f} s, "
+                f"exit {c.get('exit_seconds', float('nan')):.2f} s; peak host RSS {c['host_peak_rss_gib']:.1f} GiB"
                 + (f", device {c['device_peak_reserved_gib']:.1f} GiB" if "device_peak_reserved_gib" in c else "")
                 + f"; {c.get('dropped_frames', '?')} dropped frames |"
             )

@@ -138,3 +138,40 @@ def test_reserve_makes_an_arena_ahead_on_a_background_thread():
 # ---------------------------------------------------------------------------------------------- locate
 def test_locate_ignores_ordinary_arrays():
     assert locate(np.zeros((4, 4), np.uint8)) is None
+
+
+@needs_shm
+def test_reserve_makes_several_arenas_at_once_and_leases_take_them():
+    mib = 1024 * 1024
+    pool = StagingPool(min_bytes=0)  # the budget: 2.5 x the largest lease (two 256 MiB arenas, not three)
+    pool.reserve(250 * mib, count=2)  # one batch being filled while the encoders read the other
+    deadline = time.time() + 10
+    while pool.arenas_created < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    assert pool.arenas_created == 2 and pool.bytes_reserved == 2 * 256 * mib
+    a, b = pool.lease(250 * mib), pool.lease(250 * mib)  # both made ahead: no make on this thread
+    assert a.arena.id != b.arena.id and pool.arenas_created == 2
+    pool.reserve(250 * mib, count=2)  # both leased: a third is beyond the budget
+    time.sleep(0.2)
+    assert pool.arenas_created == 2
+    del a, b
+    gc.collect()
+    pool.reserve(250 * mib, count=2)  # both free again: nothing to make
+    time.sleep(0.2)
+    assert pool.arenas_created == 2
+    pool.close()
+
+
+@needs_shm
+def test_populate_allocates_every_page_of_an_arena_from_threads():
+    arena = staging.Arena(64 * 1024 * 1024, pin=False)
+    try:
+        import os
+
+        assert os.fstat(arena.fd).st_blocks * 512 < arena.size  # a fresh memfd holds no pages yet
+        arena.buffer[::4096] = 7
+        staging.populate(arena.buffer, threads=4)
+        assert os.fstat(arena.fd).st_blocks * 512 >= arena.size  # every page allocated (and zeroed)
+        assert not arena.buffer.any()
+    finally:
+        arena.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from fractions import Fraction
 
 import av
@@ -442,3 +443,52 @@ def test_tiled_and_foreign_video_names():
     assert not parse_video_name("4.mp4").per_env
     for other in ("clip.mp4", "3_env.mp4", "3_envx_success.mp4", "env1_3.mp4", "3_env1_maybe.mp4"):
         assert parse_video_name(other) is None, other
+
+
+def test_rgb_to_yuv420p_torch_kernels_in_pieces_match_one_pass_and_ready_falls_back(monkeypatch):
+    from fastrecord.video import yuv
+
+    frames = torch.from_numpy(np.stack([smooth_frames(3, 16, 24, seed=s) for s in range(5)]))  # [5, 3, 16, 24, 3]
+    whole = rgb_to_yuv420p(frames, kernel="torch")
+    monkeypatch.setattr(yuv, "_TORCH_PIECE_BYTES", frames[0].numel() * 2)  # 2 envs at a time
+    np.testing.assert_array_equal(rgb_to_yuv420p(frames, kernel="torch").numpy(), whole.numpy())
+    # "ready" on a device without the Triton kernel loaded: torch's kernels, the same values
+    np.testing.assert_array_equal(rgb_to_yuv420p(frames, kernel="ready").numpy(), whole.numpy())
+    assert not yuv.triton_ready(frames.device)
+    with pytest.raises(ValueError, match="kernel='cuda' is unknown; use 'auto', 'triton', 'torch' or 'ready'"):
+        rgb_to_yuv420p(frames, kernel="cuda")
+
+
+@needs_shm
+def test_encoder_pool_close_stops_every_process():
+    enc = EncoderProcessPool(max_processes=4)
+    enc.start(4)
+    procs = [p.process for p in enc._all]
+    enc.close()
+    assert len(procs) == 4 and all(p.poll() is not None for p in procs)
+
+
+@needs_shm
+def test_first_videos_encode_in_the_calling_thread_while_the_processes_start(tmp_path, monkeypatch):
+    from fastrecord.video import pool as vpool
+
+    gate = threading.Event()  # holds the processes' "ready" back: they are still importing PyAV
+    ready = vpool._await_ready
+    monkeypatch.setattr(vpool, "_await_ready", lambda e: (gate.wait(20), ready(e)))
+    frames = smooth_frames(6)
+    with EncoderProcessPool(max_processes=2) as enc:
+        enc.start(2)
+        enc.encode(tmp_path / "here.mp4", frames, VideoSettings(crf=18))  # none ready: this thread encodes
+        assert enc.stats.jobs_here == 1 and enc.stats.copied_bytes == 0 and enc.num_processes == 2
+        enc.encode(tmp_path / "proc.mp4", frames, VideoSettings(crf=18, executor="process"))  # waits for one
+        assert enc.stats.jobs_here == 1 and enc.stats.copied_bytes == frames.nbytes
+        gate.set()
+        deadline = time.time() + 20
+        while not all(p.ready.is_set() for p in enc._all) and time.time() < deadline:
+            time.sleep(0.01)
+        enc.encode(tmp_path / "ready.mp4", frames, VideoSettings(crf=18))  # ready: a process
+        assert enc.stats.jobs == 3 and enc.stats.jobs_here == 1
+    encode_mp4(tmp_path / "thread.mp4", frames, VideoSettings(crf=18, executor="thread"))
+    ref = decode_mp4(tmp_path / "thread.mp4")
+    for name in ("here.mp4", "proc.mp4", "ready.mp4"):
+        np.testing.assert_array_equal(decode_mp4(tmp_path / name), ref)  # the same encoder, the same file

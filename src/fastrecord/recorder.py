@@ -12,7 +12,6 @@ through a view (`fastrecord.envs.EnvView`), so one code path serves any number a
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from fastrecord.sinks.factory import build_sinks
 from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
-from fastrecord.video.yuv import YUV420P
+from fastrecord.video.yuv import YUV420P, warm_triton
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -253,18 +252,19 @@ class EpisodeRecorder:
             self.run.options["trajectory_writers"] = wanted  # the manifest records the count used
 
     def _reserve_staging(self, buf: EpisodeBuffer) -> None:
-        """At the first reset: have the staging pool make (and pin) an arena for a batch of finished
-        episodes' frames on a background thread now, so the first episodes out do not wait for it."""
+        """At the first reset: have the staging pool make (and pin) the two arenas that batches of finished
+        episodes' frames go through (one being filled while the encoders read the other), on background
+        threads at once, so that the first episodes out do not wait for them; and load the GPU conversion's
+        kernel on a thread of its own (the gathers convert with torch's kernels until it is loaded)."""
         self._staging_reserved = True
         frames = buf.fields.get("frames")
         if frames is None or not shared_memory_supported():
             return
         yuv = self._yuv and frames.is_cuda
         per_frame = frames[0, 0].numel() // 2 if yuv else frames[0, 0].numel()
-        default_staging_pool().reserve(self.num_envs * buf.capacity * per_frame, pin=frames.is_cuda)
-        if yuv and frames.shape[0] >= 3:  # the GPU conversion's first call (Triton's JIT) off the stepping thread too
-            threading.Thread(target=_warm_yuv420p, args=(frames[:3, :1].transpose(0, 1),), daemon=True,
-                             name="fastrecord-warm-yuv").start()
+        default_staging_pool().reserve(self.num_envs * buf.capacity * per_frame, pin=frames.is_cuda, count=2)
+        if yuv and frames.shape[0] >= 3:  # strided as a gather's frames: the kernel the gathers will launch
+            warm_triton(frames[:3, :1].transpose(0, 1))
 
     def _ensure_buffer(self) -> EpisodeBuffer:
         if self.buffer is None:
@@ -644,13 +644,3 @@ class EpisodeRecorder:
         if errors:
             raise errors[0]
 
-
-def _warm_yuv420p(frames: torch.Tensor) -> None:
-    """Convert a few frames once (the result is dropped) so that the first gather finds the kernel ready."""
-    try:
-        from fastrecord.video.yuv import rgb_to_yuv420p
-
-        rgb_to_yuv420p(frames)
-        torch.cuda.synchronize(frames.device)
-    except Exception:  # noqa: BLE001 - only a warm-up: the first gather reports any real error
-        pass

@@ -53,7 +53,7 @@ class Arena:
             raise
         self.buffer: np.ndarray | None = np.frombuffer(self.mm, dtype=np.uint8)  # exports the mapping; close() drops it
         self.address = self.buffer.ctypes.data
-        self.pinned = pin and _cuda_host_register(self.address, size)
+        self.pinned = pin and _cuda_host_register(self.buffer)
         self.pending: Any = None  # event of an asynchronous copy into this arena, awaited before reuse
 
     def close(self) -> None:
@@ -84,13 +84,35 @@ def on_arena_close(method: Any) -> None:
     _close_hooks.add(weakref.WeakMethod(method))
 
 
-def _cuda_host_register(address: int, size: int) -> bool:
+POPULATE_THREADS = 8  # threads that fault an arena's pages in before it is pinned (at most the usable cores)
+_POPULATE_MIN_BYTES = 64 * MiB  # smaller arenas are pinned as they are
+
+
+def populate(buffer: np.ndarray, threads: int | None = None) -> None:
+    """Fault every page of ``buffer`` in (writing zeros) from several threads at once. Pinning faults the
+    pages of a fresh mapping in one by one on one thread, which is most of its cost (about 0.7 s per GB);
+    numpy's fill releases the GIL, so the threads zero their parts in parallel."""
+    k = max(1, min(POPULATE_THREADS if threads is None else threads, len(os.sched_getaffinity(0))))
+    step = _round_up(-(-buffer.nbytes // k), 4096)
+    parts = [buffer[i : i + step] for i in range(0, buffer.nbytes, step)]
+    workers = [threading.Thread(target=p.fill, args=(0,), name="fastrecord-populate") for p in parts[1:]]
+    for t in workers:
+        t.start()
+    parts[0].fill(0)
+    for t in workers:
+        t.join()
+
+
+def _cuda_host_register(buffer: np.ndarray) -> bool:
+    """Page-lock ``buffer`` (a whole fresh arena) for CUDA, its pages faulted in by `populate` first."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return False
-        err = torch.cuda.cudart().cudaHostRegister(address, size, 0)
+        if buffer.nbytes >= _POPULATE_MIN_BYTES:
+            populate(buffer)
+        err = torch.cuda.cudart().cudaHostRegister(buffer.ctypes.data, buffer.nbytes, 0)
         return int(getattr(err, "value", err)) == 0
     except Exception:  # noqa: BLE001 - unpinned memory still works, only slower
         return False
@@ -241,7 +263,7 @@ class StagingPool:
         self._making_bytes = 0  # bytes of arenas being made (counted in the budget)
         self._lock = threading.Lock()
         self._made = threading.Condition(self._lock)
-        self._making = False
+        self._making = 0  # arenas being made on background threads
         self._free: list[Arena] = []
         self._leased: dict[int, Arena] = {}
         self._shared: dict[bool, Lease] = {}  # pin -> the open shared arena's lease
@@ -328,24 +350,28 @@ class StagingPool:
                 self._make_ahead_locked(_arena_size(want), pin)  # sized to the lease, not to a larger arena it took
         return Lease(self, arena)
 
-    def reserve(self, nbytes: int, pin: bool = False) -> None:
-        """A lease of ``nbytes`` is coming (say, the first batch of episodes): make an arena for it now, on
-        a background thread, unless a free one fits (within the budget, which counts it)."""
+    def reserve(self, nbytes: int, pin: bool = False, count: int = 1) -> None:
+        """Leases of ``nbytes`` are coming (say, the first batches of episodes): make ``count`` arenas for
+        them now, on background threads at once, less the free ones that fit (within the budget, which
+        counts them). Two are what a stream of such leases holds: one being filled, one being encoded."""
         want = nbytes + _FIELD_ALIGN * 64
         with self._lock:
             self.largest_lease = max(self.largest_lease, want)
-            if self._take_free(want, pin, peek=True) is None:
-                self._make_ahead_locked(_round_up(want, _ARENA_ALIGN), pin)
+            have = sum(1 for a in self._free if a.size >= want and (a.pinned or not pin))
+            for _ in range(count - have):
+                self._make_ahead_locked(_round_up(want, _ARENA_ALIGN), pin, limit=count)
 
-    def _make_ahead_locked(self, size: int, pin: bool) -> None:
-        if self.prefetch and not self._making and not self._full_locked(size) \
-                and self._reserved_locked() + size <= self.max_cached_bytes:
-            self._making = True
+    def _make_ahead_locked(self, size: int, pin: bool, limit: int = 1) -> None:
+        """Start making an arena of ``size`` on a background thread, unless ``limit`` are being made already,
+        the budget is reached, or the free arenas would exceed ``max_cached_bytes``."""
+        if self.prefetch and self._making < limit and not self._full_locked(size) \
+                and self._reserved_locked() + self._making_bytes + size <= self.max_cached_bytes:
+            self._making += 1
             self._making_bytes += _arena_size(size)
             threading.Thread(target=self._make_ahead, args=(size, pin), daemon=True, name="fastrecord-staging").start()
 
     def _count_locked(self) -> int:
-        return len(self._free) + len(self._leased) + int(self._making) + self._making_here
+        return len(self._free) + len(self._leased) + self._making + self._making_here
 
     def _full_locked(self, want: int) -> bool:
         """Would one more arena of ``want`` bytes exceed the budget (or the arena count)?"""
@@ -385,7 +411,7 @@ class StagingPool:
             pass
         finally:
             with self._lock:
-                self._making = False
+                self._making -= 1
                 self._making_bytes -= _arena_size(size)
                 self._made.notify_all()
 

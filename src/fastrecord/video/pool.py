@@ -69,18 +69,33 @@ def encode_job(path: str, arena_id: int, offset: int, shape: tuple[int, ...], fm
     return time.perf_counter() - t0, time.process_time() - c0, str(written)
 
 
+def ready_probe() -> None:
+    """Answered once the encoder process has imported its modules (PyAV, numpy): it is ready for jobs."""
+
+
 # ---------------------------------------------------------------------------------------------- in the caller
 @dataclass(eq=False)
 class _Encoder:
-    """One encoder process and the arenas it has mapped."""
+    """One encoder process, the arenas it has mapped, and whether it has answered (imported its modules)."""
 
     process: IsolatedProcess
     arenas: set[int] = field(default_factory=set)
     idle_since: float = field(default_factory=time.monotonic)
+    ready: threading.Event = field(default_factory=threading.Event)
 
 
 def _start_encoder() -> _Encoder:
-    return _Encoder(IsolatedProcess(__name__, "the encoder process", keep_after_error=True))
+    enc = _Encoder(IsolatedProcess(__name__, "the encoder process", keep_after_error=True))
+    threading.Thread(target=_await_ready, args=(enc,), daemon=True, name="fastrecord-encoder-ready").start()
+    return enc
+
+
+def _await_ready(enc: _Encoder) -> None:
+    try:
+        enc.process.call(ready_probe)
+    except Exception:  # noqa: BLE001 - a process that died: the next job finds it dead and replaces it
+        pass
+    enc.ready.set()
 
 
 @dataclass
@@ -90,6 +105,7 @@ class EncoderStats:
     encode_seconds: float = 0.0  # wall time inside encoder processes, summed over jobs
     encode_cpu_seconds: float = 0.0  # CPU time of encoder processes, summed over jobs
     copied_bytes: int = 0  # frames copied into staging memory first (not already there)
+    jobs_here: int = 0  # videos encoded in the calling thread while the processes were starting
 
 
 class EncoderProcessPool:
@@ -154,16 +170,23 @@ class EncoderProcessPool:
     def closed(self) -> bool:
         return self._closed
 
-    def _acquire(self) -> _Encoder:
+    def _acquire(self, here_while_starting: bool = False) -> _Encoder | None:
+        """An idle encoder process (started if none is and the cap allows), waiting for one otherwise.
+        ``here_while_starting``: None when the idle ones are all still importing their modules (a fresh
+        pool): the caller encodes in its own thread rather than wait for them."""
         with self._cond:
             while True:
                 if self._closed:
                     raise RuntimeError("encode on a closed EncoderProcessPool")
-                while self._idle:
-                    p = self._idle.pop()
-                    if p.process.alive():
-                        return p
+                for p in [p for p in self._idle if not p.process.alive()]:  # died while idle: replaced below
+                    self._idle.remove(p)
                     self._all.remove(p)
+                ready = [p for p in self._idle if p.ready.is_set()]
+                if ready:
+                    self._idle.remove(ready[-1])
+                    return ready[-1]
+                if self._idle:
+                    return None if here_while_starting else self._idle.pop()
                 if len(self._all) + self._starting < self.max_processes:
                     self._starting += 1
                     break
@@ -234,25 +257,38 @@ class EncoderProcessPool:
         if fmt == "yuv420p":
             frames.wait_ready()  # an asynchronous device-to-host copy may still be landing
             frames = frames.view(np.ndarray)
-        loc = locate(frames)
+        # executor "auto": while a fresh pool's processes are still importing PyAV (0.3-1 s), the first
+        # videos are encoded in the calling thread (PyAV encodes outside the GIL) instead of waiting
+        p = self._acquire(here_while_starting=settings.executor == "auto")
+        if p is None:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            written = encode_here(Path(path), frames, settings, fmt, overlay or None)
+            self._count(frames.shape[0], time.perf_counter() - t0, time.thread_time() - c0, here=True)
+            return written
+        return self._encode_in(p, path, frames, fmt, settings, overlay)
+
+    def _encode_in(self, p: _Encoder, path: str | Path, frames: np.ndarray, fmt: str, settings: VideoSettings,
+                   overlay: Any) -> Path:
+        """Encode in process ``p`` (acquired), released after the job whatever happens."""
         copy = None
-        if loc is None:  # not in staging memory yet: one copy (the encode costs far more)
-            lease = self.staging.lease(frames.nbytes)
-            copy = lease.array(frames.shape)
-            np.copyto(copy, frames)
-            loc = locate(copy)
-            del lease
-            with self._cond:
-                self.stats.copied_bytes += frames.nbytes
-        arena, offset = loc
-        p = self._acquire()
         try:
+            loc = locate(frames)
+            if loc is None:  # not in staging memory yet: one copy (the encode costs far more)
+                lease = self.staging.lease(frames.nbytes)
+                copy = lease.array(frames.shape)
+                np.copyto(copy, frames)
+                loc = locate(copy)
+                del lease
+                with self._cond:
+                    self.stats.copied_bytes += frames.nbytes
+            arena, offset = loc
             proc = p.process
             if arena.id not in p.arenas:
                 proc.notify(map_arena, arena.id, arena.size, fds=[arena.fd])
                 p.arenas.add(arena.id)
             wall, cpu, written = proc.call(encode_job, str(path), arena.id, offset, tuple(frames.shape), fmt,
                                            settings, overlay or None)
+            p.ready.set()  # it has answered
         except ChildDied as e:
             raise EncoderError(f"{e} while encoding {path}") from e
         except RemoteError as e:
@@ -260,12 +296,16 @@ class EncoderProcessPool:
         finally:
             self._release(p, p.process.alive())  # after an error in its job, a live process serves the next
             del copy
+        self._count(frames.shape[0], wall, cpu)
+        return Path(written)
+
+    def _count(self, frames: int, wall: float, cpu: float, here: bool = False) -> None:
         with self._cond:
             self.stats.jobs += 1
-            self.stats.frames += frames.shape[0]
+            self.stats.frames += frames
             self.stats.encode_seconds += wall
             self.stats.encode_cpu_seconds += cpu
-        return Path(written)
+            self.stats.jobs_here += int(here)
 
     def reset_stats(self) -> EncoderStats:
         with self._cond:
@@ -280,8 +320,16 @@ class EncoderProcessPool:
             self._closed = True
             procs, self._all, self._idle = list(self._all), [], []
             self._cond.notify_all()
-        for p in procs:
-            p.process.stop(timeout=5.0)
+        # every process told at once, then waited for: one after the other, each stop waited for its process to
+        # wake up and leave before the next heard of it (16 processes at an interpreter's exit)
+        stops = [threading.Thread(target=p.process.stop, args=(5.0,), name="fastrecord-encoder-stop")
+                 for p in procs[1:]]
+        for t in stops:
+            t.start()
+        if procs:
+            procs[0].process.stop(timeout=5.0)
+        for t in stops:
+            t.join()
         if self._own_staging:
             self.staging.close()
 

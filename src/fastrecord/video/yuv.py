@@ -10,6 +10,7 @@ This module imports only numpy at import time (torch and triton lazily): encoder
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -54,17 +55,6 @@ class Yuv420Frames(np.ndarray):
 _Y = (65.481 / 255, 128.553 / 255, 24.966 / 255)
 _U = (-37.797 / 255, -74.203 / 255, 112.0 / 255)
 _V = (112.0 / 255, -93.786 / 255, -18.214 / 255)
-_coef_cache: dict[Any, Any] = {}
-
-
-def _coef(device: Any) -> Any:
-    """The [3, 3] matrix on ``device``, made once: a fresh host->device copy would sync the stream."""
-    import torch
-
-    c = _coef_cache.get(device)
-    if c is None:
-        c = _coef_cache[device] = torch.tensor([_Y, _U, _V], dtype=torch.float32).to(device)
-    return c
 
 
 def rgb_to_yuv420p(rgb: Any, out: Any = None, kernel: str = "auto") -> Any:
@@ -72,33 +62,97 @@ def rgb_to_yuv420p(rgb: Any, out: Any = None, kernel: str = "auto") -> Any:
 
     Chroma is the mean over each 2x2 block (computed as the chroma of the block's mean RGB, which is the
     same by linearity). ``kernel``: "triton" (one pass, CUDA only), "torch" (a few memory-bound torch
-    kernels, any device), or "auto" (triton where it runs).
+    kernels, any device), "auto" (triton where it runs), or "ready" (triton once it has run on the device
+    in this process, torch's kernels until then while `warm_triton` loads it: no wait for a compile).
     """
     import torch
 
     *lead, h, w, c = rgb.shape
     if c != 3 or h % 2 or w % 2:
         raise ValueError(f"rgb_to_yuv420p needs [..., H, W, 3] with even H and W, got {list(rgb.shape)}")
+    if kernel not in ("auto", "triton", "torch", "ready"):
+        raise ValueError(f"kernel={kernel!r} is unknown; use 'auto', 'triton', 'torch' or 'ready'")
     if out is None:
         out = torch.empty((*lead, h * 3 // 2, w), dtype=torch.uint8, device=rgb.device)
-    if kernel != "torch" and rgb.device.type == "cuda" and triton_kernel() is not None:
+    cuda = rgb.device.type == "cuda"
+    if kernel == "ready" and cuda and rgb.device not in _triton_ready:
+        warm_triton(rgb)  # loads (or compiles) the kernel on a thread of its own; torch's kernels meanwhile
+    elif kernel != "torch" and cuda and triton_kernel() is not None:
         _rgb_to_yuv420p_triton(rgb, out)
+        _triton_ready.add(rgb.device)
         return out
-    if kernel == "triton":
+    elif kernel == "triton":
         raise ValueError("kernel='triton' needs a CUDA tensor and the triton package")
-    coef = _coef(rgb.device)  # [3 out, 3 in]
+    _rgb_to_yuv420p_torch(rgb, out)
+    return out
+
+
+_TORCH_PIECE_BYTES = 64 * 1024 * 1024  # RGB bytes converted at once by the torch kernels (their float temporaries: 4x)
+
+
+def _rgb_to_yuv420p_torch(rgb: Any, out: Any) -> None:
+    """The conversion in plain elementwise torch kernels (no cuBLAS to initialise at a first call), in pieces
+    along the leading dim so that the float temporaries stay small."""
+    import torch
+
+    *lead, h, w, _ = rgb.shape
+    if lead and lead[0] > 1 and rgb.numel() > _TORCH_PIECE_BYTES:
+        step = max(1, lead[0] * _TORCH_PIECE_BYTES // rgb.numel())
+        for i in range(0, lead[0], step):
+            _rgb_to_yuv420p_torch(rgb[i : i + step], out[i : i + step])
+        return
     x = rgb.to(torch.float32)
+    r, g, b = x.unbind(-1)
     flat = out.view(*lead, h * w * 3 // 2)
-    y = torch.matmul(x, coef[0]).add_(16.5).clamp_(0, 255)
+    y = (r * _Y[0]).add_(g * _Y[1]).add_(b * _Y[2]).add_(16.5).clamp_(0, 255)
     flat[..., : h * w].copy_(y.view(*lead, h * w))  # float -> uint8 truncates: +0.5 above rounds
-    del y
+    del y, r, g, b
     mean = x.view(*lead, h // 2, 2, w // 2, 2, 3).mean(dim=(-4, -2))  # [..., H/2, W/2, 3]
     del x
-    uv = torch.matmul(mean, coef[1:].T).add_(128.5).clamp_(0, 255)  # [..., H/2, W/2, 2]
+    mr, mg, mb = mean.unbind(-1)
     q = h * w // 4
-    flat[..., h * w : h * w + q].copy_(uv[..., 0].reshape(*lead, q))
-    flat[..., h * w + q :].copy_(uv[..., 1].reshape(*lead, q))
-    return out
+    for k, c in ((0, _U), (1, _V)):
+        plane = (mr * c[0]).add_(mg * c[1]).add_(mb * c[2]).add_(128.5).clamp_(0, 255)
+        flat[..., h * w + k * q : h * w + (k + 1) * q].copy_(plane.reshape(*lead, q))
+
+
+# devices where the Triton kernel has run in this process (loaded or compiled): kernel="ready" uses it there
+_triton_ready: set[Any] = set()
+_warming: set[Any] = set()
+_warm_lock = threading.Lock()
+
+
+def triton_ready(device: Any) -> bool:
+    """Whether the Triton kernel has run on ``device`` in this process (a later launch costs no compile)."""
+    return device in _triton_ready
+
+
+def warm_triton(sample: Any) -> threading.Thread | None:
+    """Load (or compile) the Triton kernel for frames like ``sample`` (a CUDA ``[envs, steps, H, W, 3]``
+    uint8 view of a few frames, strided as the real ones) on a daemon thread, once per device; conversions
+    with ``kernel="ready"`` use torch's kernels until it has run. Returns the thread (None: nothing to do).
+    A fresh process would otherwise wait for Triton's import and kernel load (seconds) at its first
+    conversion, which holds the first finished episodes back."""
+    device = sample.device
+    with _warm_lock:
+        if device in _triton_ready or device in _warming or device.type != "cuda":
+            return None
+        _warming.add(device)
+    t = threading.Thread(target=_warm, args=(sample,), daemon=True, name="fastrecord-warm-yuv")
+    t.start()
+    return t
+
+
+def _warm(sample: Any) -> None:
+    try:
+        import torch
+
+        if triton_kernel() is not None:
+            out = rgb_to_yuv420p(sample, kernel="triton")
+            torch.cuda.current_stream(sample.device).synchronize()
+            del out
+    except Exception:  # noqa: BLE001 - only a warm-up: the torch kernels go on converting
+        pass
 
 
 _TRITON: Any = False  # False: not tried yet; None: unavailable
@@ -113,11 +167,15 @@ def triton_kernel() -> Any:
     try:
         import triton
         import triton.language as tl
+
+        # frames_per_env not specialised: episodes of 16 or 48 steps would compile another kernel, each on the
+        # stepping thread
+        jit = triton.jit(do_not_specialize=["frames_per_env"])
     except Exception:  # noqa: BLE001 - any import problem: use the torch path
         _TRITON = None
         return None
 
-    @triton.jit
+    @jit
     def _kernel(src, dst, frames_per_env, env_stride, frame_stride, H, W,
                 cy0, cy1, cy2, cu0, cu1, cu2, cv0, cv1, cv2, BLOCK: tl.constexpr):
         f = tl.program_id(0)  # one frame per row of the grid
@@ -206,7 +264,7 @@ class Yuv420Transform:
         return (*lead, h * 3 // 2, w)
 
     def __call__(self, frames: Any) -> Any:
-        return rgb_to_yuv420p(frames)
+        return rgb_to_yuv420p(frames, kernel="ready")  # torch's kernels while Triton's loads (a fresh process)
 
     def wrap(self, host: np.ndarray, ready: Any) -> Yuv420Frames:
         return Yuv420Frames(host, ready=ready)
