@@ -262,8 +262,8 @@ def test_vector_env_closes_beside_the_writers_and_its_error_surfaces(tmp_path):
     """``RecordVectorEpisode.close`` ends the episodes in progress, then closes the vector env while the writers
     finish them: every episode is still saved whole, and an error of the env's close reaches the caller after
     the files are complete."""
-    import pytest
     import mani_skill.envs  # noqa: F401
+    import pytest
     from conftest import CAMERA
     from mani_skill.utils.wrappers import CPUGymWrapper
 
