@@ -233,16 +233,14 @@ def test_a_file_as_video_dir_is_refused(tmp_path):
         make_eval_envs("PickCube-v1", 1, "physx_cpu", {}, dict(obs_horizon=2), video_dir=str(tmp_path / "videos"))
 
 
-def test_a_script_that_never_closes_still_saves_its_videos_and_exits_with_the_heap_frozen(tmp_path):
-    """`fastrecord.system.freeze_heap_at_exit` (registered by make_eval_envs): the script's exit freezes the heap
-    after the exit handlers registered later ran, the recorder's exit hook among them: a script that never calls
-    ``close`` still leaves its finished episode's video whole."""
+def test_a_script_that_never_closes_still_saves_its_videos(tmp_path):
+    """A script that never calls ``close``: the recorder's exit hook (`fastrecord.exits.close_at_exit`) still
+    writes its finished episode's video whole, and the process exits cleanly."""
+    import os
     import subprocess
     import sys
 
     script = f"""
-import atexit, gc
-atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))  # runs after make_eval_envs' hook
 from fastrecord import make_eval_envs
 from fastrecord.system import use_lavapipe_if_no_gpu
 use_lavapipe_if_no_gpu()
@@ -251,15 +249,11 @@ envs = make_eval_envs({ENV_ID!r}, 1, "physx_cpu", {env_kwargs(max_episode_steps=
 envs.reset(seed=0)
 for _ in range(2):
     envs.step(envs.action_space.sample())
-print("stepped")
 """
-    import os
-
     src = str(Path(__file__).parents[1] / "src")  # this checkout's code
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "frozen at exit: True" in r.stdout
     (video,) = tmp_path.glob("*.mp4")
     assert decode_mp4(video).shape == (3, CAMERA["height"], CAMERA["width"], 3)

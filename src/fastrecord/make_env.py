@@ -93,9 +93,6 @@ def make_eval_envs(
         an array of per-env final infos (each with ``"episode"`` metrics), as the baseline's
         ``evaluate`` reads it. GPU: a ``ManiSkillVectorEnv``, as the baseline.
 
-    At the script's exit the heap is frozen (`fastrecord.system.freeze_heap_at_exit`): the interpreter's
-    teardown then skips its collections (a second or more with torch and ManiSkill imported).
-
     (Over 80 lines with this docstring, 40 of code: the checks are `check_eval_env_arguments`', the branches
     `_cpu_eval_envs`' and `_gpu_eval_envs`'.)
     """
@@ -107,12 +104,10 @@ def make_eval_envs(
         # preload, then build the env, on the critical path; H200, 16 envs: env creation 11.7 s vs 11.5 s without)
         start_forkserver()
     from fastrecord import shards
-    from fastrecord.system import freeze_heap_at_exit
 
     num_stack, batched = check_eval_env_arguments(
         env_id, num_envs, sim_backend, env_kwargs, other_kwargs, video_dir, wrappers, keep=keep,
         record_kwargs=record_kwargs, log=log, episodes=episodes, seed=seed, batched_render=batched_render)
-    freeze_heap_at_exit()  # the script's exit skips the teardown's walks of the heap (a second or more)
     rec: dict[str, Any] = {**dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE,
                                   source_desc=SOURCE_DESC, keep=keep), **(record_kwargs or {})}
     if log is not None:

@@ -77,28 +77,6 @@ def stamp(name: str) -> None:
     os.replace(tmp, path)
 
 
-_freeze_at_exit = False
-
-
-def freeze_heap_at_exit() -> None:
-    """At interpreter exit, once the exit handlers registered after this call have run, take every object out of
-    the garbage collector's reach (``gc.freeze``): the interpreter's teardown then frees what reference counts
-    free and skips its walks of the whole heap (torch, ManiSkill, SAPIEN). 2-core machine, one ManiSkill env made
-    and closed, then exit: 2.3-2.8 s -> 0.7-0.9 s. Objects kept alive only by reference cycles are then not
-    finalized at exit (Python does not promise it either); fastrecord's own files are closed before (the
-    recorders' ``close``, or their exit hook, which runs while the collector still works or after: freezing
-    stops no code). Registered once a process; `fastrecord.make_eval_envs` calls it (the CLI leaves through
-    ``os._exit`` instead)."""
-    global _freeze_at_exit
-    if _freeze_at_exit:
-        return
-    import atexit
-    import gc
-
-    _freeze_at_exit = True
-    atexit.register(gc.freeze)
-
-
 QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)
 MANISKILL_LOGGERS = ("mani_skill ", "mani_skill")  # 3.0.1 names its logger with a trailing space
 
