@@ -308,7 +308,8 @@ def test_mirrors_are_built_without_walking_the_callers_objects():
 
 def test_envs_closed_together_walk_the_heap_once():
     """`collections_deferred` (the batched render's close of its mirrors): ManiSkill's full collection at
-    each env's close becomes one collection on leaving, which still frees the closed envs' scenes."""
+    each env's close becomes one collection on leaving, which still frees the closed envs' scenes; the process's
+    own ``gc.collect`` is never replaced."""
     import gc
     import weakref
 
@@ -336,4 +337,6 @@ def test_envs_closed_together_walk_the_heap_once():
         if automatic:
             gc.enable()
     assert all(s() is None for s in scenes)
-    assert gc.collect is collect  # put back
+    from mani_skill.envs import sapien_env
+
+    assert gc.collect is collect and sapien_env.gc is gc  # put back

@@ -93,23 +93,54 @@ def scenes_built(collect: bool = False) -> Iterator[None]:
             gc.collect()
 
 
-@contextlib.contextmanager
-def collections_deferred() -> Iterator[None]:
-    """Inside: ``gc.collect()`` (ManiSkill's, at the close of every env, to release GPU memory) does nothing;
-    leaving runs one collection where any was asked for. Closing N envs in one process then walks the heap
-    once instead of N times (0.1-0.3 s a walk once torch and ManiSkill are imported)."""
-    collect = gc.collect
-    asked: list[bool] = []
+class _DeferredGC:
+    """Stands in for the ``gc`` module in ManiSkill's env module (`collections_deferred`): ``collect`` notes
+    that a collection was asked for; everything else is the gc module's."""
 
-    def deferred(*args: Any, **kwargs: Any) -> int:
-        asked.append(True)
+    asked = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(gc, name)
+
+    def collect(self, *args: Any, **kwargs: Any) -> int:
+        _DeferredGC.asked = True
         return 0
 
-    gc.collect = deferred
+
+_deferring = threading.Lock()
+_deferred_depth = 0
+
+
+@contextlib.contextmanager
+def collections_deferred() -> Iterator[None]:
+    """Inside: the full collection ManiSkill runs at the close of every env (``BaseEnv._clear``: ``gc.collect()``,
+    to release GPU memory) is deferred; leaving runs one collection where any was asked for. Closing N envs in
+    one process then walks the heap once instead of N times (0.1-0.3 s a walk once torch and ManiSkill are
+    imported). Only ManiSkill's env module sees the stand-in (its ``gc`` name), for the while; nested and
+    concurrent uses share one deferral, and the last to leave collects. Where ManiSkill's env module has no
+    ``gc`` name (another version), nothing is deferred."""
+    global _deferred_depth
+    from mani_skill.envs import sapien_env
+
+    with _deferring:
+        usable = _deferred_depth > 0 or getattr(sapien_env, "gc", None) is gc
+        if usable:
+            if _deferred_depth == 0:
+                sapien_env.gc = _DeferredGC()  # type: ignore[assignment]
+            _deferred_depth += 1
+    if not usable:
+        yield
+        return
     try:
         yield
     finally:
-        gc.collect = collect
+        with _deferring:
+            _deferred_depth -= 1
+            last = _deferred_depth == 0
+            asked = last and _DeferredGC.asked
+            if last:
+                sapien_env.gc = gc
+                _DeferredGC.asked = False
         if asked:
             gc.collect()
 
