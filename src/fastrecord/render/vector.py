@@ -232,8 +232,9 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
 
     def close(self, **kwargs: Any) -> None:
         """Close the sub-envs (in their processes) and the mirrors (here) at the same time, ManiSkill's full
-        collection at each mirror's close deferred to one at the end (`collections_deferred`: a collection walks this
-        process's heap, 0.13 s at a mirror's build on the H200 machine). An error of either side is raised after both are closed (the sub-envs' first)."""
+        collection at each mirror's close deferred to one at the end (`collections_deferred`: a collection
+        walks this process's heap, 0.13 s at a mirror's build on the H200 machine). An error of either side is
+        raised after both are closed (the sub-envs' first)."""
         failed: list[BaseException] = []
 
         def close_subenvs() -> None:
