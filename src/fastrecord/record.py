@@ -354,19 +354,22 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
             return
         self._closed = True
         closing = _Closing(self.env, kwargs)
+        error: BaseException | None = None
         try:
-            try:
-                if self.save_on_reset and not stopped_by_signal():
-                    self._rec.finalize(np.arange(self.num_envs))  # what the writers need of the env, read now
-            finally:
-                if self._rec.frames_per_step == 1:  # substep frames: the recorder's close still stops them
-                    closing.start()
-                self._rec.close(flush=self.save_on_reset)
-                stamp("recorder_closed")
-        except BaseException:
-            closing.join(reraise=False)
-            raise
-        closing.join()
+            if self.save_on_reset and not stopped_by_signal():
+                self._rec.finalize(np.arange(self.num_envs))  # what the writers need of the env, read now
+        except BaseException as e:  # noqa: BLE001 - the recorder still closes; raised below, first
+            error = e
+        if self._rec.frames_per_step == 1:  # substep frames: the recorder's close still stops them
+            closing.start()
+        try:
+            self._rec.close(flush=self.save_on_reset)
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
+        stamp("recorder_closed")
+        closing.join(reraise=error is None)
+        if error is not None:
+            raise error
 
 
 class _Closing:
