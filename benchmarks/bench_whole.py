@@ -129,10 +129,27 @@ def launch(job: str, label: str, argv: list[str], work: Path, src: Path | None =
     res = Result(job, label, t1 - t0, stamps, env_steps)
     print(f"  {label}: {res.seconds:.1f} s  " + "  ".join(
         f"{n} {res.phase(n):.1f}" for n, _, _ in (*PHASES, REPLAY_PHASE) if res.phase(n) is not None), flush=True)
+    for line in detail(res):
+        print(f"    {line}", flush=True)
     for line in r.stdout.splitlines():
         if line.startswith(("workers (", "start-up")):
             print(f"    {line}", flush=True)
     return res
+
+
+def detail(res: Result) -> list[str]:
+    """Where env creation and close went: the finer stamps between ``imported`` and ``env_ready`` (the batched
+    render's mirrors and sub-envs) and after ``loop_end`` (recorder, sub-envs, mirrors, exit handlers), each as
+    seconds since the phase began."""
+    out = []
+    for a, b, name in (("imported", "env_ready", "envs"), ("loop_end", "exit", "close")):
+        if a not in res.stamps or b not in res.stamps:
+            continue
+        t0, t1 = res.stamps[a], res.stamps[b]
+        inner = sorted((t, k) for k, t in res.stamps.items() if t0 < t < t1 and k not in (a, b))
+        if inner:
+            out.append(f"{name} {t1 - t0:.2f} s: " + ", ".join(f"{k} +{t - t0:.2f}" for t, k in inner))
+    return out
 
 
 def _child(job: str, args: dict[str, Any]) -> list[str]:

@@ -20,6 +20,7 @@ Each program is what a user would write (its imports first, then the envs, a loo
 
 from __future__ import annotations
 
+import atexit
 import json
 import sys
 from pathlib import Path
@@ -138,9 +139,18 @@ def _eval_loop(envs: Any, a: dict[str, Any]) -> None:
     stamp("loop_end")
     envs.close()
     stamp("closed")
+    atexit.register(stamp, "atexit_first")  # atexit runs last-registered first: before the libraries' handlers
+
+
+def _exit_stamps() -> None:
+    """Registered first, so run last of the exit handlers: ``atexit_last`` -> exit is the interpreter's own
+    teardown (modules, SAPIEN's and CUDA's destructors); ``closed`` -> ``atexit_first`` the join of non-daemon
+    threads; ``atexit_first`` -> ``atexit_last`` the libraries' exit handlers (multiprocessing's joins)."""
+    atexit.register(stamp, "atexit_last")
 
 
 def eval_maniskill(a: dict[str, Any]) -> None:
+    _exit_stamps()
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401
     import torch  # noqa: F401 - the baseline's script imports it (its agent)
@@ -155,6 +165,7 @@ def eval_maniskill(a: dict[str, Any]) -> None:
 
 
 def eval_fastrecord(a: dict[str, Any]) -> None:
+    _exit_stamps()
     if a.get("prestart"):  # the script starts fastrecord's forkserver first: its preload overlaps the imports
         from fastrecord.workers import start_forkserver
 

@@ -304,3 +304,39 @@ def test_mirrors_are_built_without_walking_the_callers_objects():
         assert gc.get_freeze_count() == 0 and old() is None
     finally:
         env.close()
+
+
+def test_envs_closed_together_walk_the_heap_once():
+    """`collections_deferred` (the batched render's close of its mirrors): ManiSkill's full collection at
+    each env's close becomes one collection on leaving, which still frees the closed envs' scenes; the process's
+    own ``gc.collect`` is never replaced."""
+    import gc
+    import weakref
+
+    from fastrecord.render.vector import collections_deferred
+
+    envs = [_make("PickCube-v1") for _ in range(3)]
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+    scenes = [weakref.ref(env.unwrapped.scene) for env in envs]
+    collect = gc.collect
+    walks: list[int] = []
+    gc.callbacks.append(lambda phase, info: walks.append(info["generation"]) if phase == "start" else None)
+    automatic = gc.isenabled()
+    gc.disable()  # only the collections asked for are counted
+    try:
+        with collections_deferred():
+            for env in envs:
+                env.close()  # each runs ManiSkill's gc.collect()
+            del env
+            envs.clear()  # the envs gone too: their scenes are garbage (cycles) from here
+            assert walks == [] and all(s() is not None for s in scenes)
+        assert walks == [2]  # one full collection, on leaving
+    finally:
+        gc.callbacks.pop()
+        if automatic:
+            gc.enable()
+    assert all(s() is None for s in scenes)
+    from mani_skill.envs import sapien_env
+
+    assert gc.collect is collect and sapien_env.gc is gc  # put back

@@ -52,6 +52,16 @@ def test_launch_reads_phases_and_the_table_and_ratios_use_them(tmp_path):
         bw.launch("eval", "broken", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
 
 
+def test_detail_lists_the_stamps_inside_env_creation_and_close_in_time_order(tmp_path):
+    stamps = {"launch": 0.0, "imported": 1.0, "subenvs_ready": 2.5, "mirrors_built": 2.0, "env_ready": 3.0,
+              "reset": 3.5, "first_step": 4.0, "loop_end": 10.0, "recorder_closed": 10.4, "closed": 10.5,
+              "atexit_last": 10.75, "exit": 11.0}
+    lines = bw.detail(bw.Result("eval", "x", 11.0, stamps))
+    assert lines == ["envs 2.00 s: mirrors_built +1.00, subenvs_ready +1.50",
+                     "close 1.00 s: recorder_closed +0.40, closed +0.50, atexit_last +0.75"]
+    assert bw.detail(bw.Result("eval", "x", 1.0, {"launch": 0.0, "exit": 1.0})) == []
+
+
 def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bw.main(["--only", "nope", "--work-dir", str(tmp_path)])

@@ -206,6 +206,11 @@ def test_missing_obs_horizon_is_a_clear_error():
     (dict(log="mlflow"), r"log='mlflow' is not a logger; use one of 'tensorboard', 'wandb'"),
     (dict(episodes=0), r"episodes=0 must be an integer >= 1"),
     (dict(wrappers=["FrameStack"]), r"wrappers=\['FrameStack'\] must be a list of wrapper classes"),
+    (dict(other_kwargs=dict(obs_horizon=0)), r"other_kwargs\['obs_horizon'\]=0 must be an integer >= 1"),
+    (dict(other_kwargs=dict(obs_horizon="2")), r"other_kwargs\['obs_horizon'\]='2' must be an integer >= 1"),
+    (dict(batched_render="yes"), r"batched_render='yes' must be None .*, True or False"),
+    (dict(video_dir=None, log="tensorboard"), r"log='tensorboard' logs through the recorder.*pass video_dir="),
+    (dict(video_dir=None, episodes=8), r"episodes=8 makes a sharded, recorded evaluation, which needs video_dir"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_made(tmp_path, change, match):
     kwargs = dict(
@@ -226,3 +231,29 @@ def test_a_file_as_video_dir_is_refused(tmp_path):
     (tmp_path / "videos").write_text("")
     with pytest.raises(ValueError, match=r"video_dir=.*videos' is a file, not a folder"):
         make_eval_envs("PickCube-v1", 1, "physx_cpu", {}, dict(obs_horizon=2), video_dir=str(tmp_path / "videos"))
+
+
+def test_a_script_that_never_closes_still_saves_its_videos(tmp_path):
+    """A script that never calls ``close``: the recorder's exit hook (`fastrecord.exits.close_at_exit`) still
+    writes its finished episode's video whole, and the process exits cleanly."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+from fastrecord import make_eval_envs
+from fastrecord.system import use_lavapipe_if_no_gpu
+use_lavapipe_if_no_gpu()
+envs = make_eval_envs({ENV_ID!r}, 1, "physx_cpu", {env_kwargs(max_episode_steps=2)!r}, dict(obs_horizon=2),
+                      video_dir={str(tmp_path)!r})
+envs.reset(seed=0)
+for _ in range(2):
+    envs.step(envs.action_space.sample())
+"""
+    src = str(Path(__file__).parents[1] / "src")  # this checkout's code
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (video,) = tmp_path.glob("*.mp4")
+    assert decode_mp4(video).shape == (3, CAMERA["height"], CAMERA["width"], 3)

@@ -256,3 +256,40 @@ def test_async_vector_env(tmp_path):
                 for name in g[group]:
                     expected = np.concatenate([np.asarray(s[i][group][name]) for s in states])
                     np.testing.assert_allclose(g[group][name][:], expected, rtol=1e-6)
+
+
+def test_vector_env_closes_beside_the_writers_and_its_error_surfaces(tmp_path):
+    """``RecordVectorEpisode.close`` ends the episodes in progress, then closes the vector env while the writers
+    finish them: every episode is still saved whole, and an error of the env's close reaches the caller after
+    the files are complete."""
+    import mani_skill.envs  # noqa: F401
+    import pytest
+    from conftest import CAMERA
+    from mani_skill.utils.wrappers import CPUGymWrapper
+
+    class BrokenClose(gym.vector.SyncVectorEnv):
+        def close_extras(self, **kwargs):
+            super().close_extras(**kwargs)
+            raise RuntimeError("a sub-env failed to close")
+
+    def thunk():
+        return CPUGymWrapper(gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                                      human_render_camera_configs=CAMERA, max_episode_steps=10))
+
+    vec = BrokenClose([thunk, thunk])
+    env = RecordEpisode(vec, tmp_path, trajectory_name="c")
+    env.reset(seed=[1, 2])
+    frames = [vec.call("render")]
+    for _ in range(2):
+        env.step(env.action_space.sample())
+        frames.append(vec.call("render"))
+    with pytest.raises(RuntimeError, match="a sub-env failed to close"):
+        env.close()
+    env.close()  # idempotent
+    eps = json.loads((tmp_path / "c.json").read_text())["episodes"]
+    assert sorted((e["episode_seed"], e["elapsed_steps"]) for e in eps) == [(1, 2), (2, 2)]
+    for i in range(2):
+        (video,) = tmp_path.glob(f"*_env{i}_*.mp4")
+        ref = np.stack([np.asarray(f[i]) for f in frames])
+        decoded = decode_mp4(video)
+        assert decoded.shape == ref.shape and psnr(decoded, ref).min() > 25

@@ -35,7 +35,7 @@ SOURCE_DESC = "diffusion_policy evaluation rollout"
 
 
 def make_eval_envs(
-    env_id,
+    env_id,  # untyped, as the baseline's (tests/test_make_eval_envs.py compares the hints)
     num_envs: int,
     sim_backend: str,
     env_kwargs: dict,
@@ -92,6 +92,9 @@ def make_eval_envs(
         ...]`` numpy arrays) and gymnasium 0.29's same-step auto-reset, so ``info["final_info"]`` is
         an array of per-env final infos (each with ``"episode"`` metrics), as the baseline's
         ``evaluate`` reads it. GPU: a ``ManiSkillVectorEnv``, as the baseline.
+
+    (Over 80 lines with this docstring, 40 of code: the checks are `check_eval_env_arguments`', the branches
+    `_cpu_eval_envs`' and `_gpu_eval_envs`'.)
     """
     if sim_backend == "physx_cpu" and isinstance(num_envs, int) and num_envs > 1:
         from fastrecord.workers import start_forkserver
@@ -102,79 +105,72 @@ def make_eval_envs(
         start_forkserver()
     from fastrecord import shards
 
-    check_eval_env_arguments(env_id, num_envs, sim_backend, env_kwargs, other_kwargs, video_dir, wrappers,
-                             keep=keep, record_kwargs=record_kwargs, log=log, episodes=episodes, seed=seed)
-    info = shards.rank_info()
-    if episodes is None and info.distributed and video_dir:
-        raise ValueError(f"make_eval_envs under torchrun (rank {info.rank} of {info.world_size}) needs episodes=N, the "
-                         f"number of evaluation episodes of all ranks together: each rank then runs its share with "
-                         f"seeds seed + g and records into its own shard of video_dir")
-    if episodes is not None and not video_dir:
-        raise ValueError(f"episodes={episodes!r} makes a sharded, recorded evaluation, which needs video_dir; pass "
-                         f"video_dir='eval_videos', or episodes=None")
-    if "obs_horizon" not in other_kwargs:
-        raise ValueError(f"other_kwargs={other_kwargs!r} lacks 'obs_horizon', the number of observations stacked; "
-                         f"pass e.g. other_kwargs=dict(obs_horizon=2)")
-    num_stack = int(other_kwargs["obs_horizon"])
-    if num_stack < 1:
-        raise ValueError(f"other_kwargs['obs_horizon']={num_stack} must be >= 1")
-    from fastrecord.render import use_batched
-
-    if batched_render not in (None, True, False):
-        raise ValueError(f"batched_render={batched_render!r} must be None (batched where it can run), True or False")
-    # decided before a sharded run opens its folder: a refusal leaves nothing behind
-    batched = sim_backend == "physx_cpu" and use_batched(
-        batched_render, num_envs=num_envs, render_backend=env_kwargs.get("render_backend", "auto"),
-        render_mode=env_kwargs.get("render_mode"), videos=bool(video_dir),
-        substeps=bool((record_kwargs or {}).get("render_substeps")), flag="batched_render=True",
-        instead="batched_render=None (batched where it can run) or False, or render_backend='gpu' on a CUDA machine")
-    rec: dict[str, Any] = dict(
-        output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE, source_desc=SOURCE_DESC, keep=keep
-    )
+    num_stack, batched = check_eval_env_arguments(
+        env_id, num_envs, sim_backend, env_kwargs, other_kwargs, video_dir, wrappers, keep=keep,
+        record_kwargs=record_kwargs, log=log, episodes=episodes, seed=seed, batched_render=batched_render)
+    rec: dict[str, Any] = {**dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE,
+                                  source_desc=SOURCE_DESC, keep=keep), **(record_kwargs or {})}
     if log is not None:
-        if not video_dir:
-            raise ValueError(f"log={log!r} logs through the recorder, which records only with a video_dir (the logs go "
-                             f"there too); pass video_dir='eval_videos', or log=None")
         from fastrecord.sinks.loggers import make_logger
 
-        sinks = list((record_kwargs or {}).get("sinks", ()))
-        record_kwargs = {**(record_kwargs or {}), "sinks": sinks + [make_logger(log)]}
+        rec["sinks"] = [*rec.get("sinks", ()), make_logger(log)]
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     sharding = None
     if episodes is not None:
-        given = env_kwargs.get("render_backend", "auto")
-        sim_backend, render = shards.rank_backends(sim_backend, given, info)
-        if render != given:  # the rank's GPU renders
-            env_kwargs = {**env_kwargs, "render_backend": render}
-        extra = dict(record_kwargs or {})
-        run = shards.DistributedRun(video_dir, extra.get("trajectory_name"), total=episodes, base_seed=seed,
-                                    if_exists=extra.get("if_exists", "error"),
-                                    options=dict(command="make_eval_envs", env_id=env_id, num_envs=num_envs,
-                                                 sim_backend=sim_backend, env_kwargs=repr(env_kwargs))).open()
-        record_kwargs = {**extra, "trajectory_name": run.name, "if_exists": run.shard_if_exists,
-                         "video_workers": extra.get("video_workers") or shards.default_workers(info)}
-        rec["output_dir"] = str(run.shard_dir)
-        sharding = shards.ShardedResets(run, num_envs)
-
+        sim_backend, env_kwargs, rec, sharding = _sharded(env_id, num_envs, sim_backend, env_kwargs, str(video_dir),
+                                                          rec, episodes, seed, shards.rank_info())
     if sim_backend == "physx_cpu":
-        if batched:
-            from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
+        return _cpu_eval_envs(env_id, num_envs, env_kwargs, list(wrappers), num_stack, rec if video_dir else None,
+                              batched, sharding)
+    return _gpu_eval_envs(env_id, num_envs, sim_backend, env_kwargs, list(wrappers), num_stack,
+                          rec if video_dir else None, sharding)
 
-            envs = group_rendered(
-                lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers), report_poses=True),
-                make_mirror_factory(env_id, env_kwargs),
-                num_envs,
-                device=device_of(env_kwargs.get("render_backend")),
-            )
-        else:
-            envs = _cpu_vector_env(env_id, num_envs, env_kwargs, list(wrappers))
-        if video_dir:
-            envs = RecordEpisode(envs, **{**rec, "info_on_video": True, **(record_kwargs or {})})
-        if sharding is not None:
-            sharding.attach(envs.recorder)
-        return EvalVectorEnv(envs, num_stack, sharding=sharding)
 
+def _sharded(env_id: str, num_envs: int, sim_backend: str, env_kwargs: dict, video_dir: str, rec: dict[str, Any],
+             episodes: int, seed: int, info: Any) -> tuple[str, dict, dict[str, Any], Any]:
+    """A sharded evaluation's backends (the rank's devices), recorder arguments (the rank's shard folder) and
+    `fastrecord.shards.ShardedResets`; opens the run's folder."""
+    from fastrecord import shards
+
+    given = env_kwargs.get("render_backend", "auto")
+    sim_backend, render = shards.rank_backends(sim_backend, given, info)
+    if render != given:  # the rank's GPU renders
+        env_kwargs = {**env_kwargs, "render_backend": render}
+    run = shards.DistributedRun(video_dir, rec.get("trajectory_name"), total=episodes, base_seed=seed,
+                                if_exists=rec.get("if_exists", "error"),
+                                options=dict(command="make_eval_envs", env_id=env_id, num_envs=num_envs,
+                                             sim_backend=sim_backend, env_kwargs=repr(env_kwargs))).open()
+    rec = {**rec, "output_dir": str(run.shard_dir), "trajectory_name": run.name, "if_exists": run.shard_if_exists,
+           "video_workers": rec.get("video_workers") or shards.default_workers(info)}
+    return sim_backend, env_kwargs, rec, shards.ShardedResets(run, num_envs)
+
+
+def _cpu_eval_envs(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list, num_stack: int,
+                   rec: dict[str, Any] | None, batched: bool, sharding: Any) -> gym.vector.VectorEnv:
+    """The baseline's CPU branch: a gymnasium vector env of CPU envs (one batched render of their videos with
+    ``batched``), fastrecord's recorder over it (``rec``: its arguments; None records nothing), frame stacking
+    and same-step auto-reset above (`EvalVectorEnv`)."""
+    envs: gym.vector.VectorEnv
+    if batched:
+        from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
+
+        envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, wrappers, report_poses=True),
+                              make_mirror_factory(env_id, env_kwargs), num_envs,
+                              device=device_of(env_kwargs.get("render_backend")))
+    else:
+        envs = _cpu_vector_env(env_id, num_envs, env_kwargs, wrappers)
+    if rec is not None:
+        envs = RecordEpisode(envs, **{"info_on_video": True, **rec})
+    if sharding is not None:
+        sharding.attach(envs.recorder)
+    return EvalVectorEnv(envs, num_stack, sharding=sharding)
+
+
+def _gpu_eval_envs(env_id: str, num_envs: int, sim_backend: str, env_kwargs: dict, wrappers: list, num_stack: int,
+                   rec: dict[str, Any] | None, sharding: Any) -> gym.vector.VectorEnv:
+    """The baseline's GPU branch: one GPU-parallel ManiSkill env, fastrecord's `RecordEpisode` below
+    ``FrameStack`` (it records the env's own observations), under ``ManiSkillVectorEnv``."""
     from mani_skill.utils.wrappers import FrameStack
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
@@ -182,10 +178,8 @@ def make_eval_envs(
     max_episode_steps = gym_utils.find_max_episode_steps_value(env)
     for wrapper in wrappers:
         env = wrapper(env)
-    if video_dir:  # below FrameStack: the recorder sees the env's own (unstacked) observations
-        env = RecordEpisode(
-            env, **{**rec, "save_video": True, "max_steps_per_video": max_episode_steps, **(record_kwargs or {})}
-        )
+    if rec is not None:
+        env = RecordEpisode(env, **{"save_video": True, "max_steps_per_video": max_episode_steps, **rec})
     if sharding is not None:
         sharding.attach(env.recorder)
         env = _ScheduledResets(env, sharding)
@@ -196,13 +190,42 @@ def make_eval_envs(
 # ---------------------------------------------------------------------------------------------- checks
 def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_kwargs: Any, other_kwargs: Any,
                              video_dir: Any, wrappers: Any, *, keep: Any, record_kwargs: Any, log: Any,
-                             episodes: Any, seed: Any) -> None:
-    """Refuse `make_eval_envs` arguments that would fail later (an IndexError, a KeyError deep in
-    ManiSkill, an error after the envs are made): a ValueError naming the value, the allowed values and
-    the fix, before any env, process or file is created."""
+                             episodes: Any, seed: Any, batched_render: Any = None) -> tuple[int, bool]:
+    """Every check of `make_eval_envs`' arguments, in one place, before any env, process or file is made:
+    values that would fail later (an IndexError, a KeyError deep in ManiSkill, an error after the envs are
+    made) and combinations that cannot work raise a one-line ValueError naming the value and the fix.
+    Returns the number of stacked observations and whether the videos are rendered in one batch."""
+    _check_env_arguments(env_id, num_envs, sim_backend, env_kwargs, other_kwargs, wrappers)
+    _check_record_arguments(video_dir, keep=keep, record_kwargs=record_kwargs, log=log, episodes=episodes, seed=seed)
+    from fastrecord import shards
+    from fastrecord.render import use_batched
+
+    info = shards.rank_info()
+    if episodes is None and info.distributed and video_dir:
+        raise ValueError(f"make_eval_envs under torchrun (rank {info.rank} of {info.world_size}) needs episodes=N, the "
+                         f"number of evaluation episodes of all ranks together: each rank then runs its share with "
+                         f"seeds seed + g and records into its own shard of video_dir")
+    if episodes is not None and not video_dir:
+        raise ValueError(f"episodes={episodes!r} makes a sharded, recorded evaluation, which needs video_dir; pass "
+                         f"video_dir='eval_videos', or episodes=None")
+    if log is not None and not video_dir:
+        raise ValueError(f"log={log!r} logs through the recorder, which records only with a video_dir (the logs go "
+                         f"there too); pass video_dir='eval_videos', or log=None")
+    if batched_render not in (None, True, False):
+        raise ValueError(f"batched_render={batched_render!r} must be None (batched where it can run), True or False")
+    batched = sim_backend == "physx_cpu" and use_batched(
+        batched_render, num_envs=num_envs, render_backend=env_kwargs.get("render_backend", "auto"),
+        render_mode=env_kwargs.get("render_mode"), videos=bool(video_dir),
+        substeps=bool((record_kwargs or {}).get("render_substeps")), flag="batched_render=True",
+        instead="batched_render=None (batched where it can run) or False, or render_backend='gpu' on a CUDA machine")
+    return int(other_kwargs["obs_horizon"]), batched
+
+
+def _check_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_kwargs: Any, other_kwargs: Any,
+                         wrappers: Any) -> None:
+    """The baseline's env arguments: a registered task, a count, a known backend, dicts, wrapper classes."""
     import difflib
     import numbers
-    import os
 
     import mani_skill.envs  # noqa: F401 - registers the tasks
     from mani_skill.envs.utils.system.backend import sim_backend_name_mapping
@@ -232,13 +255,28 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
     for name, value in (("env_kwargs", env_kwargs), ("other_kwargs", other_kwargs)):
         if not isinstance(value, Mapping):
             raise ValueError(f"{name}={value!r} must be a dict of keyword arguments, e.g. {name}=dict()")
+    if "obs_horizon" not in other_kwargs:
+        raise ValueError(f"other_kwargs={other_kwargs!r} lacks 'obs_horizon', the number of observations stacked; "
+                         f"pass e.g. other_kwargs=dict(obs_horizon=2)")
+    horizon = other_kwargs["obs_horizon"]
+    if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 1:
+        raise ValueError(f"other_kwargs['obs_horizon']={horizon!r} must be an integer >= 1 (the number of "
+                         f"observations stacked), e.g. other_kwargs=dict(obs_horizon=2)")
+    if wrappers is None or isinstance(wrappers, (str, bytes)) or not all(callable(w) for w in wrappers):
+        raise ValueError(f"wrappers={wrappers!r} must be a list of wrapper classes (callables env -> env), e.g. [] ")
+
+
+def _check_record_arguments(video_dir: Any, *, keep: Any, record_kwargs: Any, log: Any, episodes: Any,
+                            seed: Any) -> None:
+    """fastrecord's arguments: a folder, the recorder's options (its own checks), a logger, a sharded run's."""
+    import numbers
+    import os
+
     if video_dir:  # None or "": nothing recorded, as make_eval_envs reads it
         if not isinstance(video_dir, (str, os.PathLike)):
             raise ValueError(f"video_dir={video_dir!r} must be a folder path (str or Path), or None to record nothing")
         if os.path.exists(video_dir) and not os.path.isdir(video_dir):
             raise ValueError(f"video_dir={str(video_dir)!r} is a file, not a folder; pass a folder path, or None")
-    if wrappers is None or isinstance(wrappers, (str, bytes)) or not all(callable(w) for w in wrappers):
-        raise ValueError(f"wrappers={wrappers!r} must be a list of wrapper classes (callables env -> env), e.g. [] ")
     if record_kwargs is not None and not isinstance(record_kwargs, Mapping):
         raise ValueError(
             f"record_kwargs={record_kwargs!r} must be a dict of fastrecord.RecordEpisode arguments, or None"

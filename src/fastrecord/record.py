@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -25,9 +26,11 @@ import torch
 
 from fastrecord.envs import ManiSkillView, SubEnvAccess, VectorEnvView
 from fastrecord.episode import KeepFilter
+from fastrecord.exits import stopped_by_signal
 from fastrecord.options import IfExists, RecordOptions, VideoLayout, check_output_dir, options_help
 from fastrecord.recorder import EpisodeRecorder, to_numpy
 from fastrecord.sinks.base import Sink
+from fastrecord.system import stamp
 
 if TYPE_CHECKING:
     from fastrecord.sinks.maniskill_h5 import TrajectoryWriter
@@ -344,13 +347,57 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         return obs, rew, terminated, truncated, info
 
     def close(self, **kwargs: Any) -> None:
+        """Finish the episodes in progress, then close the vector env (sub-env processes, a batched render's
+        mirrors) while the writers do their remaining work: the close costs the longer of the two, not the sum.
+        The recorder's error, if any, is raised first; the env's after both are done."""
         if self._closed:
             return
         self._closed = True
+        closing = _Closing(self.env, kwargs)
+        error: BaseException | None = None
+        try:
+            if self.save_on_reset and not stopped_by_signal():
+                self._rec.finalize(np.arange(self.num_envs))  # what the writers need of the env, read now
+        except BaseException as e:  # noqa: BLE001 - the recorder still closes; raised below, first
+            error = e
+        if self._rec.frames_per_step == 1:  # substep frames: the recorder's close still stops them
+            closing.start()
         try:
             self._rec.close(flush=self.save_on_reset)
-        finally:
-            self.env.close(**kwargs)
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
+        stamp("recorder_closed")
+        closing.join(reraise=error is None)
+        if error is not None:
+            raise error
+
+
+class _Closing:
+    """Owns: a thread closing ``env`` (started by `start`) and its error, re-raised by `join`."""
+
+    def __init__(self, env: Any, kwargs: dict[str, Any]) -> None:
+        self.env, self.kwargs = env, kwargs
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        try:
+            self.env.close(**self.kwargs)
+        except BaseException as e:  # noqa: BLE001 - re-raised by join() in the caller
+            self.error = e
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="fastrecord-close-env", daemon=True)
+            self.thread.start()
+
+    def join(self, reraise: bool = True) -> None:
+        """Wait for the close (starting it where `start` was not reached); re-raise its error (``reraise``)."""
+        self.start()
+        assert self.thread is not None
+        self.thread.join()
+        if self.error is not None and reraise:
+            raise self.error
 
 
 def _options(values: Mapping[str, Any]) -> RecordOptions:
