@@ -171,6 +171,13 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
         self._read_sensors(hosts)
         return self._batched(results)
 
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None):
+        """As ``SyncVectorEnv.reset``; an env reset here forgets the step it prepared ahead (`ReplayStates.reset`
+        drops it too)."""
+        mask = (options or {}).get("reset_mask")
+        self._ahead = [None if mask is None or mask[i] else a for i, a in enumerate(self._ahead)]
+        return super().reset(seed=seed, options=options)
+
     def _batched(self, results: list[tuple]) -> tuple:
         """``SyncVectorEnv.step``'s return (autoreset disabled) of each env's step ``results``."""
         infos: dict[str, Any] = {}
