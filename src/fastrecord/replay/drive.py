@@ -257,7 +257,7 @@ class _Slots:
         for e in np.flatnonzero(active):
             self.act[e] = self.actions[e][self.t[e]]
             if self.t[e] + 1 < self.length[e]:
-                ahead[e] = self.actions[e][self.t[e] + 1]
+                ahead[e] = self.actions[e][self.t[e] + 1].astype(self.act.dtype)  # as the step will give it
         success, truncated = self.batch.step(self.act, ahead)
         self.t[active] += 1
         return success, truncated, int(active.sum())
