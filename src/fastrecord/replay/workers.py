@@ -126,7 +126,8 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
             try:
                 # resume=False: the caller resumed the sharded run (share.resume says so); with it make_plan would
                 # take this one process for a --workers 1 --resume of a sharded replay and refuse
-                plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs, resume=False), traj)
+                plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs, resume=False), traj,
+                                 checked=True)  # the caller checked every episode's data
                 s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)))
             finally:
                 traj.close()
