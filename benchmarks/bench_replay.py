@@ -10,6 +10,7 @@ their ratios, measured in that repeat:
     python benchmarks/bench_replay.py --num-envs 16 --batched-render auto,off --floor     # issue 19, on a GPU machine
     python benchmarks/bench_replay.py --episodes 8 --num-envs 2 --repeat 2 --sensor-size 64   # a 2-core machine
     python benchmarks/bench_replay.py --traj demos/trajectory.h5 --num-envs 16
+    python benchmarks/bench_replay.py --num-envs 16 --src before=../main/src   # another tree's defaults, same run
 
 ``--floor`` (CUDA) measures what one ``RenderSystemGroup`` of N of the input's sensor cameras takes a camera
 and prints each fastrecord replay loop (its workers' first start of replaying to their last end, start-up
@@ -37,10 +38,10 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def child_env() -> dict[str, str]:
-    """The environment of the measured commands: this checkout's fastrecord first."""
+def child_env(src: Path = SRC) -> dict[str, str]:
+    """The environment of the measured commands: this checkout's fastrecord first (or that of ``src``)."""
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else str(SRC)}
+    return {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{path}" if path else str(src)}
 
 
 def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | None, num_envs: int = 1) -> Path:
@@ -59,14 +60,14 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
     return folder / "pickcube.h5"
 
 
-def timed(argv: list[str], label: str, loop: list[float] | None = None) -> float:
+def timed(argv: list[str], label: str, loop: list[float] | None = None, src: Path = SRC) -> float:
     """The command's wall time; fastrecord's own timeline lines (workers up / replaying / done, merge,
     start-up) are printed under its label, and the replay loop's seconds (the workers' first start of
     replaying to their last end) appended to ``loop``."""
     import re
 
     t0 = time.perf_counter()
-    r = subprocess.run(argv, env=child_env(), capture_output=True, text=True)
+    r = subprocess.run(argv, env=child_env(src), capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"{label} failed ({' '.join(argv)}):\n{r.stderr[-3000:]}")
@@ -186,6 +187,9 @@ def main() -> None:
         "and judge fastrecord's replay loop (workers' first start to last end) against frames x that "
         "per-camera time",
     )
+    p.add_argument("--src", action="append", default=[], metavar="LABEL=PATH",
+                   help="also run fastrecord's defaults from another source tree (PATH: its src/ folder) in the same "
+                        "repeat, e.g. before=../main/src")
     p.add_argument("--by", choices=("states", "actions"), default="states")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--work-dir", help="where inputs and outputs go (default: a temporary folder, removed)")
@@ -195,7 +199,8 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_replay_"))
     try:
         src = (
-            Path(args.traj) if args.traj else record_input(work / "input", args.episodes, args.steps, args.sensor_size)
+            Path(args.traj) if args.traj
+            else record_input(work / "input", args.episodes, args.steps, args.sensor_size, num_envs=min(n, 16))
         )
         total = episodes_in(src.with_suffix(".json"))
         if args.count is not None:
@@ -228,6 +233,15 @@ def main() -> None:
                     + ["--output-dir", str(folder)]
                 )
                 outputs[label] = folder / "replayed.json"
+        srcs: dict[str, Path] = {}
+        for item in args.src:
+            label, _, path = item.partition("=")
+            if not path:
+                sys.exit(f"--src {item!r}: give LABEL=PATH, e.g. before=../main/src")
+            folder = work / f"fr_src_{label}"
+            runs[f"fastrecord {label}"] = fr + ["--output-dir", str(folder)]
+            outputs[f"fastrecord {label}"] = folder / "replayed.json"
+            srcs[f"fastrecord {label}"] = Path(path).resolve()
         runs[f"ManiSkill -n {n}"] = ms
         seconds: dict[str, list[float]] = {k: [] for k in runs}
         floor_ms = measure_floor(n, src) if args.floor else None
@@ -241,7 +255,7 @@ def main() -> None:
         for r in range(args.repeat):
             for label, argv in runs.items():
                 loop: list[float] = []
-                seconds[label].append(timed(argv, label, loop))
+                seconds[label].append(timed(argv, label, loop, srcs.get(label, SRC)))
                 if floor_ms is not None and loop:
                     print(
                         f"  {label}: replay loop {loop[0]:.2f} s = {loop[0] / (frames * floor_ms / 1e3):.2f}x the floor",

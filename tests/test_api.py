@@ -95,6 +95,36 @@ def test_make_eval_envs_signature_is_typed():
     assert sig.return_annotation == "gym.vector.VectorEnv"
 
 
+def test_replay_trajectories_parameters_are_replay_options():
+    """`replay_trajectories` declares every replay option (ReplayConfig's fields, then the recording options it
+    takes), keyword-only, in that order, each with the option's default (None where the replay decides) and
+    type, so an IDE and a type checker see them and the two declarations cannot drift."""
+    from fastrecord.replay.config import RECORDING_OPTIONS, REPLAY_DEFAULTS, ReplayConfig
+
+    params = list(inspect.signature(fastrecord.replay_trajectories).parameters.values())
+    assert [p.name for p in params[:2]] == ["traj_path", "output_dir"]
+    assert [p.name for p in params[-2:]] == ["stop", "sinks"]
+    options = params[2:-2]
+    assert [p.name for p in options] == [n for n in ReplayConfig.option_names() if n not in ("traj_path", "output_dir")]
+    assert all(p.kind is P.KEYWORD_ONLY for p in params[2:])
+    own = {f.name: f for f in dataclasses.fields(ReplayConfig)}
+    recording = {f.name: f for f in dataclasses.fields(RecordOptions)}
+    for p in options:
+        if p.name in own:
+            f = own[p.name]
+            default = None if f.default is dataclasses.MISSING else f.default  # env_kwargs: None, an empty dict
+            annotation = f.type if f.default is not dataclasses.MISSING else f"{f.type} | None"
+        else:
+            assert p.name in RECORDING_OPTIONS
+            f = recording[p.name]
+            default = REPLAY_DEFAULTS.get(p.name, f.default)
+            annotation = f.type if p.name not in REPLAY_DEFAULTS or "None" in f.type else f"{f.type} | None"
+            annotation = "str | None" if p.name == "keep" else annotation  # a replay's keep is a choice, no callable
+        assert p.default == default, p.name
+        assert p.annotation == annotation, p.name
+    assert inspect.signature(fastrecord.replay_trajectories).return_annotation == "ReplaySummary"
+
+
 def _packages() -> list[str]:
     return sorted(".".join(("fastrecord", *p.parent.relative_to(SRC).parts)) for p in SRC.rglob("__init__.py"))
 

@@ -230,3 +230,72 @@ def test_grouped_replay_follows_reconfiguring_resets(tmp_path):
     on, off = _replay_both(src, tmp_path, obs_mode="rgbd", save_video=False)
     _assert_same_replays(on / "out.h5", off / "out.h5")
 
+
+
+# ------------------------------------------------------------------------------ the pipelined step on the CPU
+class _OwnPictures:
+    """Stands in for `fastrecord.render.group.GroupRenderer` where there is no CUDA device (a test double): when the
+    group would submit its pictures, each env draws its own sensors (ManiSkill's ``_get_obs_sensor_data``, lavapipe)
+    at its current state; `read_sensor_data` hands them over later, as the group's pictures are read after the next
+    step's physics ran (`GroupedSyncVectorEnv.step`, pipelined)."""
+
+    def __init__(self, envs, device="cuda") -> None:
+        self.envs = list(envs)
+        self.taken: list[dict] = []
+        self.pictures = 0
+
+    def set_poses_from_envs(self) -> None:
+        pass
+
+    def take_pictures(self, names, *, sensor: bool) -> None:
+        assert sensor
+        self.taken = [type(b)._get_obs_sensor_data(b) for b in self.envs]  # the class's: the instance's is patched
+        self.pictures += 1
+
+    def read_sensor_data(self, name, modalities, apply_texture_transforms=True):
+        import torch
+
+        assert apply_texture_transforms
+        return {m: torch.cat([t[name][m] for t in self.taken]) for m in modalities if m in self.taken[0][name]}
+
+
+@pytest.mark.parametrize("by", ["states", "actions"])
+def test_pipelined_grouped_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file, tmp_path, monkeypatch, by):
+    """The pipelined step's wiring without a GPU (pictures from `_OwnPictures`): the next step's physics runs
+    before the step's pictures are read, yet every recorded value (the sensor pictures, states, rewards,
+    agent/extra observations) equals a replay whose envs draw themselves; 3 envs over 4 episodes of different
+    lengths (slots refilled mid-run), trajectory only."""
+    import fastrecord
+    import fastrecord.replay.grouped
+    import fastrecord.replay.plan
+
+    monkeypatch.setattr(fastrecord.replay.plan, "_render_device",
+                        lambda cfg, *args: None if cfg.batched_render == "off" else "cuda")
+    monkeypatch.setattr(fastrecord.replay.grouped, "GroupRenderer", _OwnPictures)
+    ahead: list[int] = []
+    real_step = fastrecord.replay.grouped.GroupedSyncVectorEnv.step
+
+    def spy(self, actions):
+        out = real_step(self, actions)
+        ahead.append(sum(a is not None for a in self._ahead))
+        return out
+
+    monkeypatch.setattr(fastrecord.replay.grouped.GroupedSyncVectorEnv, "step", spy)
+    out = {}
+    for batched in ("on", "off"):
+        s = fastrecord.replay_trajectories(pickcube_file, tmp_path / batched, trajectory_name="out", num_envs=3,
+                                           workers=1, obs_mode="rgb", by=by, render_backend="cpu", save_video=False,
+                                           batched_render=batched, progress=False)
+        assert s.episodes == len(LENGTHS)
+        out[batched] = tmp_path / batched / "out.h5"
+    # 9 steps (slot 2 plays 3 then 6); every env ran ahead except at its episode's last step
+    assert len(ahead) == max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) and sum(ahead) == sum(LENGTHS) - 4
+    meta_on, meta_off = (json.loads(p.with_suffix(".json").read_text()) for p in out.values())
+    assert [e["source_episode_id"] for e in meta_on["episodes"]] == [e["source_episode_id"] for e in meta_off["episodes"]]
+    with h5py.File(out["on"], "r") as fa, h5py.File(out["off"], "r") as fb:
+        for ep in meta_on["episodes"]:
+            key = f"traj_{ep['episode_id']}"
+            la, lb = leaves(fa[key]), leaves(fb[key])
+            assert la.keys() == lb.keys() and any(k.endswith("/rgb") for k in la)
+            for k in la:
+                np.testing.assert_array_equal(la[k], lb[k], err_msg=f"{key} {k}")

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from fastrecord import RecordEpisode, RecordOptions, RecordVectorEpisode, make_eval_envs
+from fastrecord import (
+    RecordEpisode,
+    RecordOptions,
+    RecordVectorEpisode,
+    ReplaySummary,
+    make_eval_envs,
+    replay_trajectories,
+)
 
 
 def _never_called(env: gym.Env, venv: gym.vector.VectorEnv) -> None:
@@ -27,4 +34,8 @@ def _never_called(env: gym.Env, venv: gym.vector.VectorEnv) -> None:
     envs: gym.vector.VectorEnv = make_eval_envs("PickCube-v1", 2, "physx_cpu", {}, {"obs_horizon": 1})
     make_eval_envs("PickCube-v1", "2", "physx_cpu", {}, {})  # type: ignore[arg-type]
     make_eval_envs("PickCube-v1", 2, "physx_cpu", {}, {}, None, [], "all")  # type: ignore[call-arg]
-    del rec, vec, envs
+    summary: ReplaySummary = replay_trajectories("demo.h5", "out", obs_mode="rgb", num_envs=4, save_video=False)
+    replay_trajectories("demo.h5", obs=1)  # type: ignore[call-arg]
+    replay_trajectories("demo.h5", num_envs="4")  # type: ignore[arg-type]
+    replay_trajectories("demo.h5", "out", "rgb")  # type: ignore[call-arg]
+    del rec, vec, envs, summary

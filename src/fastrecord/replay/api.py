@@ -7,6 +7,8 @@ Imports neither torch nor ManiSkill until a replay starts.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import time
 from pathlib import Path
@@ -69,28 +71,95 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
         traj.close()
 
 
-def replay_trajectories(traj_path: str | os.PathLike[str], output_dir: str | os.PathLike[str] | None = None, *,
-                        stop: StopRequest | None = None, sinks: list[Any] | None = None,
-                        **options: Any) -> ReplaySummary:
+def replay_trajectories(
+    traj_path: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str] | None = None,
+    *,
+    # ReplayConfig's fields, in its order (tests/test_api.py holds them equal)
+    by: str | None = None,
+    use_first_env_state: bool = False,
+    count: int | None = None,
+    num_envs: int | None = None,
+    vector: str = "auto",
+    sim_backend: str = "auto",
+    render_backend: str = "auto",
+    batched_render: str = "auto",
+    obs_mode: str | None = None,
+    width: int | None = None,
+    height: int | None = None,
+    shader: str | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    workers: int | None = None,
+    progress: bool = True,
+    env_kwargs: dict[str, Any] | None = None,
+    maniskill: bool = False,
+    target_control_mode: str | None = None,
+    allow_failure: bool = False,
+    discard_timeout: bool = False,
+    max_retry: int = 0,
+    reward_mode: str | None = None,
+    render_mode: str = "rgb_array",
+    verbose: bool = False,
+    # the recording options a replay takes (RECORDING_OPTIONS, RecordOptions' order and types; None: the replay decides)
+    save_trajectory: bool = True,
+    trajectory_name: str | None = None,
+    save_video: bool = True,
+    info_on_video: bool = False,
+    max_steps_per_video: int | None = None,
+    clean_on_close: bool = True,
+    record_reward: bool | None = None,
+    record_env_state: bool = True,
+    video_fps: float | None = None,
+    render_substeps: bool = False,
+    avoid_overwriting_video: bool = False,
+    keep: str | None = None,
+    video_source: str = "render",
+    video_codec: str = "auto",
+    video_crf: int = 23,
+    video_preset: str = "ultrafast",
+    video_gop: int | None = None,
+    video_workers: int | None = None,
+    trajectory_writers: int | None = None,
+    trajectory_compression: str = "gzip:1",
+    buffer_capacity: int | None = None,
+    lerobot: bool = False,
+    lerobot_video_codec: str | None = None,
+    lerobot_gop: int = 2,
+    lerobot_crf: int | None = None,
+    lerobot_state_keys: str | tuple[str, ...] | None = None,
+    # the run's hooks, as in `run_replay`
+    stop: StopRequest | None = None,
+    sinks: list[Any] | None = None,
+) -> ReplaySummary:
     """Replay the episodes of ``traj_path`` (a ``NAME.h5`` with ``NAME.json`` next to it) and record them
     again into ``output_dir`` (None: a ``replay`` folder next to the input).
 
-    ``options`` are `ReplayConfig`'s fields (``obs_mode="rgb"``, ``by="actions"``, ``count=10``,
-    ``num_envs=4``, ``overwrite=True``, ...) and the recording options of `fastrecord.RecordOptions` a replay
+    The options are `ReplayConfig`'s fields (``obs_mode="rgb"``, ``by="actions"``, ``count=10``, ``num_envs=4``,
+    ``overwrite=True``, ...; docs/replay.md) and the recording options of `fastrecord.RecordOptions` a replay
     takes (`fastrecord.replay.config.RECORDING_OPTIONS`: ``save_video=False``, ``keep="success"``,
-    ``video_crf=30``, ``trajectory_compression="gzip:5"``, ...), checked once before anything is made;
-    ``stop`` and ``sinks`` as in `run_replay`. Returns the `ReplaySummary`.
+    ``video_crf=30``, ``trajectory_compression="gzip:5"``, ...; None where the replay decides: the output's
+    name, the video fps, which replays are kept, rewards), checked once before anything is made; ``stop``
+    and ``sinks`` as in `run_replay`. Returns the `ReplaySummary`. (Over 80 lines: its signature declares 55
+    options, one a line; the body is six.)
 
         from fastrecord import replay_trajectories
         s = replay_trajectories("demos/trajectory.h5", "replayed", obs_mode="rgb", save_video=False)
         print(s.episodes, s.kept, s.files)
     """
-    names = set(ReplayConfig.option_names())
-    unknown = sorted(set(options) - names)
-    if unknown:
-        raise TypeError(f"replay_trajectories() got unknown option(s) {unknown}; the options are ReplayConfig's "
-                        f"fields and the recording options of fastrecord.RecordOptions that a replay takes: "
-                        f"{', '.join(sorted(names - {'traj_path', 'output_dir'}))}")
-    out = None if output_dir is None else os.fspath(output_dir)
-    cfg = ReplayConfig.from_values({**options, "traj_path": os.fspath(traj_path), "output_dir": out})
-    return run_replay(cfg, stop=stop, sinks=sinks)
+    values = dict(locals())  # first thing: only the parameters are defined
+    del values["stop"], values["sinks"]
+    # the options that differ from their defaults, as the CLI gives only the flags it got (a default is no choice:
+    # ``sim_backend="auto"`` beside ``env_kwargs={"sim_backend": ...}`` is not the option given twice)
+    defaults = _defaults()
+    given = {k: v for k, v in values.items() if k not in defaults or (v is not defaults[k] and v != defaults[k])}
+    given["traj_path"] = os.fspath(traj_path)
+    given["output_dir"] = None if output_dir is None else os.fspath(output_dir)
+    return run_replay(ReplayConfig.from_values(given), stop=stop, sinks=sinks)
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    """`replay_trajectories`' keyword defaults."""
+    return {n: p.default for n, p in inspect.signature(replay_trajectories).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}

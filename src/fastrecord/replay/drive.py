@@ -54,9 +54,10 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     def meta(ep: Mapping[str, Any]) -> dict[str, Any]:  # the output entry names its input episode from the start
         return {"source_episode_id": int(ep["episode_id"]), **tags.get(int(ep["episode_id"]), {})}
 
+    tally = _Tally(cfg, traj_name=plan.traj.h5_path.name, total=len(todo), stop=stop, t0=t0, progress=progress,
+                   meta=meta, desc="convert" if plan.convert else "replay")
     if plan.convert:
-        summary = _convert(cfg, plan.traj, todo, plan.env_id, plan.kwargs, plan.ori_kwargs, plan.max_steps, rec_kwargs,
-                           verdict, stop, t0, progress, meta)
+        summary = _convert(cfg, plan, todo, rec_kwargs, verdict, tally)
     else:
         if plan.vector == "batched":
             env = make_replay_env(plan.env_id, plan.kwargs, plan.max_steps, n, cpu_wrapper=False)
@@ -64,7 +65,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
         else:
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
             batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device)
-        summary = _drive(cfg, plan.traj, todo, batch, verdict, stop, t0, progress, meta)
+        summary = _drive(cfg, plan.traj, todo, batch, verdict, tally)
     summary.skipped = skipped
     summary.output_dir = out
     new_h5 = out / f"{name}.h5"
@@ -76,236 +77,249 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     return summary
 
 
-def _convert(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], env_id: str, kwargs: dict[str, Any],
-             ori_kwargs: dict[str, Any], max_steps: int | None, rec_kwargs: Any, verdict: Verdict,
-             stop: StopRequest | None, t0: float, progress: Callable[[int], None] | None = None,
-             meta: Callable[[Mapping[str, Any]], dict] | None = None) -> ReplaySummary:
+class _Tally:
+    """What both replay loops (`_drive`, `_convert`) keep and show the same way. Owns: the progress bar (or the
+    caller's ``progress``: a worker's share of one bar), the stop request, the finished replays' successes and
+    divergences, which input episode each output episode replays, and the summary made of them."""
+
+    def __init__(self, cfg: ReplayConfig, traj_name: str, total: int, stop: StopRequest | None, t0: float | None,
+                 progress: Callable[[int], None] | None, meta: Callable[[Mapping[str, Any]], dict], desc: str) -> None:
+        self.cfg, self.traj_name, self.stop, self.meta, self.progress = cfg, traj_name, stop, meta, progress
+        self.t0, self.total, self.desc = t0, total, desc
+        self.startup = self.t_run = 0.0
+        self.diverged: list[Divergence] = []
+        self.sources: list[int] = []  # output episode k replays input episode sources[k]
+        self.successes = self.env_steps = self.done = 0
+        self.bar: Any = None
+
+    def started(self) -> None:
+        """The envs are made: the start-up ends and the replay's own time (and its progress bar) begins."""
+        from tqdm import tqdm
+
+        self.t_run = time.perf_counter()
+        self.startup = self.t_run - self.t0 if self.t0 is not None else 0.0
+        self.bar = tqdm(total=self.total, unit="episode", disable=not self.cfg.progress or self.progress is not None,
+                        dynamic_ncols=True, desc=self.desc)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop is not None and self.stop.requested
+
+    def write(self, rec: Any, e: int, ep: Mapping[str, Any], flush: Callable[[], None]) -> None:
+        """Save env ``e``'s replay of ``ep`` (``flush``), named by its input episode; non-finite data stops the
+        replay before it is written (`check_replayed`). The keep filter decides whether it is written."""
+        before = rec.num_episodes
+        check_replayed(rec, e, ep, self.traj_name)
+        rec.set_episode_meta([e], [self.meta(ep)])
+        flush()
+        if rec.num_episodes > before:
+            self.sources.append(int(ep["episode_id"]))
+
+    def finished(self, ep: Mapping[str, Any], replayed: bool | None, recorded: bool | None, ok: bool) -> None:
+        """One replay of ``ep`` over for good (no retry left): its success against the recorded one."""
+        self.done += 1
+        self.successes += bool(replayed)
+        if replayed is not None and recorded is not None and replayed != recorded:
+            self.diverged.append(Divergence(int(ep["episode_id"]), recorded, replayed))
+        if self.cfg.maniskill and not ok and self.cfg.keep_filter is None:
+            from tqdm import tqdm
+
+            tqdm.write(f"Episode {ep['episode_id']} is not replayed successfully. Skipping")
+
+    def shown(self, finished: int, kept: int) -> None:
+        self.bar.update(finished)
+        self.bar.set_postfix(kept=kept, diverged=len(self.diverged))
+        if self.progress is not None:
+            self.progress(finished)
+
+    def summary(self, rec: Any, cut: int = 0, converted: bool = False) -> ReplaySummary:
+        return ReplaySummary(self.done, rec.num_episodes, self.successes, self.diverged, self.env_steps,
+                             time.perf_counter() - self.t_run, Path("."), sorted(rec.video_paths), self.sources,
+                             self.stop.name if self.stop is not None and self.stopping else None, 0,
+                             startup_seconds=self.startup, results=list(rec.results.rows),
+                             results_path=rec.results.path, converted=converted)
+
+
+def _convert(cfg: ReplayConfig, plan: ReplayPlan, episodes: list[dict], rec_kwargs: Any, verdict: Verdict,
+             tally: _Tally) -> ReplaySummary:
     """``-c``: convert each episode's actions with ManiSkill's own code, one episode at a time, as its tool
     does in a CPU env: ``ori_env`` steps the recorded actions and the target env (recorded by fastrecord)
     follows it in the target control mode, several steps per recorded one where needed."""
-    from mani_skill.trajectory.utils.actions import conversion
-    from tqdm import tqdm
-
     from fastrecord.record import RecordEpisode
 
-    converter = {"pd_joint_pos": conversion.from_pd_joint_pos,
-                 "pd_joint_delta_pos": conversion.from_pd_joint_delta_pos}[ori_kwargs["control_mode"]]
-    stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
-    ori_env = gym.make(env_id, max_episode_steps=max_steps,
-                       **{**ori_kwargs, "render_mode": None, "obs_mode": "state"})  # only its controller is read
+    ori_env = gym.make(plan.env_id, max_episode_steps=plan.max_steps,
+                       **{**plan.ori_kwargs, "render_mode": None, "obs_mode": "state"})  # only its controller is read
     try:
-        target = gym.make(env_id, num_envs=1, max_episode_steps=max_steps, **kwargs)
+        target = gym.make(plan.env_id, num_envs=1, max_episode_steps=plan.max_steps, **plan.kwargs)
         env = RecordEpisode(target, **rec_kwargs(target.unwrapped.control_freq))
     except BaseException:
         ori_env.close()
         raise
     rec = env.recorder
-    startup = time.perf_counter() - t0
-    t_run = time.perf_counter()
-    diverged: list[Divergence] = []
-    sources: list[int] = []
-    successes = env_steps = done = 0
-    bar = tqdm(
-        total=len(episodes),
-        unit="episode",
-        disable=not cfg.progress or progress is not None,
-        dynamic_ncols=True,
-        desc="convert",
-    )
+    tally.started()
     try:
         for ep in episodes:
-            if stopping():
+            if tally.stopping:
                 break
-            reset_kwargs = copy.deepcopy(ep.get("reset_kwargs") or {})
-            reset_kwargs["seed"] = int(ep["episode_seed"])  # ManiSkill's sanity_check_and_format_seed
-            ori_actions = traj.actions(ep)
-            for attempt in range(cfg.max_retry + 1):
-                options = dict(reset_kwargs.get("options") or {})
-                ori_env.reset(seed=reset_kwargs["seed"], options=options)
-                if cfg.use_first_env_state:
-                    first = tree_stack([tree_index(traj.env_states(ep), 0)], torch.device(target.unwrapped.device))
-                    ori_env.unwrapped.set_state_dict(first)
-                    options["reset_to_env_states"] = {"env_states": first}  # recorded as the episode's first state
-                env.reset(seed=reset_kwargs["seed"], options=options)
-                info = converter(
-                    cfg.target_control_mode, ori_actions, ori_env, env, render=False, pbar=None, verbose=cfg.verbose
-                )
-                env_steps += int(np.asarray(target.unwrapped.elapsed_steps).reshape(-1)[0])
-                replayed = (
-                    bool(np.asarray(torch.as_tensor(info["success"]).cpu()).reshape(-1)[0])
-                    if "success" in info
-                    else None
-                )
-                truncated = (
-                    max_steps is not None
-                    and int(np.asarray(target.unwrapped.elapsed_steps).reshape(-1)[0]) >= max_steps
-                )
-                ok = cfg.maniskill_keeps(replayed, truncated)
-                last = ok or attempt == cfg.max_retry
-                verdict.value = ok
-                before = rec.num_episodes
-                check_replayed(rec, 0, ep, traj.h5_path.name)
-                rec.set_episode_meta(
-                    [0], [meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}]
-                )
-                env.flush_trajectory()
-                if rec.num_episodes > before:
-                    sources.append(int(ep["episode_id"]))
-                if last:
+            for _attempt in range(cfg.max_retry + 1):
+                replayed, truncated = _convert_once(cfg, plan, ep, ori_env, env, tally)
+                verdict.value = ok = cfg.maniskill_keeps(replayed, truncated)
+                tally.write(rec, 0, ep, env.flush_trajectory)
+                if ok:
                     break
-            done += 1
-            successes += bool(replayed)
-            recorded = traj.recorded_success(ep)
-            if replayed is not None and recorded is not None and replayed != recorded:
-                diverged.append(Divergence(int(ep["episode_id"]), recorded, replayed))
-            if cfg.maniskill and not ok:
-                tqdm.write(f"Episode {ep['episode_id']} is not replayed successfully. Skipping")
-            bar.update(1)
-            bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
-            if progress is not None:
-                progress(1)
+            tally.finished(ep, replayed, plan.traj.recorded_success(ep), ok)
+            tally.shown(1, rec.num_episodes)
         rec.wait_until_done()
     finally:
-        bar.close()
+        tally.close()
         try:
             rec.set_episode_meta([0], [None])  # a replay cut by an exception (Ctrl-C) is not saved: --resume redoes it
             env.close()
         finally:
             ori_env.close()
-    return ReplaySummary(done, rec.num_episodes, successes, diverged, env_steps, time.perf_counter() - t_run, Path("."),
-                         sorted(rec.video_paths), sources, stop.name if stopping() else None, 0,
-                         startup_seconds=startup, results=list(rec.results.rows), results_path=rec.results.path,
-                         converted=True)
+    return tally.summary(rec, converted=True)
+
+
+def _convert_once(cfg: ReplayConfig, plan: ReplayPlan, ep: Mapping[str, Any], ori_env: gym.Env, env: Any,
+                  tally: _Tally) -> tuple[bool | None, bool]:
+    """One conversion of ``ep`` (ManiSkill's ``from_pd_joint_pos`` / ``from_pd_joint_delta_pos``) from its seeded
+    reset (or its recorded first state): the replay's success (None: the task reports none) and truncation."""
+    from mani_skill.trajectory.utils.actions import conversion
+
+    converter = {"pd_joint_pos": conversion.from_pd_joint_pos,
+                 "pd_joint_delta_pos": conversion.from_pd_joint_delta_pos}[plan.ori_kwargs["control_mode"]]
+    target = env.unwrapped
+    seed = int(ep["episode_seed"])  # ManiSkill's sanity_check_and_format_seed
+    options = dict((copy.deepcopy(ep.get("reset_kwargs") or {})).get("options") or {})
+    ori_env.reset(seed=seed, options=options)
+    if cfg.use_first_env_state:
+        first = tree_stack([tree_index(plan.traj.env_states(ep), 0)], torch.device(target.device))
+        ori_env.unwrapped.set_state_dict(first)
+        options["reset_to_env_states"] = {"env_states": first}  # recorded as the episode's first state
+    env.reset(seed=seed, options=options)
+    info = converter(cfg.target_control_mode, plan.traj.actions(ep), ori_env, env, render=False, pbar=None,
+                     verbose=cfg.verbose)
+    steps = int(np.asarray(target.elapsed_steps).reshape(-1)[0])
+    tally.env_steps += steps
+    replayed = bool(np.asarray(torch.as_tensor(info["success"]).cpu()).reshape(-1)[0]) if "success" in info else None
+    return replayed, plan.max_steps is not None and steps >= plan.max_steps
+
+
+class _Slots:
+    """The replay loop's envs: which pending episode each plays (``slot``: an index into ``episodes``, None: idle),
+    its recorded actions and its step, and the episodes not started yet (``pending``)."""
+
+    def __init__(self, cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: VectorBatch | BatchedEnv):
+        self.cfg, self.traj, self.episodes, self.batch = cfg, traj, episodes, batch
+        n = batch.num_envs
+        self.pending = deque(range(len(episodes)))
+        self.retries = np.zeros(len(episodes), dtype=np.int64)
+        self.slot: list[int | None] = [None] * n
+        self.actions: list[np.ndarray] = [np.zeros((0, *batch.action_shape), dtype=np.float32)] * n
+        self.t = np.zeros(n, dtype=np.int64)
+        self.length = np.zeros(n, dtype=np.int64)
+        self.act = np.zeros((n, *batch.action_shape), dtype=np.float32)
+
+    def _plan(self, i: int) -> tuple[dict[str, Any], np.ndarray]:
+        """Episode ``i``'s replay plan (`fastrecord.replay.envs.ReplayStates`) and its recorded actions."""
+        ep, traj, shape = self.episodes[i], self.traj, tuple(self.batch.action_shape)
+        a = traj.actions(ep)
+        if a.ndim != 2 or a.shape[1:] != shape:
+            raise ValueError(
+                f"{traj.h5_path.name} traj_{ep['episode_id']}/actions has shape {a.shape}, but the env takes "
+                f"actions of shape {shape}; was it recorded with another control mode or robot?"
+            )
+        per_step = self.cfg.replay_by == "states"
+        states = traj.env_states(ep) if (per_step or self.cfg.use_first_env_state) else None
+        opts = (ep.get("reset_kwargs") or {}).get("options") or {}
+        return dict(seed=int(ep["episode_seed"]), options=opts, states=states, per_step=per_step, length=len(a)), a
+
+    def start(self, envs: list[int]) -> None:
+        """Envs ``envs`` start the next pending episodes (a reset of those envs)."""
+        plans = []
+        for e in envs:
+            i = self.pending.popleft()
+            p, self.actions[e] = self._plan(i)
+            self.slot[e], self.t[e], self.length[e] = i, 0, p["length"]
+            plans.append(p)
+        self.batch.start(np.asarray(envs), plans)
+
+    def step(self) -> tuple[np.ndarray | None, np.ndarray, int]:
+        """Every busy env takes its next recorded action (each also says the one after, for a pipelined batch):
+        (success, truncated, env-steps taken)."""
+        active = np.array([s is not None for s in self.slot])
+        self.act[:] = 0
+        ahead: list[np.ndarray | None] = [None] * len(self.slot)
+        for e in np.flatnonzero(active):
+            self.act[e] = self.actions[e][self.t[e]]
+            if self.t[e] + 1 < self.length[e]:
+                ahead[e] = self.actions[e][self.t[e] + 1].astype(self.act.dtype)  # as the step will give it
+        success, truncated = self.batch.step(self.act, ahead)
+        self.t[active] += 1
+        return success, truncated, int(active.sum())
+
+    def ended(self) -> list[int]:
+        return [e for e, s in enumerate(self.slot) if s is not None and self.t[e] >= self.length[e]]
+
+    @property
+    def busy(self) -> bool:
+        return any(s is not None for s in self.slot)
 
 
 def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: VectorBatch | BatchedEnv,
-           verdict: Verdict, stop: StopRequest | None = None, t0: float | None = None,
-           progress: Callable[[int], None] | None = None, meta: Callable[[Mapping[str, Any]], dict] | None = None,
-           ) -> ReplaySummary:
+           verdict: Verdict, tally: _Tally) -> ReplaySummary:
     """Keep every env busy: when an env's episode ends, flush it and start the next pending one there
     (ManiSkill's --max-retry: the same episode again, while it fails and retries are left).
 
-    A ``stop`` request ends the loop between two steps; the replays in progress are not saved (a cut
+    A stop request ends the loop between two steps; the replays in progress are not saved (a cut
     replay is not a finished one: re-running with ``resume`` replays it whole), as `fastrecord record` does."""
-    from tqdm import tqdm
-
-    stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
-    startup = time.perf_counter() - t0 if t0 is not None else 0.0
-    t_run = time.perf_counter()
-
-    n = batch.num_envs
-    per_step = cfg.replay_by == "states"
-    pending = deque(range(len(episodes)))
-    retries = np.zeros(len(episodes), dtype=np.int64)
-    slot: list[int | None] = [None] * n  # index into episodes
-    actions: list[np.ndarray | None] = [None] * n
-    t = np.zeros(n, dtype=np.int64)
-    length = np.zeros(n, dtype=np.int64)
-    act = np.zeros((n, *batch.action_shape), dtype=np.float32)
-    diverged: list[Divergence] = []
-    sources: list[int] = []  # output episode k replays input episode sources[k]
-    successes = env_steps = partial = cut = done_count = 0
+    slots = _Slots(cfg, traj, episodes, batch)
     rec = batch.recorder
-
-    def flush(e: int) -> None:
-        before = rec.num_episodes
-        ep = episodes[slot[e]]
-        check_replayed(rec, e, ep, traj.h5_path.name)  # non-finite data stops the replay before it is written
-        tag = meta(ep) if meta is not None else {"source_episode_id": int(ep["episode_id"])}
-        rec.set_episode_meta([e], [tag])
-        batch.flush(e)
-        if rec.num_episodes > before:
-            sources.append(int(episodes[slot[e]]["episode_id"]))
-        slot[e] = None
-
-    def plan(i: int) -> dict[str, Any]:
-        ep = episodes[i]
-        a = traj.actions(ep)
-        if a.ndim != 2 or a.shape[1:] != tuple(batch.action_shape):
-            raise ValueError(
-                f"{traj.h5_path.name} traj_{ep['episode_id']}/actions has shape {a.shape}, but the env takes "
-                f"actions of shape {tuple(batch.action_shape)}; was it recorded with another control mode or robot?"
-            )
-        states = traj.env_states(ep) if (per_step or cfg.use_first_env_state) else None
-        opts = (ep.get("reset_kwargs") or {}).get("options") or {}
-        return dict(
-            seed=int(ep["episode_seed"]), options=opts, states=states, per_step=per_step, length=len(a), actions=a
-        )
-
-    def start(envs: list[int]) -> None:
-        plans = []
-        for e in envs:
-            i = pending.popleft()
-            p = plan(i)
-            slot[e], actions[e], t[e], length[e] = i, p.pop("actions"), 0, p["length"]
-            plans.append(p)
-        batch.start(np.asarray(envs), plans)
-
-    bar = tqdm(
-        total=len(episodes),
-        unit="episode",
-        disable=not cfg.progress or progress is not None,
-        dynamic_ncols=True,
-        desc="replay",
-    )
+    tally.started()
     try:
-        if not stopping():
-            start(list(range(n)))
-        success, truncated = None, np.zeros(n, dtype=bool)
-        while not stopping() and any(s is not None for s in slot):
-            act[:] = 0
-            for e in range(n):
-                if slot[e] is not None:
-                    act[e] = actions[e][t[e]]
-            success, truncated = batch.step(act)
-            active = np.array([s is not None for s in slot])
-            t[active] += 1
-            env_steps += int(active.sum())
-            done = [e for e in range(n) if slot[e] is not None and t[e] >= length[e]]
+        if not tally.stopping:
+            slots.start(list(range(batch.num_envs)))
+        while not tally.stopping and slots.busy:
+            success, truncated, steps = slots.step()
+            tally.env_steps += steps
+            done = slots.ended()
             finished = 0
             for e in done:
-                i = slot[e]
+                i = slots.slot[e]
+                assert i is not None
                 ep = episodes[i]
                 replayed = None if success is None else bool(success[e])
                 verdict.value = ok = cfg.maniskill_keeps(replayed, bool(truncated[e]))
-                if not ok and retries[i] < cfg.max_retry:  # ManiSkill's --max-retry: again, before the others
-                    retries[i] += 1
-                    flush(e)
-                    pending.appendleft(i)
+                tally.write(rec, e, ep, functools.partial(batch.flush, e))
+                slots.slot[e] = None
+                if not ok and slots.retries[i] < cfg.max_retry:  # ManiSkill's --max-retry: again, before the others
+                    slots.retries[i] += 1
+                    slots.pending.appendleft(i)
                     continue
-                recorded = traj.recorded_success(ep)
-                successes += bool(replayed)
+                tally.finished(ep, replayed, traj.recorded_success(ep), ok)
                 finished += 1
-                if replayed is not None and recorded is not None and replayed != recorded:
-                    diverged.append(Divergence(int(ep["episode_id"]), recorded, replayed))
-                if cfg.maniskill and not ok and (cfg.keep_filter is None):
-                    tqdm.write(f"Episode {ep['episode_id']} is not replayed successfully. Skipping")
-                flush(e)
             if done:
-                done_count += finished
-                bar.update(finished)
-                bar.set_postfix(kept=rec.num_episodes, diverged=len(diverged))
-                if progress is not None:
-                    progress(finished)
-                refill = done[: len(pending)]
+                tally.shown(finished, rec.num_episodes)
+                refill = done[: len(slots.pending)]
                 if refill:
-                    start(refill)
-        if stopping():  # the replays in progress are not saved: re-running with --resume replays them whole
-            for e in range(n):
-                if slot[e] is not None:
-                    cut += 1
+                    slots.start(refill)
+        if tally.stopping:  # the replays in progress are not saved: re-running with --resume replays them whole
+            for e in range(batch.num_envs):
+                if slots.slot[e] is not None:
                     rec.set_episode_meta([e], [None])
-                    slot[e] = None
+                    slots.slot[e] = None
         rec.wait_until_done()
     finally:
-        bar.close()
+        tally.close()
         try:  # every finished replay was flushed: what is in progress (an exception, Ctrl-C) is not saved
-            rec.set_episode_meta(np.arange(n), [None] * n)
+            rec.set_episode_meta(np.arange(batch.num_envs), [None] * batch.num_envs)
         finally:
             batch.close()
-    return ReplaySummary(done_count, rec.num_episodes, successes, diverged, env_steps, time.perf_counter() - t_run,
-                         Path("."), sorted(rec.video_paths), sources, stop.name if stopping() else None, partial,
-                         startup_seconds=startup, results=list(rec.results.rows), results_path=rec.results.path)
+    return tally.summary(rec)
 
 
 def check_replayed(rec: Any, e: int, ep: Mapping[str, Any], source: str) -> None:

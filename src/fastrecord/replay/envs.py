@@ -86,6 +86,7 @@ class ReplayStates(gym.Wrapper):
         self._holding = False  # a single env idle since before its last step: `render` returns its held frame
         self._time_limit = self._direct_step_time_limit()
         self._prepared: Any = None  # the action `prepare` took, until `step` observes it
+        self._observed_state: Any = None  # `get_state` of the state last observed, while `prepare` ran ahead of it
         self.grouped = False  # rendered in a RenderSystemGroup by its vector env (`prepare`)
         # `prepare` submits the cameras' renders: only worth it where the observation has cameras, and only
         # where BaseEnv computes it as ManiSkill 3.0 does (render, capture, read: `_rendered` skips the first two)
@@ -171,10 +172,18 @@ class ReplayStates(gym.Wrapper):
             self._active[e] = p is not None and p["length"] > 0
         self._last_step = None
         self._prepared = None
+        self._observed_state = None
         self._holding = False
         return obs, info
 
-    def prepare(self, action: Any) -> bool:
+    def get_state(self) -> torch.Tensor:
+        """``BaseEnv.get_state`` of the state the last step observed, also after `prepare` ran the next step's
+        physics ahead of it (``ahead``): what the recorder reads after each step."""
+        if self._observed_state is not None:
+            return self._observed_state
+        return self.env.unwrapped.get_state()
+
+    def prepare(self, action: Any, ahead: bool = False) -> bool:
         """The first half of the next `step` (with the same action), for a vector env that holds several
         single envs in one process (`PreparedSyncVectorEnv`): simulate, set the recorded state and
         submit the cameras' renders, without waiting for them. SAPIEN renders asynchronously, so the
@@ -185,12 +194,18 @@ class ReplayStates(gym.Wrapper):
 
         ``grouped`` (the env renders in a `fastrecord.render.group.GroupRenderer`, `GroupedSyncVectorEnv`):
         simulate and set the state only, by actions too; the vector env then renders every env's sensors in
-        one batch. Returns whether the env now holds the state its next `step` observes."""
+        one batch. Returns whether the env now holds the state its next `step` observes.
+
+        ``ahead``: called right after a step, with the next step's action, while the vector env's pictures of
+        that step are being drawn (`GroupedSyncVectorEnv`, pipelined): `get_state` keeps answering the state
+        that step observed until the next step."""
         if self._prepared is not None or not self._camera_obs or self._idle():
             return False
         rows = self._per_step_rows()
         if self._time_limit is False or not (rows or self.grouped):
             return False
+        if ahead:
+            self._observed_state = self.env.unwrapped.get_state()
         stepped = self._advance(action, rows)
         if not self.grouped:
             base = self.env.unwrapped
@@ -204,6 +219,7 @@ class ReplayStates(gym.Wrapper):
     def step(self, action: Any):
         if self._prepared is not None:  # `prepare` simulated, set the state and rendered: observe
             stepped, self._prepared, self._holding = self._prepared, None, False
+            self._observed_state = None
             with _rendered(self.env.unwrapped):
                 obs, rew, terminated, info = self._observe(stepped, {})
             return self._finish(obs, rew, terminated, info)
@@ -425,11 +441,16 @@ class VectorBatch:
         try:
             self.control_freq = envs.get_attr("control_freq")[0]
             self.action_shape = envs.single_action_space.shape
-            self.env = RecordEpisode(_DoneFromInfo(envs), **rec_kwargs(self.control_freq))
+            options = rec_kwargs(self.control_freq)
+            self.env = RecordEpisode(_DoneFromInfo(envs), **options)
         except BaseException:
             envs.close()
             raise
         self.recorder = self.env.recorder
+        # the next step's physics runs while a step's pictures are drawn (`GroupedSyncVectorEnv.step`), except where
+        # the recorder draws the render camera after each step (videos): that picture must show the step's state
+        self.pipelined = isinstance(envs, GroupedSyncVectorEnv) and not (
+            options["save_video"] and options["video_source"] == "render")
         self._started = False
 
     def start(self, env_idx: np.ndarray, plans: list[dict[str, Any]]) -> None:
@@ -444,8 +465,13 @@ class VectorBatch:
         self.env.reset(seed=seeds, options=options)
         self._started = True
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """Step every env: (success per env or None if the env reports none, truncated per env)."""
+    def step(self, actions: np.ndarray, ahead: list[np.ndarray | None] | None = None
+             ) -> tuple[np.ndarray | None, np.ndarray]:
+        """Step every env: (success per env or None if the env reports none, truncated per env). ``ahead``: each
+        env's action at the step after this one (None: its episode ends here), for a pipelined vector env."""
+        if self.pipelined and ahead is not None:
+            assert isinstance(self.envs, GroupedSyncVectorEnv)
+            self.envs.lookahead = ahead
         _, _, _, truncated, info = self.env.step(actions)
         truncated = np.asarray(truncated, dtype=bool).reshape(self.num_envs)
         if "success" not in info:
@@ -490,8 +516,9 @@ class BatchedEnv:
             self.env.reset(seed=seeds, options={"env_idx": torch.as_tensor(env_idx, device=self.device)})
         self._started = True
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """Step every env: (success per env or None if the env reports none, truncated per env)."""
+    def step(self, actions: np.ndarray, ahead: list[np.ndarray | None] | None = None
+             ) -> tuple[np.ndarray | None, np.ndarray]:
+        """Step every env: (success per env or None if the env reports none, truncated per env); ``ahead`` unused."""
         _, _, _, truncated, info = self.env.step(torch.as_tensor(actions, device=self.device))
         truncated = np.asarray(torch.as_tensor(truncated).cpu(), dtype=bool).reshape(self.num_envs)
         if "success" not in info:

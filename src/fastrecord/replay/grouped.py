@@ -18,11 +18,13 @@ pictures instead (`GroupRenderer`).
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from fastrecord.render.group import MODALITIES, GroupRenderer
@@ -79,6 +81,11 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
                                          f"render in one batch: {why}; replay with --batched-render off")
             self.renderer = GroupRenderer(bases, device=device)
             self._pictures: list[dict[str, Any] | None] | None = None
+            # the replay loop's next actions (`step`: pipelined), the actions prepared ahead, and the sensor data's
+            # layout ({camera: {modality: (shape, dtype)}}, from the last pictures read)
+            self.lookahead: list[Any] | None = None
+            self._ahead: list[Any] = [None] * self.num_envs
+            self._layout: dict[str, dict[str, tuple[torch.Size, torch.dtype]]] | None = None
             for i, (env, base) in enumerate(zip(self.envs, bases)):
                 env.get_wrapper_attr("replay_states").grouped = True
                 base._get_obs_sensor_data = functools.partial(self._sensor_data, i)
@@ -105,19 +112,84 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
         for name in names:
             data = renderer.read_sensor_data(name, modalities, apply_texture_transforms)
             host = {k: v.cpu() for k, v in data.items()}
+            if apply_texture_transforms:  # what a pipelined step's host tensors look like
+                self._layout = {**(self._layout or {}), name: {k: (v.shape, v.dtype) for k, v in host.items()}}
             for i, env_data in enumerate(out):
                 env_data[name] = {k: v[i : i + 1] for k, v in host.items()}
         return out
 
+    def _read_sensors(self, hosts: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Wait for the pictures `take_pictures` submitted and copy each camera's modalities into ``hosts``."""
+        modalities = sensor_modalities(self.renderer.envs[0])
+        for name, mods in hosts.items():
+            data = self.renderer.read_sensor_data(name, modalities)
+            if data.keys() != mods.keys() or any(data[k].shape != v.shape for k, v in mods.items()):
+                raise RuntimeError(f"camera {name!r} gave {({k: tuple(v.shape) for k, v in data.items()})}, not the "
+                                   f"{({k: tuple(v.shape) for k, v in mods.items()})} of its earlier pictures")
+            for k, v in mods.items():
+                v.copy_(data[k])
+
     def step(self, actions: Any):
-        ready = [env.get_wrapper_attr("prepare")(action)
-                 for env, action in zip(self.envs, gym.vector.utils.iterate(self.action_space, actions))]
-        if any(ready):
-            self._pictures = [d if r else None for d, r in zip(self._draw_sensors(), ready)]
-        try:
+        """Prepare every env (simulate, set its state) unless the last step ran ahead, draw every env's sensors in
+        one batch, observe. With `lookahead` set (the next step's action of each env that goes on, None for the
+        others), pipelined: the pictures are submitted, every env observes into host tensors that the pictures
+        fill later, the next step's physics runs (`ReplayStates.prepare` ``ahead``) while the GPU draws, then the
+        pictures are read into those tensors."""
+        ahead, self.lookahead = self.lookahead, None
+        acts = list(gym.vector.utils.iterate(self.action_space, actions))
+        ready = []
+        for i, (env, action) in enumerate(zip(self.envs, acts)):
+            if self._ahead[i] is not None:  # prepared at the last step, with the action the loop said would come
+                if not np.array_equal(np.asarray(self._ahead[i]), np.asarray(action)):
+                    raise RuntimeError(f"env {i} ran the physics ahead with another action than the step's: a bug in "
+                                       f"the replay loop's lookahead")
+                ready.append(True)
+            else:
+                ready.append(env.get_wrapper_attr("prepare")(action))
+        self._ahead = [None] * self.num_envs
+        if not any(ready):
             return gym.vector.SyncVectorEnv.step(self, actions)
+        if ahead is None or self._layout is None:
+            self._pictures = [d if r else None for d, r in zip(self._draw_sensors(), ready)]
+            try:
+                return gym.vector.SyncVectorEnv.step(self, actions)
+            finally:
+                self._pictures = None
+        self.renderer.set_poses_from_envs()
+        self.renderer.take_pictures(list(self._layout), sensor=True)
+        hosts = {name: {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in mods.items()}
+                 for name, mods in self._layout.items()}
+        self._pictures = [{name: {k: v[i : i + 1] for k, v in mods.items()} for name, mods in hosts.items()} if r
+                          else None for i, r in enumerate(ready)]
+        try:
+            results = [env.step(action) for env, action in zip(self.envs, acts)]
         finally:
             self._pictures = None
+        for i, (env, action) in enumerate(zip(self.envs, ahead)):
+            if action is not None and env.get_wrapper_attr("prepare")(action, ahead=True):
+                self._ahead[i] = action
+        self._read_sensors(hosts)
+        return self._batched(results)
+
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None):
+        """As ``SyncVectorEnv.reset``; an env reset here forgets the step it prepared ahead (`ReplayStates.reset`
+        drops it too)."""
+        mask = (options or {}).get("reset_mask")
+        self._ahead = [None if mask is None or mask[i] else a for i, a in enumerate(self._ahead)]
+        return super().reset(seed=seed, options=options)
+
+    def _batched(self, results: list[tuple]) -> tuple:
+        """``SyncVectorEnv.step``'s return (autoreset disabled) of each env's step ``results``."""
+        infos: dict[str, Any] = {}
+        for i, (obs, rew, terminated, truncated, info) in enumerate(results):
+            self._env_obs[i] = obs
+            self._rewards[i], self._terminations[i], self._truncations[i] = rew, terminated, truncated
+            infos = self._add_info(infos, info, i)
+        self._observations = gym.vector.utils.concatenate(self.single_observation_space, self._env_obs,
+                                                          self._observations)
+        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        return (copy.deepcopy(self._observations) if self.copy else self._observations, np.copy(self._rewards),
+                np.copy(self._terminations), np.copy(self._truncations), infos)
 
     def render(self) -> torch.Tensor:
         """Every env's human camera pictures: ``[num_envs, H, W, 3]`` uint8 on the CUDA device (several cameras:

@@ -112,12 +112,26 @@ class ReplayPlan:
         return rec_kwargs
 
 
-def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C901 - to be split later
-    """Check the input and the options and decide the env, the output and the layout; raises ValueError."""
+def make_plan(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False) -> ReplayPlan:
+    """Check the input and the options and decide the env, the output and the layout; raises ValueError.
+    ``checked``: the caller has checked the episodes' data (`check_input`) already: a worker's plan, which would
+    read every episode's states and actions again (~3 ms an episode on the 2-core machine) before its envs."""
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
-    info = traj.env_info
-    env_id = info["env_id"]
+    episodes, modes = _episodes(cfg, traj, checked)
+    env = _env(cfg, traj, episodes, modes)
+    out, name = _output(cfg, traj, env)
+    layout = _layout(cfg, env, len(episodes), out, name)
+    plan = ReplayPlan(cfg, traj, episodes, traj.env_info["env_id"], env.kwargs, env.ori_kwargs, env.max_steps,
+                      env.sim_backend, env.gpu_sim, env.source_mode, env.convert, out, name, layout.num_envs,
+                      layout.vector, layout.workers, layout.distributed, layout.render_device)
+    plan.recorder_kwargs(out, name, Verdict(), None)(20)  # the recorder's options, checked: before any env or file
+    return plan
+
+
+def _episodes(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """The episodes to replay (the first ``count``), checked, and the control modes they were recorded in."""
+    env_id = traj.env_info["env_id"]
     if env_id not in gym.registry:
         raise ValueError(
             f"{traj.json_path.name} was recorded in {env_id!r}, which is not a registered ManiSkill task here; "
@@ -131,20 +145,37 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C
         raise ValueError(
             f"{traj.json_path.name} mixes control modes {modes}; replay them separately (--count, or split the file)"
         )
-    by = cfg.replay_by
-    if by == "states" or cfg.use_first_env_state:
+    if cfg.replay_by == "states" or cfg.use_first_env_state:
         lacking = [ep["episode_id"] for ep in episodes if "env_states" not in traj.group(ep)]
         if lacking:
             raise ValueError(
                 f"{str(traj.h5_path)!r} holds no env_states for episodes {lacking[:5]}; "
                 "replay it by actions (--by actions)"
             )
-    check_input(traj, episodes)
+    if not checked:
+        check_input(traj, episodes)
+    return episodes, modes
 
-    # the env: the recorded kwargs, then the replay's choices
+
+@dataclass(frozen=True)
+class _Env:
+    """The replay env a plan decided (`_env`)."""
+
+    kwargs: dict[str, Any]  # gym.make kwargs of the replay env
+    ori_kwargs: dict[str, Any]  # the env the actions were recorded in
+    max_steps: int | None
+    sim_backend: str
+    gpu_sim: bool
+    source_mode: str | None
+    convert: bool
+
+
+def _env(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict[str, Any]], modes: list[str]) -> _Env:
+    """The env's ``gym.make`` kwargs: the recorded ones, then the replay's choices, then ``env_kwargs``."""
+    info = traj.env_info
+    env_id = info["env_id"]
     kwargs = {k: v for k, v in (info.get("env_kwargs") or {}).items() if k not in ("num_envs", "max_episode_steps")}
-    recorded_backend = kwargs.pop("sim_backend", None)
-    sim_backend = _resolve_backend(cfg, recorded_backend)
+    sim_backend = _resolve_backend(cfg, kwargs.pop("sim_backend", None))
     gpu_sim = sim_backend not in CPU_BACKENDS
     if gpu_sim and not _cuda():
         raise ValueError(
@@ -157,7 +188,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C
     source_mode = kwargs.get("control_mode")
     convert = cfg.target_control_mode is not None and cfg.target_control_mode != source_mode
     if convert:
-        _check_conversion(cfg, source_mode, by, gpu_sim)
+        _check_conversion(cfg, source_mode, cfg.replay_by, gpu_sim)
     ori_kwargs = dict(kwargs)
     if cfg.target_control_mode is not None:
         kwargs["control_mode"] = cfg.target_control_mode
@@ -184,11 +215,15 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C
                          f"add --obs-mode rgb (or rgbd), or use --video-source render")
     longest = max(int(ep["elapsed_steps"]) for ep in episodes)
     max_steps = max(int(info.get("max_episode_steps") or 0), longest) or None
+    return _Env(kwargs, ori_kwargs, max_steps, sim_backend, gpu_sim, source_mode, convert)
 
-    # where it goes: ManiSkill's name, <stem>.<obs_mode>.<control_mode>.<sim_backend>
-    obs_mode = kwargs.get("obs_mode") or "state"
+
+def _output(cfg: ReplayConfig, traj: TrajectoryFile, env: _Env) -> tuple[Path, str]:
+    """Where the replay goes: ``output_dir`` and ManiSkill's name ``<stem>.<obs_mode>.<control_mode>.<sim_backend>``
+    (or ``trajectory_name``), never over the input."""
+    obs_mode = env.kwargs.get("obs_mode") or "state"
     stem = traj.h5_path.stem.split(".")[0]
-    name = cfg.trajectory_name or f"{stem}.{obs_mode}.{kwargs.get('control_mode', 'default')}.{sim_backend}"
+    name = cfg.trajectory_name or f"{stem}.{obs_mode}.{env.kwargs.get('control_mode', 'default')}.{env.sim_backend}"
     if cfg.output_dir is not None:
         out = Path(cfg.output_dir)
     else:  # ManiSkill's tool writes next to its input
@@ -199,19 +234,34 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C
             f"the replay would write over its input {str(traj.h5_path)!r}; pass another --output-dir or "
             "--trajectory-name"
         )
+    return out, name
 
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the envs run (`_layout`)."""
+
+    num_envs: int
+    vector: str
+    workers: int
+    distributed: bool
+    render_device: str | None
+
+
+def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -> _Layout:
+    """The envs side by side, their vector kind, the worker processes and the batched render's device."""
     from fastrecord.shards import rank_info
 
     info = rank_info()
     if info.distributed and cfg.workers not in (None, 1):
         raise ValueError(f"--workers {cfg.workers} under torchrun: the {info.world_size} ranks are the workers (each "
                          f"replays its share); drop --workers, or run without torchrun")
-    vector = cfg.vector
+    vector, gpu_sim = cfg.vector, env.gpu_sim
     cores = usable_cores(info.local_world_size)  # under torchrun the ranks of a host share its cores
-    gpu_render = str(kwargs.get("render_backend")).lower() not in ("cpu", "sapien_cpu")
+    gpu_render = str(env.kwargs.get("render_backend")).lower() not in ("cpu", "sapien_cpu")
     workers = (1 if info.distributed else cfg.workers if cfg.workers is not None
-               else default_workers(cfg.num_envs, len(episodes), gpu_sim, gpu_render))
-    workers = min(workers, len(episodes))
+               else default_workers(cfg.num_envs, episodes, gpu_sim, gpu_render))
+    workers = min(workers, episodes)
     if cfg.num_envs is not None:
         n = cfg.num_envs
         if n < workers:
@@ -223,7 +273,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C
         n = GPU_DEFAULT_ENVS * workers
     else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
         n = workers if (vector == "batched" or cfg.maniskill) else max(cores, workers)
-    n = min(n, len(episodes))
+    n = min(n, episodes)
     if workers == 1 and not info.distributed and cfg.resume:
         from fastrecord.shards import list_shards
 
@@ -233,48 +283,32 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile) -> ReplayPlan:  # noqa: C
                 f"--workers 2 or more (or under torchrun), or pass --overwrite"
             )
     per_worker = -(-n // workers)  # the largest share
-    render_device = _render_device(cfg, kwargs, per_worker, gpu_sim or convert, vector)
+    render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector)
     if vector == "auto":
         # CPU envs: up to ENVS_PER_WORKER in this process, their renders submitted together (on 2 cores: one
         # process holding 2 envs 36-38 s, the 2 in sub-processes 46 s); more in sub-processes, one each (on 16
         # cores with a GPU, 16 envs: 34.9 s in sub-processes, 39.2 s in one process); drawn in one batch: in
         # this process
         vector = "batched" if gpu_sim else ("sync" if render_device or per_worker <= ENVS_PER_WORKER else "async")
-    if vector == "batched" and per_worker > 1 and by == "actions" and not cfg.use_first_env_state:
+    _check_vector(cfg, vector, per_worker, env)
+    return _Layout(n, vector, workers, info.distributed, render_device)
+
+
+def _check_vector(cfg: ReplayConfig, vector: str, per_worker: int, env: _Env) -> None:
+    """Refuse a vector kind that cannot hold these envs (one line naming the fix)."""
+    if vector == "batched" and per_worker > 1 and cfg.replay_by == "actions" and not cfg.use_first_env_state:
         raise ValueError("replaying by actions side by side in one GPU-parallel env cannot reproduce the seeded starts "
                          "(ManiSkill seeds partial resets for the whole batch only); add --use-first-env-state")
-    if vector == "batched" and not gpu_sim and per_worker > 1:
+    if vector == "batched" and not env.gpu_sim and per_worker > 1:
         raise ValueError(
             f"vector='batched' runs {per_worker} envs in one ManiSkill env, which needs GPU simulation; on the "
             f"CPU use vector='async' or 'sync' (or num_envs=1)"
         )
-    if vector in ("sync", "async") and gpu_sim and not convert:
+    if vector in ("sync", "async") and env.gpu_sim and not env.convert:
         raise ValueError(
-            f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={sim_backend!r} use vector='batched'"
+            f"vector={vector!r} makes a vector env of CPU envs; with sim_backend={env.sim_backend!r} use "
+            f"vector='batched'"
         )
-    plan = ReplayPlan(
-        cfg,
-        traj,
-        episodes,
-        env_id,
-        kwargs,
-        ori_kwargs,
-        max_steps,
-        sim_backend,
-        gpu_sim,
-        source_mode,
-        convert,
-        out,
-        name,
-        n,
-        vector,
-        workers,
-        info.distributed,
-        render_device,
-    )
-
-    plan.recorder_kwargs(out, name, Verdict(), None)(20)  # the recorder's options, checked: before any env or file
-    return plan
 
 
 def _render_device(

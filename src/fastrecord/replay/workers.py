@@ -126,7 +126,8 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
             try:
                 # resume=False: the caller resumed the sharded run (share.resume says so); with it make_plan would
                 # take this one process for a --workers 1 --resume of a sharded replay and refuse
-                plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs, resume=False), traj)
+                plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs, resume=False), traj,
+                                 checked=True)  # the caller checked every episode's data
                 s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)))
             finally:
                 traj.close()
@@ -189,81 +190,23 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     worker and the cause; running the same command again replays only what is missing. A SIGINT or
     SIGTERM of this process reaches each worker as one SIGTERM: they stop between two steps (the
     replays in progress are not saved: re-running resumes them) and the shards are merged."""
-    import queue as queue_mod
-
-    from tqdm import tqdm
-
     cfg, world = plan.cfg, plan.workers
     if sinks:
         raise ValueError(f"--log with --workers {world}: a logger takes the replays of one process; pass --workers 1")
     run, resuming = _claim_sharded(plan, world)
-    failures: dict[int, str] = {}
-    value_errors: dict[int, str] = {}
-    summaries: dict[int, ReplaySummary] = {}
     try:
         shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming)
         busy = [s for s in shares if s.indices]
-        ctx = (
-            forkserver_context()
-        )  # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
+        # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
+        ctx = forkserver_context()
         messages = ctx.Queue()
         procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid()),
                                      name=f"fastrecord-replay-{s.rank}") for s in busy}
         for p in procs.values():
             p.start()
-        exited: dict[int, float] = {}
-        forwarded = False
-        bar = tqdm(
-            total=sum(len(s.indices) for s in busy),
-            unit="episode",
-            disable=not cfg.progress,
-            dynamic_ncols=True,
-            desc=f"replay, {world} workers",
-        )
-        try:
-            while len(summaries) + len(failures) < len(busy):
-                if stop is not None and stop.requested and not forwarded:
-                    forwarded = True
-                    for p in procs.values():
-                        if p.exitcode is None:
-                            os.kill(p.pid, signal.SIGTERM)
-                try:
-                    msg = messages.get(timeout=0.2)
-                except queue_mod.Empty:
-                    now = time.monotonic()
-                    for r, p in procs.items():
-                        if (
-                            p.exitcode is not None and r not in summaries and r not in failures
-                            and now - exited.setdefault(r, now) > 2.0  # its last message would have arrived by now
-                        ):
-                            failures[r] = f"{exit_description(p.exitcode)} without a report"
-                    continue
-                kind, rank = msg[0], msg[1]
-                if kind == "progress":
-                    bar.update(msg[2])
-                elif kind == "done":
-                    summaries[rank] = msg[2]
-                elif kind == "error":
-                    _, _, etype, text, is_value_error, tb = msg
-                    failures[rank] = f"failed: {etype}: {text}"
-                    if is_value_error:
-                        value_errors[rank] = text
-                    else:
-                        failures[rank] += f"\n(worker {rank}'s traceback:\n{tb.rstrip()})"
-        finally:  # normally every worker has reported; after an exception here, stop them as for a signal
-            bar.close()
-            for p in procs.values():
-                if p.exitcode is None and not forwarded:
-                    os.kill(p.pid, signal.SIGTERM)
-            for p in procs.values():
-                p.join(timeout=120)
-                if p.exitcode is None:
-                    p.kill()
-                    p.join()
-            messages.close()
-        if value_errors and len(value_errors) == len(failures) == len(
-            busy
-        ):  # a bad option or file: every worker refused it
+        summaries, failures, value_errors = _gather(procs, len(busy), messages, stop, cfg.progress,
+                                                    sum(len(s.indices) for s in busy), world)
+        if value_errors and len(value_errors) == len(failures) == len(busy):  # a bad option or file: all refused it
             raise ValueError(value_errors[min(value_errors)])
         m0 = time.perf_counter()
         report = _join(plan)
@@ -277,22 +220,94 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     interrupted = stop is not None and stop.requested
     run.close(status="failed" if (failures or summary.missing or interrupted) else "closed")
     if failures:
-        first = min(failures)
-        share = shares[first]
-        others = f" (and worker(s) {sorted(set(failures) - {first})})" if len(failures) > 1 else ""
-        missing = (
-            f"; {len(summary.missing)} of {len(plan.episodes)} episodes are missing from {plan.out / plan.name}.h5 "
-            f"(global indices {ranges_text(summary.missing)})"
-            if summary.missing
-            else ""
-        )
-        raise ReplayWorkerError(
-            f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) "
-            f"{failures[first]}{others}"
-            f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
-            f"ones"
-        )
+        raise _worker_error(plan, shares, failures, summary)
     return summary
+
+
+def _gather(procs: dict[int, Any], busy: int, messages: Any, stop: StopRequest | None, progress: bool, total: int,
+            world: int) -> tuple[dict[int, ReplaySummary], dict[int, str], dict[int, str]]:
+    """Wait for the ``busy`` worker processes ``procs``, showing their progress (one bar of ``total`` episodes)
+    and forwarding a stop request to each as one SIGTERM: each worker's summary, each failed worker's cause, and
+    the ValueErrors among those (a bad option or file). Every worker has exited when it returns."""
+    import queue as queue_mod
+
+    from tqdm import tqdm
+
+    failures: dict[int, str] = {}
+    value_errors: dict[int, str] = {}
+    summaries: dict[int, ReplaySummary] = {}
+    exited: dict[int, float] = {}
+    forwarded = False
+    bar = tqdm(
+        total=total,
+        unit="episode",
+        disable=not progress,
+        dynamic_ncols=True,
+        desc=f"replay, {world} workers",
+    )
+    try:
+        while len(summaries) + len(failures) < busy:
+            if stop is not None and stop.requested and not forwarded:
+                forwarded = True
+                for p in procs.values():
+                    if p.exitcode is None:
+                        os.kill(p.pid, signal.SIGTERM)
+            try:
+                msg = messages.get(timeout=0.2)
+            except queue_mod.Empty:
+                now = time.monotonic()
+                for r, p in procs.items():
+                    if (
+                        p.exitcode is not None and r not in summaries and r not in failures
+                        and now - exited.setdefault(r, now) > 2.0  # its last message would have arrived by now
+                    ):
+                        failures[r] = f"{exit_description(p.exitcode)} without a report"
+                continue
+            kind, rank = msg[0], msg[1]
+            if kind == "progress":
+                bar.update(msg[2])
+            elif kind == "done":
+                summaries[rank] = msg[2]
+            elif kind == "error":
+                _, _, etype, text, is_value_error, tb = msg
+                failures[rank] = f"failed: {etype}: {text}"
+                if is_value_error:
+                    value_errors[rank] = text
+                else:
+                    failures[rank] += f"\n(worker {rank}'s traceback:\n{tb.rstrip()})"
+    finally:  # normally every worker has reported; after an exception here, stop them as for a signal
+        bar.close()
+        for p in procs.values():
+            if p.exitcode is None and not forwarded:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in procs.values():
+            p.join(timeout=120)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        messages.close()
+    return summaries, failures, value_errors
+
+
+def _worker_error(plan: ReplayPlan, shares: list[Any], failures: dict[int, str], summary: ReplaySummary
+                  ) -> ReplayWorkerError:
+    """The error naming the first failed worker, its cause, the others and the episodes missing from the join."""
+    world = plan.workers
+    first = min(failures)
+    share = shares[first]
+    others = f" (and worker(s) {sorted(set(failures) - {first})})" if len(failures) > 1 else ""
+    missing = (
+        f"; {len(summary.missing)} of {len(plan.episodes)} episodes are missing from {plan.out / plan.name}.h5 "
+        f"(global indices {ranges_text(summary.missing)})"
+        if summary.missing
+        else ""
+    )
+    return ReplayWorkerError(
+        f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) "
+        f"{failures[first]}{others}"
+        f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
+        f"ones"
+    )
 
 
 def _join(plan: ReplayPlan) -> Any:
