@@ -311,3 +311,54 @@ def test_every_output_hears_each_advance_of_the_commit_log(tmp_path):
     env.close()
     assert len(sink.calls) == told  # nothing more to commit at close
     assert len(json.loads((tmp_path / "run.json").read_text())["episodes"]) == 3
+
+
+def test_the_close_commits_without_waiting_and_the_outputs_finish_their_files_in_their_close(tmp_path):
+    """At close the results sink writes the last rows, then tells the outputs with ``wait=False`` (they finish
+    their files in their own close, which runs beside the other outputs'); every episode in every output."""
+    sink = Commits()
+    double = BatchedDoubleEnv(num_envs=3, max_episode_steps=4, success_step=[2, 0, 3])
+    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[sink], save_video=False)
+    env.reset(seed=[10, 11, 12])
+    for _ in range(3):
+        env.step(torch.ones(3, 3))
+    env.close()  # the 3 episodes in progress end here
+    assert sink.calls[-1][:2] == (3, False) and sink.calls[-1][2] == 3  # told after their rows were written
+    assert env.recorder.run.committed == 3
+    assert len(json.loads((tmp_path / "run.json").read_text())["episodes"]) == 3
+    assert [r["length"] for r in read_results(tmp_path / "run.results.jsonl")] == [3, 3, 3]
+
+
+class Slow(Sink):
+    """A sink whose close meets the others at a barrier (only closes that run at the same time pass it), or
+    raises, and notes when it closed."""
+
+    wants_datasets = False
+
+    def __init__(self, name, log, barrier=None, error=None):
+        self.name, self.log, self.barrier, self.error = name, log, barrier, error
+
+    def submit(self, episodes):
+        pass
+
+    def close(self):
+        if self.barrier is not None:
+            self.barrier.wait(timeout=20)  # BrokenBarrierError if the closes ran one after the other
+        self.log.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
+def test_close_sinks_runs_the_outputs_side_by_side_and_the_last_after_them():
+    import threading
+
+    from fastrecord.sinks.base import close_sinks
+
+    log: list[str] = []
+    barrier = threading.Barrier(3)
+    a, b = Slow("a", log, barrier), Slow("b", log, barrier, error=ValueError("b failed"))
+    user = Slow("user", log, barrier)  # the calling thread's close meets the two threads' at the barrier
+    last = Slow("last", log, error=OSError("last failed"))
+    errors = close_sinks([a, b, user, last], side_by_side=[a, b], last=last)
+    assert [type(e) for e in errors] == [ValueError, OSError]  # in the sinks' order, every sink closed
+    assert sorted(log[:3]) == ["a", "b", "user"] and log[3] == "last"

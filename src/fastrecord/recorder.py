@@ -25,7 +25,7 @@ from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
 from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
-from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.sinks.base import RunDirectory, Sink, close_sinks
 from fastrecord.sinks.factory import build_sinks
 from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
@@ -629,18 +629,21 @@ class EpisodeRecorder:
         # the closes: a sink that joins episodes into files (LeRobot) takes the committed ones only
         for s in self.sinks:
             try:
-                s.wait_until_done()
+                if s is self.results:  # the last: the outputs finish their files in their close, below
+                    self.results.commit_before_close()
+                else:
+                    s.wait_until_done()
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
-        for s in self.sinks:
-            try:
-                s.close()
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
+        own = [s for s in (self.trajectory, self.videos, self.lerobot) if s is not None]
+        errors.extend(close_sinks(self.sinks, side_by_side=own, last=self.results))
         try:
             self.run.close(status="failed" if errors else "closed")
         except BaseException as e:  # noqa: BLE001 - a full disk: the sinks' error, if any, says more
             errors.append(e)
         if errors:
             raise errors[0]
+
+
+
 

@@ -175,6 +175,47 @@ class BackgroundSink(Sink):
         return self._pool.blocked_seconds if self._pool is not None else 0.0
 
 
+def close_sinks(
+    sinks: Sequence[Sink], side_by_side: Sequence[Sink] = (), last: Sink | None = None
+) -> list[BaseException]:
+    """Close ``sinks``: those in ``side_by_side`` (fastrecord's own outputs, whose close waits on their helper
+    processes: the HDF5 file's consolidation, the encoders' last videos, LeRobot's last file group) each on a
+    thread of its own, at the same time; the others (a user's sinks) one after the other on the calling thread,
+    in order, meanwhile; ``last`` (the results sink) once all of them are closed. Returns the errors in the
+    sinks' order; every sink is closed whatever another raised. A first Ctrl-C while waiting is kept (returned
+    last) and the closes go on; a second one leaves them (their threads are daemons)."""
+    found: dict[int, BaseException] = {}
+
+    def close_one(i: int, s: Sink) -> None:
+        try:
+            s.close()
+        except BaseException as e:  # noqa: BLE001 - returned to the caller
+            found[i] = e
+
+    own = [i for i, s in enumerate(sinks) if any(s is o for o in side_by_side) and s is not last]
+    threads = [threading.Thread(target=close_one, args=(i, sinks[i]), daemon=True,
+                                name=f"fastrecord-close-{type(sinks[i]).__name__}") for i in own]
+    for t in threads:
+        t.start()
+    for i, s in enumerate(sinks):
+        if i not in own and s is not last:
+            close_one(i, s)
+    interrupted: BaseException | None = None
+    for t in threads:
+        while t.is_alive():
+            try:
+                t.join()
+            except BaseException as e:  # the first Ctrl-C / SIGTERM: the closes go on; the next one leaves
+                if interrupted is not None:
+                    raise
+                interrupted = e
+    for i, s in enumerate(sinks):
+        if s is last:
+            close_one(i, s)
+    errors = [found[i] for i in sorted(found)]
+    return errors + ([interrupted] if interrupted is not None else [])
+
+
 # ---------------------------------------------------------------------------------------------- run directory
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -86,11 +86,12 @@ class ResultsSink(Sink):
         self._drain()
 
     # -------------------------------------------------------------- writing
-    def _drain(self, final: bool = False) -> None:
+    def _drain(self, final: bool = False, wait: bool | None = None) -> None:
         """Write the rows of the episodes every output has committed, in finish order, up to the first
         that is not (``final``: the rows after it are dropped, and so are their episodes: a resumed run
-        records them again). When the commit log advanced, every output's ``after_commit`` (``wait``: ``final``,
-        i.e. from ``wait_until_done``/``close``)."""
+        records them again). When the commit log advanced, every output's ``after_commit`` (``wait``: by default
+        ``final``, i.e. from ``wait_until_done``/``close``)."""
+        wait = final if wait is None else wait
         committed = None
         errors: list[BaseException] = []
         while self._waiting:
@@ -113,7 +114,7 @@ class ResultsSink(Sink):
             self.run.set_counter("episodes", committed)
             for s in self.outputs:  # every output hears of it, even after another one failed; the first error
                 try:
-                    s.after_commit(committed, wait=final)
+                    s.after_commit(committed, wait=wait)
                 except BaseException as e:  # noqa: BLE001 - raised below, once each output heard
                     errors.append(e)
         if errors:
@@ -127,6 +128,13 @@ class ResultsSink(Sink):
         # the recorder waits for its sinks in order: the other outputs are done by now
         if self._file is not None and not self._file.closed:
             self._drain(final=True)
+
+    def commit_before_close(self) -> None:
+        """The recorder's close, after every other sink's ``wait_until_done``: the last rows written, and
+        the outputs told with ``wait=False``: they finish their files in their own ``close`` (LeRobot's last
+        file group), which the recorder runs side by side (`fastrecord.recorder.EpisodeRecorder.close`)."""
+        if self._file is not None and not self._file.closed:
+            self._drain(final=True, wait=False)
 
     def close(self) -> None:
         if self._file is not None and not self._file.closed:
