@@ -140,8 +140,9 @@ def replay_trajectories(
     takes (`fastrecord.replay.config.RECORDING_OPTIONS`: ``save_video=False``, ``keep="success"``,
     ``video_crf=30``, ``trajectory_compression="gzip:5"``, ...; None where the replay decides: the output's
     name, the video fps, which replays are kept, rewards), checked once before anything is made; ``stop``
-    and ``sinks`` as in `run_replay`. Returns the `ReplaySummary`. (Over 80 lines: its signature declares 55
-    options, one a line; the body is six.)
+    and ``sinks`` as in `run_replay`. Returns the `ReplaySummary`.
+
+    Long because: its signature declares 55 options, one a line; the body is six.
 
         from fastrecord import replay_trajectories
         s = replay_trajectories("demos/trajectory.h5", "replayed", obs_mode="rgb", save_video=False)
