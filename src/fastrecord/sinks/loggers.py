@@ -145,8 +145,7 @@ class _EpisodeLogger(BackgroundSink):
         self._files: list[Path] = []
         self._finished = False
 
-    @property
-    def video_fps(self) -> float:
+    def _fps(self) -> float:
         """The logged videos' frame rate: ``fps``, or (once open) the recorder's ``video_fps``."""
         assert self.fps is not None, "the logger's fps is set in open()"
         return self.fps
@@ -273,7 +272,7 @@ class TensorBoardSink(_EpisodeLogger):
         for name, value in scalars.items():
             self.writer.add_scalar(name, value, global_step=step)
         if video is not None:
-            summary = gif_summary(f"{self.tag}/video", video, self.video_fps)
+            summary = gif_summary(f"{self.tag}/video", video, self._fps())
             self.writer.file_writer.add_summary(summary, global_step=step)
 
     def _finish(self, failed: bool) -> None:
@@ -375,7 +374,7 @@ class WandbSink(_EpisodeLogger):
         try:
             if video is not None:
                 assert self._tmp is not None  # made by _start
-                settings = VideoSettings(fps=self.video_fps, executor="thread")
+                settings = VideoSettings(fps=self._fps(), executor="thread")
                 path = encode_mp4(self._tmp / f"{step}.mp4", video, settings)
                 data[f"{self.tag}/video"] = wandb.Video(str(path), format="mp4")
             self.wandb_run.log(data)  # copies the video into the run's media folder

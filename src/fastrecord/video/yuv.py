@@ -175,8 +175,8 @@ def triton_kernel() -> Any:
         _TRITON = None
         return None
 
-    # left unannotated: triton reads a kernel's annotations as its argument types (``tl.constexpr``, ``int``:
-    # i32 and no 64-bit specialisation), so type hints here would change the compiled kernel
+    # left unannotated: triton reads a kernel's annotations as its arguments' kinds and types (``tl.constexpr``
+    # among them), so hints here would change what it compiles
     @jit
     def _kernel(  # type: ignore[no-untyped-def]
         src, dst, frames_per_env, env_stride, frame_stride, H, W,
