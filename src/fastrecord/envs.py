@@ -70,6 +70,7 @@ class SubEnvAccess:
 class EnvView(Protocol):
     """What the recorder reads from an env, batched: every leaf has a leading dim of ``num_envs``."""
 
+    env: Any  # the env read: a ManiSkill env's wrapper chain, or a gymnasium VectorEnv
     num_envs: int
     device: torch.device
     unbatched: bool  # the env takes and returns single-env values (no env dim): the view adds it

@@ -70,7 +70,8 @@ def check_wandb_login() -> None:
         pass
     if settings.get("default", "mode", fallback="").lower() in WANDB_NO_LOGIN_MODES:
         return
-    base = os.environ.get("WANDB_BASE_URL") or settings.get("default", "base_url", fallback="https://api.wandb.ai")
+    # (typeshed's ConfigParser.get may return None; with a str fallback it returns a str)
+    base = os.environ.get("WANDB_BASE_URL") or str(settings.get("default", "base_url", fallback="https://api.wandb.ai"))
     host = urlparse(base).hostname or base
     home = os.path.expanduser("~")
     for path in (os.environ.get("NETRC"), os.path.join(home, ".netrc"), os.path.join(home, "_netrc")):
@@ -144,6 +145,11 @@ class _EpisodeLogger(BackgroundSink):
         self._files: list[Path] = []
         self._finished = False
 
+    def _fps(self) -> float:
+        """The logged videos' frame rate: ``fps``, or (once open) the recorder's ``video_fps``."""
+        assert self.fps is not None, "the logger's fps is set in open()"
+        return self.fps
+
     def open(self, run: RunDirectory) -> None:
         if self.fps is None:
             self.fps = float(run.options.get("video_fps") or 30)
@@ -163,7 +169,7 @@ class _EpisodeLogger(BackgroundSink):
 
     def episodes_ended(self, ended: Sequence[EpisodeEnded]) -> None:
         for ev in ended:
-            if not ev.kept:
+            if ev.episode_id is None:  # not kept
                 continue
             frames = self._frames.pop(ev.episode_id, None)
             chosen = self.episodes % self.video_every == 0 and (
@@ -266,7 +272,8 @@ class TensorBoardSink(_EpisodeLogger):
         for name, value in scalars.items():
             self.writer.add_scalar(name, value, global_step=step)
         if video is not None:
-            self.writer.file_writer.add_summary(gif_summary(f"{self.tag}/video", video, self.fps), global_step=step)
+            summary = gif_summary(f"{self.tag}/video", video, self._fps())
+            self.writer.file_writer.add_summary(summary, global_step=step)
 
     def _finish(self, failed: bool) -> None:
         if self.writer is not None:
@@ -366,7 +373,9 @@ class WandbSink(_EpisodeLogger):
         path = None
         try:
             if video is not None:
-                path = encode_mp4(self._tmp / f"{step}.mp4", video, VideoSettings(fps=self.fps, executor="thread"))
+                assert self._tmp is not None  # made by _start
+                settings = VideoSettings(fps=self._fps(), executor="thread")
+                path = encode_mp4(self._tmp / f"{step}.mp4", video, settings)
                 data[f"{self.tag}/video"] = wandb.Video(str(path), format="mp4")
             self.wandb_run.log(data)  # copies the video into the run's media folder
         finally:

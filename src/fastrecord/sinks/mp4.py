@@ -82,8 +82,10 @@ class Mp4Sink(BackgroundSink):
             return
         if self.layout == "per_env":
             for ep in ready:
+                frames = ep.frames
+                assert frames is not None  # ready
                 success = bool(ep.meta["success"]) if "success" in ep.meta else None
-                pieces = self._pieces(len(ep.frames), ep.frames_per_step)
+                pieces = self._pieces(len(frames), ep.frames_per_step)
                 with self._lock:
                     self._outstanding[ep.episode_id] = len(pieces)
                 for k, (lo, hi) in enumerate(pieces):
@@ -93,12 +95,13 @@ class Mp4Sink(BackgroundSink):
                     overlay = ep.overlay[lo:hi] if ep.overlay else None
                     path = self.run.output_dir / name
                     self.run.intend_file(path, [ep.episode_id])
-                    self.queue((path, ep.frames[lo:hi], overlay, k == 0, (ep.episode_id,)))
+                    self.queue((path, frames[lo:hi], overlay, k == 0, (ep.episode_id,)))
             return
         from mani_skill.utils.visualization.misc import tile_images
 
-        length = max(len(ep.frames) for ep in ready)
-        padded = [np.concatenate([ep.frames, np.repeat(ep.frames[-1:], length - len(ep.frames), 0)]) for ep in ready]
+        clips = [ep.frames for ep in ready if ep.frames is not None]  # ready's frames, in order
+        length = max(len(f) for f in clips)
+        padded = [np.concatenate([f, np.repeat(f[-1:], length - len(f), 0)]) for f in clips]
         if any(ep.overlay for ep in ready):
             padded = [draw_overlay(f, ep.overlay, font=self._font) if ep.overlay else f for f, ep in zip(padded, ready)]
         tiled = tile_images(padded, nrows=int(np.sqrt(self.num_envs)))

@@ -79,7 +79,7 @@ class ResultsSink(Sink):
         for ev in ended:
             row = results_row(ev)
             video = None
-            if ev.kept and self.videos is not None:
+            if ev.episode_id is not None and self.videos is not None:  # kept
                 video = self.videos.take_video_name(ev.episode_id)
             self.rows.append(row)
             self._waiting.append((row, video))
@@ -101,6 +101,7 @@ class ResultsSink(Sink):
                 if not all(s.committed(eid) for s in self.outputs):
                     break
                 if video is not None:
+                    assert self.videos is not None  # the name came from self.videos
                     path = self.videos.written(video)
                     row["video"] = None if path is None else path.name
                 committed = eid + 1
@@ -229,7 +230,7 @@ def rate_text(name: str, k: int, n: int) -> str:
 def summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The results part of a run's printed summary."""
     s = summarize(rows)
-    if s.successes is None:
+    if s.successes is None or s.success_once is None:  # both None together (the env reports no success)
         rates = "success not reported by the env"
     else:
         rates = (

@@ -24,6 +24,7 @@ import math
 import numbers
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -343,7 +344,7 @@ def encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: st
 _NO_HARD_LINKS = {errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 
-def _candidates(path: Path):
+def _candidates(path: Path) -> Iterator[Path]:
     """``path``, then ``STEM_1.SUFFIX``, ``STEM_2.SUFFIX``, ... (ManiSkill's avoid_overwriting_video names)."""
     yield path
     k = 1

@@ -32,6 +32,7 @@ from fastrecord.video.encode import (
     encode_here,
     use_processes,
 )
+from fastrecord.video.yuv import Yuv420Frames
 
 # ---------------------------------------------------------------------------------------------- in the encoder process
 # The jobs an encoder process runs (`IsolatedProcess.call` / `notify` by reference): the arenas it has
@@ -254,7 +255,7 @@ class EncoderProcessPool:
         """
         fmt = check_frames(frames)
         settings = check_video_settings(settings)
-        if fmt == "yuv420p":
+        if isinstance(frames, Yuv420Frames):  # fmt "yuv420p"
             frames.wait_ready()  # an asynchronous device-to-host copy may still be landing
             frames = frames.view(np.ndarray)
         # executor "auto": while a fresh pool's processes are still importing PyAV (0.3-1 s), the first
@@ -278,6 +279,7 @@ class EncoderProcessPool:
                 copy = lease.array(frames.shape)
                 np.copyto(copy, frames)
                 loc = locate(copy)
+                assert loc is not None  # a lease's array lies in a staging arena
                 del lease
                 with self._cond:
                     self.stats.copied_bytes += frames.nbytes
@@ -376,6 +378,6 @@ def encode_mp4(path: str | Path, frames: np.ndarray, settings: VideoSettings,
     settings = check_video_settings(settings)
     if use_processes(settings):
         return (pool or default_encoder_pool()).encode(path, frames, settings, overlay=overlay)
-    if fmt == "yuv420p":
+    if isinstance(frames, Yuv420Frames):  # fmt "yuv420p"
         frames = frames.plain()
     return encode_here(path, frames, settings, fmt, overlay)

@@ -175,9 +175,13 @@ def triton_kernel() -> Any:
         _TRITON = None
         return None
 
+    # left unannotated: triton reads a kernel's annotations as its arguments' kinds and types (``tl.constexpr``
+    # among them), so hints here would change what it compiles
     @jit
-    def _kernel(src, dst, frames_per_env, env_stride, frame_stride, H, W,
-                cy0, cy1, cy2, cu0, cu1, cu2, cv0, cv1, cv2, BLOCK: tl.constexpr):
+    def _kernel(  # type: ignore[no-untyped-def]
+        src, dst, frames_per_env, env_stride, frame_stride, H, W,
+        cy0, cy1, cy2, cu0, cu1, cu2, cv0, cv1, cv2, BLOCK: tl.constexpr,
+    ):
         f = tl.program_id(0)  # one frame per row of the grid
         q = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # 2x2 pixel quads of that frame
         hw2 = (H // 2) * (W // 2)

@@ -148,10 +148,10 @@ def _cut_parts(root: Path, rows: dict[int, dict[str, Any]], chosen: list[Pick], 
     for pick in chosen:
         row = rows[pick[1]]
         by_data.setdefault((row["data/chunk_index"], row["data/file_index"]), []).append(pick)
-    for (c, f), group in by_data.items():
+    for (c, f), picks in by_data.items():
         table = pq.read_table(root / DATA_PATH.format(chunk_index=c, file_index=f)).replace_schema_metadata(None)
         episode = table["episode_index"].to_numpy()
-        for seq, ep, entry in group:
+        for seq, ep, entry in picks:
             rows_of = table.filter(episode == ep)
             row = rows[ep]
             if rows_of.num_rows != row["length"]:

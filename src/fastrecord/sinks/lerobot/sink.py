@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.lerobot.layout import (
@@ -18,6 +18,14 @@ from fastrecord.sinks.lerobot.writer import LeRobotWriter, import_pyarrow
 from fastrecord.workers import WorkerPool
 
 MAX_PART_PROCESSES = 4  # an episode's part takes ~10 ms: 4 keep up with ~400 finished episodes a second
+
+
+class _Limits(TypedDict):
+    """`LeRobotSink.limits`: the dataset files' size limits, as `LeRobotWriter` takes them."""
+
+    data_files_size_in_mb: float
+    video_files_size_in_mb: float
+    chunks_size: int
 
 if TYPE_CHECKING:
     from fastrecord.episode import EpisodeData
@@ -67,8 +75,8 @@ class LeRobotSink(Sink):
         self.state_keys = None if state_keys is None else tuple(state_keys)
         self.state_layout = None if state_layout is None else [(str(p), int(w)) for p, w in state_layout]
         self.workers = max(1, int(workers))
-        self.limits = dict(data_files_size_in_mb=data_files_size_in_mb, video_files_size_in_mb=video_files_size_in_mb,
-                           chunks_size=chunks_size)
+        self.limits = _Limits(data_files_size_in_mb=data_files_size_in_mb,
+                              video_files_size_in_mb=video_files_size_in_mb, chunks_size=chunks_size)
         self.writer: LeRobotWriter | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
@@ -78,7 +86,7 @@ class LeRobotSink(Sink):
     def open(self, run: RunDirectory) -> None:
         super().open(run)
         root, parts = dataset_paths(run.output_dir, run.name)
-        self.writer = LeRobotWriter(
+        self.writer = writer = LeRobotWriter(
             root,
             parts,
             fps=self.fps,
@@ -92,7 +100,7 @@ class LeRobotSink(Sink):
             part_processes=min(self.workers, MAX_PART_PROCESSES),
             **self.limits,
         )
-        self.writer.start_processes()
+        writer.start_processes()
         from fastrecord.video.encode import use_processes
 
         if use_processes(self.video):
@@ -103,31 +111,39 @@ class LeRobotSink(Sink):
             self._write, num_workers=self.workers, max_pending=2 * self.workers, name="fastrecord-lerobot"
         )
 
+    def _opened(self) -> tuple[LeRobotWriter, WorkerPool]:
+        """The writer and the worker pool `open` made (the recorder calls the methods below only after open)."""
+        assert self.writer is not None and self._pool is not None, "LeRobotSink used before open()"
+        return self.writer, self._pool
+
     @property
     def root(self) -> Path:
-        return self.writer.root
+        return self._opened()[0].root
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
         if episodes and not self._keys_checked:  # a wrong key is the caller's error, raised here, not in a writer
             state_leaves(episodes[0].datasets, self.state_keys, self.state_layout)
             self._keys_checked = True
+        writer, pool = self._opened()
         for ep in episodes:
-            self._pool.submit((self.writer.reserve(ep.episode_id), ep))
+            pool.submit((writer.reserve(ep.episode_id), ep))
 
     def committed(self, episode_id: int) -> bool:
-        return self.writer.committed(episode_id)
+        return self._opened()[0].committed(episode_id)
 
-    def _write(self, job: tuple[int, Any] | None) -> None:
+    def _write(self, job: tuple[int, EpisodeData] | None) -> None:
+        writer = self._opened()[0]
         if job is None:  # the run committed more episodes: they go into the dataset's files (`roll`)
-            self.writer.roll()
+            writer.roll()
             return
         seq, ep = job
-        entry = {k: ep.meta[k] for k in ("global_index", "source_rank") if k in ep.meta}
-        self.writer.write_episode(seq, ep.datasets, ep.elapsed_steps, entry)
+        entry: dict[str, Any] = {k: ep.meta[k] for k in ("global_index", "source_rank") if k in ep.meta}
+        writer.write_episode(seq, ep.datasets, ep.elapsed_steps, entry)
 
     def raise_if_failed(self) -> None:
-        self._pool.raise_if_failed()
-        self.writer.raise_if_failed()
+        writer, pool = self._opened()
+        pool.raise_if_failed()
+        writer.raise_if_failed()
 
     def after_commit(self, committed: int, wait: bool) -> None:
         """The run's commit log (results rows) moved past what the dataset's files hold: a part written
@@ -143,9 +159,10 @@ class LeRobotSink(Sink):
 
     def wait_until_done(self) -> None:
         """Every submitted episode written, and in the dataset's files (LeRobot loads it from here on)."""
-        self._pool.wait_until_done()
-        self.writer.roll(final=True)
-        self.writer.raise_if_failed()
+        writer, pool = self._opened()
+        pool.wait_until_done()
+        writer.roll(final=True)
+        writer.raise_if_failed()
 
     def close(self) -> None:
         """Drain the queue, then write the last dataset files (also after a failed episode: the others are
@@ -153,10 +170,11 @@ class LeRobotSink(Sink):
         if self._pool is None or self._closed:
             return
         self._closed = True
+        writer, pool = self._opened()
         try:
-            self._pool.close()
+            pool.close()
         finally:
-            self.writer.close()
+            writer.close()
 
     @property
     def files(self) -> list[Path]:

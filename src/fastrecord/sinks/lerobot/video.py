@@ -72,14 +72,15 @@ def split_mp4(src: Path, spans: Sequence[tuple[float, float]], outs: Sequence[Pa
         stream = container.streams.video[0]
         tb = stream.time_base
         ticks = sorted((round(a / tb), round(b / tb), Path(o)) for (a, b), o in zip(spans, outs))
-        got = {o: [] for _, _, o in ticks}
+        got: dict[Path, list[tuple[av.Packet, int, int]]] = {o: [] for _, _, o in ticks}  # (packet, pts, dts) in out
         starts = [a for a, _, _ in ticks]
         for p in container.demux(stream):
             if p.dts is None or p.pts is None:
                 continue
             j = bisect.bisect_right(starts, p.pts) - 1
             if j >= 0 and p.pts < ticks[j][1]:
-                got[ticks[j][2]].append((p, ticks[j][0]))
+                first = ticks[j][0]
+                got[ticks[j][2]].append((p, p.pts - first, p.dts - first))
         for a, b, out in ticks:
             if not got[out]:
                 raise ValueError(
@@ -91,9 +92,8 @@ def split_mp4(src: Path, spans: Sequence[tuple[float, float]], outs: Sequence[Pa
             try:
                 with av.open(str(tmp), "w", format="mp4") as dst:
                     ostream = dst.add_stream_from_template(stream, opaque=True)
-                    for p, first in got.pop(out):
-                        p.pts -= first
-                        p.dts -= first
+                    for p, pts, dts in got.pop(out):
+                        p.pts, p.dts = pts, dts
                         p.stream = ostream
                         dst.mux(p)
                 os.replace(tmp, out)

@@ -202,9 +202,10 @@ class LeRobotWriter:
         `episode_entries` reads them back, `fastrecord.sinks.lerobot.join` orders the joined dataset by them)."""
         from fastrecord.video import encode_mp4
 
-        cols, images = episode_columns(datasets, length, self.fps, self.state_keys, self.state_layout)
+        fps = self._fps()
+        cols, images = episode_columns(datasets, length, fps, self.state_keys, self.state_layout)
         names = state_names(state_leaves(datasets, self.state_keys, self.state_layout), datasets, self.state_layout)
-        features = features_of(cols, images, self.fps, self.video.codec if self.video else "libx264", names)
+        features = features_of(cols, images, fps, self.video.codec if self.video else "libx264", names)
         with self._lock:
             if self.features is None:
                 self.features = features
@@ -221,7 +222,7 @@ class LeRobotWriter:
         meta = dict(seq=seq, length=int(length), videos=videos, dataset=self._settings(), entry=entry)
         sampled = {k: sampled_frames(v) for k, v in images.items()}  # what the statistics read (pickled)
         path = self.parts / f"ep_{seq:08d}.parquet"
-        stats, size = self._part_call(str(path), cols, sampled, self.fps, meta)
+        stats, size = self._part_call(str(path), cols, sampled, fps, meta)
         part = _Part(seq, int(length), stats, videos, size, video_bytes, entry)
         with self._lock:
             self._ready[seq] = part
@@ -288,6 +289,11 @@ class LeRobotWriter:
         procs = [*self._part_procs, *([self._group_proc] if self._group_proc is not None else [])]
         for proc in procs:
             proc.stop()
+
+    def _fps(self) -> float:
+        """The dataset's frame rate: the one given, else (resume) the one its parts and files record."""
+        assert self.fps is not None, f"{self.root}: no fps given, and none in a dataset to take up"
+        return self.fps
 
     def _settings(self) -> dict[str, Any]:
         """What a later writer of this dataset takes up (`_take_settings`), in every part and episodes file."""
@@ -419,7 +425,7 @@ class LeRobotWriter:
     def _write_meta(self) -> None:
         import pandas as pd
 
-        info = info_json(features=self.features or {}, fps=self.fps, robot_type=self.robot_type or "unknown",
+        info = info_json(features=self.features or {}, fps=self._fps(), robot_type=self.robot_type or "unknown",
                          episodes=self.episodes, frames=self.frames, chunks_size=self.chunks_size,
                          data_mb=self.data_mb, video_mb=self.video_mb)
         tasks = pd.DataFrame({"task_index": [0]}, index=[self.task])
@@ -465,9 +471,11 @@ class LeRobotWriter:
             self._trim_videos(len(paths) - 1, rows)
         for kind in ("data", "videos"):  # files of a file group whose episodes file was never committed
             for p in (self.root / kind).rglob("*") if (self.root / kind).is_dir() else ():
-                m = re.match(r"^chunk-(\d+)$", p.parent.name), re.match(r"^file-(\d+)\.(parquet|mp4)$", p.name)
+                chunk = re.match(r"^chunk-(\d+)$", p.parent.name)
+                file = re.match(r"^file-(\d+)\.(parquet|mp4)$", p.name)
                 if p.is_file() and (
-                    p.name.startswith(".") or (all(m) and int(m[0][1]) * self.chunks_size + int(m[1][1]) >= self.files)
+                    p.name.startswith(".")
+                    or (chunk and file and int(chunk[1]) * self.chunks_size + int(file[1]) >= self.files)
                 ):
                     p.unlink()
         for p in self.root.rglob(".*.tmp") if self.root.is_dir() else ():
@@ -490,8 +498,7 @@ class LeRobotWriter:
         committed = {p.seq for p in pending}
         for p in list(self.parts.iterdir()) if self.parts.is_dir() else ():
             m = PART_RE.match(p.name) or SEGMENT_RE.match(p.name)
-            seq = int(m.group(1)) if m else None
-            if seq is None or seq not in committed:  # in a file already, a video of an unfinished part, a temporary
+            if m is None or int(m.group(1)) not in committed:  # in a file already, an unfinished part's video, a .tmp
                 p.unlink()
         self._order = [p.seq for p in pending]
         self._ready = {p.seq: p for p in pending}

@@ -127,6 +127,7 @@ def write_copies(h5: Path, folder: Path, links: Sequence[tuple[str, str, str]]) 
                     if src is not None:
                         src.close()
                     src, src_name = h5py.File(folder / source_file, "r"), source_file
+                assert src is not None  # opened above for the first link (src_name starts as None)
                 src.copy(src[target], dst, name=name)
         finally:
             if src is not None:

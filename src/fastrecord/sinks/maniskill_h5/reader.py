@@ -32,7 +32,8 @@ class TrajectoryFile:
     def episodes(self) -> list[dict[str, Any]]:
         return self.meta["episodes"]
 
-    def group(self, episode: Mapping[str, Any]):
+    def group(self, episode: Mapping[str, Any]) -> Any:
+        """``episode``'s h5py group (``traj_<episode_id>``)."""
         return self.h5[f"traj_{episode['episode_id']}"]
 
     def actions(self, episode: Mapping[str, Any]) -> np.ndarray:

@@ -38,24 +38,29 @@ class ManiSkillH5Sink(Sink):
         if self.writer is not None:
             self.writer.add_writers(total)
 
+    def _opened(self) -> TrajectoryWriter:
+        """The writer `open` made (the recorder calls the methods below only between open and close)."""
+        assert self.writer is not None, "ManiSkillH5Sink used before open()"
+        return self.writer
+
     @property
     def next_episode_id(self) -> int:
-        return self.writer.next_episode_id
+        return self._opened().next_episode_id
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
-        self.writer.submit(list(episodes))
+        self._opened().submit(list(episodes))
 
     def committed(self, episode_id: int) -> bool:
         """Its part is complete and in the committed prefix (the next index lists it; a crash keeps it)."""
-        return episode_id < self.writer.num_episodes
+        return episode_id < self._opened().num_episodes
 
     def raise_if_failed(self) -> None:
         # every step and reset: polling the writer processes' exit status (3 waitpid calls, 0.5 ms a step
         # in the imageobs profile) at most every 0.1 s; submit, wait_until_done and close always poll
-        self.writer.raise_if_failed(max_age=0.1)
+        self._opened().raise_if_failed(max_age=0.1)
 
     def wait_until_done(self) -> None:
-        self.writer.wait_until_done()
+        self._opened().wait_until_done()
 
     def close(self) -> None:
         if self.writer is not None:

@@ -125,7 +125,8 @@ class TrajectoryWriter:
         self.blocked_seconds = 0.0  # time submit() waited for a free slot
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()
-        self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
+        # (part, entries, may share a part with its neighbours), or None: stop
+        self._jobs: queue.Queue[tuple[int, list, bool] | None] = queue.Queue(maxsize=max_pending)
         self._index: IsolatedProcess | None = None
         self._writers: list[IsolatedProcess] = []
         # at the caller's CPU priority, not below it: the recorder waits for them (backpressure, close), as
@@ -151,9 +152,14 @@ class TrajectoryWriter:
         for t in self._threads:
             t.start()
 
+    def _index_process(self) -> IsolatedProcess:
+        """The process that writes the index (``_index``: None only while __init__ starts the processes)."""
+        assert self._index is not None, "the HDF5 index process is not started"
+        return self._index
+
     def _resume(self) -> None:
         try:
-            state = self._index.call("recover_here", str(self.h5_path), self._header, True)
+            state = self._index_process().call("recover_here", str(self.h5_path), self._header, True)
         except (ChildDied, OSError) as e:
             raise WorkerError(self._explain(e, f"recovering {self.h5_path.name} to resume", self.parts_dir)) from e
         if state["skipped"]:
@@ -261,7 +267,7 @@ class TrajectoryWriter:
                 try:
                     with self._lock:  # every batch is written: the links and entries of every part
                         known = (list(self._links), {**self._header, "episodes": list(self._committed)})
-                    self._index.call("consolidate_here", str(self.h5_path), self._header, known)
+                    self._index_process().call("consolidate_here", str(self.h5_path), self._header, known)
                 except BaseException as e:  # noqa: BLE001 - raised below as a WorkerError
                     self._fail(self._explain(e, f"consolidating {self.h5_path.name}", self.h5_path.parent), e)
                     self.h5_path.with_name(self.h5_path.name + ".tmp").unlink(missing_ok=True)
@@ -300,7 +306,7 @@ class TrajectoryWriter:
             finally:
                 for _ in jobs:
                     self._jobs.task_done()
-                jobs = run = None  # drop the batches' arrays before waiting again
+                jobs, run = [], []  # drop the batches' arrays before waiting again
 
     def _write(self, proc: IsolatedProcess, run: list[tuple[int, list, bool]]) -> None:
         """Write the jobs of ``run`` (consecutive part numbers) as one part, named by the first."""
@@ -351,7 +357,7 @@ class TrajectoryWriter:
                     return
                 links = list(self._links[:n])
                 doc = {**self._header, "episodes": list(self._committed[:n])}
-            index = self._index
+            index = self._index_process()
             active = [index.pid]
             self._active.append(index.pid)
             try:
