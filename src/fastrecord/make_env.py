@@ -28,7 +28,7 @@ from mani_skill.utils.wrappers import CPUGymWrapper
 
 from fastrecord.envs import SubEnvAccess
 from fastrecord.episode import KeepFilter
-from fastrecord.record import RecordEpisode
+from fastrecord.record import RecordEpisode, RecordVectorEpisode
 
 SOURCE_TYPE = "diffusion_policy"  # the baseline's labels, kept for tools that read them
 SOURCE_DESC = "diffusion_policy evaluation rollout"
@@ -160,9 +160,10 @@ def _cpu_eval_envs(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list,
                               device=device_of(env_kwargs.get("render_backend")))
     else:
         envs = _cpu_vector_env(env_id, num_envs, env_kwargs, wrappers)
-    if rec is not None:
-        envs = RecordEpisode(envs, **{"info_on_video": True, **rec})
+    if rec is not None:  # what RecordEpisode makes of a vector env
+        envs = RecordVectorEpisode(envs, **{"info_on_video": True, **rec})
     if sharding is not None:
+        assert isinstance(envs, RecordVectorEpisode)  # a sharded evaluation records (check_eval_env_arguments)
         sharding.attach(envs.recorder)
     return EvalVectorEnv(envs, num_stack, sharding=sharding)
 
@@ -181,6 +182,7 @@ def _gpu_eval_envs(env_id: str, num_envs: int, sim_backend: str, env_kwargs: dic
     if rec is not None:
         env = RecordEpisode(env, **{"save_video": True, "max_steps_per_video": max_episode_steps, **rec})
     if sharding is not None:
+        assert isinstance(env, RecordEpisode)  # a sharded evaluation records (check_eval_env_arguments)
         sharding.attach(env.recorder)
         env = _ScheduledResets(env, sharding)
     env = FrameStack(env, num_stack=num_stack)
@@ -381,7 +383,7 @@ class _ScheduledResets(gym.Wrapper):
         super().__init__(env)
         self.sharding = sharding
 
-    def reset(self, *, seed: Any = None, options: dict | None = None):
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         import torch
 
         n = self.sharding.num_envs
@@ -487,7 +489,8 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
     def _stacked(self) -> Any:
         return _tree_map(np.copy, self._frames)
 
-    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Any, dict[str, Any]]:
         mask = (
             None if not options or options.get("reset_mask") is None else np.asarray(options["reset_mask"], dtype=bool)
         )
@@ -495,7 +498,7 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         self._fill(obs, None if mask is None or mask.all() else mask)
         return self._stacked(), info
 
-    def _reset(self, seed: Any, options: dict | None, mask: np.ndarray | None):
+    def _reset(self, seed: Any, options: dict[str, Any] | None, mask: np.ndarray | None) -> tuple[Any, dict[str, Any]]:
         if self.sharding is None:
             return self.env.reset(seed=seed, options=options)
         slots = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
@@ -515,7 +518,7 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         finally:
             self.sharding.after_close(failed=failed)
 
-    def step(self, actions: Any):
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         obs, rew, terminated, truncated, info = self.env.step(actions)
         self._push(obs)
         done = np.logical_or(np.asarray(terminated), np.asarray(truncated))
@@ -524,7 +527,7 @@ class EvalVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
             info = dict(info)
             finals_obs = np.full(self.num_envs, None, dtype=object)
             finals_info = np.full(self.num_envs, None, dtype=object)
-            for i in np.flatnonzero(done):
+            for i in map(int, np.flatnonzero(done)):
                 finals_obs[i] = _tree_map(lambda x, i=i: x[i], final_obs)
                 finals_info[i] = _env_info(info, i)
             reset_obs, _ = self._reset(None, {"reset_mask": done.copy()}, done.copy())

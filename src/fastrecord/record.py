@@ -321,7 +321,8 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         self._pending_restart = np.zeros(env.num_envs, dtype=bool)
         self._closed = False
 
-    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset(self, *, seed: int | list[int | None] | None = None,  # gymnasium's vector reset: None, an env unseeded
+              options: dict | None = None) -> tuple[Any, dict[str, Any]]:
         env_idx = _env_idx(options, self.num_envs, "reset_mask")
         if self.save_on_reset:
             self._rec.finalize(env_idx)

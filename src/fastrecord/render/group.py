@@ -170,6 +170,7 @@ class GroupRenderer:
         """Submit cameras ``names``' pictures of every env at the poses set (``sensor``: hidden objects hidden):
         SAPIEN draws them while this thread goes on; `read_sensor_data` waits for them."""
         self._ensure()
+        assert self._poses is not None  # built by _ensure
         groups = [self._camera_group(name) for name in names]
         if self._copied is not None:  # the last picture left SAPIEN's buffers before these overwrite them
             self._copied.synchronize()

@@ -17,7 +17,7 @@ import contextlib
 import gc
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -41,15 +41,16 @@ class PoseReporter(gym.Wrapper):
         super().__init__(env)
         self._bodies: RenderBodies | None = None
 
-    def _report(self, info: dict) -> dict:
-        base = self.env.unwrapped
-        scene = None
+    def _report(self, info: dict[str, Any]) -> dict[str, Any]:
+        base: Any = self.env.unwrapped  # a ManiSkill env
+        new = False
         if self._bodies is None:
             self._bodies = RenderBodies(base)
-            scene = True
+            new = True
         elif self._bodies.refresh():
-            scene = True
-        if scene:
+            new = True
+        scene: tuple[tuple[Any, ...], int] | None = None
+        if new:
             seed = int(np.asarray(base._episode_seed).reshape(-1)[0])
             scene = (self._bodies.signature(), seed)
         info = dict(info)
@@ -61,14 +62,15 @@ class PoseReporter(gym.Wrapper):
         step, and a torch tensor leaves an AsyncVectorEnv worker through torch's shared-memory hand-off (a file
         descriptor sent over a socket per tensor), numpy in the pickle (a 96-episode replay loop on the H200:
         13.9 -> 10.1 s)."""
-        state = self.env.unwrapped.get_state()
+        base: Any = self.env.unwrapped  # a ManiSkill env
+        state = base.get_state()
         return state.cpu().numpy() if hasattr(state, "cpu") else np.asarray(state)
 
-    def reset(self, **kwargs: Any):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
         return obs, self._report(info)
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, rew, terminated, truncated, info = self.env.step(action)
         return obs, rew, terminated, truncated, self._report(info)
 
@@ -126,7 +128,7 @@ def collections_deferred() -> Iterator[None]:
         usable = _deferred_depth > 0 or getattr(sapien_env, "gc", None) is gc
         if usable:
             if _deferred_depth == 0:
-                sapien_env.gc = _DeferredGC()  # type: ignore[assignment]
+                sapien_env.gc = _DeferredGC()
             _deferred_depth += 1
     if not usable:
         yield
@@ -190,8 +192,8 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
             with scenes_built(collect=True):  # one collection for all the mirrors rebuilt
                 for i, scene in new:
                     self._sync(i, *scene)
-        for i in np.flatnonzero(mask):
-            self._poses[i] = reports[i][0]
+        for j in np.flatnonzero(mask):
+            self._poses[j] = reports[j][0]
         return info
 
     def _sync(self, i: int, signature: tuple, seed: int) -> None:
@@ -212,18 +214,19 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         self.renderer.invalidate()
         self.mirror_rebuilds += 1
 
-    def reset(self, *, seed: Any = None, options: dict | None = None):
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         return obs, self._take(info)
 
-    def step(self, actions: Any):
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         obs, rew, terminated, truncated, info = self.env.step(actions)
         return obs, rew, terminated, truncated, self._take(info)
 
-    def render(self) -> torch.Tensor:
-        if any(p is None for p in self._poses):
+    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.render
+        poses = [p for p in self._poses if p is not None]
+        if len(poses) != len(self._poses):
             raise RuntimeError("render() before reset(): reset the envs first")
-        self.renderer.set_poses(self._poses)
+        self.renderer.set_poses(poses)
         names = _human_camera_names(self.renderer.envs[0])
         frames = [self.renderer.render(name) for name in names]
         if len(frames) == 1:

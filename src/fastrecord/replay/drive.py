@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fastrecord.replay.config import Divergence, ReplayConfig, ReplaySummary, StopRequest
-from fastrecord.replay.envs import BatchedEnv, VectorBatch, make_replay_env, tree_index, tree_stack
+from fastrecord.replay.envs import BatchedEnv, ReplayStates, VectorBatch, make_replay_env, tree_index, tree_stack
 from fastrecord.replay.plan import ReplayPlan, Verdict
 from fastrecord.sinks.maniskill_h5 import TrajectoryFile
 
@@ -61,6 +61,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     else:
         if plan.vector == "batched":
             env = make_replay_env(plan.env_id, plan.kwargs, plan.max_steps, n, cpu_wrapper=False)
+            assert isinstance(env, ReplayStates)  # what make_replay_env returns without its CPU wrappers
             batch: VectorBatch | BatchedEnv = BatchedEnv(env, rec_kwargs)
         else:
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
@@ -73,6 +74,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
         summary.files = [new_h5, new_h5.with_suffix(".json")] + summary.files
     if cfg.option("lerobot") and (out / f"{name}.lerobot").is_dir():
         summary.files.append(out / f"{name}.lerobot")
+    assert summary.results_path is not None  # the recorder's results sink, opened with it (`_Tally.summary`)
     summary.files.append(summary.results_path)
     return summary
 
@@ -155,7 +157,8 @@ def _convert(cfg: ReplayConfig, plan: ReplayPlan, episodes: list[dict], rec_kwar
                        **{**plan.ori_kwargs, "render_mode": None, "obs_mode": "state"})  # only its controller is read
     try:
         target = gym.make(plan.env_id, num_envs=1, max_episode_steps=plan.max_steps, **plan.kwargs)
-        env = RecordEpisode(target, **rec_kwargs(target.unwrapped.control_freq))
+        base: Any = target.unwrapped  # a ManiSkill env
+        env = RecordEpisode(target, **rec_kwargs(base.control_freq))
     except BaseException:
         ori_env.close()
         raise
@@ -198,7 +201,8 @@ def _convert_once(cfg: ReplayConfig, plan: ReplayPlan, ep: Mapping[str, Any], or
     ori_env.reset(seed=seed, options=options)
     if cfg.use_first_env_state:
         first = tree_stack([tree_index(plan.traj.env_states(ep), 0)], torch.device(target.device))
-        ori_env.unwrapped.set_state_dict(first)
+        ori_base: Any = ori_env.unwrapped  # a ManiSkill env
+        ori_base.set_state_dict(first)
         options["reset_to_env_states"] = {"env_states": first}  # recorded as the episode's first state
     env.reset(seed=seed, options=options)
     info = converter(cfg.target_control_mode, plan.traj.actions(ep), ori_env, env, render=False, pbar=None,

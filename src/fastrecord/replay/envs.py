@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, SupportsFloat, TypeAlias
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +20,9 @@ import torch
 from fastrecord.envs import SubEnvAccess
 from fastrecord.replay.grouped import GroupedSyncVectorEnv, PreparedSyncVectorEnv
 from fastrecord.workers import forkserver_context, freeze_imports
+
+# ManiSkill's ``BaseEnv.step``: the observation, then reward, terminated and truncated as batched tensors, and info
+_Step: TypeAlias = tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]
 
 
 def tree_index(tree: Mapping[str, Any], t: int) -> dict[str, Any]:
@@ -73,7 +76,7 @@ class ReplayStates(gym.Wrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        base = env.unwrapped
+        base: Any = env.unwrapped  # a ManiSkill env
         self.n = base.num_envs
         self.device = torch.device(base.device)
         self._pending: dict[int, dict[str, Any]] = {}
@@ -81,7 +84,7 @@ class ReplayStates(gym.Wrapper):
         self._t = np.zeros(self.n, dtype=np.int64)
         self._active = np.zeros(self.n, dtype=bool)
         self._state_keys: set[str] | None = None
-        self._last_step: tuple | None = None
+        self._last_step: _Step | None = None
         self._last_frame: Any = None
         self._holding = False  # a single env idle since before its last step: `render` returns its held frame
         self._time_limit = self._direct_step_time_limit()
@@ -126,7 +129,8 @@ class ReplayStates(gym.Wrapper):
 
     def _check_state_keys(self, states: Mapping[str, Any]) -> None:
         if self._state_keys is None:
-            self._state_keys = _tree_keys(self.env.unwrapped.get_state_dict())
+            base: Any = self.env.unwrapped  # a ManiSkill env
+            self._state_keys = _tree_keys(base.get_state_dict())
         theirs = {k for k in _tree_keys(states) if not k.startswith("controller/")}
         ours = {k for k in self._state_keys if not k.startswith("controller/")}
         if theirs != ours:
@@ -137,25 +141,26 @@ class ReplayStates(gym.Wrapper):
             )
 
     # -- gym API
-    def reset(self, *, seed: Any = None, options: dict | None = None):
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         options = dict(options or {})
         idx = options.get("env_idx")
         idx = np.arange(self.n) if idx is None else np.asarray(torch.as_tensor(idx).cpu()).reshape(-1)
         plans = [self._pending.pop(int(e), None) for e in idx]
-        if any(p is not None for p in plans):
-            if any(p is None for p in plans):
+        loaded = [p for p in plans if p is not None]  # every env's plan, or none (checked below)
+        if loaded:
+            if len(loaded) < len(plans):
                 raise RuntimeError(
                     f"reset of envs {idx.tolist()} where only some have a replay plan; load a plan for each"
                 )
-            seeds = [int(p["seed"]) for p in plans]
+            seeds = [int(p["seed"]) for p in loaded]
             partial = len(idx) < self.n
             # ManiSkill 3.0.1 seeds a reset with one seed per env of the whole batch only
             seed = seeds[0] if self.n == 1 else (None if partial else seeds)
             options |= {
-                k: v for k, v in (plans[0].get("options") or {}).items() if k not in ("env_idx", "reset_to_env_states")
+                k: v for k, v in (loaded[0].get("options") or {}).items() if k not in ("env_idx", "reset_to_env_states")
             }
-            if all(p.get("states") is not None for p in plans):
-                first = tree_stack([tree_index(p["states"], 0) for p in plans], self.device)
+            if all(p.get("states") is not None for p in loaded):
+                first = tree_stack([tree_index(p["states"], 0) for p in loaded], self.device)
                 options["reset_to_env_states"] = {"env_states": first}
             elif partial:
                 raise ValueError(
@@ -163,9 +168,9 @@ class ReplayStates(gym.Wrapper):
                     "recorded first states (--by states, or --by actions --use-first-env-state)"
                 )
         obs, info = self.env.reset(seed=seed, options=options)
-        if seed is None and any(p is not None for p in plans):  # bookkeeping: the recorder reads the seeds from here
-            base = self.env.unwrapped
-            base._episode_seed[idx] = [int(p["seed"]) for p in plans]
+        if seed is None and loaded:  # bookkeeping: the recorder reads the seeds from here
+            base: Any = self.env.unwrapped  # a ManiSkill env
+            base._episode_seed[idx] = [int(p["seed"]) for p in loaded]
         for e, p in zip(idx.tolist(), plans):
             self._plans[e] = p
             self._t[e] = 0
@@ -181,7 +186,8 @@ class ReplayStates(gym.Wrapper):
         physics ahead of it (``ahead``): what the recorder reads after each step."""
         if self._observed_state is not None:
             return self._observed_state
-        return self.env.unwrapped.get_state()
+        base: Any = self.env.unwrapped  # a ManiSkill env
+        return base.get_state()
 
     def prepare(self, action: Any, ahead: bool = False) -> bool:
         """The first half of the next `step` (with the same action), for a vector env that holds several
@@ -204,11 +210,11 @@ class ReplayStates(gym.Wrapper):
         rows = self._per_step_rows()
         if self._time_limit is False or not (rows or self.grouped):
             return False
+        base: Any = self.env.unwrapped  # a ManiSkill env
         if ahead:
-            self._observed_state = self.env.unwrapped.get_state()
+            self._observed_state = base.get_state()
         stepped = self._advance(action, rows)
         if not self.grouped:
-            base = self.env.unwrapped
             for obj in base._hidden_objects:  # as BaseEnv._get_obs_sensor_data, before its render
                 obj.hide_visual()
             base.scene.update_render(update_sensors=True, update_human_render_cameras=False)
@@ -216,7 +222,7 @@ class ReplayStates(gym.Wrapper):
         self._prepared = action if stepped is None else stepped
         return True
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> _Step:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.step
         if self._prepared is not None:  # `prepare` simulated, set the state and rendered: observe
             stepped, self._prepared, self._holding = self._prepared, None, False
             self._observed_state = None
@@ -225,13 +231,15 @@ class ReplayStates(gym.Wrapper):
             return self._finish(obs, rew, terminated, info)
         self._holding = self._idle()
         if self._holding:
+            assert self._last_step is not None  # `_idle` holds only after a step
             return self._last_step  # the episode is over: hold still until the next plan
         rows = self._per_step_rows()
         if rows and self._time_limit is not False:
             stepped = self._advance(action, rows)
             obs, rew, terminated, info = self._observe(action if stepped is None else stepped, {})
             return self._finish(obs, rew, terminated, info)
-        obs, rew, terminated, truncated, info = self.env.step(action)
+        env: Any = self.env  # ManiSkill's own wrappers: batched tensors where gymnasium's types say float and bool
+        obs, rew, terminated, truncated, info = env.step(action)
         self._t[self._active] += 1
         if rows:
             self._set_states(rows)
@@ -244,7 +252,13 @@ class ReplayStates(gym.Wrapper):
 
     def _per_step_rows(self) -> list[int]:
         """The envs playing an episode whose every recorded state is set."""
-        return [e for e in np.flatnonzero(self._active) if self._plans[e]["per_step"]]
+        return [e for e in map(int, np.flatnonzero(self._active)) if self._playing(e)["per_step"]]
+
+    def _playing(self, e: int) -> dict[str, Any]:
+        """The plan env ``e`` plays (it is active: its reset loaded one)."""
+        plan = self._plans[e]
+        assert plan is not None, f"env {e} plays no replay plan"
+        return plan
 
     def _advance(self, action: Any, rows: list[int]) -> Any:
         """BaseEnv.step without its observation and reward: they would be of the simulated state, which
@@ -252,7 +266,7 @@ class ReplayStates(gym.Wrapper):
         physics step stays in every obs mode: contact forces (PickCube's is_grasped) and a controller's
         target are not in the recorded state (tests/test_replay_physics_step.py, docs/replay.md). Returns
         the action as the env took it (None: as given)."""
-        base = self.env.unwrapped
+        base: Any = self.env.unwrapped  # a ManiSkill env
         stepped = base._step_action(action)
         base._elapsed_steps += 1
         self._t[self._active] += 1
@@ -260,16 +274,17 @@ class ReplayStates(gym.Wrapper):
             self._set_states(rows)
         return stepped
 
-    def _finish(self, obs: Any, rew: Any, terminated: Any, info: dict, truncated: Any = None) -> tuple:
+    def _finish(self, obs: Any, rew: Any, terminated: Any, info: dict[str, Any], truncated: Any = None) -> _Step:
         if truncated is None:  # the direct path: ManiSkill's TimeLimitWrapper's flag
-            limit, base = self._time_limit, self.env.unwrapped
+            limit = self._time_limit
+            base: Any = self.env.unwrapped  # a ManiSkill env
             truncated = (base.elapsed_steps >= limit if limit is not None
                          else torch.zeros(self.n, dtype=torch.bool, device=self.device))
         self._active &= self._t < np.array([p["length"] if p else 0 for p in self._plans])
         self._last_step = (obs, rew, terminated, truncated, info)
         return self._last_step
 
-    def render(self):
+    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.render
         if self._holding and self._last_frame is not None:  # not on the step that ended the episode: its frame is new
             return self._last_frame
         self._last_frame = self.env.render()
@@ -292,8 +307,8 @@ class ReplayStates(gym.Wrapper):
         return limit
 
     def _set_states(self, rows: list[int]) -> None:
-        base = self.env.unwrapped
-        recorded = tree_stack([tree_index(self._plans[e]["states"], int(self._t[e])) for e in rows], self.device)
+        base: Any = self.env.unwrapped  # a ManiSkill env
+        recorded = tree_stack([tree_index(self._playing(e)["states"], int(self._t[e])) for e in rows], self.device)
         if len(rows) == self.n:
             base.set_state_dict(recorded)
         else:  # the other envs keep their simulated state
@@ -301,9 +316,10 @@ class ReplayStates(gym.Wrapper):
             _tree_set_rows(state, recorded, torch.as_tensor(rows, device=self.device))
             base.set_state_dict(state)
 
-    def _observe(self, action: Any, step_info: dict) -> tuple:
+    def _observe(self, action: Any, step_info: dict[str, Any]
+                 ) -> tuple[Any, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Observation, reward, termination and info of the state just set (as ``BaseEnv.step``)."""
-        base = self.env.unwrapped
+        base: Any = self.env.unwrapped  # a ManiSkill env
         info = base.get_info()
         obs = base.get_obs(info, unflattened=True)
         act = torch.as_tensor(
@@ -327,7 +343,7 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 @contextlib.contextmanager
-def _rendered(base: Any):
+def _rendered(base: Any) -> Iterator[None]:
     """Inside: ``base.get_obs`` reads the pictures `ReplayStates.prepare` rendered, without rendering again
     (its scene's ``update_render`` and its ``capture_sensor_data`` do nothing)."""
     scene = base.scene
@@ -350,7 +366,7 @@ class _DoneInInfo(gym.Wrapper):
     a gymnasium vector env does not allow without a reset. `_DoneFromInfo` gives the flags back above it.
     """
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, rew, terminated, truncated, info = self.env.step(action)
         return obs, rew, False, False, {**info, _TERMINATED: bool(terminated), _TRUNCATED: bool(truncated)}
 
@@ -359,7 +375,8 @@ class _DoneInInfo(gym.Wrapper):
         shared-memory hand-off (a socket round trip per tensor), which made replays ~2x slower."""
         from mani_skill.utils import common
 
-        return common.to_numpy(self.env.unwrapped.get_state_dict())
+        base: Any = self.env.unwrapped  # a ManiSkill env
+        return common.to_numpy(base.get_state_dict())
 
 
 class _DoneFromInfo(SubEnvAccess, gym.vector.VectorWrapper):
@@ -369,7 +386,7 @@ class _DoneFromInfo(SubEnvAccess, gym.vector.VectorWrapper):
     def renders_batched(self) -> bool:  # read by fastrecord's VectorEnvView (a GroupedSyncVectorEnv below)
         return getattr(self.env, "renders_batched", False)
 
-    def step(self, actions: Any):
+    def step(self, actions: Any) -> tuple[Any, Any, np.ndarray, np.ndarray, dict[str, Any]]:
         obs, rew, _, _, info = self.env.step(actions)
         info = dict(info)
         terminated, truncated = info.pop(_TERMINATED), info.pop(_TRUNCATED)
@@ -425,9 +442,10 @@ class VectorBatch:
                  rec_kwargs: RecorderKwargs, render_device: str | None = None) -> None:
         """``render_device``: a CUDA device the envs (in this process) render on in one batch
         (`fastrecord.replay.grouped.GroupedSyncVectorEnv`); None: each env renders itself."""
-        from fastrecord.record import RecordEpisode
+        from fastrecord.record import RecordVectorEpisode
 
         mode = gym.vector.AutoresetMode.DISABLED
+        envs: gym.vector.AsyncVectorEnv | PreparedSyncVectorEnv
         if asynchronous:
             thunk = functools.partial(in_worker, thunk)
             forkserver_context()  # its sub-envs start with ManiSkill imported
@@ -440,9 +458,11 @@ class VectorBatch:
         self.num_envs = num_envs
         try:
             self.control_freq = envs.get_attr("control_freq")[0]
-            self.action_shape = envs.single_action_space.shape
+            shape = envs.single_action_space.shape
+            assert shape is not None, "a replay env's actions are flat vectors (make_replay_env)"
+            self.action_shape: tuple[int, ...] = shape
             options = rec_kwargs(self.control_freq)
-            self.env = RecordEpisode(_DoneFromInfo(envs), **options)
+            self.env = RecordVectorEpisode(_DoneFromInfo(envs), **options)  # what RecordEpisode makes of a vector env
         except BaseException:
             envs.close()
             raise
@@ -490,14 +510,14 @@ class BatchedEnv:
 
     Owns: the `ReplayStates`-wrapped env (closed with the recorder) and the `RecordEpisode` around it."""
 
-    def __init__(self, env: gym.Env, rec_kwargs: RecorderKwargs) -> None:
+    def __init__(self, env: ReplayStates, rec_kwargs: RecorderKwargs) -> None:
         from fastrecord.record import RecordEpisode
 
-        base = env.unwrapped
+        base: Any = env.unwrapped  # a ManiSkill env
         self.num_envs = base.num_envs
         self.device = torch.device(base.device)
         self.control_freq = base.control_freq
-        self.action_shape = base.single_action_space.shape
+        self.action_shape: tuple[int, ...] = base.single_action_space.shape
         self.replay: ReplayStates = env
         try:
             self.env = RecordEpisode(env, **rec_kwargs(self.control_freq))

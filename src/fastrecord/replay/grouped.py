@@ -21,15 +21,20 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import gymnasium as gym
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from fastrecord.render.group import MODALITIES, GroupRenderer
 
 STATE_MODES = ("state", "state_dict")
+# SyncVectorEnv.step's return: observations, rewards, terminations, truncations, infos
+_StepResult: TypeAlias = tuple[
+    Any, npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.bool_], dict[str, Any]
+]
 
 
 class PreparedSyncVectorEnv(gym.vector.SyncVectorEnv):
@@ -37,7 +42,7 @@ class PreparedSyncVectorEnv(gym.vector.SyncVectorEnv):
     (simulate, set the state, submit the renders) and then steps them (read the pictures, observe):
     the renders of all its envs overlap on the GPU instead of each waiting for its own."""
 
-    def step(self, actions: Any):
+    def step(self, actions: Any) -> _StepResult:
         for env, action in zip(self.envs, gym.vector.utils.iterate(self.action_space, actions)):
             env.get_wrapper_attr("prepare")(action)
         return super().step(actions)
@@ -72,7 +77,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], device: str = "cuda", **kwargs: Any) -> None:
         super().__init__(env_fns, **kwargs)
         try:
-            bases = [e.unwrapped for e in self.envs]
+            bases: list[Any] = [e.unwrapped for e in self.envs]  # ManiSkill envs
             why = groupable(bases[0])
             if why is not None:
                 from fastrecord.render import BatchedRenderError
@@ -95,8 +100,9 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
 
     def _sensor_data(self, i: int, apply_texture_transforms: bool = True) -> dict[str, Any]:
         """Env ``i``'s ``_get_obs_sensor_data``: its slice of the step's pictures, else of pictures taken now."""
-        if self._pictures is not None and self._pictures[i] is not None and apply_texture_transforms:
-            return self._pictures[i]
+        picture = self._pictures[i] if self._pictures is not None else None
+        if picture is not None and apply_texture_transforms:
+            return picture
         return self._draw_sensors(apply_texture_transforms)[i]
 
     def _draw_sensors(self, apply_texture_transforms: bool = True) -> list[dict[str, Any]]:
@@ -129,7 +135,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
             for k, v in mods.items():
                 v.copy_(data[k])
 
-    def step(self, actions: Any):
+    def step(self, actions: Any) -> _StepResult:
         """Prepare every env (simulate, set its state) unless the last step ran ahead, draw every env's sensors in
         one batch, observe. With `lookahead` set (the next step's action of each env that goes on, None for the
         others), pipelined: the pictures are submitted, every env observes into host tensors that the pictures
@@ -171,14 +177,14 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
         self._read_sensors(hosts)
         return self._batched(results)
 
-    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         """As ``SyncVectorEnv.reset``; an env reset here forgets the step it prepared ahead (`ReplayStates.reset`
         drops it too)."""
         mask = (options or {}).get("reset_mask")
         self._ahead = [None if mask is None or mask[i] else a for i, a in enumerate(self._ahead)]
         return super().reset(seed=seed, options=options)
 
-    def _batched(self, results: list[tuple]) -> tuple:
+    def _batched(self, results: list[tuple[Any, Any, Any, Any, dict[str, Any]]]) -> _StepResult:
         """``SyncVectorEnv.step``'s return (autoreset disabled) of each env's step ``results``."""
         infos: dict[str, Any] = {}
         for i, (obs, rew, terminated, truncated, info) in enumerate(results):
@@ -191,7 +197,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
         return (copy.deepcopy(self._observations) if self.copy else self._observations, np.copy(self._rewards),
                 np.copy(self._terminations), np.copy(self._truncations), infos)
 
-    def render(self) -> torch.Tensor:
+    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.render
         """Every env's human camera pictures: ``[num_envs, H, W, 3]`` uint8 on the CUDA device (several cameras:
         side by side, as ManiSkill tiles them)."""
         self.renderer.set_poses_from_envs()

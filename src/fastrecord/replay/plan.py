@@ -140,7 +140,7 @@ def _episodes(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False) ->
     episodes = traj.episodes[: cfg.count]
     if not episodes:
         raise ValueError(f"{str(traj.json_path)!r} lists no episodes: nothing to replay")
-    modes = sorted({ep.get("control_mode") for ep in episodes if ep.get("control_mode")})
+    modes = sorted({mode for ep in episodes if (mode := ep.get("control_mode"))})
     if len(modes) > 1:
         raise ValueError(
             f"{traj.json_path.name} mixes control modes {modes}; replay them separately (--count, or split the file)"
