@@ -70,6 +70,7 @@ class SubEnvAccess:
 class EnvView(Protocol):
     """What the recorder reads from an env, batched: every leaf has a leading dim of ``num_envs``."""
 
+    env: Any  # the env as the caller gave it (its wrapper chain): where cameras and attributes are looked up
     num_envs: int
     device: torch.device
     unbatched: bool  # the env takes and returns single-env values (no env dim): the view adds it
