@@ -47,7 +47,7 @@ class LeafTransform(Protocol):
 
     def shape(self, leaf_shape: tuple[int, ...]) -> tuple[int, ...]: ...
 
-    def __call__(self, part: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, part: torch.Tensor, /) -> torch.Tensor: ...
 
     def wrap(self, host: np.ndarray, ready: Any) -> np.ndarray: ...
 
@@ -314,8 +314,9 @@ class EpisodeBuffer:
         evaluation) each leaf is one contiguous copy into ``buf[t]``; otherwise one ``index_copy_`` per
         leaf through per-env slot indices kept on the device.
         """
-        restarting = restart is not None and restart.any()
-        if restarting:
+        if restart is not None and not restart.any():
+            restart = None  # no env restarts: a plain step
+        if restart is not None:
             if ((self.cursor < 0) & ~restart).any():
                 self._raise_ended(restart)
             cursor = np.where(restart, 0, self.cursor + 1)
@@ -329,7 +330,7 @@ class EpisodeBuffer:
         self._ensure_fields(data)  # likewise fields seen for the first time
         # from here on nothing can fail for lack of memory: commit the new cursors, then write
         self.cursor = cursor
-        if restarting:
+        if restart is not None:
             self._slots.clear()
         else:
             for slots in self._slots.values():
@@ -344,12 +345,13 @@ class EpisodeBuffer:
                 self._write_leaf(name, value, lo, hi)
         for pack in self._packs:
             values = [data.get(name) for name in pack.members]
-            if all(v is not None for v in values):
-                self._write_pack(pack, values, lo, hi)
+            present = [v for v in values if v is not None]
+            if len(present) == len(values):
+                self._write_pack(pack, present, lo, hi)
             else:  # a step without some member (an info key that comes and goes): leaf by leaf
-                for name, value in zip(pack.members, values):
-                    if value is not None:
-                        self._write_leaf(name, value, lo, hi)
+                for name, v in zip(pack.members, values):
+                    if v is not None:
+                        self._write_leaf(name, v, lo, hi)
 
     def _write_leaf(self, name: str, value: torch.Tensor, lo: int, hi: int) -> None:
         buf = self._bufs[name]
@@ -512,11 +514,13 @@ class EpisodeBuffer:
         lease = default_staging_pool().lease(total, pin=cuda, shared=True) if layout else None
 
         out: dict[str, np.ndarray] = {}
+        staged: dict[str, torch.Tensor] = {}  # fields copied to host tensors: out once the copies are done
         pending: list[torch.Tensor] = []
         for name, buf in selected.items():  # plain fields first: one sync covers them, not the conversions
             if name in converted:
                 continue
             if name in layout:
+                assert lease is not None  # leased for every gather with a layout
                 dst = lease.array(*layout[name])
                 if (host := _host_view(buf)) is not None:  # CPU: one numpy copy (see `step`)
                     # one copy per episode of its contiguous frames: np.take of the swapped view would copy
@@ -536,22 +540,22 @@ class EpisodeBuffer:
                 continue
             src = part(buf)
             if src.is_cuda:
-                host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-                host.copy_(src, non_blocking=True)
-                pending.append(host)
-                out[name] = host
+                pinned = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+                pinned.copy_(src, non_blocking=True)
+                pending.append(pinned)
+                staged[name] = pinned
             else:
-                t = src.clone(memory_format=torch.contiguous_format)
-                pending.append(t)
-                out[name] = t
+                copy = src.clone(memory_format=torch.contiguous_format)
+                pending.append(copy)
+                staged[name] = copy
         for d in devices:
             if d.type == "cuda":
                 torch.cuda.current_stream(d).synchronize()
-        for name, v in out.items():
-            if isinstance(v, torch.Tensor):
-                out[name] = v.numpy()
+        for name, tensor in staged.items():
+            out[name] = tensor.numpy()
         del pending
         for name, t in converted.items():
+            assert lease is not None  # a converted field has a layout
             dst = lease.array(*layout[name])
             ready = self._gather_converted(selected[name], t, dst, part)
             lease.arena.pending = ready  # a reuse of the arena waits for this copy

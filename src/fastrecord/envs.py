@@ -10,7 +10,7 @@ kind is a new view.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -131,7 +131,8 @@ class ManiSkillView:
 
     def __init__(self, env: gym.Env) -> None:
         self.env = env
-        self.base: BaseEnv = env.unwrapped
+        # gymnasium types ``unwrapped`` as its Env: here it is ManiSkill's BaseEnv (checked just below)
+        self.base: BaseEnv = cast(BaseEnv, env.unwrapped)
         # ManiSkill's batched-env contract, checked by duck typing so test doubles can stand in
         missing = [
             a
@@ -167,12 +168,15 @@ class ManiSkillView:
         return self._substeps.substeps
 
     def substep_capture(self, on: bool) -> None:
+        assert self._substeps is not None, "start_substeps() first"
         self._substeps.active = on
 
     def step_frames(self, post: Any) -> Any:
-        sub = self._substeps.take()
+        capture = self._substeps
+        assert capture is not None, "start_substeps() first"
+        sub = capture.take()
         if sub is None:
-            return step_frames(post, [None] * self.num_envs, self._substeps.substeps)
+            return step_frames(post, [None] * self.num_envs, capture.substeps)
         return torch.cat([sub.to(post.device), post[:, None]], dim=1)
 
     def stop_substeps(self) -> None:
@@ -212,7 +216,10 @@ class VectorEnvView:
     """Reads a gymnasium ``VectorEnv`` whose sub-envs are ManiSkill CPU envs."""
 
     def __init__(self, envs: gym.vector.VectorEnv) -> None:
-        self.env = envs
+        # Any: what the view calls (call, get_attr) is Sync/AsyncVectorEnv's, forwarded by wrappers such as
+        # `SubEnvAccess`; gymnasium's VectorEnv, the type every such env shares, does not declare it (the cast:
+        # an Any-typed attribute would still be narrowed to VectorEnv by the assignment, in this method)
+        self.env: Any = cast(Any, envs)
         self.num_envs = envs.num_envs
         self.device = torch.device("cpu")
         self.unbatched = False
@@ -223,7 +230,7 @@ class VectorEnvView:
         self.render_mode = envs.render_mode or envs.metadata.get("render_mode")
         if self.render_mode is None:
             try:
-                self.render_mode = envs.get_attr("render_mode")[0]
+                self.render_mode = self.env.get_attr("render_mode")[0]
             except Exception:  # noqa: BLE001 - reported as "no render mode" by the recorder
                 self.render_mode = None
 

@@ -183,12 +183,13 @@ class RecordOptions:
                 f"video_source={self.video_source!r} takes the video from an observation camera, which has one picture "
                 f"a step; use video_source='render' with render_substeps=True, or render_substeps=False"
             )
-        name = self.trajectory_name
-        if name is not None and (
-            not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\0")
+        traj_name = self.trajectory_name
+        if traj_name is not None and (
+            not isinstance(traj_name, str) or not traj_name or traj_name in (".", "..")
+            or any(c in traj_name for c in "/\\\0")
         ):
             raise ValueError(
-                f"trajectory_name={name!r} must be a plain file name without folders (e.g. 'trajectory'), "
+                f"trajectory_name={traj_name!r} must be a plain file name without folders (e.g. 'trajectory'), "
                 "or None for a timestamp"
             )
         if self.save_video_trigger is not None and not callable(self.save_video_trigger):

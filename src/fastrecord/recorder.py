@@ -152,7 +152,9 @@ class EpisodeRecorder:
 
     def _inspect_resumed(self, manifest: dict[str, Any]) -> None:
         """Under the run's lock, before anything is written: a damaged run is refused (`refuse_damage`)."""
-        self._resumed = refuse_damage(Path(self.output_dir), self.options.trajectory_name)
+        name = self.options.trajectory_name
+        assert name is not None  # only a name given resumes: a default (timestamp) name is always a free one
+        self._resumed = refuse_damage(Path(self.output_dir), name)
 
     def _check_resumed_outputs(self, state: Any) -> None:
         """A resumed run writes the outputs the earlier one wrote (its `sinks.reconcile.RunState`): an output
@@ -323,7 +325,9 @@ class EpisodeRecorder:
         if self.info_on_video and self._record_frames:
             data["overlay"] = self._overlay_scalars(rew, info)
         self._last_info = info
-        self.buffer.step(self._leaves(data), restart)
+        buf = self.buffer
+        assert buf is not None, "on_reset records each episode's first slot before on_step"
+        buf.step(self._leaves(data), restart)
         self._add_rewards(self.view.batch(rew), restart)
         if restart is not None and restart.any():
             idx = np.flatnonzero(restart)
@@ -394,6 +398,7 @@ class EpisodeRecorder:
         if self.keep == "all":
             return np.ones(len(rows), dtype=bool)
         buf = self.buffer
+        assert buf is not None  # called by finalize, which has one
         if callable(self.keep):
             info = self._last_info or {}
             out = []
@@ -433,6 +438,7 @@ class EpisodeRecorder:
         Called before the episodes' frames are queued: the reads wait for the device work queued so far,
         which must not yet include the (large) gather of the frames."""
         buf = self.buffer
+        assert buf is not None  # called by finalize, which has one
         lengths = buf.cursor[rows].copy()
         extra = (
             {} if self._returns is None else {"returns": self._returns}
@@ -517,8 +523,10 @@ class EpisodeRecorder:
     def _write(self, kept: np.ndarray) -> None:
         # the one device-to-host copy of these episodes; per-env videos without overlays take their frames
         # as yuv420p converted on the GPU (half the bytes; the encoder waits for the asynchronous copy)
-        host = self.buffer.gather(kept, transforms={"frames": YUV420P} if self._yuv else None)
-        lengths = self.buffer.cursor[kept]
+        buf = self.buffer
+        assert buf is not None  # called by finalize, which has one
+        host = buf.gather(kept, transforms={"frames": YUV420P} if self._yuv else None)
+        lengths = buf.cursor[kept]
         control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
         episodes: list[EpisodeData] = []
         fields = {name: field_of(name) for name in host}

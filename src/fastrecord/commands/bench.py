@@ -30,6 +30,7 @@ def load_benchmarks(module: str = "bench") -> ModuleType:
     if package is None:
         spec = importlib.util.spec_from_file_location("benchmarks", BENCHMARKS / "__init__.py",
                                                       submodule_search_locations=[str(BENCHMARKS)])
+        assert spec is not None and spec.loader is not None  # a .py file that exists: the source loader's spec
         package = importlib.util.module_from_spec(spec)
         sys.modules["benchmarks"] = package
         spec.loader.exec_module(package)

@@ -156,7 +156,7 @@ def _shards_bytes(h5_path: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and f.suffix != ".mp4")
 
 
-def _open(h5_path: Path, json_path: Path):
+def _open(h5_path: Path, json_path: Path) -> TrajectoryFile:
     """The trajectory pair, read leniently (a file without ``env_info`` is still described); a pair that
     cannot be read at all is a ValueError naming the file."""
     try:
@@ -307,7 +307,7 @@ def describe(path: str | Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------- text
-def _bytes(n: int) -> str:
+def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -347,10 +347,10 @@ def format_run(run: dict[str, Any]) -> str:
     f = run.get("files")
     if f:
         video = f", {f['videos']} videos {_bytes(f['videos_bytes'])}" if f["videos"] else ", no videos"
-        parts = f", parts {_bytes(f['parts_bytes'])}" if f["parts_bytes"] else ""
+        parts_size = f", parts {_bytes(f['parts_bytes'])}" if f["parts_bytes"] else ""
         shards = f", shards {_bytes(f['shards_bytes'])}" if f.get("shards_bytes") else ""
         lines.append(f"  size: {_bytes(f['total_bytes'])} (h5 {_bytes(f['h5_bytes'])}, json {_bytes(f['json_bytes'])}"
-                     f"{parts}{shards}{video})")
+                     f"{parts_size}{shards}{video})")
     if "status" in run:
         who = f" by {run['recorder']}" if run.get("recorder") else ""
         lines.append(f"  status: {run['status']}{who}")

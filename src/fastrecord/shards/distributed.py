@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from fastrecord.shards.layout import (
     shards_root,
 )
 from fastrecord.shards.schedule import EpisodeSchedule
+
+if TYPE_CHECKING:
+    from fastrecord.sinks.base import RunDirectory
 
 
 class DistributedRun:
@@ -72,7 +75,7 @@ class DistributedRun:
         self.options = dict(options or {})
         self.timeout_s = timeout_s
         self.info: RankInfo | None = None
-        self.run = None  # rank 0: the RunDirectory of the joined run
+        self.run: RunDirectory | None = None  # rank 0: the RunDirectory of the joined run
         self._own_group = False
         self._closed = False
 
@@ -146,6 +149,7 @@ class DistributedRun:
     def _claim(self) -> None:
         from fastrecord.sinks.base import RunDirectory
 
+        assert self.info is not None  # open() sets it before rank 0 claims
         sharding = sharding_options(self.info.world_size, self.base_seed, self.total)
         if self.name is not None and self.if_exists == "error" and self._unfinished():
             import logging
@@ -181,16 +185,23 @@ class DistributedRun:
 
     @property
     def rank(self) -> int:
+        assert self.info is not None, "DistributedRun.open() first"
         return self.info.rank
 
     @property
     def world_size(self) -> int:
+        assert self.info is not None, "DistributedRun.open() first"
         return self.info.world_size
 
     @property
     def shard_dir(self) -> Path:
         """This rank's output folder: record a run named ``NAME`` there."""
-        return shard_dir(self.output_dir, self.name, self.info.rank)
+        return shard_dir(self.output_dir, self._opened_name(), self.rank)
+
+    def _opened_name(self) -> str:
+        """The run's name: set by `open` on every rank (a default one is the timestamp rank 0 claimed)."""
+        assert self.name is not None, "DistributedRun.open() first"
+        return self.name
 
     @property
     def shard_if_exists(self) -> Literal["resume", "error"]:
@@ -202,12 +213,13 @@ class DistributedRun:
         """Exchange what is on disk and return this rank's `EpisodeSchedule`: its global episodes
         (`episodes_of`) that no shard has committed. Call it once the rank's recorder has opened its
         shard (a resumed shard has then recovered its complete parts)."""
-        mine = committed_global_indices(self.shard_dir, self.name)
+        name = self._opened_name()
+        mine = committed_global_indices(self.shard_dir, name)
         everyone = self._gather(sorted(mine))
         done = set().union(*map(set, everyone))
-        for rank, folder in list_shards(self.output_dir, self.name).items():
+        for rank, folder in list_shards(self.output_dir, name).items():
             if rank >= self.world_size:  # shards of an earlier, larger world: read only
-                done |= committed_global_indices(folder, self.name)
+                done |= committed_global_indices(folder, name)
         todo = [g for g in episodes_of(self.rank, self.world_size, self.total) if g not in done]
         return EpisodeSchedule(todo, num_envs, self.rank, self.base_seed)
 
@@ -220,7 +232,7 @@ class DistributedRun:
         if self.rank == 0:
             any_failed = any(s.get("failed") for s in summaries)
             try:
-                report = merge(self.output_dir, self.name, expected=self.total)
+                report = merge(self.output_dir, self._opened_name(), expected=self.total)
             except NothingToMerge:  # a run without trajectories (videos and results only): nothing to join
                 report = None
             except BaseException:
@@ -293,6 +305,7 @@ class ShardedResets:
         self.schedule = self.run.plan(recorder, self.num_envs)
 
     def seeds(self, slots: Sequence[int]) -> tuple[list[int], list[dict[str, int] | None]]:
+        assert self.schedule is not None, "attach() plans the rank's episodes before the first reset"
         metas = self.schedule.assign(slots)
         return [int(s) for s in self.schedule.seeds], metas
 

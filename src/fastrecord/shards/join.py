@@ -101,14 +101,16 @@ def ranges_text(values: Sequence[int], limit: int = 12) -> str:
     """Sorted integers as spans, "0-3, 7, 9-12" (at most ``limit`` spans, then how many more)."""
     values = sorted(values)
     spans: list[str] = []
-    start = prev = None
-    for v in values + [None]:
+    start: int | None = None
+    prev = 0  # the last value seen (read only while a span is open, so after one)
+    for v in [*values, None]:
         if start is not None and (v is None or v != prev + 1):
             spans.append(str(start) if start == prev else f"{start}-{prev}")
             start = None
-        if v is not None and start is None:
-            start = v
-        prev = v
+        if v is not None:
+            if start is None:
+                start = v
+            prev = v
     text = ", ".join(spans[:limit])
     return text + (f", ... ({len(spans) - limit} more spans)" if len(spans) > limit else "")
 

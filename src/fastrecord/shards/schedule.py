@@ -79,8 +79,9 @@ class EpisodeSchedule:
         metas: list[dict[str, int] | None] = []
         for e in slots:
             e = int(e)
-            if self.current[e] is not None:
-                self.finished.append(self.current[e])
+            ended = self.current[e]
+            if ended is not None:
+                self.finished.append(ended)
             g = self._queue.popleft() if self._queue else None
             self.current[e] = g
             if g is not None:

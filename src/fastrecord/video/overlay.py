@@ -14,9 +14,9 @@ This module imports only numpy (PIL lazily): encoder processes import it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -35,7 +35,7 @@ def maniskill_font() -> str:
 
 
 @dataclass(frozen=True)
-class Overlay:
+class Overlay(Sequence[dict[str, Any]]):
     """One video's info text as columns (one value per episode step and key).
 
     Frame ``f`` of the video (``0 <= f < frames``) is frame ``p = offset + f`` of the episode: frame 0 is the
@@ -72,7 +72,13 @@ class Overlay:
     def __bool__(self) -> bool:
         return bool(self.columns) and self.frames > 0
 
-    def __getitem__(self, i: int | slice) -> Any:
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Overlay: ...
+
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | Overlay:
         if isinstance(i, slice):
             lo, hi, step = i.indices(self.frames)
             if step != 1:
