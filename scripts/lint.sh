@@ -2,7 +2,7 @@
 # The linter (ruff) and the type checker (mypy), configured in pyproject.toml ([tool.ruff], [tool.mypy]);
 # .ci/run runs this before the tests. Both come with the test extra (pip install -e ".[test]", pinned).
 #   ruff: src/ with the full rule set; tests/, benchmarks/ and scripts/ with a few rules fewer
-#   mypy: src/fastrecord (the public entry points strictly; the modules still to fix are listed there) and
+#   mypy: src/fastrecord (every module; the public entry points strictest) and
 #         tests/typecheck_api.py (a type checker sees the entry points' parameters)
 # Usage: bash scripts/lint.sh          (exit 1 when either finds something; both always run)
 #        bash scripts/lint.sh --fix    (first ruff's safe fixes, and the statements holding lines over 120
