@@ -48,8 +48,12 @@ def take_lock(path: Path, *, wait: bool = False, waiting: Callable[[str], None] 
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    except BaseException:  # no space for the owner line: give the lock back, its file removed (nothing left)
+        release_lock(Path(path), fd)
+        raise
     return fd
 
 
