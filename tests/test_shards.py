@@ -5,6 +5,7 @@ file; the rules, the schedule and merge's refusals in-process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -427,6 +428,24 @@ def test_maniskill_reads_the_joined_dataset(pickcube_runs, tmp_path):
             np.testing.assert_allclose(f[f"traj_{g}"]["actions"][:], e["actions"])
 
 
+def signal_family(pid: int, sig: int, known: list[int] | None = None) -> list[int]:
+    """Send ``sig`` to process ``pid`` and then to its descendants (read from /proc, each stopped before its
+    children are listed, so none starts one unseen), and to the ``known`` ones; returns every pid signalled."""
+    done: list[int] = []
+    todo = [pid, *(known or [])]
+    while todo:
+        p = todo.pop(0)
+        if p in done:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, sig)
+        done.append(p)
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in children.read_text().split()]
+    return done
+
+
 def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
     out = tmp_path / "run"
     command = [*TORCHRUN, "--nproc-per-node", "2", *RECORD, "--output-dir", str(out)]
@@ -445,16 +464,19 @@ def test_killed_rank_resumed_by_the_same_command(pickcube_runs, tmp_path):
             pid = int(text.split()[1]) if text.startswith("pid ") else None  # "pid N on HOST"
             time.sleep(0.005)
         assert pid is not None, "rank 1 took no lock in time"
-        os.kill(pid, signal.SIGSTOP)
+        # the rank and its helper processes (the HDF5 writers publish trajectory.json): all stopped, all killed
+        family = signal_family(pid, signal.SIGSTOP)
         while time.monotonic() < deadline and proc.poll() is None:
             doc = read_json(shard1 / "trajectory.json")
             if doc is not None and len(doc["episodes"]) >= 1:
-                os.kill(pid, signal.SIGKILL)
+                signal_family(pid, signal.SIGKILL, family)
                 killed = pid
                 break
-            os.kill(pid, signal.SIGCONT)
+            for p in family:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGCONT)
             time.sleep(0.02)
-            os.kill(pid, signal.SIGSTOP)
+            family = signal_family(pid, signal.SIGSTOP)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
