@@ -94,20 +94,15 @@ def test_readme_module_table_matches_the_tree():
 
 MAX_FUNCTION_LINES = 80
 LONG_BECAUSE = "Long because:"  # a docstring line starting so names why a function must stay over 80 lines
-# Functions over 80 lines in areas other helpers of issue 30 are changing now; the coordinator splits or
-# justifies them after merging, then removes them here.
+# The functions over 80 lines still to split (issue 30), with their length when listed: the hot path's gather
+# and the recorder's set-up, make_eval_envs' body (its checks already moved to check_eval_env_arguments), and the
+# two recovery scans (LeRobot's, the HDF5 parts'). A function split or justified ("Long because:") leaves the list.
 LONG_ELSEWHERE = {
-    "fastrecord.buffer.EpisodeBuffer.gather": "fresh",
-    "fastrecord.recorder.EpisodeRecorder.__init__": "fresh",
-    "fastrecord.make_env.make_eval_envs": "evalstart",
-    "fastrecord.replay.drive._convert": "replay",
-    "fastrecord.replay.drive._drive": "replay",
-    "fastrecord.replay.plan.make_plan": "replay",
-    "fastrecord.replay.workers.run_workers": "replay",
-    "fastrecord.shards.join._merge": "sinks",
-    "fastrecord.sinks.lerobot.check.scan_dataset": "sinks",
-    "fastrecord.sinks.lerobot.join.join_datasets": "sinks",
-    "fastrecord.sinks.maniskill_h5.process.recover_here": "sinks",
+    "fastrecord.buffer.EpisodeBuffer.gather": 94,
+    "fastrecord.recorder.EpisodeRecorder.__init__": 91,
+    "fastrecord.make_env.make_eval_envs": 91,
+    "fastrecord.sinks.lerobot.check.scan_dataset": 107,
+    "fastrecord.sinks.maniskill_h5.process.recover_here": 94,
 }
 
 
@@ -140,3 +135,4 @@ def test_functions_stay_short_or_say_why():
     long = long_functions()
     assert {k: n for k, n in long.items() if k not in LONG_ELSEWHERE} == {}
     assert set(LONG_ELSEWHERE) - set(long) == set(), "split or justified: remove it from LONG_ELSEWHERE"
+    assert {k: n for k, n in long.items() if n > LONG_ELSEWHERE.get(k, n)} == {}, "still to split: do not grow it"
