@@ -7,7 +7,8 @@ COMMAND: ``record`` (``fastrecord record`` PickCube-v1, the CLI with its signal 
 KeyboardInterrupt) or ``replay`` (``fastrecord replay SOURCE.h5``). OUTPUTS: ``h5``, ``mp4``,
 ``lerobot`` joined by ``+`` (the results file is always written); ``rgb`` records a camera image too.
 FAULT: ``none`` (run until killed), ``sink-error:K`` (a user sink raises in the stepping thread when
-episode K ends) or ``enospc:K`` (a background sink's write of episode K fails with ENOSPC).
+episode K ends), ``enospc:K`` (a background sink's write of episode K fails with ENOSPC) or
+``killed-at-commit:K`` (the process dies once K kept episodes are committed, before any output is closed).
 A thread prints ``finished N`` whenever N kept episodes are committed (rows in OUT/run.results.jsonl),
 for `conftest.run_then_kill`.
 """
@@ -61,6 +62,24 @@ class DiskFull(BackgroundSink):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
 
+class KilledAtCommit(Sink):
+    """A user's sink whose process dies (``os._exit(9)``, as a SIGKILL leaves it: no close, no exit handler) once
+    the run's commit log reaches ``at`` kept episodes: every row written, no output's files finished."""
+
+    wants_datasets = False
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def submit(self, episodes):
+        pass
+
+    def after_commit(self, committed, wait):
+        if committed >= self.at:
+            print(f"injected: killed at commit {committed}", flush=True)
+            os._exit(9)
+
+
 def committed(out: Path) -> int:
     """Kept episodes committed in OUT/run (its results file, or its shards' of a sharded replay)."""
     n = 0
@@ -86,7 +105,8 @@ def report(out: Path) -> None:
 
 def fault_sinks(fault: str) -> list[Sink]:
     kind, _, at = fault.partition(":")
-    return {"none": [], "sink-error": [SinkError(int(at or 0))], "enospc": [DiskFull(int(at or 0))]}[kind]
+    return {"none": [], "sink-error": [SinkError(int(at or 0))], "enospc": [DiskFull(int(at or 0))],
+            "killed-at-commit": [KilledAtCommit(int(at or 0))]}[kind]
 
 
 def flags(outputs: set[str]) -> list[str]:

@@ -136,6 +136,24 @@ def run_case(tmp_path: Path, command: str, outputs: str, stop: str, source: Path
     return kept
 
 
+@pytest.mark.parametrize("command", ["replay", "record"])
+def test_killed_after_its_last_commit_is_finished_by_the_resume(tmp_path, request, command):
+    """Killed once every episode is committed (rows written) but before any output was closed (the HDF5 parts
+    not consolidated, LeRobot's parts not folded into its files): the resume, with nothing left to replay or
+    record, finishes every output as the close would have."""
+    out = tmp_path / "out"
+    source = request.getfixturevalue("source") if command == "replay" else None
+    argv = [sys.executable, str(WORKER), str(out), command, "h5+lerobot", f"killed-at-commit:{fault_worker.EPISODES}"]
+    r = subprocess.run(argv + ([str(source)] if source else []), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 9 and "killed at commit" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    assert fault_worker.committed(out) == fault_worker.EPISODES
+    assert (out / "run.h5.parts").is_dir() or (out / "run.lerobot.parts").is_dir()  # left for the close to finish
+    resume(out, command, {"h5", "lerobot"}, source)
+    kept = check_run(out, {"h5", "lerobot"})
+    assert len(kept) == fault_worker.EPISODES
+    assert json.loads((out / "run.fastrecord.json").read_text())["status"] == "closed"
+
+
 CHEAP = [
     ("record", "h5+mp4+lerobot", "sigkill"),
     ("record", "h5+lerobot", "sigint"),

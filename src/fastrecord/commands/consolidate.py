@@ -68,6 +68,22 @@ def consolidate_run(path: str | Path) -> str:
     return "\n".join(_whole_run(folder, name, has_h5, has_lerobot))
 
 
+def finish_run(folder: Path, name: str) -> list[str]:
+    """Finish the outputs of run ``name`` in ``folder`` as its close would have, if a kill stopped it before
+    (its manifest does not say ``closed``): made to agree, consolidated, marked closed (`_whole_run`); the
+    summary lines (none for a closed run or no run). A resumed replay with nothing left to replay calls it."""
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
+    from fastrecord.sinks.maniskill_h5 import sibling_paths
+
+    manifest = read_manifest(folder / f"{name}{MANIFEST_SUFFIX}")
+    if not manifest or manifest.get("status") == "closed":
+        return []
+    h5, lerobot = folder / f"{name}.h5", folder / f"{name}.lerobot"
+    has_h5 = h5.exists() or sibling_paths(h5)[1].is_dir()
+    has_lerobot = lerobot.is_dir() or lerobot.with_name(lerobot.name + ".parts").is_dir()
+    return _whole_run(folder, name, has_h5, has_lerobot)
+
+
 def _whole_run(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:
     """Consolidate every output of run ``name``, made to agree first (`fastrecord.sinks.reconcile`), then
     mark its manifest ``closed``; the summary lines. A run without a manifest (ManiSkill's files, an older
