@@ -475,3 +475,32 @@ def default_staging_pool() -> StagingPool:
         if _default_pool is None:
             _default_pool = StagingPool()
         return _default_pool
+
+
+# ---------------------------------------------------------------------------------------------- a helper process's side
+# The arenas a helper process (an encoder, a LeRobot part process) has mapped from the caller, by id: the caller
+# sends each arena's memfd once (``map_arena``), then only (arena id, offset, shape) of the frames to read.
+_mapped: dict[int, mmap.mmap] = {}
+
+
+def map_arena(arena_id: int, size: int, fd: int) -> None:
+    """Map a staging arena (its memfd ``fd``, which this takes over) read-only in this helper process."""
+    try:
+        _mapped[arena_id] = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def forget_arena(arena_id: int) -> None:
+    """Unmap an arena the caller is unmapping (a frame array still viewing it keeps it until collected)."""
+    mm = _mapped.pop(arena_id, None)
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:  # a view of it is still alive: unmapped when collected
+            pass
+
+
+def mapped_frames(arena_id: int, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The uint8 frames of ``shape`` at ``offset`` of a mapped arena, read in place."""
+    return np.frombuffer(_mapped[arena_id], dtype=np.uint8, count=int(np.prod(shape)), offset=offset).reshape(shape)

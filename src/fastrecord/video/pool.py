@@ -11,8 +11,6 @@ its file descriptor is sent once per process), so a job is a file name, an offse
 from __future__ import annotations
 
 import atexit
-import mmap
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +21,15 @@ import numpy as np
 
 from fastrecord.options import usable_cores
 from fastrecord.processes import ChildDied, IsolatedProcess, RemoteError
-from fastrecord.staging import StagingPool, locate, on_arena_close, shared_memory_supported
+from fastrecord.staging import (
+    StagingPool,
+    forget_arena,
+    locate,
+    map_arena,
+    mapped_frames,
+    on_arena_close,
+    shared_memory_supported,
+)
 from fastrecord.video.encode import (
     EncoderError,
     VideoSettings,
@@ -34,35 +40,15 @@ from fastrecord.video.encode import (
 )
 from fastrecord.video.yuv import Yuv420Frames
 
+
 # ---------------------------------------------------------------------------------------------- in the encoder process
 # The jobs an encoder process runs (`IsolatedProcess.call` / `notify` by reference): the arenas it has
 # mapped, by id.
-_arenas: dict[int, mmap.mmap] = {}
-
-
-def map_arena(arena_id: int, size: int, fd: int) -> None:
-    """Map a staging arena (its memfd ``fd``, which this takes over) read-only for the encode jobs."""
-    try:
-        _arenas[arena_id] = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-    finally:
-        os.close(fd)
-
-
-def forget_arena(arena_id: int) -> None:
-    """Unmap an arena the parent is unmapping (a frame array still viewing it keeps it until collected)."""
-    mm = _arenas.pop(arena_id, None)
-    if mm is not None:
-        try:
-            mm.close()
-        except BufferError:
-            pass
-
-
 def encode_job(path: str, arena_id: int, offset: int, shape: tuple[int, ...], fmt: str, settings: VideoSettings,
                overlay: Any) -> tuple[float, float, str]:
     """Encode the frames at ``offset`` of a mapped arena (`encode_here`); returns (wall s, CPU s, path written)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    frames = np.frombuffer(_arenas[arena_id], dtype=np.uint8, count=int(np.prod(shape)), offset=offset).reshape(shape)
+    frames = mapped_frames(arena_id, offset, shape)
     try:
         written = encode_here(Path(path), frames, settings, fmt, overlay)
     finally:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import io
 import json
-import mmap
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import numpy as np
 
 from fastrecord.sinks.lerobot.layout import DATA_PATH, EPISODES_PATH, VIDEO_PATH, chunk_file, write_file
 from fastrecord.sinks.lerobot.stats import aggregate_stats, episode_stats, flat_stats, listed, vector_stats
+from fastrecord.staging import forget_arena, map_arena, mapped_frames  # noqa: F401 - the caller notifies them by name
 
 MODULE = "fastrecord.sinks.lerobot.files"  # what the helper processes serve
 PART_META = b"fastrecord.lerobot.part"  # a part's parquet metadata: its episode and the dataset's settings
@@ -68,33 +67,12 @@ def write_parquet(table: Any, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- parts
-_arenas: dict[int, mmap.mmap] = {}  # the caller's staging arenas this process has mapped, by id
-
-
-def map_arena(arena_id: int, size: int, fd: int) -> None:
-    """Map a staging arena (`fastrecord.staging`; its memfd ``fd``, which this takes over) read-only."""
-    try:
-        _arenas[arena_id] = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-    finally:
-        os.close(fd)
-
-
-def forget_arena(arena_id: int) -> None:
-    """Unmap an arena the caller is unmapping."""
-    mm = _arenas.pop(arena_id, None)
-    if mm is not None:
-        try:
-            mm.close()
-        except BufferError:  # a view of it is still alive: unmapped when collected
-            pass
-
-
 def _frames(ref: Any) -> np.ndarray:
     """A camera's frames: an array (pickled), or ``(arena id, offset, shape)`` of uint8 frames in a mapped arena."""
     if isinstance(ref, np.ndarray):
         return ref
     arena_id, offset, shape = ref
-    return np.frombuffer(_arenas[arena_id], dtype=np.uint8, count=int(np.prod(shape)), offset=offset).reshape(shape)
+    return mapped_frames(arena_id, offset, tuple(shape))
 
 
 def write_part(path: str, cols: Mapping[str, np.ndarray], sampled: Mapping[str, Any], fps: float,
