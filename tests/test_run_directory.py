@@ -293,6 +293,37 @@ def test_full_disk_is_an_error_in_the_caller_and_keeps_what_was_written(small_di
     assert written > 0 and len(eps) >= written
 
 
+def test_a_close_whose_manifest_cannot_be_written_keeps_the_journal(tmp_path, monkeypatch):
+    """A run's files since its last manifest are listed only in its journal; a close on a full disk (the final
+    manifest's write fails) keeps the journal, so the resume lists and keeps every one of them (CI saw a
+    committed video left unlisted, then duplicated as ``_1`` by the resume, when the close removed it)."""
+    import errno
+
+    from fastrecord.sinks import base
+    from fastrecord.sinks.runfiles import journal_path, listed_files
+
+    run = RunDirectory(tmp_path, "t", manifest_interval_s=3600).open()  # the first manifest only, at open
+    for e in range(3):
+        (tmp_path / f"{e}_env0_failure.mp4").write_bytes(b"video")
+        run.intend_file(tmp_path / f"{e}_env0_failure.mp4", [e])
+        run.add_file(tmp_path / f"{e}_env0_failure.mp4", [e], intended=tmp_path / f"{e}_env0_failure.mp4")
+
+    def no_space(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(base, "atomic_write_bytes", no_space)
+    with pytest.raises(OSError, match="No space"):
+        run.close(status="failed")
+    monkeypatch.undo()
+    assert journal_path(tmp_path, "t").exists()
+    want = {f"{e}_env0_failure.mp4": [e] for e in range(3)}
+    assert {f: e for f, e in listed_files(tmp_path, "t").items() if f.endswith(".mp4")} == want
+    resumed = RunDirectory(tmp_path, "t", if_exists="resume").open()
+    resumed.close()
+    manifest = json.loads((tmp_path / f"t{MANIFEST_SUFFIX}").read_text())
+    assert set(want) <= set(manifest["files"]) and not journal_path(tmp_path, "t").exists()
+
+
 # ---------------------------------------------------------------------------------------------- runs that recorded nothing
 def test_a_run_that_recorded_nothing_does_not_block_the_same_name(tmp_path):
     RecordEpisode(BatchedDoubleEnv(num_envs=2), tmp_path, trajectory_name="t").close()  # closed before any episode

@@ -272,24 +272,25 @@ def test_helper_process_takes_file_descriptors_and_one_way_requests(tmp_path):
     request ends the child and is raised by the next call."""
     import os
 
+    from fastrecord import staging
     from fastrecord.processes import IsolatedProcess
-    from fastrecord.video import pool
 
     path = tmp_path / "data"
     path.write_bytes(b"x" * 4096)
-    proc = IsolatedProcess("fastrecord.video.pool", "the mapper", keep_after_error=True)
+    proc = IsolatedProcess("fastrecord.staging", "the mapper", keep_after_error=True)
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
-            proc.notify(pool.map_arena, 7, 4096, fds=[fd])
+            proc.notify(staging.map_arena, 7, 4096, fds=[fd])
         finally:
             os.close(fd)
-        assert proc.call("_arenas.__len__") == 1
-        proc.notify(pool.forget_arena, 7)
-        assert proc.call("_arenas.__len__") == 0
-        proc.notify(pool.map_arena, 8, 4096)  # no descriptor: a TypeError there
+        mapped = "_mapped.__len__"  # the arenas the helper process holds mapped
+        assert proc.call(mapped) == 1
+        proc.notify(staging.forget_arena, 7)
+        assert proc.call(mapped) == 0
+        proc.notify(staging.map_arena, 8, 4096)  # no descriptor: a TypeError there
         with pytest.raises(TypeError, match="fd"):
-            proc.call("_arenas.__len__")
+            proc.call(mapped)
         assert not proc.alive()
     finally:
         proc.stop()

@@ -483,11 +483,17 @@ class RunDirectory:
                 journal_path(self.output_dir, self.name).unlink(missing_ok=True)
 
     # -------------------------------------------------------------- release
-    def _release(self) -> None:
+    def _release(self, manifest_final: bool = False) -> None:
+        """Close the journal and give the name's lock back. The journal is removed only where the final
+        manifest (``manifest_final``) was written: a close whose manifest write failed (a full disk) keeps it,
+        the only list of the files added since the last manifest, for the resume or ``consolidate``."""
         if self._journal is not None:
-            self._journal.close()
+            try:
+                self._journal.close()
+            except OSError:  # its last lines could not be written (a full disk): what reached the disk stays
+                pass
             self._journal = None
-            if self._closed and not self._intents:
+            if manifest_final and not self._intents:
                 journal_path(self.output_dir, self.name).unlink(missing_ok=True)
         if self._lock_fd is not None:
             fd, self._lock_fd = self._lock_fd, None
@@ -505,14 +511,16 @@ class RunDirectory:
                 elif p.exists():
                     p.unlink()
         self._closed = True
-        self._release()
+        self._release(manifest_final=True)  # nothing recorded: its journal lists nothing to keep
 
     def close(self, status: str = "closed") -> None:
         """Write the final manifest and release the name. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        written = False
         try:
             self._write_manifest(status=status, force=True)
+            written = True
         finally:
-            self._release()
+            self._release(manifest_final=written)

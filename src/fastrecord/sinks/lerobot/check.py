@@ -41,6 +41,21 @@ def _fix(root: Path) -> str:
             f"was changed")
 
 
+def _episodes_files(root: Path, chunks: int) -> dict[int, Path]:
+    """Each file group's episodes file: ``file-FFF.parquet``, or its ``.pending`` commit where one exists. A
+    group's rewrite (more episodes in the open group) writes ``.pending`` beside the older episodes file and
+    then replaces it; a kill between the two leaves both, and the ``.pending`` one is the group's commit
+    (the writer's recovery gives it the name)."""
+    found: dict[int, Path] = {}
+    for p in (root / "meta" / "episodes").glob("chunk-*/file-*.parquet*"):
+        c, f = _CHUNK_RE.match(p.parent.name), re.match(r"^file-(\d+)\.parquet(\.pending)?$", p.name)
+        if c and f:
+            group = int(c[1]) * chunks + int(f[1])
+            if group not in found or p.name.endswith(PENDING):
+                found[group] = p
+    return found
+
+
 def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> DatasetState:
     """The episodes of the dataset ``root`` (``NAME.lerobot``) and its parts (``NAME.lerobot.parts``),
     and every disagreement between its files: ``meta/info.json``'s totals and the episodes files, each
@@ -59,10 +74,7 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
         except (OSError, ValueError) as e:
             st.problems.append(f"{rel(root / INFO_PATH)} cannot be read ({e}); {_fix(root)}")
     chunks = int(info.get("chunks_size") or 1000)
-    groups = sorted(
-        (int(c[1]) * chunks + int(f[1]), p)
-        for p in (root / "meta" / "episodes").glob("chunk-*/file-*.parquet*")
-        if (c := _CHUNK_RE.match(p.parent.name)) and (f := re.match(r"^file-(\d+)\.parquet(\.pending)?$", p.name)))
+    groups = sorted(_episodes_files(root, chunks).items())
     cameras = [k for k, v in (info.get("features") or {}).items() if isinstance(v, dict) and v.get("dtype") == "video"]
     episodes = frames = 0
     for k, (group, path) in enumerate(groups):
@@ -81,10 +93,11 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
         rows = table.to_pylist()
         chunk, file = chunk_file(group, chunks)
         data = root / DATA_PATH.format(chunk_index=chunk, file_index=file)
-        pending = path.name.endswith(PENDING)  # committed, info.json not rewritten yet (a kill): not counted there
+        # committed, not yet named nor counted by info.json (a kill): the group's episodes all the same (info.json
+        # may count the older episodes file it replaces; it never counts more than the commit holds)
+        pending = path.name.endswith(PENDING)
         want_rows = sum(int(r["length"]) for r in rows)
-        if not pending:
-            episodes, frames = episodes + len(rows), frames + want_rows
+        episodes, frames = episodes + len(rows), frames + want_rows
         data_file = staged_path(data) if pending and staged_path(data).exists() else data
         if not data_file.exists():
             st.problems.append(f"{rel(data)} is missing: {len(rows)} episodes of {rel(path)} ({want_rows} rows) have "
