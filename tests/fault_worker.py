@@ -115,8 +115,19 @@ def flags(outputs: set[str]) -> list[str]:
     return out + (["--lerobot"] if "lerobot" in outputs else [])
 
 
+def hold_lerobot_parts() -> None:
+    """LeRobot's committed episodes stay parts until the close (no file group is written while recording), so
+    that a kill finds each of them as a part (FAULT_HOLD_LEROBOT_PARTS=1)."""
+    from fastrecord.sinks.lerobot.writer import LeRobotWriter
+
+    roll = LeRobotWriter.roll
+    LeRobotWriter.roll = lambda self, final=False: roll(self, final) if final else None  # type: ignore[method-assign]
+
+
 def main(out: str, command: str, outputs: set[str], fault: str, resume: bool, source: str | None) -> int:
     threading.Thread(target=report, args=(Path(out),), daemon=True).start()
+    if os.environ.get("FAULT_HOLD_LEROBOT_PARTS"):
+        hold_lerobot_parts()
     sinks = fault_sinks(fault)
     import fastrecord.sinks.loggers as loggers
 

@@ -61,87 +61,125 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
     and every disagreement between its files: ``meta/info.json``'s totals and the episodes files, each
     episodes file's data file (its rows) and videos (present; with ``videos`` also readable and long enough),
     files past the last episodes file, unreadable parts or parts without their videos."""
-    import pyarrow.parquet as pq
-
     root = Path(root)
     parts = Path(parts) if parts is not None else root.with_name(root.name + ".parts")
     st = DatasetState(root)
-    rel = lambda p: f"{root.name}/{p.relative_to(root)}"  # noqa: E731
     info: dict[str, Any] = {}
     if (root / INFO_PATH).exists():
         try:
             info = json.loads((root / INFO_PATH).read_text())
         except (OSError, ValueError) as e:
-            st.problems.append(f"{rel(root / INFO_PATH)} cannot be read ({e}); {_fix(root)}")
+            st.problems.append(f"{_rel(root, root / INFO_PATH)} cannot be read ({e}); {_fix(root)}")
     chunks = int(info.get("chunks_size") or 1000)
     groups = sorted(_episodes_files(root, chunks).items())
     cameras = [k for k, v in (info.get("features") or {}).items() if isinstance(v, dict) and v.get("dtype") == "video"]
     episodes = frames = 0
     for k, (group, path) in enumerate(groups):
         if group != k:
-            chunk_idx, file_idx = chunk_file(k, chunks)
-            missing = root / EPISODES_PATH.format(chunk_index=chunk_idx, file_index=file_idx)
-            st.problems.append(f"{rel(missing)} is missing (the episodes files go on with {rel(path)}); {_fix(root)}")
+            missing = root / EPISODES_PATH.format(**_where(k, chunks))
+            st.problems.append(f"{_rel(root, missing)} is missing (the episodes files go on with {_rel(root, path)}); "
+                               f"{_fix(root)}")
             break
-        try:
-            table = pq.read_table(path)
-            meta = json.loads(table.schema.metadata[FILE_META])
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
-            st.problems.append(f"{rel(path)} cannot be read ({type(e).__name__}: {str(e)[:120]}); {_fix(root)}")
+        counted = _check_group(st, path, group, chunks, cameras, videos)
+        if counted is None:
             break
-        st.filed += [int(s) for s in meta.get("parts", [])]
-        rows = table.to_pylist()
-        chunk, file = chunk_file(group, chunks)
-        data = root / DATA_PATH.format(chunk_index=chunk, file_index=file)
-        # committed, not yet named nor counted by info.json (a kill): the group's episodes all the same (info.json
-        # may count the older episodes file it replaces; it never counts more than the commit holds)
-        pending = path.name.endswith(PENDING)
-        want_rows = sum(int(r["length"]) for r in rows)
-        episodes, frames = episodes + len(rows), frames + want_rows
-        data_file = staged_path(data) if pending and staged_path(data).exists() else data
-        if not data_file.exists():
-            st.problems.append(f"{rel(data)} is missing: {len(rows)} episodes of {rel(path)} ({want_rows} rows) have "
-                               f"no "
-                               f"data; {_fix(root)}")
-        else:
-            try:
-                got = pq.ParquetFile(data_file).metadata.num_rows
-                if got != want_rows:
-                    st.problems.append(f"{rel(data_file)} holds {got} rows where {rel(path)} says {want_rows}; "
-                                       f"{_fix(root)}")
-            except Exception as e:  # noqa: BLE001
-                st.problems.append(f"{rel(data_file)} cannot be read (truncated or damaged: {type(e).__name__}); "
-                                   f"{_fix(root)}")
-        for key in cameras:
-            video = root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
-            end = max((float(r.get(f"videos/{key}/to_timestamp") or 0.0) for r in rows), default=0.0)
-            problem = _video_problem(video, end) if videos else (None if video.exists() else "is missing")
-            if problem:
-                st.problems.append(f"{rel(video)} {problem}: the videos of {len(rows)} episodes of {rel(path)}; "
-                                   f"{_fix(root)}")
+        episodes, frames = episodes + counted[0], frames + counted[1]
     st.files = len(groups)
     if info and not st.problems:
-        if int(info.get("total_episodes", 0)) > episodes:  # the episodes file after the last one found is gone
-            chunk, file = chunk_file(len(groups), chunks)
-            missing = root / EPISODES_PATH.format(chunk_index=chunk, file_index=file)
-            st.problems.append(f"{rel(missing)} is missing: {rel(root / INFO_PATH)} counts {info['total_episodes']} "
-                               f"episodes, the episodes files {episodes}; {_fix(root)}")
-        # more in the episodes files than info.json counts is a kill inside a group's write, after the episodes
-        # file took its name and before info.json (LeRobot reads what info.json counts; a resume counts the rest):
-        # no damage. Fewer is.
-        for key, have in (("total_episodes", episodes), ("total_frames", frames)):
-            if not st.problems and int(info.get(key, 0)) > have:
-                st.problems.append(f"{rel(root / INFO_PATH)} says {key} {info.get(key)} but the episodes files hold "
-                                   f"{have}; "
-                                   f"{_fix(root)}")
+        _check_totals(st, info, episodes, frames, chunks)
+    _check_extra_files(st, chunks)
+    _scan_parts(st, parts)
+    return st
+
+
+def _rel(root: Path, p: Path) -> str:
+    return f"{root.name}/{p.relative_to(root)}"
+
+
+def _where(group: int, chunks: int) -> dict[str, int]:
+    chunk, file = chunk_file(group, chunks)
+    return dict(chunk_index=chunk, file_index=file)
+
+
+def _check_group(st: DatasetState, path: Path, group: int, chunks: int, cameras: list[str],
+                 videos: bool) -> tuple[int, int] | None:
+    """The episodes file ``path`` of file group ``group``: its parts added to ``st.filed``, its data file's rows
+    and its videos checked (problems to ``st.problems``); returns (episodes, frames) it holds, None where it
+    cannot be read (the files after it are not checked)."""
+    import pyarrow.parquet as pq
+
+    root = st.root
+    try:
+        table = pq.read_table(path)
+        meta = json.loads(table.schema.metadata[FILE_META])
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
+        st.problems.append(f"{_rel(root, path)} cannot be read ({type(e).__name__}: {str(e)[:120]}); {_fix(root)}")
+        return None
+    st.filed += [int(s) for s in meta.get("parts", [])]
+    rows = table.to_pylist()
+    where = _where(group, chunks)
+    data = root / DATA_PATH.format(**where)
+    # a .pending episodes file is committed but not yet named nor counted by info.json (a kill): the group's
+    # episodes all the same (info.json may count the older episodes file it replaces, never more than it holds)
+    pending = path.name.endswith(PENDING)
+    want_rows = sum(int(r["length"]) for r in rows)
+    data_file = staged_path(data) if pending and staged_path(data).exists() else data
+    if not data_file.exists():
+        st.problems.append(f"{_rel(root, data)} is missing: {len(rows)} episodes of {_rel(root, path)} ({want_rows} "
+                           f"rows) have no data; {_fix(root)}")
+    else:
+        try:
+            got = pq.ParquetFile(data_file).metadata.num_rows
+            if got != want_rows:
+                st.problems.append(f"{_rel(root, data_file)} holds {got} rows where {_rel(root, path)} says "
+                                   f"{want_rows}; {_fix(root)}")
+        except Exception as e:  # noqa: BLE001
+            st.problems.append(f"{_rel(root, data_file)} cannot be read (truncated or damaged: {type(e).__name__}); "
+                               f"{_fix(root)}")
+    for key in cameras:
+        video = root / VIDEO_PATH.format(video_key=key, **where)
+        end = max((float(r.get(f"videos/{key}/to_timestamp") or 0.0) for r in rows), default=0.0)
+        problem = _video_problem(video, end) if videos else (None if video.exists() else "is missing")
+        if problem:
+            st.problems.append(f"{_rel(root, video)} {problem}: the videos of {len(rows)} episodes of "
+                               f"{_rel(root, path)}; {_fix(root)}")
+    return len(rows), want_rows
+
+
+def _check_totals(st: DatasetState, info: dict[str, Any], episodes: int, frames: int, chunks: int) -> None:
+    """meta/info.json's totals against what the episodes files hold (``episodes``, ``frames``). More in the
+    episodes files than info.json counts is a kill inside a group's write, after the episodes file took its
+    name and before info.json (LeRobot reads what info.json counts; a resume counts the rest): no damage.
+    Fewer is."""
+    root, info_path = st.root, st.root / INFO_PATH
+    if int(info.get("total_episodes", 0)) > episodes:  # the episodes file after the last one found is gone
+        missing = root / EPISODES_PATH.format(**_where(st.files, chunks))
+        st.problems.append(f"{_rel(root, missing)} is missing: {_rel(root, info_path)} counts "
+                           f"{info['total_episodes']} episodes, the episodes files {episodes}; {_fix(root)}")
+    for key, have in (("total_episodes", episodes), ("total_frames", frames)):
+        if not st.problems and int(info.get(key, 0)) > have:
+            st.problems.append(f"{_rel(root, info_path)} says {key} {info.get(key)} but the episodes files hold "
+                               f"{have}; {_fix(root)}")
+
+
+def _check_extra_files(st: DatasetState, chunks: int) -> None:
+    """Data and video files of no episodes file. The next group's videos are written before its episodes file:
+    what a kill there leaves (a resume removes it) is not one."""
+    root = st.root
     for kind in ("data", "videos"):
         for p in sorted((root / kind).rglob("*.*")) if (root / kind).is_dir() else ():
             c, f = _CHUNK_RE.match(p.parent.name), _FILE_RE.match(p.name)
             group = int(c[1]) * chunks + int(f[1]) if c and f else -1
-            # the next file's videos are written before its episodes file: what a kill there leaves (a resume
-            # removes it)
             if p.is_file() and group >= st.files and not (kind == "videos" and group == st.files):
-                st.problems.append(f"{rel(p)} is not counted by any episodes file (extra); move it out of {root.name}/")
+                st.problems.append(f"{_rel(root, p)} is not counted by any episodes file (extra); move it out of "
+                                   f"{root.name}/")
+
+
+def _scan_parts(st: DatasetState, parts: Path) -> None:
+    """The committed parts not yet in a dataset file (``st.parts``); an unreadable part, or one without its
+    videos, is a problem."""
+    import pyarrow.parquet as pq
+
     for p in sorted(parts.glob("ep_*.parquet")) if parts.is_dir() else ():
         m = PART_RE.match(p.name)
         if not m:
@@ -151,8 +189,7 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
             lost = [v for v in meta.get("videos", {}).values() if not (parts / v).exists()]
         except Exception as e:  # noqa: BLE001
             st.problems.append(f"{parts.name}/{p.name} cannot be read (truncated or damaged: {type(e).__name__}); "
-                               f"restore it "
-                               f"or delete it (its episode {int(m[1])} is then recorded again on resume)")
+                               f"restore it or delete it (its episode {int(m[1])} is then recorded again on resume)")
             continue
         if lost:
             st.problems.append(f"{parts.name}/{p.name} has no video {lost[0]}; restore it, or delete {p.name} (episode "
@@ -160,7 +197,6 @@ def scan_dataset(root: Path, parts: Path | None = None, videos: bool = True) -> 
             continue
         if int(m[1]) not in st.filed:
             st.parts.append(int(m[1]))
-    return st
 
 
 def _video_problem(path: Path, end: float) -> str | None:
