@@ -39,6 +39,7 @@ def consolidate_run(path: str | Path) -> str:
     is a ValueError naming the fix."""
     from fastrecord.shards import list_shards, lock_held, merge
     from fastrecord.sinks.maniskill_h5 import sibling_paths
+    from fastrecord.sinks.reconcile import finish_outputs, mib
 
     path = Path(path)
     if path.suffix not in (".h5", ".lerobot") or (path.suffix == ".h5" and path.is_dir()):
@@ -56,7 +57,7 @@ def consolidate_run(path: str | Path) -> str:
         missing = f"; {len(report.missing)} expected episodes are missing (fastrecord merge {folder} --name {name} " \
                   f"lists them)" if report.missing else ""
         return (f"{h5}: {report.episodes} episodes from {len(report.shards)} shard(s) copied into one self-contained "
-                f"file ({_mib(h5)}); {name}.shards/ kept{missing}")
+                f"file ({mib(h5)}); {name}.shards/ kept{missing}")
     has_h5 = h5.exists() or parts_dir.is_dir()
     has_lerobot = lerobot.is_dir() or lerobot.with_name(lerobot.name + ".parts").is_dir()
     if not (has_h5 if path.suffix == ".h5" else has_lerobot):
@@ -65,73 +66,7 @@ def consolidate_run(path: str | Path) -> str:
                              f"pass the NAME.lerobot folder of a recorded run")
         raise ValueError(f"{h5} is no run: neither it nor {parts_dir.name}/ nor {name}.shards/ exist; pass the NAME.h5 "
                          f"of a recorded run, in the folder it was recorded in")
-    return "\n".join(_whole_run(folder, name, has_h5, has_lerobot))
-
-
-def finish_run(folder: Path, name: str) -> list[str]:
-    """Finish the outputs of run ``name`` in ``folder`` as its close would have, if a kill stopped it before
-    (its manifest does not say ``closed``): made to agree, consolidated, marked closed (`_whole_run`); the
-    summary lines (none for a closed run or no run). A resumed replay with nothing left to replay calls it."""
-    from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
-    from fastrecord.sinks.maniskill_h5 import sibling_paths
-
-    manifest = read_manifest(folder / f"{name}{MANIFEST_SUFFIX}")
-    if not manifest or manifest.get("status") == "closed":
-        return []
-    h5, lerobot = folder / f"{name}.h5", folder / f"{name}.lerobot"
-    has_h5 = h5.exists() or sibling_paths(h5)[1].is_dir()
-    has_lerobot = lerobot.is_dir() or lerobot.with_name(lerobot.name + ".parts").is_dir()
-    return _whole_run(folder, name, has_h5, has_lerobot)
-
-
-def _whole_run(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:
-    """Consolidate every output of run ``name``, made to agree first (`fastrecord.sinks.reconcile`), then
-    mark its manifest ``closed``; the summary lines. A run without a manifest (ManiSkill's files, an older
-    fastrecord's) has its outputs consolidated as they are."""
-    from fastrecord.sinks.base import MANIFEST_SUFFIX, RunDirectory, read_manifest
-    from fastrecord.sinks.reconcile import reconcile, refuse_damage
-
-    manifest = read_manifest(folder / f"{name}{MANIFEST_SUFFIX}")
-    if not manifest:
-        return _outputs(folder, name, has_h5, has_lerobot)
-    refuse_damage(folder, name, "not consolidating")  # read only: a damaged run is refused before anything is written
-    run = RunDirectory(folder, name, "resume", options=manifest.get("options")).open()
-    status = manifest.get("status", "recording")
-    try:
-        reconcile(run)
-        lines = _outputs(folder, name, has_h5, has_lerobot)
-        status = "closed"
-        return lines
-    finally:
-        run.close(status=status)
-
-
-def _outputs(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:
-    from fastrecord.sinks.lerobot import repair
-    from fastrecord.sinks.maniskill_h5 import consolidate, read_json, sibling_paths
-
-    lines = []
-    if has_h5:
-        h5 = folder / f"{name}.h5"
-        json_path, parts_dir = sibling_paths(h5)
-        had_parts = parts_dir.is_dir()
-        consolidate(h5)
-        episodes = len((read_json(json_path) or {}).get("episodes") or [])
-        done = f"{parts_dir.name}/ removed" if had_parts else "it was self-contained already"
-        lines.append(f"{h5}: {episodes} episodes in one self-contained file ({_mib(h5)}); {done}")
-    if has_lerobot:
-        root = folder / f"{name}.lerobot"
-        parts = root.with_name(root.name + ".parts")
-        had = sum(1 for p in parts.glob("ep_*.parquet")) if parts.is_dir() else 0
-        w = repair(root)
-        lines.append(f"{root}: {w.episodes} episodes, {w.frames} frames in {w.files} file(s) of each kind; "
-                     + (f"{had} finished episode(s) folded in from {parts.name}/" if had else "nothing to fold in"))
-    return lines
-
-
-def _mib(path: Path) -> str:
-    n = path.stat().st_size
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+    return "\n".join(finish_outputs(folder, name, has_h5, has_lerobot))
 
 
 def main_from_args(args: argparse.Namespace) -> int:

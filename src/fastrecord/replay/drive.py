@@ -45,7 +45,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     todo = [ep for ep in episodes if int(ep["episode_id"]) not in done]
     skipped = len(episodes) - len(todo)
     if not todo:  # a resumed replay that is complete: nothing to replay, but a kill after its last episode left
-        from fastrecord.commands.consolidate import finish_run  # its outputs to finish as its close would have
+        from fastrecord.sinks.reconcile import finish_run  # its outputs to finish as its close would have
 
         finish_run(out, name)
         return ReplaySummary(0, 0, 0, [], 0, 0.0, out, [], startup_seconds=time.perf_counter() - t0, skipped=skipped)

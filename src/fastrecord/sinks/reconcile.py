@@ -1,4 +1,6 @@
-"""Make a stopped run's outputs agree before it goes on: `inspect_run` (read only) and `reconcile`.
+"""Make a stopped run's outputs agree before it goes on: `inspect_run` (read only) and `reconcile`; finish a
+killed run's outputs as its close would have: `finish_run` (``fastrecord consolidate``, a resumed replay with
+nothing left to replay).
 
 The rule (docs/format.md, "Crash safety"): a kept episode is *done* once its row is in
 ``NAME.results.jsonl``, and its row is written only after every output holds it for good
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastrecord.sinks import formats
-from fastrecord.sinks.runfiles import RESULTS_SUFFIX, listed_files, owned_intent_files, pending_intents
+from fastrecord.sinks.runfiles import MANIFEST_SUFFIX, RESULTS_SUFFIX, listed_files, owned_intent_files, pending_intents
 
 if TYPE_CHECKING:
     from fastrecord.sinks.base import RunDirectory
@@ -198,3 +200,71 @@ def reconcile(run: RunDirectory, state: RunState | None = None) -> RunState:
         log.warning("fastrecord: resuming %r: discarded the episodes the run had not committed to every output when it "
                     "stopped (%s); they are recorded again", name, what)
     return state
+
+
+# ---------------------------------------------------------------------------------------------- finishing a run
+def finish_run(folder: Path, name: str) -> list[str]:
+    """Finish the outputs of run ``name`` in ``folder`` as its close would have, if a kill stopped it before
+    (its manifest does not say ``closed``): made to agree, consolidated, marked closed (`finish_outputs`); the
+    summary lines (none for a closed run or no run). A resumed replay with nothing left to replay calls it."""
+    from fastrecord.sinks.base import read_manifest
+    from fastrecord.sinks.maniskill_h5 import sibling_paths
+
+    manifest = read_manifest(folder / f"{name}{MANIFEST_SUFFIX}")
+    if not manifest or manifest.get("status") == "closed":
+        return []
+    h5, lerobot = folder / f"{name}.h5", folder / f"{name}.lerobot"
+    has_h5 = h5.exists() or sibling_paths(h5)[1].is_dir()
+    has_lerobot = lerobot.is_dir() or lerobot.with_name(lerobot.name + ".parts").is_dir()
+    return finish_outputs(folder, name, has_h5, has_lerobot)
+
+
+def finish_outputs(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:
+    """Consolidate every output of run ``name``, made to agree first (`fastrecord.sinks.reconcile`), then
+    mark its manifest ``closed``; the summary lines. A run without a manifest (ManiSkill's files, an older
+    fastrecord's) has its outputs consolidated as they are."""
+    from fastrecord.sinks.base import RunDirectory, read_manifest
+
+    manifest = read_manifest(folder / f"{name}{MANIFEST_SUFFIX}")
+    if not manifest:
+        return _consolidate_outputs(folder, name, has_h5, has_lerobot)
+    refuse_damage(folder, name, "not consolidating")  # read only: a damaged run is refused before anything is written
+    run = RunDirectory(folder, name, "resume", options=manifest.get("options")).open()
+    status = manifest.get("status", "recording")
+    try:
+        reconcile(run)
+        lines = _consolidate_outputs(folder, name, has_h5, has_lerobot)
+        status = "closed"
+        return lines
+    finally:
+        run.close(status=status)
+
+
+def _consolidate_outputs(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:
+    """The trajectory made one self-contained file, the LeRobot dataset's parts folded into its files; a line each."""
+    from fastrecord.sinks.lerobot import repair
+    from fastrecord.sinks.maniskill_h5 import consolidate, read_json, sibling_paths
+
+    lines = []
+    if has_h5:
+        h5 = folder / f"{name}.h5"
+        json_path, parts_dir = sibling_paths(h5)
+        had_parts = parts_dir.is_dir()
+        consolidate(h5)
+        episodes = len((read_json(json_path) or {}).get("episodes") or [])
+        done = f"{parts_dir.name}/ removed" if had_parts else "it was self-contained already"
+        lines.append(f"{h5}: {episodes} episodes in one self-contained file ({mib(h5)}); {done}")
+    if has_lerobot:
+        root = folder / f"{name}.lerobot"
+        parts = root.with_name(root.name + ".parts")
+        had = sum(1 for p in parts.glob("ep_*.parquet")) if parts.is_dir() else 0
+        w = repair(root)
+        lines.append(f"{root}: {w.episodes} episodes, {w.frames} frames in {w.files} file(s) of each kind; "
+                     + (f"{had} finished episode(s) folded in from {parts.name}/" if had else "nothing to fold in"))
+    return lines
+
+
+def mib(path: Path) -> str:
+    """A file's size as the summaries print it (``1.5 MiB``, ``12.0 KiB``)."""
+    n = path.stat().st_size
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
