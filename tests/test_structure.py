@@ -101,7 +101,6 @@ LONG_ELSEWHERE = {
     "fastrecord.buffer.EpisodeBuffer.gather": 94,
     "fastrecord.recorder.EpisodeRecorder.__init__": 91,
     "fastrecord.make_env.make_eval_envs": 91,
-    "fastrecord.sinks.maniskill_h5.process.recover_here": 94,
 }
 
 

@@ -181,16 +181,7 @@ def recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, A
     """
     h5 = Path(h5_path)
     json_path, parts_dir = sibling_paths(h5)
-    doomed = parts_dir.with_name(parts_dir.name + ".deleting")
-    if not (h5.exists() or json_path.exists() or parts_dir.exists() or doomed.exists()):
-        raise FileNotFoundError(f"nothing to recover at {h5}: neither it, {json_path.name} nor {parts_dir.name}/ exist")
-    if doomed.exists() and h5.exists():  # a consolidation finished, then died deleting the parts
-        shutil.rmtree(doomed)
-    for tmp in (h5.with_name(h5.name + ".tmp"), json_path.with_name(json_path.name + ".tmp")):
-        tmp.unlink(missing_ok=True)
-    if parts_dir.is_dir():
-        for tmp in parts_dir.glob("*.tmp"):  # parts a crash left half-written
-            tmp.unlink()
+    _remove_leftovers(h5)
     old = read_json(json_path)
     if header is None and old is not None:
         header = {k: v for k, v in old.items() if k != "episodes"}
@@ -199,63 +190,24 @@ def recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, A
         old_entries = []
     parts = complete_parts(parts_dir)
     if not parts and h5.exists() and not self_contained(h5):
-        with h5py.File(h5, "r") as f:
-            linked = [
-                f.get(k, getlink=True).filename for k in f if isinstance(f.get(k, getlink=True), h5py.ExternalLink)
-            ]
-        if linked:  # an index copied without its parts: rebuilding it from no parts would list nothing
-            raise ValueError(
-                f"{h5} is an index of links ({len(linked)} episodes, e.g. into {linked[0]}) and "
-                f"{parts_dir.name}/ is not next to it: there are no parts to rebuild it from. Run this in the folder "
-                f"the run was recorded in, or copy {parts_dir.name}/ next to {h5.name} first"
-            )
+        _refuse_an_index_without_parts(h5)
     if not parts and h5.exists() and self_contained(h5):
         if not resume:  # a closed run: already one file
             return dict(
                 header=header or {}, episodes=old_entries, links=[], next_part=0, skipped=[], self_contained=True
             )
-        if old is None:
-            raise ValueError(
-                f"cannot resume {h5}: {json_path.name} (the episodes' seeds and ids) is missing or not valid JSON"
-            )
-        with h5py.File(h5, "r") as f:
-            metas = [e for e in old_entries if f"traj_{e.get('episode_id')}" in f]
-            unlisted = sorted(set(f) - {f"traj_{e['episode_id']}" for e in metas})
-        if unlisted:
-            raise ValueError(f"cannot resume {h5}: groups {unlisted[:5]} have no entry in {json_path.name}; "
-                             f"resuming would drop them. Move the pair away and record with resume=False")
-        parts_dir.mkdir(exist_ok=True)
-        adopt(h5, parts_dir / part_name(0), metas, header or {})
+        _adopt_closed_run(h5, old, header)
         parts = complete_parts(parts_dir)
     by_id = {e["episode_id"]: e for e in old_entries if isinstance(e, dict) and "episode_id" in e}
     episodes: list[dict] = []
     links: list[tuple[str, str, str]] = []
     skipped: list[str] = []
     for _, part in parts:
-        try:
-            with h5py.File(part, "r") as f:
-                text = f.attrs.get(EPISODES_ATTR)
-                if header is None and HEADER_ATTR in f.attrs:
-                    header = json.loads(f.attrs[HEADER_ATTR])
-                if text is None:  # written before parts carried their entries: NAME.json has them
-                    groups = [g for g in f if g.startswith("traj_") and g[5:].isdigit()]
-                    metas = [by_id.get(int(g[5:])) for g in groups]
-                    if any(m is None for m in metas):
-                        skipped.append(f"{part.name} (episodes without an entry in {json_path.name})")
-                        continue
-                    legacy = True
-                else:
-                    metas = json.loads(text)
-                    legacy = False
-                items = [(f"traj_{m['episode_id']}", m) for m in metas]
-                if any(g not in f for g, _ in items):
-                    skipped.append(f"{part.name} (groups listed in {EPISODES_ATTR} are missing)")
-                    continue
-        except (OSError, ValueError, KeyError) as e:
-            skipped.append(f"{part.name} ({type(e).__name__}: {e})")
+        read = _read_part(part, by_id, header, json_path.name)
+        if isinstance(read, str):
+            skipped.append(read)
             continue
-        if legacy:  # give it its entries for good: ids are renumbered below, NAME.json's would not match later
-            adopt(part, part, metas, header or {})
+        items, header = read
         for g, m in items:
             m = dict(m, episode_id=len(episodes))
             episodes.append(m)
@@ -267,6 +219,82 @@ def recover_here(h5_path: str, header: dict | None, resume: bool) -> dict[str, A
     return dict(
         header=header, episodes=episodes, links=links, next_part=next_part, skipped=skipped, self_contained=False
     )
+
+
+def _remove_leftovers(h5: Path) -> None:
+    """What a crash left half-done around ``NAME.h5``: the parts folder of a finished consolidation that died
+    deleting it, temporaries of the pair, half-written parts. FileNotFoundError where there is no run at all."""
+    json_path, parts_dir = sibling_paths(h5)
+    doomed = parts_dir.with_name(parts_dir.name + ".deleting")
+    if not (h5.exists() or json_path.exists() or parts_dir.exists() or doomed.exists()):
+        raise FileNotFoundError(f"nothing to recover at {h5}: neither it, {json_path.name} nor {parts_dir.name}/ exist")
+    if doomed.exists() and h5.exists():  # a consolidation finished, then died deleting the parts
+        shutil.rmtree(doomed)
+    for tmp in (h5.with_name(h5.name + ".tmp"), json_path.with_name(json_path.name + ".tmp")):
+        tmp.unlink(missing_ok=True)
+    if parts_dir.is_dir():
+        for tmp in parts_dir.glob("*.tmp"):  # parts a crash left half-written
+            tmp.unlink()
+
+
+def _refuse_an_index_without_parts(h5: Path) -> None:
+    """A ValueError where ``NAME.h5`` is an index of links copied without its parts folder: rebuilding it from
+    no parts would list nothing."""
+    with h5py.File(h5, "r") as f:
+        linked = [f.get(k, getlink=True).filename for k in f if isinstance(f.get(k, getlink=True), h5py.ExternalLink)]
+    if linked:
+        parts_dir = sibling_paths(h5)[1]
+        raise ValueError(
+            f"{h5} is an index of links ({len(linked)} episodes, e.g. into {linked[0]}) and "
+            f"{parts_dir.name}/ is not next to it: there are no parts to rebuild it from. Run this in the folder "
+            f"the run was recorded in, or copy {parts_dir.name}/ next to {h5.name} first"
+        )
+
+
+def _adopt_closed_run(h5: Path, old: dict | None, header: dict | None) -> None:
+    """A resume of a closed run: its self-contained ``NAME.h5`` becomes part 0 (every group listed in
+    ``NAME.json``, ``old``; a ValueError where one is not, or the JSON is missing)."""
+    json_path, parts_dir = sibling_paths(h5)
+    if old is None:
+        raise ValueError(f"cannot resume {h5}: {json_path.name} (the episodes' seeds and ids) is missing or not valid "
+                         f"JSON")
+    old_entries = old.get("episodes", [])
+    old_entries = old_entries if isinstance(old_entries, list) else []
+    with h5py.File(h5, "r") as f:
+        metas = [e for e in old_entries if f"traj_{e.get('episode_id')}" in f]
+        unlisted = sorted(set(f) - {f"traj_{e['episode_id']}" for e in metas})
+    if unlisted:
+        raise ValueError(f"cannot resume {h5}: groups {unlisted[:5]} have no entry in {json_path.name}; "
+                         f"resuming would drop them. Move the pair away and record with resume=False")
+    parts_dir.mkdir(exist_ok=True)
+    adopt(h5, parts_dir / part_name(0), metas, header or {})
+
+
+def _read_part(part: Path, by_id: dict[int, dict], header: dict | None,
+               json_name: str) -> tuple[list[tuple[str, dict]], dict | None] | str:
+    """A complete part's episodes, ``[(group, entry)]``, and the header (``header``, or the part's where none);
+    or why it is skipped. A part written before parts carried their entries takes them from ``NAME.json``'s
+    (``by_id``), for good: ids are renumbered by the caller, ``NAME.json``'s would not match later."""
+    try:
+        with h5py.File(part, "r") as f:
+            text = f.attrs.get(EPISODES_ATTR)
+            if header is None and HEADER_ATTR in f.attrs:
+                header = json.loads(f.attrs[HEADER_ATTR])
+            if text is None:  # written before parts carried their entries: NAME.json has them
+                found = [by_id.get(int(g[5:])) for g in f if g.startswith("traj_") and g[5:].isdigit()]
+                if any(m is None for m in found):
+                    return f"{part.name} (episodes without an entry in {json_name})"
+                metas = [m for m in found if m is not None]
+            else:
+                metas = json.loads(text)
+            items = [(f"traj_{m['episode_id']}", m) for m in metas]
+            if any(g not in f for g, _ in items):
+                return f"{part.name} (groups listed in {EPISODES_ATTR} are missing)"
+    except (OSError, ValueError, KeyError) as e:
+        return f"{part.name} ({type(e).__name__}: {e})"
+    if text is None:
+        adopt(part, part, metas, header or {})
+    return items, header
 
 
 def consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict] | None = None) -> dict[str, Any]:
