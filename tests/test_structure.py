@@ -99,8 +99,6 @@ LONG_BECAUSE = "Long because:"  # a docstring line starting so names why a funct
 # two recovery scans (LeRobot's, the HDF5 parts'). A function split or justified ("Long because:") leaves the list.
 LONG_ELSEWHERE = {
     "fastrecord.buffer.EpisodeBuffer.gather": 94,
-    "fastrecord.recorder.EpisodeRecorder.__init__": 91,
-    "fastrecord.make_env.make_eval_envs": 91,
 }
 
 

@@ -1,5 +1,6 @@
 """Which cameras an env's observations hold: ``video_source="sensor:<camera>"`` checked when the wrapper
-is made, before the run directory is, rather than at the first reset (which would leave an empty run).
+is made, before the run directory is, rather than at the first reset (which would leave an empty run);
+`check_video_options`, every check of the video options against the env.
 
 ManiSkill envs declare their observations in ``observation_space`` (``single_observation_space`` for a
 vector env): ``sensor_data/<camera>/rgb`` for each RGB camera of an image ``obs_mode``. Envs that do not
@@ -73,3 +74,20 @@ def check_frame_sides(video_source: str, env: Any) -> None:
         if max(int(width), int(height)) > MAX_FRAME_SIDE:
             raise ValueError(f"camera {name!r} makes {width}x{height} frames, larger than the {MAX_FRAME_SIDE} pixels "
                              f"a side H.264 (libx264) encodes; {fix}, or pass save_video=False")
+
+
+def check_video_options(save_video: bool, video_source: str, render_mode: str | None, env: Any) -> None:
+    """The video options against the env, before the run directory is made: a render mode that makes no
+    image (`fastrecord.envs.IMAGE_RENDER_MODES`), a camera name the env lacks (`check_video_source`), frame
+    sides H.264 cannot encode (`check_frame_sides`)."""
+    from fastrecord.envs import IMAGE_RENDER_MODES
+
+    if save_video and video_source == "render" and render_mode not in IMAGE_RENDER_MODES:
+        raise ValueError(
+            f"Render mode is {render_mode!r}, which cannot make videos. Create the env with "
+            f"render_mode='rgb_array' (or one of {IMAGE_RENDER_MODES}), pass video_source='sensor:<camera>', "
+            f"or set save_video=False."
+        )
+    check_video_source(video_source, env)
+    if save_video:
+        check_frame_sides(video_source, env)

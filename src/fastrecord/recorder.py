@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
-from fastrecord.cameras import check_frame_sides, check_video_source
-from fastrecord.envs import IMAGE_RENDER_MODES, EnvView
+from fastrecord.cameras import check_video_options
+from fastrecord.envs import EnvView
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
 from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
@@ -62,15 +62,7 @@ class EpisodeRecorder:
         self, view: EnvView, output_dir: str | Path, options: RecordOptions, sinks: Sequence[Sink] = ()
     ) -> None:
         opts = options
-        if opts.save_video and opts.video_source == "render" and view.render_mode not in IMAGE_RENDER_MODES:
-            raise ValueError(
-                f"Render mode is {view.render_mode!r}, which cannot make videos. Create the env with "
-                f"render_mode='rgb_array' (or one of {IMAGE_RENDER_MODES}), pass video_source='sensor:<camera>', "
-                f"or set save_video=False."
-            )
-        check_video_source(opts.video_source, view.env)  # a bad camera name: before the run directory is made
-        if opts.save_video:
-            check_frame_sides(opts.video_source, view.env)  # frames H.264 cannot encode: likewise
+        check_video_options(opts.save_video, opts.video_source, view.render_mode, view.env)  # before the run directory
         self.options = opts
         self.view = view
         self.num_envs = view.num_envs
@@ -126,9 +118,20 @@ class EpisodeRecorder:
 
         self.run = RunDirectory(output_dir, opts.trajectory_name, opts.if_exists,
                                 options={**opts.as_dict(), **built.chosen}, check_resume=self._inspect_resumed).open()
+        self._open_sinks()
+        self.trajectory_name = self.run.name
+        # episode ids continue where a resumed run stopped
+        self.first_episode_id = self.run.committed
+        self.next_episode_id = self.first_episode_id
+        close_at_exit(self)
+
+    def _open_sinks(self) -> None:
+        """Open every sink on the run directory, a resumed run's outputs first made to agree (`sinks.reconcile`:
+        each holds exactly the episodes the run committed); a failure closes what was opened and abandons the
+        run directory (`RunDirectory.abandon`) before it is raised."""
         opened: list[Sink] = []
         try:
-            if self.run.resuming:  # every output holds exactly the episodes the run committed (sinks.reconcile)
+            if self.run.resuming:
                 from fastrecord.sinks.reconcile import reconcile
 
                 self._check_resumed_outputs(self._resumed)
@@ -144,11 +147,6 @@ class EpisodeRecorder:
                     pass
             self.run.abandon()
             raise
-        self.trajectory_name = self.run.name
-        # episode ids continue where a resumed run stopped
-        self.first_episode_id = self.run.committed
-        self.next_episode_id = self.first_episode_id
-        close_at_exit(self)
 
     def _inspect_resumed(self, manifest: dict[str, Any]) -> None:
         """Under the run's lock, before anything is written: a damaged run is refused (`refuse_damage`)."""
