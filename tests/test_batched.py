@@ -129,7 +129,7 @@ def test_tiled_layout_matches_maniskill(tmp_path, device, monkeypatch):
     (RGB frames gathered through the staging memory in chunks, not converted to yuv420p on the device)."""
     from mani_skill.utils.visualization.misc import tile_images
 
-    monkeypatch.setattr("fastrecord.buffer._CHUNK_BYTES", 1)  # one env per chunk of the gather
+    monkeypatch.setattr("fastrecord.hostcopy.CHUNK_BYTES", 1)  # one env per chunk of the gather
     base = BatchedDoubleEnv(num_envs=4, max_episode_steps=3, size=256, device=device)
     env = RecordEpisode(base, tmp_path, trajectory_name="t", video_layout="tiled")
     obs, _ = env.reset(seed=0)

@@ -94,14 +94,6 @@ def test_readme_module_table_matches_the_tree():
 
 MAX_FUNCTION_LINES = 80
 LONG_BECAUSE = "Long because:"  # a docstring line starting so names why a function must stay over 80 lines
-# The functions over 80 lines still to split (issue 30), with their length when listed: the hot path's gather
-# and the recorder's set-up, make_eval_envs' body (its checks already moved to check_eval_env_arguments), and the
-# two recovery scans (LeRobot's, the HDF5 parts'). A function split or justified ("Long because:") leaves the list.
-LONG_ELSEWHERE = {
-    "fastrecord.buffer.EpisodeBuffer.gather": 94,
-}
-
-
 def long_functions(max_lines: int = MAX_FUNCTION_LINES) -> dict[str, int]:
     """{module.Class.function: its lines (decorators and docstring included)} of every function of the
     package over ``max_lines`` whose docstring has no line starting with `LONG_BECAUSE`."""
@@ -128,7 +120,4 @@ def long_functions(max_lines: int = MAX_FUNCTION_LINES) -> dict[str, int]:
 
 def test_functions_stay_short_or_say_why():
     """No function over 80 lines unless its docstring has a line starting "Long because:" with the reason."""
-    long = long_functions()
-    assert {k: n for k, n in long.items() if k not in LONG_ELSEWHERE} == {}
-    assert set(LONG_ELSEWHERE) - set(long) == set(), "split or justified: remove it from LONG_ELSEWHERE"
-    assert {k: n for k, n in long.items() if n > LONG_ELSEWHERE.get(k, n)} == {}, "still to split: do not grow it"
+    assert long_functions() == {}

@@ -14,42 +14,21 @@ once per batch of finished episodes.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from fastrecord.staging import default_staging_pool, shared_memory_supported
+from fastrecord.hostcopy import LeafTransform, chunks, copy_to_staging, host_view, staging_layout
+from fastrecord.staging import default_staging_pool
 
 GiB = 1024**3
 
 
 class BufferTooLargeError(MemoryError):
     """The episode buffer would not fit in the memory of its device."""
-
-
-class LeafTransform(Protocol):
-    """A conversion of a recorded leaf on its device, done by `EpisodeBuffer.gather` before the copy to the
-    host (e.g. `fastrecord.video.yuv.YUV420P`: RGB frames to yuv420p, half the bytes to copy).
-
-    ``accepts(buf)``: whether the leaf's buffer ``[capacity, envs, *leaf]`` can be converted; ``shape``:
-    the converted leaf's shape from ``leaf``; ``dtype``: its numpy dtype; ``transform(part)``: ``[envs,
-    steps, *leaf]`` tensor -> ``[envs, steps, *shape(leaf)]`` tensor on the same device; ``wrap(host,
-    ready)``: the host array (``ready``: the CUDA event of its asynchronous copy) -> what gather returns.
-    """
-
-    dtype: np.dtype
-
-    def accepts(self, buf: torch.Tensor) -> bool: ...
-
-    def shape(self, leaf_shape: tuple[int, ...]) -> tuple[int, ...]: ...
-
-    def __call__(self, part: torch.Tensor, /) -> torch.Tensor: ...
-
-    def wrap(self, host: np.ndarray, ready: Any) -> np.ndarray: ...
 
 
 class _Pack:
@@ -67,7 +46,7 @@ class _Pack:
         self.storage = storage
         self.device = storage.device
         self.flat = storage.view(-1, storage.shape[2])
-        self.host = _host_view(storage)
+        self.host = host_view(storage)
 
     def view(self, name: str) -> torch.Tensor:
         lo, hi, shape = self.members[name]
@@ -187,7 +166,7 @@ class EpisodeBuffer:
         self._bufs[name] = buf
         self._sig[name] = (torch.Size((self.num_envs, *buf.shape[2:])), buf.dtype)  # what a step's leaf looks like
         self._flat[name] = buf.view(-1, *buf.shape[2:])
-        self._host[name] = _host_view(buf)
+        self._host[name] = host_view(buf)
 
     def _ensure_fields(self, data: Mapping[str, torch.Tensor]) -> None:
         """A field for every leaf of ``data`` (shape and dtype as the leaf's): new ones allocated, small new
@@ -292,7 +271,7 @@ class EpisodeBuffer:
             buf = self._bufs[name]
             if value.device != buf.device:
                 value = value.to(buf.device, non_blocking=buf.is_cuda)
-            if (dst := _host_view(buf[0])) is not None and (src := _host_view(value)) is not None:
+            if (dst := host_view(buf[0])) is not None and (src := host_view(value)) is not None:
                 dst[env_idx] = src[env_idx]  # numpy: torch's CPU advanced indexing is slow for image rows
             else:
                 r = rows.get(buf.device)
@@ -359,7 +338,7 @@ class EpisodeBuffer:
             value = value.to(buf.device, non_blocking=buf.is_cuda)
         if value.shape[0] != self.num_envs:
             value = value.expand(self.num_envs, *buf.shape[2:])
-        if (dst := self._host[name]) is not None and (src := _host_view(value)) is not None:
+        if (dst := self._host[name]) is not None and (src := host_view(value)) is not None:
             # CPU leaves through numpy: torch's CPU kernels split image copies over its intra-op threads, which wait for
             # cores the writer processes hold (index_copy_ of 8 envs x 64x64 RGB: 0.6-6 ms a call; numpy: 0.01 ms)
             if lo == hi:
@@ -498,18 +477,7 @@ class EpisodeBuffer:
             cols = slice(lo, hi) if whole else rows[buf.device][lo:hi]
             return buf[:length, cols].transpose(0, 1)
 
-        converted = {n: t for n, t in (transforms or {}).items()
-                     if n in selected and selected[n].is_cuda and t.accepts(selected[n])}
-        layout: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        for name, buf in selected.items():
-            if name in converted:
-                t = converted[name]
-                layout[name] = ((len(env_idx), length, *t.shape(tuple(buf.shape[2:]))), np.dtype(t.dtype))
-            elif (dt := _numpy_dtype(buf.dtype)) is not None:
-                layout[name] = ((len(env_idx), length, *buf.shape[2:]), dt)
-        total = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize + 4096 for s, dt in layout.values())
-        if total < _STAGING_MIN_BYTES or not shared_memory_supported():
-            converted, layout = {}, {}
+        converted, layout, total = staging_layout(selected, transforms, len(env_idx), length)
         # small gathers (a few episodes ending at one step) share an arena with the next ones
         lease = default_staging_pool().lease(total, pin=cuda, shared=True) if layout else None
 
@@ -521,33 +489,18 @@ class EpisodeBuffer:
                 continue
             if name in layout:
                 assert lease is not None  # leased for every gather with a layout
-                dst = lease.array(*layout[name])
-                if (host := _host_view(buf)) is not None:  # CPU: one numpy copy (see `step`)
-                    # one copy per episode of its contiguous frames: np.take of the swapped view would copy
-                    # the whole buffer first (0.45 s for 16 envs x 51 frames x 256x256, this: 0.04 s)
-                    for i, e in enumerate(env_idx.tolist()):
-                        np.copyto(dst[i], host[:length, e])
-                    out[name] = dst
-                    continue
-                # in chunks of envs: a strided device-to-host copy goes through a device temporary
-                for lo, hi in _chunks(len(env_idx), buf[0, 0].numel() * buf.element_size() * length):
-                    src = part(buf, lo, hi)
-                    torch.from_numpy(dst[lo:hi]).copy_(src, non_blocking=src.is_cuda)
-                out[name] = dst
+                out[name] = copy_to_staging(buf, lease.array(*layout[name]), env_idx, length, part)
                 continue
-            if (host := _host_view(buf)) is not None:  # CPU: one numpy copy (see `step`)
+            if (host := host_view(buf)) is not None:  # CPU: one numpy copy (see `step`)
                 out[name] = np.take(host[:length].swapaxes(0, 1), env_idx, axis=0)
                 continue
             src = part(buf)
             if src.is_cuda:
-                pinned = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-                pinned.copy_(src, non_blocking=True)
-                pending.append(pinned)
-                staged[name] = pinned
+                staged[name] = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+                staged[name].copy_(src, non_blocking=True)
             else:
-                copy = src.clone(memory_format=torch.contiguous_format)
-                pending.append(copy)
-                staged[name] = copy
+                staged[name] = src.clone(memory_format=torch.contiguous_format)
+            pending.append(staged[name])
         for d in devices:
             if d.type == "cuda":
                 torch.cuda.current_stream(d).synchronize()
@@ -568,7 +521,7 @@ class EpisodeBuffer:
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(buf.device)
         current = torch.cuda.current_stream(buf.device)
-        for lo, hi in _chunks(dst.shape[0], buf[0, 0].numel() * buf.element_size() * dst.shape[1]):
+        for lo, hi in chunks(dst.shape[0], buf[0, 0].numel() * buf.element_size() * dst.shape[1]):
             done = transform(part(buf, lo, hi))
             self._copy_stream.wait_stream(current)
             with torch.cuda.stream(self._copy_stream):
@@ -578,28 +531,3 @@ class EpisodeBuffer:
         ready = torch.cuda.Event(blocking=True)  # waiters sleep rather than spin (encoders need the cores)
         ready.record(self._copy_stream)
         return ready
-
-
-_STAGING_MIN_BYTES = 1024 * 1024  # smaller gathers (flags for the keep filter) skip the staging pool
-_CHUNK_BYTES = 256 * 1024 * 1024  # bytes of a field read per chunk of a gather (bounds device temporaries)
-
-
-def _chunks(n: int, bytes_per_env: int) -> list[tuple[int, int]]:
-    """``(lo, hi)`` ranges over ``n`` envs of at most `_CHUNK_BYTES` each (at least one env)."""
-    step = max(1, _CHUNK_BYTES // max(1, bytes_per_env))
-    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
-
-
-def _host_view(t: torch.Tensor) -> np.ndarray | None:
-    """A numpy view of a CPU tensor (None on other devices and for dtypes numpy lacks)."""
-    if t.device.type != "cpu" or t.requires_grad or _numpy_dtype(t.dtype) is None:
-        return None
-    return t.numpy()
-
-
-@functools.cache
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
-    try:
-        return torch.empty(0, dtype=dtype).numpy().dtype
-    except (TypeError, RuntimeError):
-        return None

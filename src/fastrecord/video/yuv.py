@@ -250,7 +250,7 @@ def yuv420p_to_rgb_numpy(yuv: np.ndarray) -> np.ndarray:
 
 class Yuv420Transform:
     """RGB frames to `Yuv420Frames`, as a transform of `EpisodeBuffer.gather` (the protocol
-    `fastrecord.buffer.LeafTransform`): uint8 ``[..., H, W, 3]`` leaves with even H and W, converted by
+    `fastrecord.hostcopy.LeafTransform`): uint8 ``[..., H, W, 3]`` leaves with even H and W, converted by
     `rgb_to_yuv420p` on their device. Holds nothing; use the instance `YUV420P`."""
 
     dtype = np.dtype(np.uint8)
