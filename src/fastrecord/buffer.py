@@ -328,7 +328,7 @@ class EpisodeBuffer:
             if len(present) == len(values):
                 self._write_pack(pack, present, lo, hi)
             else:  # a step without some member (an info key that comes and goes): leaf by leaf
-                for name, v in zip(pack.members, values):
+                for name, v in zip(pack.members, values, strict=True):
                     if v is not None:
                         self._write_leaf(name, v, lo, hi)
 

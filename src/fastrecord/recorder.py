@@ -296,7 +296,7 @@ class EpisodeRecorder:
             if "options" in rest:  # as RecordEpisode records them, less the env slots (which depend on the layout)
                 rest["options"] = {k: v for k, v in (rest["options"] or {}).items() if k not in ENV_SLOT_KEYS} or None
             rest.setdefault("seed", None)
-            for e, seed in zip(np.asarray(env_idx).tolist(), self._seeds[env_idx].tolist()):
+            for e, seed in zip(np.asarray(env_idx).tolist(), self._seeds[env_idx].tolist(), strict=True):
                 self._reset_kwargs[e] = {k: seed if k == "seed" else copy.deepcopy(v) for k, v in rest.items()}
         else:
             for e in env_idx:
@@ -380,7 +380,7 @@ class EpisodeRecorder:
                 f"set_episode_meta: {len(env_idx)} envs but {len(metas)} metas; give one mapping (or None) per env"
             )
         reserved = {"episode_id", "episode_seed", "control_mode", "elapsed_steps", "reset_kwargs", "success", "fail"}
-        for e, m in zip(env_idx.tolist(), metas):
+        for e, m in zip(env_idx.tolist(), metas, strict=True):
             if not 0 <= e < self.num_envs:
                 raise ValueError(f"set_episode_meta: env index {e} is outside 0..{self.num_envs - 1}")
             if m is not None and reserved & set(m):

@@ -175,7 +175,7 @@ class BatchedDoubleEnv(gym.Env):
         return torch.tensor(steps, device=self.device)
 
     def _check_lengths(self, lengths: list[int], envs: list[int]) -> None:
-        bad = [(e, n) for e, n in zip(envs, lengths) if not 1 <= n <= self.max_episode_steps]
+        bad = [(e, n) for e, n in zip(envs, lengths, strict=True) if not 1 <= n <= self.max_episode_steps]
         if bad:
             raise ValueError(f"episode_lengths {bad} ((env, length) pairs) are outside 1..max_episode_steps="
                              f"{self.max_episode_steps}; raise max_episode_steps (the TimeLimit) or shorten them")

@@ -99,7 +99,7 @@ class GroupRenderer:
         poses[:, 3] = 1.0  # identity rotations until the first poses arrive
         offset = 0
         hidden: list[int] = []
-        for env, b in zip(self.envs, self.bodies):
+        for env, b in zip(self.envs, self.bodies, strict=True):
             index = {id(e): offset + k for k, e in enumerate(b.entities)}
             for obj in env._hidden_objects:
                 hidden += [index[id(e)] for e in _entities_of(obj) if id(e) in index]

@@ -38,7 +38,8 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     if shard is not None:
         from fastrecord import shards
 
-        tags = {int(ep["episode_id"]): shards.episode_meta(g, shard[0]) for ep, g in zip(episodes, shard[1])}
+        tags = {int(ep["episode_id"]): shards.episode_meta(g, shard[0])
+                for ep, g in zip(episodes, shard[1], strict=True)}
     else:
         tags = {}
     done = replayed_sources(out, name) if (cfg.resume or shard is not None) else set()

@@ -122,7 +122,7 @@ class ReplayStates(gym.Wrapper):
             self.load([0], [plan])
 
     def load(self, env_idx: list[int] | np.ndarray, plans: list[dict[str, Any]]) -> None:
-        for e, plan in zip(np.asarray(env_idx).reshape(-1).tolist(), plans):
+        for e, plan in zip(np.asarray(env_idx).reshape(-1).tolist(), plans, strict=True):
             if plan.get("states") is not None:
                 self._check_state_keys(plan["states"])
             self._pending[e] = plan
@@ -171,7 +171,7 @@ class ReplayStates(gym.Wrapper):
         if seed is None and loaded:  # bookkeeping: the recorder reads the seeds from here
             base: Any = self.env.unwrapped  # a ManiSkill env
             base._episode_seed[idx] = [int(p["seed"]) for p in loaded]
-        for e, p in zip(idx.tolist(), plans):
+        for e, p in zip(idx.tolist(), plans, strict=True):
             self._plans[e] = p
             self._t[e] = 0
             self._active[e] = p is not None and p["length"] > 0
@@ -476,7 +476,7 @@ class VectorBatch:
     def start(self, env_idx: np.ndarray, plans: list[dict[str, Any]]) -> None:
         values: list[Any] = [None] * self.num_envs
         seeds: list[int | None] = [None] * self.num_envs
-        for e, p in zip(env_idx, plans):
+        for e, p in zip(env_idx, plans, strict=True):
             values[e], seeds[e] = p, int(p["seed"])
         self.envs.set_attr("replay_plan", values)
         mask = np.zeros(self.num_envs, dtype=bool)

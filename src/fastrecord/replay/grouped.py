@@ -43,7 +43,7 @@ class PreparedSyncVectorEnv(gym.vector.SyncVectorEnv):
     the renders of all its envs overlap on the GPU instead of each waiting for its own."""
 
     def step(self, actions: Any) -> _StepResult:
-        for env, action in zip(self.envs, gym.vector.utils.iterate(self.action_space, actions)):
+        for env, action in zip(self.envs, gym.vector.utils.iterate(self.action_space, actions), strict=True):
             env.get_wrapper_attr("prepare")(action)
         return super().step(actions)
 
@@ -91,7 +91,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
             self.lookahead: list[Any] | None = None
             self._ahead: list[Any] = [None] * self.num_envs
             self._layout: dict[str, dict[str, tuple[torch.Size, torch.dtype]]] | None = None
-            for i, (env, base) in enumerate(zip(self.envs, bases)):
+            for i, (env, base) in enumerate(zip(self.envs, bases, strict=True)):
                 env.get_wrapper_attr("replay_states").grouped = True
                 base._get_obs_sensor_data = functools.partial(self._sensor_data, i)
         except BaseException:
@@ -144,7 +144,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
         ahead, self.lookahead = self.lookahead, None
         acts = list(gym.vector.utils.iterate(self.action_space, actions))
         ready = []
-        for i, (env, action) in enumerate(zip(self.envs, acts)):
+        for i, (env, action) in enumerate(zip(self.envs, acts, strict=True)):
             if self._ahead[i] is not None:  # prepared at the last step, with the action the loop said would come
                 if not np.array_equal(np.asarray(self._ahead[i]), np.asarray(action)):
                     raise RuntimeError(f"env {i} ran the physics ahead with another action than the step's: a bug in "
@@ -156,7 +156,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
         if not any(ready):
             return gym.vector.SyncVectorEnv.step(self, actions)
         if ahead is None or self._layout is None:
-            self._pictures = [d if r else None for d, r in zip(self._draw_sensors(), ready)]
+            self._pictures = [d if r else None for d, r in zip(self._draw_sensors(), ready, strict=True)]
             try:
                 return gym.vector.SyncVectorEnv.step(self, actions)
             finally:
@@ -168,10 +168,10 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
         self._pictures = [{name: {k: v[i : i + 1] for k, v in mods.items()} for name, mods in hosts.items()} if r
                           else None for i, r in enumerate(ready)]
         try:
-            results = [env.step(action) for env, action in zip(self.envs, acts)]
+            results = [env.step(action) for env, action in zip(self.envs, acts, strict=True)]
         finally:
             self._pictures = None
-        for i, (env, action) in enumerate(zip(self.envs, ahead)):
+        for i, (env, action) in enumerate(zip(self.envs, ahead, strict=True)):
             if action is not None and env.get_wrapper_attr("prepare")(action, ahead=True):
                 self._ahead[i] = action
         self._read_sensors(hosts)

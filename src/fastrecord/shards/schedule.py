@@ -37,7 +37,7 @@ class SeededRandomPolicy:
         self.spaces = [copy.deepcopy(single_action_space) for _ in range(num_envs)]
 
     def restart(self, slots: Iterable[int], seeds: Iterable[int]) -> None:
-        for e, s in zip(slots, seeds):
+        for e, s in zip(slots, seeds, strict=True):
             self.spaces[int(e)].seed(int(s))
 
     def __call__(self, obs: Any) -> np.ndarray:

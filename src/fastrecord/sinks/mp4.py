@@ -103,7 +103,8 @@ class Mp4Sink(BackgroundSink):
         length = max(len(f) for f in clips)
         padded = [np.concatenate([f, np.repeat(f[-1:], length - len(f), 0)]) for f in clips]
         if any(ep.overlay for ep in ready):
-            padded = [draw_overlay(f, ep.overlay, font=self._font) if ep.overlay else f for f, ep in zip(padded, ready)]
+            padded = [draw_overlay(f, ep.overlay, font=self._font) if ep.overlay else f
+                      for f, ep in zip(padded, ready, strict=True)]
         tiled = tile_images(padded, nrows=int(np.sqrt(self.num_envs)))
         ids = tuple(ep.episode_id for ep in ready)
         pieces = self._pieces(length, ready[0].frames_per_step)

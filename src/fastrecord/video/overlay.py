@@ -150,9 +150,9 @@ class _Face:
         if m is None:
             glyphs = [self._glyph(ch) for ch in text]
             pens = [round(self.font.getlength(text[:i])) for i in range(len(text))]
-            width = max([pen + x0 + g.shape[1] for (g, x0), pen in zip(glyphs, pens)] + [1])
+            width = max([pen + x0 + g.shape[1] for (g, x0), pen in zip(glyphs, pens, strict=True)] + [1])
             m = np.zeros((self.height, width), dtype=np.float32)
-            for (g, x0), pen in zip(glyphs, pens):
+            for (g, x0), pen in zip(glyphs, pens, strict=True):
                 lo = pen + x0
                 np.maximum(m[:, max(0, lo): lo + g.shape[1]], g[:, max(0, -lo):], out=m[:, max(0, lo): lo + g.shape[1]])
             if len(self._lines) < 4096:  # repeated lines ("success: False") are made once

@@ -44,7 +44,7 @@ def episode_entries(root: Path) -> list[tuple[int, dict[str, Any], dict[str, Any
         meta = json.loads(raw)
         rows = table.to_pylist()
         entries = meta.get("entries") or [{} for _ in rows]
-        for row, entry in zip(rows, entries):
+        for row, entry in zip(rows, entries, strict=True):
             out.append((int(row["episode_index"]), dict(entry), {**row, "_dataset": meta["dataset"]}))
     return out
 

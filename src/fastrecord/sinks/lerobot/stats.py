@@ -45,9 +45,9 @@ def _quantiles(hists: Sequence[np.ndarray], edges: Sequence[np.ndarray], count: 
     the bin where the cumulative count reaches q * count, interpolated in it), the cumulative counts
     summed once per dimension rather than once per quantile (the same values)."""
     out: dict[str, list] = {key: [] for key in QUANTILE_KEYS}
-    for hist, e in zip(hists, edges):
+    for hist, e in zip(hists, edges, strict=True):
         cumsum = np.cumsum(hist)
-        for key, q in zip(QUANTILE_KEYS, QUANTILES):
+        for key, q in zip(QUANTILE_KEYS, QUANTILES, strict=True):
             target = q * count
             idx = np.searchsorted(cumsum, target)
             if idx == 0:
@@ -77,8 +77,8 @@ def _quantiles_of_bins(bins: Sequence[np.ndarray], edges: Sequence[np.ndarray], 
     them); the same arithmetic on the same types then. An episode's columns take a few ms, not 5000-bin
     sums per dimension and quantile."""
     out: dict[str, list] = {key: [] for key in QUANTILE_KEYS}
-    for b, e in zip(bins, edges):
-        for key, q in zip(QUANTILE_KEYS, QUANTILES):
+    for b, e in zip(bins, edges, strict=True):
+        for key, q in zip(QUANTILE_KEYS, QUANTILES, strict=True):
             target = q * count
             k = math.ceil(target)
             if k > len(b):

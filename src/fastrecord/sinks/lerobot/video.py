@@ -71,7 +71,7 @@ def split_mp4(src: Path, spans: Sequence[tuple[float, float]], outs: Sequence[Pa
     with av.open(str(src)) as container:
         stream = container.streams.video[0]
         tb = stream.time_base
-        ticks = sorted((round(a / tb), round(b / tb), Path(o)) for (a, b), o in zip(spans, outs))
+        ticks = sorted((round(a / tb), round(b / tb), Path(o)) for (a, b), o in zip(spans, outs, strict=True))
         got: dict[Path, list[tuple[av.Packet, int, int]]] = {o: [] for _, _, o in ticks}  # (packet, pts, dts) in out
         starts = [a for a, _, _ in ticks]
         for p in container.demux(stream):

@@ -511,7 +511,7 @@ class LeRobotWriter:
         version and before its episodes file left frames past them (unread, but not part of the dataset)."""
         from fastrecord.sinks.lerobot.video import split_mp4
 
-        where = dict(zip(("chunk_index", "file_index"), chunk_file(group, self.chunks_size)))
+        where = dict(zip(("chunk_index", "file_index"), chunk_file(group, self.chunks_size), strict=True))
         for key in [k for k, v in (self.features or {}).items() if v.get("dtype") == "video"]:
             path = self.root / VIDEO_PATH.format(video_key=key, **where)
             end = max(float(r[f"videos/{key}/to_timestamp"]) for r in rows)
