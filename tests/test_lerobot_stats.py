@@ -429,9 +429,24 @@ def test_vector_stats_are_lerobots(column):
         assert ours[stat].dtype == want.dtype and ours[stat].shape == want.shape, stat
 
 
+def total_episodes_soon(info: Path, want: int, timeout: float = 20.0) -> int:
+    """meta/info.json's total_episodes once it reaches ``want`` (the writer's timer writes the file groups,
+    off the caller's thread), or what it says at the deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = json.loads(info.read_text())["total_episodes"] if info.exists() else 0
+        if got >= want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
 def test_episodes_finishing_during_the_quiet_time_go_in_by_the_timer(rgb_run, tmp_path):
-    """Episodes committed within the quiet time after a write (rewrites keep to a third of the time) wait as
-    parts and a timer writes them without a further call; close() then has nothing left but the final write."""
+    """A committed part goes into the dataset's files on the writer's timer thread, not the caller's (which
+    returns at once); episodes committed within the quiet time after a write (rewrites keep to a third of
+    the time) wait as parts and the timer writes them without a further call; close() then has nothing left
+    but the final write."""
     import time
 
     from fastrecord.sinks.lerobot import LeRobotWriter
@@ -444,14 +459,11 @@ def test_episodes_finishing_during_the_quiet_time_go_in_by_the_timer(rgb_run, tm
                       video=VideoSettings(fps=FPS, gop=2, executor="thread"))
     w.write_episode(w.reserve(), trajs[0], len(trajs[0]["actions"]))
     info = tmp_path / "t.lerobot" / "meta" / "info.json"
-    assert json.loads(info.read_text())["total_episodes"] == 1  # in at once
+    assert total_episodes_soon(info, 1) == 1  # in at once, by the timer
     w._quiet_until = time.monotonic() + 0.5  # as after a write of 0.25 s
     w.write_episode(w.reserve(), trajs[1], len(trajs[1]["actions"]))
     assert json.loads(info.read_text())["total_episodes"] == 1 and w.pending == 1  # waits, committed
-    deadline = time.monotonic() + 20
-    while json.loads(info.read_text())["total_episodes"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert json.loads(info.read_text())["total_episodes"] == 2 and w.pending == 0
+    assert total_episodes_soon(info, 2) == 2 and w.pending == 0
     w.close()
     assert json.loads(info.read_text())["total_frames"] == sum(len(t["actions"]) for t in trajs)
 
@@ -472,6 +484,7 @@ def test_the_writers_work_runs_in_helper_processes_and_their_errors_reach_the_ca
     root, parts = tmp_path / "t.lerobot", tmp_path / "t.lerobot.parts"
     w = LeRobotWriter(root, parts, fps=FPS, task="PickCube-v1", video=VideoSettings(fps=FPS, gop=2, executor="thread"))
     w.write_episode(w.reserve(), trajs[0], len(trajs[0]["actions"]))
+    assert total_episodes_soon(root / "meta" / "info.json", 1) == 1
     procs = [*w._part_procs, w._group_proc]
     assert all(p is not None and p.alive() and p.pid != os.getpid() for p in procs)
     info = json.loads((root / "meta" / "info.json").read_text())

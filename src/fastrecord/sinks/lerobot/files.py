@@ -128,10 +128,9 @@ def write_group(root: str, parts_dir: str, group: int, fresh: bool, batch: Seque
     data = root_ / DATA_PATH.format(**where)
     tables = [pq.read_table(data)] if not fresh else []
     rows = []
-    stats_so_far = dataset_stats
+    batch_stats = []
     index = first_index
-    for j, part in enumerate(batch):
-        t = pq.read_table(parts / f"ep_{part['seq']:08d}.parquet").replace_schema_metadata(None)
+    for j, (part, t) in enumerate(zip(batch, _read_parts(parts, batch), strict=True)):
         n, ep = t.num_rows, first_episode + j
         t = t.set_column(t.schema.get_field_index("episode_index"), "episode_index",
                          pa.array(np.full(n, ep, np.int64)))
@@ -147,8 +146,11 @@ def write_group(root: str, parts_dir: str, group: int, fresh: bool, batch: Seque
         row.update(flat_stats(stats))
         row.update({"meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file})
         rows.append(row)
-        stats_so_far = stats if stats_so_far is None else aggregate_stats([stats_so_far, stats])
+        batch_stats.append(stats)
         index += n
+    # the dataset's statistics aggregated with the batch's in one call (LeRobot aggregates at each episode, the
+    # same weighted sums: one call over 611 parts took 2.4 s pairwise, 4 ms each)
+    stats_so_far = aggregate_stats([*([dataset_stats] if dataset_stats is not None else []), *batch_stats])
     staged = staged_path(data)  # hidden from LeRobot's reader (it loads data/*/*.parquet) until info.json counts it
     write_parquet(pa.concat_tables(tables), staged)
     new_rows = pa.Table.from_pylist(rows)
@@ -166,6 +168,21 @@ def write_group(root: str, parts_dir: str, group: int, fresh: bool, batch: Seque
     return dict(data_bytes=staged.stat().st_size, video_bytes=video_bytes, episodes=first_episode + len(batch),
                 frames=index, stats=stats_so_far, staged=str(staged), data=str(data), pending=str(pending),
                 final=str(final))
+
+
+def _read_parts(parts: Path, batch: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """The rows of the batch's parts, in its order, read by a few threads (pyarrow reads outside the GIL; one
+    at a time, 611 small parts took 1.5 s)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    paths = [parts / f"ep_{part['seq']:08d}.parquet" for part in batch]
+    read = lambda p: pq.read_table(p).replace_schema_metadata(None)  # noqa: E731
+    if len(paths) < 8:
+        return [read(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
+        return list(pool.map(read, paths))
 
 
 def placed(stats: Mapping[str, Mapping[str, Any]], episode: int, first_index: int,

@@ -131,11 +131,8 @@ class LeRobotSink(Sink):
     def committed(self, episode_id: int) -> bool:
         return self._opened()[0].committed(episode_id)
 
-    def _write(self, job: tuple[int, EpisodeData] | None) -> None:
+    def _write(self, job: tuple[int, EpisodeData]) -> None:
         writer = self._opened()[0]
-        if job is None:  # the run committed more episodes: they go into the dataset's files (`roll`)
-            writer.roll()
-            return
         seq, ep = job
         entry: dict[str, Any] = {k: ep.meta[k] for k in ("global_index", "source_rank") if k in ep.meta}
         writer.write_episode(seq, ep.datasets, ep.elapsed_steps, entry)
@@ -148,14 +145,15 @@ class LeRobotSink(Sink):
     def after_commit(self, committed: int, wait: bool) -> None:
         """The run's commit log (results rows) moved past what the dataset's files hold: a part written
         before its episode was committed by every output waits for this (the writer's `limit`). ``wait``:
-        in the dataset's files on return (`wait_until_done`), else a worker rolls them in."""
+        in the dataset's files on return (`wait_until_done`), else the writer's timer rolls them in (`roll`:
+        never on this thread, the stepping one, nor in the queue of the episodes' writes)."""
         if self._pool is None or self._closed:
             return
         if wait:
             self.wait_until_done()
         elif committed > self._rolled_to:
             self._rolled_to = committed
-            self._pool.submit(None)
+            self._opened()[0].roll()
 
     def wait_until_done(self) -> None:
         """Every submitted episode written, and in the dataset's files (LeRobot loads it from here on)."""

@@ -4,8 +4,8 @@ Each finished episode first becomes a committed *part* in ``NAME.lerobot.parts/`
 (``ep_SSSSSSSS.<key>.mp4``, encoded in fastrecord's encoder processes) and then its rows
 (``ep_SSSSSSSS.parquet``, written under a temporary name and renamed: the commit; its parquet metadata
 carries the episode's statistics and the dataset's features). Right after, the committed parts, in
-episode order, go into the dataset's last file group (`roll`; one thread at a time, taking every part
-committed meanwhile): ``data/chunk-CCC/file-FFF.parquet``, one ``videos/<key>/chunk-CCC/file-FFF.mp4``
+episode order, go into the dataset's last file group (`roll`, on the writer's timer thread, never the
+caller's; one write at a time, taking every part committed meanwhile): ``data/chunk-CCC/file-FFF.parquet``, one ``videos/<key>/chunk-CCC/file-FFF.mp4``
 per camera and ``meta/episodes/chunk-CCC/file-FFF.parquet``. That group grows: it is rewritten with the
 new episodes after its old ones (the videos joined without re-encoding,
 `fastrecord.sinks.lerobot.video.concat_mp4`: the old episodes keep their times) until it passes a size
@@ -307,12 +307,21 @@ class LeRobotWriter:
     # -------------------------------------------------------------- dataset files
     def roll(self, final: bool = False) -> None:
         """Put the committed parts, in episode order, into the dataset's files: the last file group grows
-        (is rewritten with them) until it passes a size limit, then the next one starts. Returns at once
-        while another thread is at it (that thread takes the newly committed parts too), unless ``final``.
-        A rewrite costs more as its group grows, so writing keeps to a third of the time: until twice the
-        last write's duration has passed, the parts wait (committed; a timer writes them then)."""
-        if not final:
-            self.raise_if_failed()
+        (is rewritten with them) until it passes a size limit, then the next one starts. Not ``final``: on a
+        timer's thread, never the caller's (a group rewrite takes seconds at tens of thousands of rows; in
+        the caller's thread it held a worker of the sink, and so the stepping thread, that long), and
+        returns at once. A rewrite costs more as its group grows, so writing keeps to a third of the time:
+        until twice the last write's duration has passed, the parts wait (committed; the timer writes them
+        then). ``final``: here, every committed part, waiting for a write in flight first."""
+        if final:
+            self._write_committed(final=True)
+            return
+        self.raise_if_failed()
+        self._wake_later()
+
+    def _write_committed(self, final: bool) -> None:
+        """The committed parts into the dataset's files (`roll`): not ``final``, one batch, or none while
+        the quiet time lasts or another thread writes (that thread takes the newly committed parts too)."""
         while True:
             if not final and time.monotonic() < self._quiet_until:
                 self._wake_later()
@@ -355,7 +364,7 @@ class LeRobotWriter:
             if self._closed:
                 return
         try:
-            self.roll()
+            self._write_committed(final=False)
         except BaseException as e:  # noqa: BLE001 - kept, raised in the caller's thread (raise_if_failed)
             self._error = self._error or e
 
