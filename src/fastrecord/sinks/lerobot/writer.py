@@ -6,8 +6,8 @@ Each finished episode first becomes a committed *part* in ``NAME.lerobot.parts/`
 carries the episode's statistics and the dataset's features). Right after, the committed parts, in
 episode order, go into the dataset's last file group (`roll`, on the writer's timer thread, never the
 caller's; one write at a time, taking every part committed meanwhile): ``data/chunk-CCC/file-FFF.parquet``,
-one ``videos/<key>/chunk-CCC/file-FFF.mp4`` per camera and ``meta/episodes/chunk-CCC/file-FFF.parquet``. That group grows: it is rewritten with the
-new episodes after its old ones (the videos joined without re-encoding,
+one ``videos/<key>/chunk-CCC/file-FFF.mp4`` per camera and ``meta/episodes/chunk-CCC/file-FFF.parquet``.
+That group grows: it is rewritten with the new episodes after its old ones (the videos joined without re-encoding,
 `fastrecord.sinks.lerobot.video.concat_mp4`: the old episodes keep their times) until it passes a size
 limit (LeRobot's: 100 MB of data, 200 MB of video), then the next group starts; LeRobot's own writer
 rewrites its current video file at every episode the same way. Writing a group: the videos (through a
