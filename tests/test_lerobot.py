@@ -400,23 +400,50 @@ def check_complete(out: Path, at_least: int, durable: int) -> tuple[pd.DataFrame
     return episodes, ours, actions
 
 
-def test_lerobot_sigkill_then_resume(tmp_path):
-    durable = kill_worker(tmp_path, min_finished=12)
-    visible, in_files, pending = check_killed(tmp_path, durable)
-    assert visible > 0 and durable > 0  # LeRobot reads the dataset as it is (the run's newest commits may lag)
+def committed_episodes(out: Path) -> int:
+    """The run's commit log: the kept episodes every output held (a kept episode's row waits for all of them)."""
+    from fastrecord.sinks.results import read_results
+
+    return sum(r["episode_id"] is not None for r in read_results(out / "crash.results.jsonl"))
+
+
+def resume_four_steps(out: Path) -> None:
+    """tests/lerobot_worker.py's recorder on ``out`` again (``resume``: it takes up the committed parts, drops the
+    rest, goes on after them), one episode of 4 steps in each of its 4 envs, closed."""
     sys.path.insert(0, str(WORKER.parent))
     from lerobot_worker import make
 
-    from fastrecord.sinks.results import read_results
-
-    # the run's commit log: the episodes every output held (a kept episode's row waits for all of them)
-    committed = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))
-    assert durable <= committed <= in_files + pending
-    env = make(str(tmp_path), "resume")  # takes up the committed parts, drops the rest, goes on after them
+    env = make(str(out), "resume")
     env.reset(seed=100)
     for _ in range(4):
         env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
     env.close()
+
+
+def kill_worker_at(out: Path, patch: str) -> None:
+    """Run tests/lerobot_worker.py on ``out`` with ``patch`` (Python run first, in the worker's process: it
+    kills the process with ``os._exit(9)`` at a chosen point, as a SIGKILL: no cleanup, no flush)."""
+    script = (
+        "import os, sys, pathlib\n"
+        f"sys.path[:0] = [{str(WORKER.parents[1] / 'src')!r}, {str(WORKER.parent)!r}]  # this checkout's fastrecord\n"
+        "from fastrecord.sinks.lerobot import writer\n"
+        + patch
+        + "from lerobot_worker import main\n"
+        "main(sys.argv[1], 'error')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 9, r.stderr[-3000:]
+
+
+def test_lerobot_sigkill_then_resume(tmp_path):
+    durable = kill_worker(tmp_path, min_finished=12)
+    visible, in_files, pending = check_killed(tmp_path, durable)
+    assert visible > 0 and durable > 0  # LeRobot reads the dataset as it is (the run's newest commits may lag)
+    from fastrecord.sinks.results import read_results
+
+    committed = committed_episodes(tmp_path)
+    assert durable <= committed <= in_files + pending
+    resume_four_steps(tmp_path)
     # every output holds the same episodes: the committed ones, then the resumed run's 4, each once
     episodes, ours, theirs = check_complete(tmp_path, at_least=committed + 4, durable=committed + 4)
     assert len(episodes) == len(theirs) == committed + 4
@@ -430,38 +457,22 @@ def test_a_kill_while_a_file_is_committed_leaves_a_loadable_dataset(tmp_path):
     names and before meta/info.json counts them (deterministic here): LeRobot's reader, which reads what
     info.json counts, loads the dataset of the episodes before, every frame in place; a resumed run counts
     the committed ones and goes on."""
-    script = (
-        "import os, sys, torch\n"
-        f"sys.path[:0] = [{str(WORKER.parents[1] / 'src')!r}, {str(WORKER.parent)!r}]  # this checkout's fastrecord\n"
-        "from fastrecord.sinks.lerobot import writer\n"
+    kill_worker_at(tmp_path, (
         "calls = []\n"
         "original = writer.LeRobotWriter._write_meta\n"
         "def write_meta(self):\n"
         "    calls.append(1)\n"
         "    if len(calls) == 3:\n"
-        "        os._exit(9)  # as a kill: no cleanup, no flush\n"
+        "        os._exit(9)\n"
         "    original(self)\n"
         "writer.LeRobotWriter._write_meta = write_meta\n"
-        "from lerobot_worker import main\n"
-        "main(sys.argv[1], 'error')\n"
-    )
-    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 9, r.stderr[-3000:]
+    ))
     root = tmp_path / "crash.lerobot"
     visible, in_files, pending = check_killed(tmp_path, durable=0)  # info.json, the rows and episodes it counts agree
     assert in_files > visible > 0  # episodes in the dataset, more committed but not yet counted
-    sys.path.insert(0, str(WORKER.parent))
-    from lerobot_worker import make
-
-    from fastrecord.sinks.results import read_results
-
-    done = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))  # the commit log
+    done = committed_episodes(tmp_path)
     assert visible <= done <= in_files + pending
-    env = make(str(tmp_path), "resume")
-    env.reset(seed=100)
-    for _ in range(4):
-        env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
-    env.close()
+    resume_four_steps(tmp_path)
     assert not list(root.rglob(".*.next"))
     episodes, _, _ = check_complete(tmp_path, at_least=done + 4, durable=done + 4)  # the outputs agree
     assert len(episodes) == done + 4
@@ -474,10 +485,7 @@ def test_a_kill_between_a_groups_rewrite_and_its_renames_is_taken_up(tmp_path, w
     the rows' rename and the episodes file's (deterministic here), leaves both episodes files of the group:
     the dataset LeRobot loads is whole, ``fastrecord info`` reports no damage, and a resumed run takes the
     ``.pending`` commit up and goes on (the fault CI found under load: the resume refused the dataset)."""
-    script = (
-        "import os, sys, pathlib\n"
-        f"sys.path[:0] = [{str(WORKER.parents[1] / 'src')!r}, {str(WORKER.parent)!r}]  # this checkout's fastrecord\n"
-        "from fastrecord.sinks.lerobot import writer\n"
+    kill_worker_at(tmp_path, (
         f"where = {where!r}\n"
         "original_group = writer.LeRobotWriter._group\n"
         "class Killing:\n"
@@ -492,11 +500,7 @@ def test_a_kill_between_a_groups_rewrite_and_its_renames_is_taken_up(tmp_path, w
         "        return done\n"
         "    def __getattr__(self, name): return getattr(self.proc, name)\n"
         "writer.LeRobotWriter._group = lambda self: Killing(original_group(self))\n"
-        "from lerobot_worker import main\n"
-        "main(sys.argv[1], 'error')\n"
-    )
-    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 9, r.stderr[-3000:]
+    ))
     root = tmp_path / "crash.lerobot"
     committing = list(root.glob("meta/episodes/*/*.parquet.pending"))
     assert len(committing) == 1 and committing[0].with_name(committing[0].name[: -len(".pending")]).exists()
@@ -504,18 +508,9 @@ def test_a_kill_between_a_groups_rewrite_and_its_renames_is_taken_up(tmp_path, w
     assert in_files > visible > 0
     info = fastrecord_cli("info", str(tmp_path))
     assert info.returncode == 0 and "damage" not in info.stdout, info.stdout + info.stderr[-2000:]
-    sys.path.insert(0, str(WORKER.parent))
-    from lerobot_worker import make
-
-    from fastrecord.sinks.results import read_results
-
-    done = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))
+    done = committed_episodes(tmp_path)
     assert visible <= done <= in_files + pending
-    env = make(str(tmp_path), "resume")
-    env.reset(seed=100)
-    for _ in range(4):
-        env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
-    env.close()
+    resume_four_steps(tmp_path)
     assert not list(root.rglob("*.pending")) and not list(root.rglob(".*.next"))
     episodes, _, _ = check_complete(tmp_path, at_least=done + 4, durable=done + 4)  # the outputs agree
     assert len(episodes) == done + 4
@@ -523,11 +518,9 @@ def test_a_kill_between_a_groups_rewrite_and_its_renames_is_taken_up(tmp_path, w
 
 def test_lerobot_sigkill_then_consolidate(tmp_path):
     """``fastrecord consolidate NAME.lerobot`` folds a killed run's parts into the dataset."""
-    from fastrecord.sinks.results import read_results
-
     durable = kill_worker(tmp_path, min_finished=8)
     visible, in_files, pending = check_killed(tmp_path, durable)
-    done = sum(r["episode_id"] is not None for r in read_results(tmp_path / "crash.results.jsonl"))  # the commit log
+    done = committed_episodes(tmp_path)
     assert durable <= done and visible <= done  # LeRobot's reader sees committed episodes only
     r = fastrecord_cli("consolidate", str(tmp_path / "crash.lerobot"))
     assert r.returncode == 0, r.stderr[-2000:]
