@@ -42,8 +42,8 @@ from fastrecord.video.yuv import Yuv420Frames
 
 
 # ---------------------------------------------------------------------------------------------- in the encoder process
-# The jobs an encoder process runs (`IsolatedProcess.call` / `notify` by reference): the arenas it has
-# mapped, by id.
+# The jobs an encoder process runs (`IsolatedProcess.call` / `notify` by reference), on the frames of the arenas
+# it has mapped (`fastrecord.staging.map_arena`).
 def encode_job(path: str, arena_id: int, offset: int, shape: tuple[int, ...], fmt: str, settings: VideoSettings,
                overlay: Any) -> tuple[float, float, str]:
     """Encode the frames at ``offset`` of a mapped arena (`encode_here`); returns (wall s, CPU s, path written)."""
