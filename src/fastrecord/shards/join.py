@@ -149,7 +149,9 @@ def merge(run_dir: str | Path, name: str, *, links: bool = False, expected: int 
             f"to merge. Pass the run directory and the run's name (--name, default 'trajectory') of a "
             f"sharded recording"
         )
-    with merging(run_dir, name):
+    from fastrecord.sinks.maniskill_h5 import one_writer_process
+
+    with merging(run_dir, name), one_writer_process():  # every shard's check and the join: one HDF5 process
         return _merge(run_dir, name, links=links, expected=expected)
 
 

@@ -224,20 +224,22 @@ def finish_outputs(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> 
     mark its manifest ``closed``; the summary lines. A run without a manifest (ManiSkill's files, an older
     fastrecord's) has its outputs consolidated as they are."""
     from fastrecord.sinks.base import RunDirectory, read_manifest
+    from fastrecord.sinks.maniskill_h5 import one_writer_process
 
     manifest = read_manifest(folder / f"{name}{MANIFEST_SUFFIX}")
-    if not manifest:
-        return _consolidate_outputs(folder, name, has_h5, has_lerobot)
-    refuse_damage(folder, name, "not consolidating")  # read only: a damaged run is refused before anything is written
-    run = RunDirectory(folder, name, "resume", options=manifest.get("options")).open()
-    status = manifest.get("status", "recording")
-    try:
-        reconcile(run)
-        lines = _consolidate_outputs(folder, name, has_h5, has_lerobot)
-        status = "closed"
-        return lines
-    finally:
-        run.close(status=status)
+    with one_writer_process():  # the check, the trim and the consolidation: one HDF5 process
+        if not manifest:
+            return _consolidate_outputs(folder, name, has_h5, has_lerobot)
+        refuse_damage(folder, name, "not consolidating")  # read only: a damaged run is refused before writing
+        run = RunDirectory(folder, name, "resume", options=manifest.get("options")).open()
+        status = manifest.get("status", "recording")
+        try:
+            reconcile(run)
+            lines = _consolidate_outputs(folder, name, has_h5, has_lerobot)
+            status = "closed"
+            return lines
+        finally:
+            run.close(status=status)
 
 
 def _consolidate_outputs(folder: Path, name: str, has_h5: bool, has_lerobot: bool) -> list[str]:

@@ -11,7 +11,7 @@ Modules:
 - `writer`: `TrajectoryWriter`, crash-safe (part files + an index of links while recording).
 - `process`: what the writer processes run (every h5py write); `layout.WRITER_PROCESS_MODULE`.
 - `reader`: `open_trajectory`, `TrajectoryFile`, `read_tree`, `check_links`, `check_episode` (`EpisodeProblem`).
-- `recover`: `recover` and `consolidate` after a crash; `run_in_child`.
+- `recover`: `recover` and `consolidate` after a crash; `run_in_child`, `one_writer_process`.
 - `merge`: `join_runs`, several files' episodes into one pair (`fastrecord.shards.merge` uses it).
 - `sink`: `ManiSkillH5Sink`, the recorder's sink.
 """
@@ -45,7 +45,7 @@ from fastrecord.sinks.maniskill_h5.reader import (
     open_trajectory,
     read_tree,
 )
-from fastrecord.sinks.maniskill_h5.recover import consolidate, recover, run_in_child
+from fastrecord.sinks.maniskill_h5.recover import consolidate, one_writer_process, recover, run_in_child
 from fastrecord.sinks.maniskill_h5.sink import ManiSkillH5Sink
 from fastrecord.sinks.maniskill_h5.writer import TrajectoryWriter
 
@@ -70,6 +70,7 @@ __all__ = [
     "image_chunks",
     "join_runs",
     "missing_link_targets",
+    "one_writer_process",
     "open_trajectory",
     "parse_compression",
     "part_name",

@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +17,47 @@ from fastrecord.processes import ChildDied, IsolatedProcess
 from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE, disk_text, is_disk_full
 from fastrecord.workers import WorkerError
 
+_held = threading.local()  # .proc: the writer process `one_writer_process` holds for this thread, else None
+
+
+@contextlib.contextmanager
+def one_writer_process() -> Iterator[None]:
+    """Inside: this thread's `run_in_child` calls share one writer process (started at the first, stopped on
+    leaving) instead of starting one each. A process start is a Python interpreter importing numpy and h5py
+    (0.17 s on the 2-core CPU machine): `fastrecord.shards.merge` makes two calls a shard and two more.
+    A call that raised keeps the process (``keep_after_error``); one whose process died is `run_in_child`'s
+    WorkerError, and the next call starts a new process. Nested uses share the outer one's."""
+    if getattr(_held, "depth", 0):
+        _held.depth += 1
+        try:
+            yield
+        finally:
+            _held.depth -= 1
+        return
+    _held.proc, _held.depth = None, 1
+    try:
+        yield
+    finally:
+        proc, _held.proc, _held.depth = _held.proc, None, 0
+        if proc is not None:
+            proc.stop()
+
+
+def _process() -> tuple[IsolatedProcess, bool]:
+    """The process for one `run_in_child` call, and whether the caller owns it (stops it after the call)."""
+    if not getattr(_held, "depth", 0):
+        return IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False), True
+    if _held.proc is None or not _held.proc.alive():
+        _held.proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False,
+                                     keep_after_error=True)
+    return _held.proc, False
+
 
 def run_in_child(func: str, *args: Any) -> Any:
-    """Run ``func`` of `fastrecord.sinks.maniskill_h5.process` (its first argument a path) in a fresh
-    writer process; a crash there is a WorkerError here, naming the path and the free disk space."""
-    proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False)  # the caller waits
+    """Run ``func`` of `fastrecord.sinks.maniskill_h5.process` (its first argument a path) in a writer process
+    (a fresh one, or the one `one_writer_process` holds); a crash there is a WorkerError here, naming the path
+    and the free disk space."""
+    proc, owned = _process()  # the caller waits: at the caller's priority
     try:
         return proc.call(func, *args)
     except ChildDied as e:
@@ -31,7 +70,8 @@ def run_in_child(func: str, *args: Any) -> Any:
                               f"Free space or choose another output_dir") from e
         raise
     finally:
-        proc.stop()
+        if owned:
+            proc.stop()
 
 
 def recover(h5_path: str | Path) -> int:
