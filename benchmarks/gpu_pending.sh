@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# What issues 27 and 29 still need from the GPU machine, in three device calls of under 10 minutes each (the
+# device tool: 30 minutes a session, 10 a call). From the project root there, after `bash ../shared/gpu/build-kit.sh`
+# here (it writes .gpukit/):
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh tests     # pytest -m gpu: CUDA paths unrun since
+#                                                                           # hostcopy.py, the YUV kernel's def line,
+#                                                                           # the side-by-side close
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh lerobot   # issue 29's >= 0.80x; replay 96 episodes
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh whole     # issue 27's whole-command ratios
+# Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
+# before the call's limit (timeout 570 in all), so what it measured comes back. The figures to copy into
+# docs/performance.md, and the targets they answer: issue 27 ("Targets") and issue 29 (">= 80%").
+set -uo pipefail
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole}
+source .gpukit/setup.sh
+out=${OUT:-/tmp/gpu-pending}/$stage
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >"$out/gpu.txt" 2>&1
+nproc >>"$out/gpu.txt"
+run() {  # run LIMIT NAME CMD...: CMD's output to $out/NAME.txt (and here), stopped after LIMIT seconds
+  local limit=$1 name=$2
+  shift 2
+  echo "== $name: $*" | tee "$out/$name.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$out/$name.txt"
+  echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$out/$name.txt"
+}
+case $stage in
+  tests)
+    run 570 pytest python3 -m pytest -m gpu tests -q -p no:cacheprovider -x
+    ;;
+  lerobot)
+    run 300 lerobot_speed python3 -m benchmarks.bench_lerobot_speed --num-envs 128 --size 128 --steps 200 \
+      --json "$out/lerobot_speed.json"
+    run 260 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16
+    ;;
+  whole)
+    run 570 whole python3 benchmarks/bench_whole.py --size gpu --json "$out/whole.json"
+    ;;
+  *)
+    echo "unknown stage $stage: tests, lerobot or whole" >&2
+    exit 2
+    ;;
+esac
+exit 0
