@@ -426,6 +426,66 @@ def _write_run(tmp_path: Path, batches: int, **kw) -> tuple[Path, list[int]]:
     return h5, seeds
 
 
+def test_the_close_swaps_in_the_copy_grown_while_recording(tmp_path):
+    """While recording, the index process grows the self-contained copy (``NAME.h5.parts/consolidating.h5.tmp``)
+    with every episode it lists; close() completes that very file with the episodes listed since and swaps it in
+    (the same inode), instead of copying every episode then."""
+    h5 = tmp_path / "run.h5"
+    growing = tmp_path / "run.h5.parts" / "consolidating.h5.tmp"
+    w = TrajectoryWriter(h5, HEADER, num_writers=2, index_interval_s=0.0)
+    assert not growing.exists()  # nothing listed yet: no copy
+    for b in range(3):
+        w.submit([make_episode(2 * b + j, 300 + 2 * b + j) for j in range(2)])
+    w.wait_until_done()
+    inode = growing.stat().st_ino
+    w.submit([make_episode(6, 306)])  # listed after the copy was last grown: the close copies it
+    w.close()
+    assert h5.stat().st_ino == inode and self_contained(h5)
+    assert [e["episode_seed"] for e in check_file(h5)] == list(range(300, 307))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5", "run.json"]
+
+
+def test_the_grown_copy_starts_again_or_is_given_up(tmp_path, monkeypatch):
+    """`process.extend_copy` in this process, on a run's parts: links that do not extend the copy start it again;
+    a consolidation whose links the copy is no prefix of copies everything; an OSError (a full disk) gives the
+    copy up for the run (its file removed at once) and the consolidation still copies every episode."""
+    import errno
+    import importlib
+
+    proc = importlib.import_module("fastrecord.sinks.maniskill_h5.process")
+    monkeypatch.setattr(proc, "_growing", {})
+    monkeypatch.setattr(proc, "_given_up", set())
+    monkeypatch.setattr(proc, "_abandoned", [])
+    h5, seeds = _write_run(tmp_path, batches=4)
+    state = proc.recover_here(str(h5), None, False)
+    links, doc = state["links"], {**state["header"], "episodes": state["episodes"]}
+    growing = tmp_path / "run.h5.parts" / "consolidating.h5.tmp"
+    assert proc.extend_copy(str(h5), links[:3]) == 3 and proc.extend_copy(str(h5), links[:5]) == 5
+    assert proc.extend_copy(str(h5), links[1:4]) == 3  # not an extension of the 5: started again with these 3
+    proc.consolidate_here(str(h5), None, (links, doc))  # the copy is no prefix of links: all copied
+    assert [e["episode_seed"] for e in check_file(h5)] == seeds and self_contained(h5)
+    assert not growing.exists() and not proc._growing
+
+    h5, seeds = _write_run(tmp_path / "full", batches=4)
+    state = proc.recover_here(str(h5), None, False)
+    links, doc = state["links"], {**state["header"], "episodes": state["episodes"]}
+    growing = h5.parent / "run.h5.parts" / "consolidating.h5.tmp"
+    assert proc.extend_copy(str(h5), links[:2]) == 2 and growing.exists()
+    copy_links = proc._copy_links
+
+    def full(dst, folder, some):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(proc, "_copy_links", full)
+    assert proc.extend_copy(str(h5), links[:4]) == 0 and not growing.exists()
+    monkeypatch.setattr(proc, "_copy_links", copy_links)
+    assert proc.extend_copy(str(h5), links) == 0 and not growing.exists()  # given up for this run
+    proc.consolidate_here(str(h5), None, (links, doc))
+    assert [e["episode_seed"] for e in check_file(h5)] == seeds and self_contained(h5)
+    for f in proc._abandoned:  # left open by the writer process (HDF5 may crash closing it after ENOSPC); not here
+        f.close()
+
+
 def test_consolidate_keeps_complete_unindexed_parts(tmp_path):
     h5, seeds = _write_run(tmp_path, batches=6)
     assert len(check_file(h5)) == 5  # the stale index lists the first two batches only

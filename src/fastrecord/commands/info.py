@@ -31,6 +31,7 @@ import h5py
 
 from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
 from fastrecord.sinks.maniskill_h5 import (
+    GROWING_NAME,
     PART_PATTERN,
     TrajectoryFile,
     check_episode,
@@ -123,7 +124,10 @@ def _parts(h5_path: Path) -> dict[str, Any] | None:
         "unindexed": sorted(
             set(complete) - linked
         ),  # complete parts NAME.h5 does not list yet: consolidate recovers them
-        "temporary": sorted(p.name for p in parts_dir.iterdir() if not PART_PATTERN.match(p.name)),
+        "temporary": sorted(p.name for p in parts_dir.iterdir() if not PART_PATTERN.match(p.name) and
+                            p.name != GROWING_NAME),
+        # the self-contained copy the close swaps in, grown while recording (a kill leaves it: recovery removes it)
+        "copy_bytes": (parts_dir / GROWING_NAME).stat().st_size if (parts_dir / GROWING_NAME).exists() else None,
         "bytes": _size(parts_dir),
     }
 
@@ -362,6 +366,8 @@ def format_run(run: dict[str, Any]) -> str:
             text += f"; {len(parts['unindexed'])} not indexed yet"
         if parts["temporary"]:
             text += f"; {len(parts['temporary'])} unfinished"
+        if parts.get("copy_bytes") is not None:
+            text += f"; the close's self-contained copy grown to {_bytes(parts['copy_bytes'])}"
         lines.append(text)
         if run.get("status") != "recording":
             lines.append(f"    left by a run that did not close: `fastrecord consolidate {run['path']}` makes one "

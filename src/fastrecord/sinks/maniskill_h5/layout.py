@@ -30,6 +30,9 @@ CHUNK_FRAMES = 64  # frames in an image chunk, at most
 EPISODES_ATTR = "fastrecord_episodes"  # part file root attribute: JSON list of its episodes' entries
 HEADER_ATTR = "fastrecord_header"  # part file root attribute: JSON of the header (env_info, commit_info, ...)
 PART_PATTERN = re.compile(r"^part_(\d+)\.h5$")  # a complete part file in NAME.h5.parts/
+# in NAME.h5.parts/ while recording: the self-contained copy the close swaps in (`process.extend_copy`); a *.tmp,
+# which recovery removes
+GROWING_NAME = "consolidating.h5.tmp"
 PARTS_SUFFIX = ".parts"  # NAME.h5.parts/ holds the part files of NAME.h5
 # the module writer processes import (`fastrecord.processes.IsolatedProcess`): every function they run is there
 WRITER_PROCESS_MODULE = "fastrecord.sinks.maniskill_h5.process"

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from fastrecord.processes import parent_alive
 from fastrecord.sinks.maniskill_h5.layout import (
     DEFAULT_COMPRESSION,
     EPISODES_ATTR,
+    GROWING_NAME,
     HEADER_ATTR,
     IMAGE_KEYS,
     atomic_write_json,
@@ -120,23 +122,120 @@ def write_copies(h5: Path, folder: Path, links: Sequence[tuple[str, str, str]]) 
     recording died meanwhile, exits without swapping it in (nobody will list the result)."""
     tmp = h5.with_name(h5.name + ".tmp")
     with h5py.File(tmp, "w", track_order=True) as dst:
-        src, src_name = None, None
-        try:
-            for name, source_file, target in links:
-                if source_file != src_name:
-                    if src is not None:
-                        src.close()
-                    src, src_name = h5py.File(folder / source_file, "r"), source_file
-                assert src is not None  # opened above for the first link (src_name starts as None)
-                src.copy(src[target], dst, name=name)
-        finally:
-            if src is not None:
-                src.close()
+        _copy_links(dst, folder, links)
+    _swap_in(tmp, h5)
+
+
+def _copy_links(dst: h5py.File, folder: Path, links: Sequence[Sequence[str]]) -> None:
+    """Copy each group of ``links`` ((name, file in ``folder``, group in it)) into ``dst`` as it is stored
+    (HDF5 copies compressed chunks without decoding them)."""
+    src, src_name = None, None
+    try:
+        for name, source_file, target in links:
+            if source_file != src_name:
+                if src is not None:
+                    src.close()
+                src, src_name = h5py.File(folder / source_file, "r"), source_file
+            assert src is not None  # opened above for the first link (src_name starts as None)
+            src.copy(src[target], dst, name=name)
+    finally:
+        if src is not None:
+            src.close()
+
+
+def _swap_in(tmp: Path, h5: Path) -> None:
+    """Sync the closed file ``tmp`` and rename it to ``h5``; if the recording died meanwhile, remove it and exit
+    (nobody will list it)."""
     fsync(tmp)
     if not parent_alive():
         os.unlink(tmp)
         os._exit(0)
     os.replace(tmp, h5)
+
+
+# ---------------------------------------------------------------------------------------------- the growing copy
+@dataclass
+class _Growing:
+    """The self-contained copy of a recording's committed episodes that its close will swap in, kept open."""
+
+    path: Path
+    file: h5py.File
+    links: list[tuple[str, str, str]] = field(default_factory=list)  # copied so far, in index order
+
+
+_growing: dict[str, _Growing] = {}  # NAME.h5's path -> its growing copy (this process's, while it records)
+_given_up: set[str] = set()  # recordings whose copy failed (a full disk): their close copies everything
+
+
+def extend_copy(h5_path: str, links: Sequence[Sequence[str]]) -> int:
+    """Grow the copy that `consolidate_here` swaps in at the close (``NAME.h5.parts/consolidating.h5.tmp``, open in
+    this process) with the episodes of ``links`` (the index's, ``(name, part file, group in it)``) it does not hold
+    yet: the close then copies only the last ones (a copy costs about 0.5 ms an episode of 9 datasets: 5 s at the
+    close of 10,000 episodes). The file is never read as the run's: a kill leaves a ``*.tmp`` that recovery removes.
+    ``links`` that do not extend what it holds start it again. An OSError (a full disk) gives it up for this
+    recording, its file unlinked and its handle left open (HDF5 may crash closing a file after ENOSPC); the close
+    then copies every episode, as before. Returns the episodes it holds."""
+    h5 = Path(h5_path)
+    if h5_path in _given_up:
+        return 0
+    wanted = [(str(a), str(b), str(c)) for a, b, c in links]
+    grown = _growing.get(h5_path)
+    if grown is not None and wanted[: len(grown.links)] != grown.links:
+        _drop_copy(h5_path)
+        grown = None
+    parts_dir = sibling_paths(h5)[1]
+    try:
+        if grown is None:
+            path = parts_dir / GROWING_NAME
+            grown = _growing[h5_path] = _Growing(path, h5py.File(path, "w", track_order=True))
+        new = wanted[len(grown.links):]
+        _copy_links(grown.file, parts_dir, new)
+        grown.links += new
+    except OSError:
+        _give_up(h5_path)
+        return 0
+    return len(grown.links)
+
+
+def _drop_copy(h5_path: str) -> None:
+    """Close and remove the growing copy of ``h5_path``, if any."""
+    grown = _growing.pop(h5_path, None)
+    if grown is not None:
+        grown.file.close()
+        grown.path.unlink(missing_ok=True)
+
+
+_abandoned: list[h5py.File] = []  # handles of given-up copies: never closed (see extend_copy)
+
+
+def _give_up(h5_path: str) -> None:
+    grown = _growing.pop(h5_path, None)
+    _given_up.add(h5_path)
+    if grown is not None:
+        _abandoned.append(grown.file)
+        grown.path.unlink(missing_ok=True)
+
+
+def _finish_copy(h5: Path, links: Sequence[Sequence[str]]) -> bool:
+    """Swap in the growing copy of ``h5`` completed with the rest of ``links``; False (nothing done) where there
+    is none, or it does not hold a prefix of ``links``."""
+    grown = _growing.pop(str(h5), None)
+    if grown is None:
+        return False
+    wanted = [(str(a), str(b), str(c)) for a, b, c in links]
+    if wanted[: len(grown.links)] != grown.links:
+        grown.file.close()
+        grown.path.unlink(missing_ok=True)
+        return False
+    try:
+        _copy_links(grown.file, grown.path.parent, wanted[len(grown.links):])
+    except OSError:  # a full disk: the space back now, the handle left open (see extend_copy)
+        _abandoned.append(grown.file)
+        grown.path.unlink(missing_ok=True)
+        raise
+    grown.file.close()
+    _swap_in(grown.path, h5)
+    return True
 
 
 def groups_of(h5_path: str) -> dict[str, Any]:
@@ -318,7 +417,9 @@ def consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict]
     if state["skipped"]:
         raise ValueError(f"not consolidating {h5}: part files {state['skipped']} cannot be used; the other parts are "
                          f"listed in {h5.name}. Move those files out of {parts_dir} and run consolidate again")
-    write_copies(h5, parts_dir, state["links"])
+    if known is None or not _finish_copy(h5, state["links"]):  # the copy grown while recording, or all of it now
+        _drop_copy(h5_path)
+        write_copies(h5, parts_dir, state["links"])
     if known is not None:
         atomic_write_json(json_path, known[1])
     # rename first: a crash while deleting must not leave a subset of the parts (the truth) behind

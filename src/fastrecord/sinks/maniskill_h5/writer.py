@@ -9,7 +9,9 @@ renamed into place once closed. The parts are the truth: each one also stores it
 small index of external links to the parts, rebuilt whole and swapped in with an atomic rename, then the
 JSON likewise; both list the same episodes. `recover` rebuilds them from the parts alone (after a crash
 some complete parts may not be listed yet); `consolidate` copies everything into one self-contained
-``NAME.h5`` (atomic rename) and only then removes the parts. ``TrajectoryWriter(resume=True)`` appends
+``NAME.h5`` (atomic rename) and only then removes the parts. That copy grows while recording: after each
+index publish the index process copies the newly listed episodes into ``NAME.h5.parts/consolidating.h5.tmp``
+(`process.extend_copy`), so ``close()`` copies only the episodes listed since and renames it. ``TrajectoryWriter(resume=True)`` appends
 to what is on disk.
 
 Isolation. Every h5py write happens in writer processes (`fastrecord.processes.IsolatedProcess` of
@@ -38,6 +40,7 @@ import numpy as np
 from fastrecord.processes import ChildDied, IsolatedProcess, exit_description
 from fastrecord.sinks.maniskill_h5.layout import (
     DEFAULT_COMPRESSION,
+    GROWING_NAME,
     LOW_DISK,
     WRITER_PROCESS_MODULE,
     disk_text,
@@ -274,6 +277,8 @@ class TrajectoryWriter:
                     self._publish(force=True, best_effort=True)  # the index lists every committed episode
         finally:
             self._stop_processes()
+            # a copy grown for a consolidation that did not happen (a failure): nobody writes it now
+            (self.parts_dir / GROWING_NAME).unlink(missing_ok=True)
         self.raise_if_failed()
 
     def __enter__(self) -> TrajectoryWriter:
@@ -370,6 +375,9 @@ class TrajectoryWriter:
                     active.append(index.pid)
                     self._active.append(index.pid)
                 index.call("publish_index", str(self.h5_path), links, doc)
+                if links and self._consolidate_on_close and not best_effort:
+                    # the close's copy, grown now: the close then copies only the episodes listed after this
+                    index.call("extend_copy", str(self.h5_path), links)
             except BaseException as e:  # noqa: BLE001 - raised in the caller as a WorkerError
                 for p in (self.h5_path, self.json_path):
                     p.with_name(p.name + ".tmp").unlink(missing_ok=True)
