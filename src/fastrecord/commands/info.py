@@ -323,6 +323,19 @@ def _shape(spec: dict[str, Any]) -> str:
     return f"[{', '.join(map(str, spec['shape']))}] {spec['dtype']}"
 
 
+def _parts_line(parts: dict[str, Any]) -> str:
+    """The ``parts:`` line of `format_run`: what ``NAME.h5.parts/`` holds."""
+    text = f"  parts: {parts['dir']}/ holds {parts['complete']} complete part files "
+    text += f"({parts['indexed']} listed in the index)"
+    if parts["unindexed"]:
+        text += f"; {len(parts['unindexed'])} not indexed yet"
+    if parts["temporary"]:
+        text += f"; {len(parts['temporary'])} unfinished"
+    if parts.get("copy_bytes") is not None:
+        text += f"; the close's self-contained copy grown to {_bytes(parts['copy_bytes'])}"
+    return text
+
+
 def format_run(run: dict[str, Any]) -> str:
     lines = [run["path"]]
     if "env_id" in run:
@@ -360,15 +373,7 @@ def format_run(run: dict[str, Any]) -> str:
         lines.append(f"  status: {run['status']}{who}")
     parts = run.get("parts")
     if parts:
-        text = f"  parts: {parts['dir']}/ holds {parts['complete']} complete part files "
-        text += f"({parts['indexed']} listed in the index)"
-        if parts["unindexed"]:
-            text += f"; {len(parts['unindexed'])} not indexed yet"
-        if parts["temporary"]:
-            text += f"; {len(parts['temporary'])} unfinished"
-        if parts.get("copy_bytes") is not None:
-            text += f"; the close's self-contained copy grown to {_bytes(parts['copy_bytes'])}"
-        lines.append(text)
+        lines.append(_parts_line(parts))
         if run.get("status") != "recording":
             lines.append(f"    left by a run that did not close: `fastrecord consolidate {run['path']}` makes one "
                          f"self-contained file, or resume the run (--if-exists resume)")

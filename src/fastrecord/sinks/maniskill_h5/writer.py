@@ -11,8 +11,8 @@ JSON likewise; both list the same episodes. `recover` rebuilds them from the par
 some complete parts may not be listed yet); `consolidate` copies everything into one self-contained
 ``NAME.h5`` (atomic rename) and only then removes the parts. That copy grows while recording: after each
 index publish the index process copies the newly listed episodes into ``NAME.h5.parts/consolidating.h5.tmp``
-(`process.extend_copy`), so ``close()`` copies only the episodes listed since and renames it. ``TrajectoryWriter(resume=True)`` appends
-to what is on disk.
+(`process.extend_copy`), so ``close()`` copies only the episodes listed since and renames it.
+``TrajectoryWriter(resume=True)`` appends to what is on disk.
 
 Isolation. Every h5py write happens in writer processes (`fastrecord.processes.IsolatedProcess` of
 `layout.WRITER_PROCESS_MODULE`, which imports numpy, h5py and the layout only): ``num_writers`` of them
