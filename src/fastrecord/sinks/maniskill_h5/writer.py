@@ -375,8 +375,10 @@ class TrajectoryWriter:
                     active.append(index.pid)
                     self._active.append(index.pid)
                 index.call("publish_index", str(self.h5_path), links, doc)
-                if links and self._consolidate_on_close and not best_effort:
-                    # the close's copy, grown now: the close then copies only the episodes listed after this
+                # the close's copy, grown now: the close then copies only the episodes listed after this. With one
+                # writer (it is the index process) only when it is idle (force): a copy there would delay the parts
+                # queued behind it; a saturated writer leaves the copy to the close, as before
+                if links and self._consolidate_on_close and not best_effort and (force or self.num_writers > 1):
                     index.call("extend_copy", str(self.h5_path), links)
             except BaseException as e:  # noqa: BLE001 - raised in the caller as a WorkerError
                 for p in (self.h5_path, self.json_path):
