@@ -137,6 +137,9 @@ def test_gallery_labels_and_relative_links(tmp_path, capsys):
     assert all((tmp_path / "copy" / s).exists() for s in srcs)
     assert main(["gallery", str(tmp_path / "run" / "t.h5")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+    (tmp_path / "novideo").mkdir()
+    assert main(["gallery", str(tmp_path / "novideo")]) == 2  # a folder without videos: one line, nothing written
+    assert "holds no MP4 video" in capsys.readouterr().err and not any((tmp_path / "novideo").iterdir())
 
 
 def _chromium() -> str:

@@ -221,6 +221,10 @@ def write_gallery(folder: str | Path, output: str | Path | None = None, title: s
         raise PermissionError(f"cannot write {page}: its folder {page.parent} is read-only; pass --output in a folder "
                               f"you can write to (nothing was written)")
     tiles = collect(root, page)
+    if not tiles:
+        raise ValueError(f"{str(root)!r} holds no MP4 video, nor do its subfolders: there is nothing to show. Pass "
+                         f"the folder a recording wrote its videos to, or record with videos (fastrecord record "
+                         f"without --no-video; RecordEpisode(..., save_video=True)); nothing was written")
     tmp = page.with_name(page.name + ".tmp")
     tmp.write_text(render(tiles, title or f"fastrecord gallery: {root.resolve().name}"), encoding="utf-8")
     os.replace(tmp, page)
