@@ -175,15 +175,14 @@ def extend_copy(h5_path: str, links: Sequence[Sequence[str]]) -> int:
     ``links`` that do not extend what it holds start it again. An OSError (a full disk) gives it up for this
     recording, its file unlinked and its handle left open (HDF5 may crash closing a file after ENOSPC); the close
     then copies every episode, as before. Returns the episodes it holds."""
-    h5 = Path(h5_path)
     if h5_path in _given_up:
         return 0
-    wanted = [(str(a), str(b), str(c)) for a, b, c in links]
+    wanted = _as_links(links)
     grown = _growing.get(h5_path)
     if grown is not None and wanted[: len(grown.links)] != grown.links:
         _drop_copy(h5_path)
         grown = None
-    parts_dir = sibling_paths(h5)[1]
+    parts_dir = sibling_paths(Path(h5_path))[1]
     try:
         if grown is None:
             path = parts_dir / GROWING_NAME
@@ -192,9 +191,17 @@ def extend_copy(h5_path: str, links: Sequence[Sequence[str]]) -> int:
         _copy_links(grown.file, parts_dir, new)
         grown.links += new
     except OSError:
-        _give_up(h5_path)
+        _given_up.add(h5_path)
+        grown = _growing.pop(h5_path, None)
+        if grown is not None:
+            _abandon(grown)
         return 0
     return len(grown.links)
+
+
+def _as_links(links: Sequence[Sequence[str]]) -> list[tuple[str, str, str]]:
+    """``links`` as (name, part file, group) tuples of str (they arrive as lists through the process's pipe)."""
+    return [(str(a), str(b), str(c)) for a, b, c in links]
 
 
 def _drop_copy(h5_path: str) -> None:
@@ -208,30 +215,25 @@ def _drop_copy(h5_path: str) -> None:
 _abandoned: list[h5py.File] = []  # handles of given-up copies: never closed (see extend_copy)
 
 
-def _give_up(h5_path: str) -> None:
-    grown = _growing.pop(h5_path, None)
-    _given_up.add(h5_path)
-    if grown is not None:
-        _abandoned.append(grown.file)
-        grown.path.unlink(missing_ok=True)
+def _abandon(grown: _Growing) -> None:
+    """A copy a full disk stopped: its space back now (unlinked), its handle never closed (see extend_copy)."""
+    _abandoned.append(grown.file)
+    grown.path.unlink(missing_ok=True)
 
 
 def _finish_copy(h5: Path, links: Sequence[Sequence[str]]) -> bool:
-    """Swap in the growing copy of ``h5`` completed with the rest of ``links``; False (nothing done) where there
-    is none, or it does not hold a prefix of ``links``."""
-    grown = _growing.pop(str(h5), None)
-    if grown is None:
+    """Swap in the growing copy of ``h5`` completed with the rest of ``links``; False (nothing done, the copy
+    dropped) where there is none, or it does not hold a prefix of ``links``."""
+    wanted = _as_links(links)
+    grown = _growing.get(str(h5))
+    if grown is None or wanted[: len(grown.links)] != grown.links:
+        _drop_copy(str(h5))
         return False
-    wanted = [(str(a), str(b), str(c)) for a, b, c in links]
-    if wanted[: len(grown.links)] != grown.links:
-        grown.file.close()
-        grown.path.unlink(missing_ok=True)
-        return False
+    del _growing[str(h5)]
     try:
         _copy_links(grown.file, grown.path.parent, wanted[len(grown.links):])
-    except OSError:  # a full disk: the space back now, the handle left open (see extend_copy)
-        _abandoned.append(grown.file)
-        grown.path.unlink(missing_ok=True)
+    except OSError:  # a full disk
+        _abandon(grown)
         raise
     grown.file.close()
     _swap_in(grown.path, h5)
@@ -417,6 +419,7 @@ def consolidate_here(h5_path: str, header: dict | None, known: tuple[list, dict]
     if state["skipped"]:
         raise ValueError(f"not consolidating {h5}: part files {state['skipped']} cannot be used; the other parts are "
                          f"listed in {h5.name}. Move those files out of {parts_dir} and run consolidate again")
+    _given_up.discard(h5_path)
     if known is None or not _finish_copy(h5, state["links"]):  # the copy grown while recording, or all of it now
         _drop_copy(h5_path)
         write_copies(h5, parts_dir, state["links"])

@@ -17,7 +17,7 @@ from fastrecord.processes import ChildDied, IsolatedProcess
 from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE, disk_text, is_disk_full
 from fastrecord.workers import WorkerError
 
-_held = threading.local()  # .proc: the writer process `one_writer_process` holds for this thread, else None
+_held = threading.local()  # .depth: `one_writer_process` nesting in this thread; .proc: the process it holds, or None
 
 
 @contextlib.contextmanager
@@ -45,12 +45,13 @@ def one_writer_process() -> Iterator[None]:
 
 def _process() -> tuple[IsolatedProcess, bool]:
     """The process for one `run_in_child` call, and whether the caller owns it (stops it after the call)."""
-    if not getattr(_held, "depth", 0):
-        return IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False), True
-    if _held.proc is None or not _held.proc.alive():
-        _held.proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False,
-                                     keep_after_error=True)
-    return _held.proc, False
+    shared = getattr(_held, "depth", 0) > 0
+    if shared and _held.proc is not None and _held.proc.alive():
+        return _held.proc, False
+    proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False, keep_after_error=shared)
+    if shared:
+        _held.proc = proc
+    return proc, not shared
 
 
 def run_in_child(func: str, *args: Any) -> Any:
