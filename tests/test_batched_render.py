@@ -340,3 +340,29 @@ def test_envs_closed_together_walk_the_heap_once():
     from mani_skill.envs import sapien_env
 
     assert gc.collect is collect and sapien_env.gc is gc  # put back
+
+
+@pytest.mark.gpu
+def test_record_cli_batched_render_writes_every_video_and_ends_its_sub_envs(tmp_path):
+    """`fastrecord record` with the batched render (auto on a CUDA machine): every episode's video decodes to
+    its frames, the trajectory holds every episode, and the close ends the sub-env processes at once
+    (`GroupRenderedVectorEnv.terminate_subenvs`): none is left alive."""
+    import json
+    import multiprocessing as mp
+
+    import av
+
+    from fastrecord.commands.cli import main
+
+    rc = main(["record", "PickCube-v1", "--num-envs", "2", "--episodes", "4", "--max-episode-steps", "5",
+               "--width", "64", "--height", "64", "--output-dir", str(tmp_path)])
+    assert rc == 0
+    assert not [p for p in mp.active_children() if p.is_alive()]
+    episodes = json.loads((tmp_path / "trajectory.json").read_text())["episodes"]
+    assert sorted(e["episode_id"] for e in episodes) == [0, 1, 2, 3]
+    videos = sorted(tmp_path.glob("*.mp4"))
+    assert len(videos) == 4
+    for v in videos:
+        with av.open(str(v)) as f:
+            frames = [fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]
+        assert len(frames) == 6 and frames[0].shape == (64, 64, 3) and frames[0].std() > 0

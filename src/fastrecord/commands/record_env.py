@@ -140,6 +140,7 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
             cfg.num_envs,
             device=device_of(kwargs["render_backend"]),
         )
+        envs.terminate_subenvs = True  # they simulate and report poses, nothing else: no close to wait for
     else:
         envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
     try:

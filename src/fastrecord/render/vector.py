@@ -161,6 +161,11 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
     """
 
     renders_batched = True  # fastrecord's VectorEnvView calls render() once instead of call("render")
+    # close() ends the sub-env processes at once (``AsyncVectorEnv.close(terminate=True)``) instead of asking each
+    # to close its env: only where the sub-envs hold nothing to save (`fastrecord record`'s own, which simulate
+    # and report poses; the recording is all in this process). make_eval_envs' sub-envs run the caller's wrappers
+    # and close in order.
+    terminate_subenvs = False
 
     def __init__(self, env: gym.vector.VectorEnv, make_mirror: Callable[[], gym.Env] | None = None,
                  device: str = "cuda", mirrors: list[gym.Env] | None = None) -> None:
@@ -239,6 +244,9 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         walks this process's heap, 0.13 s at a mirror's build on the H200 machine). An error of either side is
         raised after both are closed (the sub-envs' first)."""
         failed: list[BaseException] = []
+
+        if self.terminate_subenvs:
+            kwargs.setdefault("terminate", True)
 
         def close_subenvs() -> None:
             try:
