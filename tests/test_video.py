@@ -351,6 +351,39 @@ def test_auto_codec_picks_nvenc_where_it_encodes(monkeypatch, fresh_codec_cache)
     assert resolve_codec("auto") == "h264_nvenc"
 
 
+def test_prefetch_probes_once_on_a_thread_and_the_recorders_call_waits_for_it(monkeypatch, fresh_codec_cache):
+    """`prefetch_codec` (the commands and make_eval_envs, before their envs are made): the NVENC probe runs on a
+    thread, once; a later resolve_codec waits for it instead of probing again. Only "auto" is probed."""
+    import threading
+
+    started, release, probes = threading.Event(), threading.Event(), []
+
+    def slow_probe():
+        probes.append(threading.current_thread().name)
+        started.set()
+        release.wait(5)
+        return False
+
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)
+    monkeypatch.setattr(video_mod, "nvenc_usable", slow_probe)
+    video_mod.prefetch_codec("libx264", None)  # nothing to probe
+    assert not started.wait(0.2) and probes == []
+    video_mod.prefetch_codec("libx264", "auto")
+    assert started.wait(5)
+    threading.Timer(0.2, release.set).start()
+    assert resolve_codec("auto") == "libx264"  # waited for the prefetch's answer
+    assert probes == ["fastrecord-codec-probe"]
+    video_mod.prefetch_codec("auto")  # resolved already: no thread
+    assert probes == ["fastrecord-codec-probe"]
+
+
+def test_a_prefetch_that_fails_leaves_the_error_to_the_recorders_call(monkeypatch, fresh_codec_cache):
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: False)  # a PyAV build without H.264 encoders
+    video_mod.prefetch_codec("auto")
+    with pytest.raises(ValueError, match=r"codec='auto' found no H.264 encoder.*pip install av"):
+        resolve_codec("auto")
+
+
 def test_auto_codec_on_this_machine_is_usable(fresh_codec_cache):
     # the real probe: here (no NVIDIA encoder) it must fall back, and what it returns must open
     codec = resolve_codec("auto")
@@ -492,3 +525,35 @@ def test_first_videos_encode_in_the_calling_thread_while_the_processes_start(tmp
     ref = decode_mp4(tmp_path / "thread.mp4")
     for name in ("here.mp4", "proc.mp4", "ready.mp4"):
         np.testing.assert_array_equal(decode_mp4(tmp_path / name), ref)  # the same encoder, the same file
+
+
+@pytest.mark.parametrize("path", ["record", "make_eval_envs"])
+def test_the_commands_probe_the_codec_while_their_envs_are_made(path, monkeypatch, fresh_codec_cache, tmp_path):
+    """`fastrecord record` and `make_eval_envs` start codec "auto"'s probe before they make their envs (on the H200
+    machine it takes 0.66 s of a fresh recorder's construction): the probe ran on the prefetch's thread, and
+    every video was still written."""
+    probes = []
+
+    def probe():
+        probes.append(threading.current_thread().name)
+        return False
+
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)
+    monkeypatch.setattr(video_mod, "nvenc_usable", probe)
+    if path == "record":
+        from fastrecord.commands.cli import main
+
+        assert main(["record", "PickCube-v1", "--episodes", "1", "--max-episode-steps", "3", "--width", "32",
+                     "--height", "32", "--output-dir", str(tmp_path)]) == 0
+    else:
+        from fastrecord import make_eval_envs
+
+        kw = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=3,
+                  human_render_camera_configs=dict(width=32, height=32))
+        envs = make_eval_envs("PickCube-v1", 1, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path))
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(envs.action_space.sample())
+        envs.close()
+    assert probes == ["fastrecord-codec-probe"]
+    assert len(list(tmp_path.rglob("*.mp4"))) == 1

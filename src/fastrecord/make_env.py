@@ -114,6 +114,11 @@ def make_eval_envs(
         from fastrecord.sinks.loggers import make_logger
 
         rec["sinks"] = [*rec.get("sinks", ()), make_logger(log)]
+    if video_dir:  # codec "auto"'s NVENC probe runs while the envs are made (their processes: the forkserver's)
+        from fastrecord.options import RecordOptions
+        from fastrecord.video.encode import prefetch_codec
+
+        prefetch_codec(rec.get("video_codec", RecordOptions.video_codec), rec.get("lerobot_video_codec"))
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     sharding = None

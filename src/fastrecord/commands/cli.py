@@ -464,10 +464,14 @@ def exit_now(code: int) -> None:
     exception still goes through Python's exit."""
     import atexit
 
+    from fastrecord.system import stamp
+
     for t in threading.enumerate():
         if t is not threading.main_thread() and not t.daemon:
             t.join()
+    stamp("exit_threads_joined")  # benchmarks/bench_whole.py: where the seconds after the close go
     atexit._run_exitfuncs()
+    stamp("exit_atexit_done")  # then only os._exit: the kernel's and drivers' teardown of the process
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

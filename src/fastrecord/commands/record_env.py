@@ -101,6 +101,10 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
     rec = recorder_kwargs(cfg)
     rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
     stamp("imported")  # benchmarks/bench_whole.py: interpreter and imports end here, env creation starts
+    if cfg.record.save_video or cfg.record.lerobot:  # codec "auto"'s NVENC probe runs while the envs are made
+        from fastrecord.video.encode import prefetch_codec
+
+        prefetch_codec(cfg.record.video_codec, cfg.record.lerobot_video_codec)
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
     if gpu_sim or cfg.num_envs == 1:
         env = make_checked(cfg.env_id, num_envs=cfg.num_envs, **kwargs)

@@ -98,24 +98,29 @@ def nvenc_usable() -> bool:
 
 
 _resolved: dict[str, str] = {}
+_resolving = threading.Lock()  # one probe at a time: a `prefetch_codec` thread and the recorder's own call
 
 
 def resolve_codec(name: str) -> str:
     """Return an encoder PyAV can open, or raise ValueError naming the choices.
 
     ``"auto"`` tries ``h264_nvenc`` (only where it actually encodes a frame: the libav build has it AND
-    the GPU has an NVENC unit, which e.g. the H100/H200 lack), then falls back to ``libx264``.
+    the GPU has an NVENC unit, which e.g. the H100/H200 lack), then falls back to ``libx264``. That probe
+    runs once a process (0.66 s on the H200 machine, where the driver is loaded and no NVENC unit answers;
+    1 ms without an NVIDIA driver); `prefetch_codec` starts it early.
     """
     if name == "auto":
-        if name not in _resolved:
-            for c in _AUTO_CODECS:
-                if codec_available(c) and (c != "h264_nvenc" or nvenc_usable()):
-                    _resolved[name] = c
-                    break
-            else:
-                raise ValueError(
-                    "codec='auto' found no H.264 encoder in this PyAV build; install PyAV from PyPI (`pip install av`)"
-                )
+        with _resolving:
+            if name not in _resolved:
+                for c in _AUTO_CODECS:
+                    if codec_available(c) and (c != "h264_nvenc" or nvenc_usable()):
+                        _resolved[name] = c
+                        break
+                else:
+                    raise ValueError(
+                        "codec='auto' found no H.264 encoder in this PyAV build; install PyAV from PyPI "
+                        "(`pip install av`)"
+                    )
         return _resolved[name]
     if not codec_available(name):
         raise ValueError(
@@ -125,6 +130,24 @@ def resolve_codec(name: str) -> str:
         )
     return name
 
+
+
+def prefetch_codec(*names: str | None) -> None:
+    """Start resolving ``"auto"`` among ``names`` on a daemon thread (`resolve_codec`'s NVENC probe), so that a
+    recorder made later finds it done: for the commands and `make_eval_envs`, which call it before they make
+    their envs, whose processes come from the forkserver (the probe opens a CUDA context in this process, which
+    a process forked from it could not use). A probe that fails is left to the recorder's own call, which
+    raises where it always did."""
+    if "auto" not in names or "auto" in _resolved:
+        return
+
+    def run() -> None:
+        try:
+            resolve_codec("auto")
+        except Exception:  # noqa: BLE001 - the recorder's own resolve_codec raises it
+            pass
+
+    threading.Thread(target=run, name="fastrecord-codec-probe", daemon=True).start()
 
 def _even(img: np.ndarray) -> np.ndarray:
     """yuv420p needs even sides: pad the last row/column by repetition when odd."""
