@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# What issues 27 and 29 still need from the GPU machine, in three device calls of under 10 minutes each (the
-# device tool: 30 minutes a session, 10 a call). From the project root there, after `bash ../shared/gpu/build-kit.sh`
-# here (it writes .gpukit/):
-#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh tests     # pytest -m gpu: CUDA paths unrun since
-#                                                                           # hostcopy.py, the YUV kernel's def line,
-#                                                                           # the side-by-side close
+# What issues 27 and 29 measure on the GPU machine, in three device calls of under 10 minutes each (the device
+# tool: 30 minutes a session, 10 a call; a refused start costs 90 s of it). From the project root there, after
+# `bash ../shared/gpu/build-kit.sh` here (it writes .gpukit/):
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh whole     # issue 27's whole-command ratios (~480 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh tests     # pytest -m gpu, then fresh vs warm
+#                                                                           # (fastrecord bench's coldstart; ~140 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh lerobot   # issue 29's >= 0.80x; replay 96 episodes
-#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh whole     # issue 27's whole-command ratios
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
-# before the call's limit (timeout 570 in all), so what it measured comes back. The figures to copy into
-# docs/performance.md, and the targets they answer: issue 27 ("Targets") and issue 29 (">= 80%").
+# before the call's limit, so what it measured comes back. Last run: 2026-12-05 (docs/performance.md, "H200
+# machine, 2026-12-05").
 set -uo pipefail
 stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole}
 source .gpukit/setup.sh
