@@ -44,17 +44,27 @@ def child_env(src: Path = SRC) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{path}" if path else str(src)}
 
 
-def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | None, num_envs: int = 1) -> Path:
-    """PickCube-v1, state observations, random actions, ``episodes`` x ``steps`` (fastrecord record)."""
+def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | None, num_envs: int = 1,
+                 ranks: int = 1) -> Path:
+    """PickCube-v1, state observations, random actions, ``episodes`` x ``steps`` (fastrecord record). With ``ranks``
+    > 1, ``torchrun --standalone`` ranks record their shares side by side (``num_envs`` split among them) and rank 0
+    joins them into one self-contained NAME.h5: the same episodes (episode g is seeded g, whoever records it), in a
+    fraction of the time (the GPU machine's 480-episode input: 92 s in one process, where the envs step on one core)."""
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--episodes", str(episodes), "--no-video",
+    launcher = [sys.executable, "-m", "fastrecord"]
+    if ranks > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                    "-m", "fastrecord"]
+        num_envs = max(1, num_envs // ranks)
+    argv = [*launcher, "record", "PickCube-v1", "--episodes", str(episodes), "--no-video",
             "--max-episode-steps", str(steps), "--output-dir", str(folder), "--trajectory-name", "pickcube",
             "--num-envs", str(num_envs)]
     if sensor_size is not None:  # kept in the file's env_kwargs: both tools replay with these cameras
         config = folder / "record.yaml"
         config.write_text(json.dumps({"env_kwargs": {"sensor_configs": {"width": sensor_size, "height": sensor_size}}}))
         argv += ["--config", str(config)]
-    r = subprocess.run(argv, env=child_env(), capture_output=True, text=True)
+    r = subprocess.run(argv, env={**child_env(), "OMP_NUM_THREADS": "1"} if ranks > 1 else child_env(),
+                       capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"recording the input failed:\n{r.stderr[-3000:]}")
     return folder / "pickcube.h5"

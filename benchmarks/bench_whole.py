@@ -204,8 +204,10 @@ def replay_jobs(s: Size, work: Path, srcs: dict[str, Path | None], out: list[Res
     del srcs  # the checkout's fastrecord only
     total = max(s.replay_episodes)
     t0 = time.perf_counter()
-    src_h5 = record_input(work / "replay_input", total, s.episode_steps, None, num_envs=s.replay_envs)
-    print(f"  (replay input: {total} episodes recorded in {time.perf_counter() - t0:.1f} s, not timed)", flush=True)
+    ranks = max(1, min(4, (os.cpu_count() or 1) // 4))  # 16 cores: 4 ranks of 4 envs (device time: 92 s -> ~30 s)
+    src_h5 = record_input(work / "replay_input", total, s.episode_steps, None, num_envs=s.replay_envs, ranks=ranks)
+    print(f"  (replay input: {total} episodes recorded in {time.perf_counter() - t0:.1f} s by {ranks} process(es), "
+          f"not timed)", flush=True)
     ms_dir = work / "maniskill_replay"
     ms_dir.mkdir(exist_ok=True)
     ms_src = ms_dir / src_h5.name
