@@ -131,7 +131,6 @@ def resolve_codec(name: str) -> str:
     return name
 
 
-
 def prefetch_codec(*names: str | None) -> None:
     """Start resolving ``"auto"`` among ``names`` on a daemon thread (`resolve_codec`'s NVENC probe), so that a
     recorder made later finds it done: for the commands and `make_eval_envs`, which call it before they make
@@ -148,6 +147,7 @@ def prefetch_codec(*names: str | None) -> None:
             pass
 
     threading.Thread(target=run, name="fastrecord-codec-probe", daemon=True).start()
+
 
 def _even(img: np.ndarray) -> np.ndarray:
     """yuv420p needs even sides: pad the last row/column by repetition when odd."""
