@@ -65,6 +65,11 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
         argv += ["--config", str(config)]
     r = subprocess.run(argv, env={**child_env(), "OMP_NUM_THREADS": "1"} if ranks > 1 else child_env(),
                        capture_output=True, text=True)
+    if r.returncode != 0 and ranks > 1:  # the measurements do not depend on how the input was made: one process
+        print(f"  (the input's {ranks} torchrun ranks failed, recording it in one process:\n"
+              f"{r.stderr[-1500:]})", flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        return record_input(folder, episodes, steps, sensor_size, num_envs * ranks)
     if r.returncode != 0:
         sys.exit(f"recording the input failed:\n{r.stderr[-3000:]}")
     return folder / "pickcube.h5"
