@@ -557,3 +557,18 @@ def test_the_commands_probe_the_codec_while_their_envs_are_made(path, monkeypatc
         envs.close()
     assert probes == ["fastrecord-codec-probe"]
     assert len(list(tmp_path.rglob("*.mp4"))) == 1
+
+
+def test_make_eval_envs_without_videos_probes_no_codec(monkeypatch, fresh_codec_cache, tmp_path):
+    """Trajectories only: no encoder is needed, so no NVENC probe (nor the CUDA context it opens) in the caller."""
+    probes = []
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)
+    monkeypatch.setattr(video_mod, "nvenc_usable", lambda: probes.append(1) or False)
+    from fastrecord import make_eval_envs
+
+    kw = dict(obs_mode="state", render_mode="rgb_array", max_episode_steps=3,
+              human_render_camera_configs=dict(width=32, height=32))
+    envs = make_eval_envs("PickCube-v1", 1, "physx_cpu", kw, dict(obs_horizon=1), video_dir=str(tmp_path),
+                          record_kwargs=dict(save_video=False, save_trajectory=True))
+    envs.close()
+    assert probes == []

@@ -114,10 +114,12 @@ def make_eval_envs(
         from fastrecord.sinks.loggers import make_logger
 
         rec["sinks"] = [*rec.get("sinks", ()), make_logger(log)]
-    if video_dir:  # codec "auto"'s NVENC probe runs while the envs are made (their processes: the forkserver's)
-        from fastrecord.options import RecordOptions
+    from fastrecord.options import RecordOptions
+
+    if video_dir and (rec.get("save_video", RecordOptions.save_video) or rec.get("lerobot")):
         from fastrecord.video.encode import prefetch_codec
 
+        # codec "auto"'s NVENC probe runs while the envs are made (their processes: the forkserver's)
         prefetch_codec(rec.get("video_codec", RecordOptions.video_codec), rec.get("lerobot_video_codec"))
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
