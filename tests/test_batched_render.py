@@ -345,8 +345,8 @@ def test_envs_closed_together_walk_the_heap_once():
 @pytest.mark.gpu
 def test_record_cli_batched_render_writes_every_video_and_ends_its_sub_envs(tmp_path):
     """`fastrecord record` with the batched render (auto on a CUDA machine): every episode's video decodes to
-    its frames, the trajectory holds every episode, and the close ends the sub-env processes at once
-    (`GroupRenderedVectorEnv.terminate_subenvs`): none is left alive."""
+    its frames, the trajectory holds every episode, and no sub-env process is left alive after the command
+    (how the close ends them: `test_a_terminating_close_ends_the_sub_env_processes_without_their_close`)."""
     import json
     import multiprocessing as mp
 
@@ -366,3 +366,30 @@ def test_record_cli_batched_render_writes_every_video_and_ends_its_sub_envs(tmp_
         with av.open(str(v)) as f:
             frames = [fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]
         assert len(frames) == 6 and frames[0].shape == (64, 64, 3) and frames[0].std() > 0
+
+
+@pytest.mark.parametrize("terminate", [False, True])
+def test_a_terminating_close_ends_the_sub_env_processes_without_their_close(terminate):
+    """`GroupRenderedVectorEnv.terminate_subenvs` (set by `fastrecord record`, whose sub-envs hold nothing to
+    save): its close ends the vector env's processes with ``terminate=True``; otherwise (make_eval_envs) the
+    sub-envs are asked to close. The mirrors are closed either way. No CUDA needed: the group is not built."""
+    from fastrecord.render.vector import GroupRenderedVectorEnv
+
+    class Subenvs:
+        closed_with: dict | None = None
+
+        def close(self, **kwargs):
+            Subenvs.closed_with = kwargs
+
+    class Mirror:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    wrapper = object.__new__(GroupRenderedVectorEnv)  # only what close() reads
+    mirror = Mirror()
+    wrapper.env, wrapper.mirrors, wrapper.terminate_subenvs = Subenvs(), [mirror], terminate
+    wrapper.close()
+    assert Subenvs.closed_with == ({"terminate": True} if terminate else {})
+    assert mirror.closed and wrapper.mirrors == []
