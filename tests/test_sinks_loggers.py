@@ -95,7 +95,13 @@ def wandb_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    return tmp_path
+    yield tmp_path
+    # W&B keeps one service process per Python process, started with the first run's environment: end it, so
+    # that each test's runs start their own in this test's folders and no test waits on another's service (a
+    # CI run hung in the second W&B test of the suite; not seen again, and not reproduced, since)
+    import wandb
+
+    wandb.teardown()
 
 
 def wandb_history(run_dir: Path) -> list[dict]:
