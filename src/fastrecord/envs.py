@@ -21,6 +21,7 @@ from mani_skill.utils.wrappers import CPUGymWrapper
 from mani_skill.utils.wrappers.record import parse_env_info
 
 from fastrecord.buffer import flatten_tree
+from fastrecord.render import lut
 from fastrecord.substeps import SWITCH, TAKE, SubstepCapture, step_frames
 
 IMAGE_RENDER_MODES = ("rgb_array", "sensors", "all")
@@ -147,6 +148,7 @@ class ManiSkillView:
             )
         self.num_envs = self.base.num_envs
         self.device = torch.device(self.base.device)
+        self._lut_scene: Any = None  # the scene whose cameras `render` last handed SAPIEN's BRDF table (render/lut.py)
         # CPUGymWrapper (below this wrapper) returns unbatched numpy: add the env dim back
         self.unbatched = False
         cur: Any = env
@@ -190,6 +192,10 @@ class ManiSkillView:
         return to_batched(x, None, self.unbatched)
 
     def render(self) -> Any:
+        scene = getattr(self.base, "scene", None)
+        if scene is not self._lut_scene:  # a new scene (construction, reconfiguration): its cameras, before their
+            lut.supply_env(self.base)  # first picture, get SAPIEN's BRDF table where it cannot change one
+            self._lut_scene = scene
         return self.env.render()
 
     def state_dict(self, refresh: bool = False) -> dict:

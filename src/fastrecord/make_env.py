@@ -346,11 +346,11 @@ class _CpuThunk:
         import mani_skill.envs  # noqa: F401 - registers the tasks (worker processes too)
 
         from fastrecord.system import use_lavapipe_if_no_gpu
-        from fastrecord.workers import freeze_imports
+        from fastrecord.workers import claim_process
 
         use_lavapipe_if_no_gpu()
         if self.own_process:  # each of its resets reconfigures the scene (and collects garbage)
-            freeze_imports()
+            claim_process()
         env = gym.make(self.env_id, reconfiguration_freq=1, **self.env_kwargs)
         for wrapper in self.wrappers:
             env = wrapper(env)

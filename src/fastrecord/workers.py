@@ -152,6 +152,16 @@ def freeze_imports() -> None:
     gc.freeze()
 
 
+def claim_process() -> None:
+    """What fastrecord does to a process it owns (its CLI, replay workers, CPU sub-envs), never to a user's:
+    `freeze_imports`, and SAPIEN's BRDF table handed to every camera ManiSkill makes from now on
+    (`fastrecord.render.lut.install`: no 5 s table computed on a CPU renderer)."""
+    from fastrecord.render import lut
+
+    freeze_imports()
+    lut.install()
+
+
 def start_forkserver() -> None:
     """Start the forkserver now (it imports its preload while the caller goes on with its own imports)."""
     from multiprocessing import forkserver

@@ -127,9 +127,9 @@ def main_from_args(args: argparse.Namespace) -> int:
     distributed = rank_info().distributed
     probe = None if distributed else spaces_probe(cfg)  # before the imports below, which it overlaps
     from fastrecord.sinks.loggers import log_sinks
-    from fastrecord.workers import freeze_imports
+    from fastrecord.workers import claim_process
 
-    freeze_imports()  # this process is the CLI's (see fastrecord.workers.freeze_imports)
+    claim_process()  # this process is the CLI's (see fastrecord.workers.claim_process)
 
     resume_shards = not distributed and resumes_shards(cfg)
     if distributed or resume_shards:  # torchrun: this process records one shard

@@ -78,7 +78,7 @@ from fastrecord.replay.config import (
     ReplayWorkerError,
 )
 from fastrecord.replay.layout import ENVS_PER_WORKER, MANY_CORES
-from fastrecord.workers import freeze_imports
+from fastrecord.workers import claim_process
 
 __all__ = ["ReplayConfig", "config_from_args", "configure_parser", "main_from_args", "print_summary", "worker_timeline"]
 
@@ -321,7 +321,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
     from fastrecord.sinks.loggers import log_sinks
 
-    freeze_imports()  # this process is the CLI's (see fastrecord.workers.freeze_imports)
+    claim_process()  # this process is the CLI's (see fastrecord.workers.claim_process)
     from fastrecord.system import stamp
 
     with StopSignals("replay") as stop:

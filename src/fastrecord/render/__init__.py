@@ -16,6 +16,9 @@ that API needs PhysX on the GPU, so CPU-simulated envs are rendered the same way
 
 Needs a CUDA device (SAPIEN's group reads CUDA poses and hands CUDA pictures); without one, envs render
 one by one, in their own processes, as before (`available`).
+
+`lut` is the CPU side: SAPIEN's BRDF lookup table handed to cameras rendered on lavapipe, which would otherwise
+compute it at each process's first picture (about 5 s).
 """
 
 from __future__ import annotations

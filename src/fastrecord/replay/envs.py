@@ -19,7 +19,7 @@ import torch
 
 from fastrecord.envs import SubEnvAccess
 from fastrecord.replay.grouped import GroupedSyncVectorEnv, PreparedSyncVectorEnv
-from fastrecord.workers import forkserver_context, freeze_imports
+from fastrecord.workers import claim_process, forkserver_context
 
 # ManiSkill's ``BaseEnv.step``: the observation, then reward, terminated and truncated as batched tensors, and info
 _Step: TypeAlias = tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]
@@ -426,7 +426,7 @@ def in_worker(thunk: Callable[[], gym.Env]) -> gym.Env:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    freeze_imports()
+    claim_process()
     return thunk()
 
 

@@ -27,7 +27,7 @@ from fastrecord.replay.plan import ReplayPlan, make_plan
 from fastrecord.shards import ranges_text
 from fastrecord.sinks.maniskill_h5 import open_trajectory
 from fastrecord.system import quiet_third_party
-from fastrecord.workers import forkserver_context, freeze_imports
+from fastrecord.workers import claim_process, forkserver_context
 
 if TYPE_CHECKING:
     from fastrecord.sinks.base import RunDirectory
@@ -116,7 +116,7 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
     from tqdm import tqdm
 
     quiet_third_party()
-    freeze_imports()  # ManiSkill's gc.collect() at env creation and close then skips the imported modules
+    claim_process()  # ManiSkill's gc.collect() at env creation and close skips the imported modules; BRDF table
     # tqdm's default lock is a multiprocessing RLock: here a named semaphore of the forkserver's kind, which
     # the resource tracker reported leaked at exit ("1 leaked semaphore"); the caller draws the progress bar
     tqdm.set_lock(threading.RLock())

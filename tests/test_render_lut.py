@@ -1,0 +1,144 @@
+"""The BRDF lookup table fastrecord hands SAPIEN's CPU-rendered cameras (fastrecord.render.lut): the same
+pictures to the bit as ManiSkill alone, in a process fastrecord owns (every camera) and in a user's (the cameras
+of the env RecordEpisode wraps, and nothing else of the process); SAPIEN's own table wherever a scene has an
+environment map."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fastrecord.render import lut
+
+# StackCube-v1 (state observations, human camera) made before fastrecord is imported, then PickCube-v1 (rgb
+# observations: its sensor camera renders in gym.make, and the human camera). "maniskill": ManiSkill alone;
+# "user": a user's script, StackCube wrapped by RecordEpisode; "claimed": a process of fastrecord's (its CLI,
+# workers, sub-envs: `claim_process`).
+SCRIPT = """
+import json, sys
+import numpy as np
+import gymnasium as gym
+import mani_skill.envs
+mode, out, pictures_path = sys.argv[1:]
+cam = dict(width=96, height=96)
+if mode == "claimed":
+    from fastrecord.workers import claim_process
+    claim_process()
+stack = gym.make("StackCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                 human_render_camera_configs=cam)
+supplied = []
+if mode != "maniskill":
+    import fastrecord
+    from fastrecord.render import lut
+    if mode == "user":
+        stack = fastrecord.RecordEpisode(stack, out, save_video=True, save_trajectory=False)
+    supplied.append(lut.supplied)
+pictures = {}
+for name in ("stack", "pick"):
+    if name == "pick":
+        env = gym.make("PickCube-v1", obs_mode="rgb", render_mode="rgb_array", sim_backend="physx_cpu",
+                       human_render_camera_configs=cam, sensor_configs=cam)
+    else:
+        env = stack
+    obs, _ = env.reset(seed=5)
+    for t in range(3):
+        pictures[f"{name}_render_{t}"] = np.asarray(env.render())
+        if name == "pick":
+            pictures[f"{name}_sensor_{t}"] = np.asarray(obs["sensor_data"]["base_camera"]["rgb"])
+        obs, *_ = env.step(env.action_space.sample() * 0 + 0.3)
+    if mode != "maniskill":
+        supplied.append(lut.supplied)
+    env.close()
+np.savez(pictures_path, **pictures)
+print(json.dumps(supplied))
+"""
+
+
+def _run(mode: str, tmp_path) -> tuple[dict[str, np.ndarray], list[int]]:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), mode, str(tmp_path / mode),
+                          str(tmp_path / f"{mode}.npz")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with np.load(tmp_path / f"{mode}.npz") as f:
+        return dict(f), json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_pictures_are_maniskills_own_to_the_bit(tmp_path):
+    """Fresh processes (SAPIEN makes its table once a process): every human-camera and sensor picture equal to
+    ManiSkill's alone. Handed the table: in a process of fastrecord's, every camera ManiSkill makes (StackCube's
+    human camera; PickCube's sensor and human camera); in a user's, only the cameras of the env RecordEpisode
+    wraps (PickCube, made by the script itself, keeps SAPIEN's)."""
+    alone, none = _run("maniskill", tmp_path)
+    assert none == [] and len(alone) == 9
+    for key, picture in alone.items():
+        assert picture.shape[-3:] == (96, 96, 3) and picture.std() > 5, key  # a scene, not a blank frame
+    for mode in ("claimed", "user"):
+        ours, (made, stacked, picked) = _run(mode, tmp_path)  # cameras handed the table: after StackCube's make,
+        if mode == "claimed":  # after its pictures, after PickCube's
+            assert 0 < made == stacked < picked, (made, stacked, picked)
+        else:  # at RecordEpisode's first picture
+            assert 0 == made < stacked == picked, (made, stacked, picked)
+        assert sorted(ours) == sorted(alone)
+        for key, picture in alone.items():
+            np.testing.assert_array_equal(ours[key], picture, err_msg=f"{mode}: {key}")
+
+
+def test_the_table_is_the_split_sum_integral():
+    """Against a Monte Carlo estimate of the same integral (random directions, not the Hammersley set), at
+    texel centres laid out as SAPIEN samples them (rows N.V, columns roughness)."""
+    size = 8
+    table = lut.brdf_lut(size=size, samples=4096)
+    assert table.shape == (size, size, 2) and table.dtype == np.float32
+    rng = np.random.default_rng(0)
+    centres = (np.arange(size) + 0.5) / size
+    for row, col in ((0, 4), (4, 4), (7, 7), (2, 1), (6, 0)):
+        n_v, alpha = centres[row], centres[col] ** 2
+        u, v = rng.random(400_000), rng.random(400_000)
+        cos = np.sqrt((1 - u) / (1 + (alpha**2 - 1) * u))
+        h = np.stack([np.sqrt(1 - cos**2) * np.cos(2 * np.pi * v), np.sqrt(1 - cos**2) * np.sin(2 * np.pi * v), cos])
+        view = np.array([np.sqrt(1 - n_v**2), 0.0, n_v])
+        v_h = view @ h
+        n_l = 2 * v_h * cos - n_v
+        k = alpha / 2
+        vis = np.where(n_l > 0, n_l / (n_l * (1 - k) + k) * n_v / (n_v * (1 - k) + k) * v_h / (cos * n_v), 0)
+        fresnel = (1 - v_h) ** 5
+        expected = [((1 - fresnel) * vis).mean(), (fresnel * vis).mean()]
+        np.testing.assert_allclose(table[row, col], expected, atol=4e-3, err_msg=f"N.V {n_v}, roughness {col}")
+    assert table[-1, 0, 0] > 0.98 and table[-1, 0, 1] < 0.01  # a smooth surface seen head-on reflects F0
+
+
+@pytest.fixture
+def cubemap(tmp_path):
+    import imageio.v3 as iio
+    from sapien import render
+
+    faces = []
+    for i in range(6):
+        faces.append(str(tmp_path / f"face{i}.png"))
+        iio.imwrite(faces[-1], np.full((8, 8, 3), 40 * i, np.uint8))
+    return render.RenderCubemap(*faces)
+
+
+def test_a_scene_with_an_environment_map_keeps_sapiens_table(cubemap):
+    import sapien
+
+    scene = sapien.Scene()
+    assert lut._wants_table(scene)  # CPU rendering, no environment map: the table multiplies black
+    scene.render_system.cubemap = cubemap
+    assert not lut._wants_table(scene)
+
+    textures = []
+
+    class Camera:
+        def set_texture(self, name, texture):
+            textures.append(name)
+
+    before = lut.supplied
+    lut.supply([scene], [Camera()])
+    assert textures == [] and lut.supplied == before
+    lut.supply([sapien.Scene()], [Camera()])
+    assert textures == ["BRDFLUT"] and lut.supplied == before + 1
