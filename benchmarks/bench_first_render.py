@@ -4,8 +4,9 @@
 Two jobs, each a fresh process, launch to exit, alternating the two ways ``--repeats`` times:
 - ``readme``: the README's main job, ``python -m fastrecord record PickCube-v1`` (its embedded default: CPU
   simulation, CPU rendering, 4 episodes, video and trajectories), in a fresh output folder;
-- ``first_picture``: ``gym.make`` of PickCube-v1 with rgb observations (its sensor renders in the make) and a
-  128x128 human camera, a reset and one ``render()``, after importing fastrecord.
+- ``first_picture``: in a process of fastrecord's (``claim_process``, as its CLI, workers and sub-envs), ``gym.make``
+  of PickCube-v1 with rgb observations (its sensor renders in the make) and a 128x128 human camera, a reset and
+  one ``render()``.
 
     python -m benchmarks.bench_first_render --repeats 3 [--json out.json]
 """
@@ -24,7 +25,8 @@ from pathlib import Path
 
 FIRST_PICTURE = """
 import gymnasium as gym, mani_skill.envs
-import fastrecord.envs
+from fastrecord.workers import claim_process
+claim_process()
 env = gym.make("PickCube-v1", obs_mode="rgb", render_mode="rgb_array", sim_backend="physx_cpu",
                human_render_camera_configs=dict(width=128, height=128))
 env.reset(seed=0)

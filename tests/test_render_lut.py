@@ -123,7 +123,7 @@ def cubemap(tmp_path):
     return render.RenderCubemap(*faces)
 
 
-def test_a_scene_with_an_environment_map_keeps_sapiens_table(cubemap):
+def test_a_scene_with_an_environment_map_keeps_sapiens_table(cubemap, monkeypatch):
     import sapien
 
     scene = sapien.Scene()
@@ -140,5 +140,8 @@ def test_a_scene_with_an_environment_map_keeps_sapiens_table(cubemap):
     before = lut.supplied
     lut.supply([scene], [Camera()])
     assert textures == [] and lut.supplied == before
+    lut.supply([sapien.Scene()], [Camera()])
+    assert textures == ["BRDFLUT"] and lut.supplied == before + 1
+    monkeypatch.setenv("FASTRECORD_BRDF_LUT", "0")  # turned off: nothing handed over
     lut.supply([sapien.Scene()], [Camera()])
     assert textures == ["BRDFLUT"] and lut.supplied == before + 1

@@ -67,9 +67,15 @@ def _wants_table(scene: Any) -> bool:
         return False
 
 
+def _enabled() -> bool:
+    return os.environ.get("FASTRECORD_BRDF_LUT", "1") != "0"
+
+
 def supply(scenes: Sequence[Any], cameras: Sequence[Any]) -> None:
     """Hand the table to each SAPIEN camera (``RenderCameraComponent``) whose scene (same index) wants it."""
     global supplied, _texture
+    if not _enabled():
+        return
     for scene, camera in zip(scenes, cameras, strict=False):  # ManiSkill: camera i is in sub-scene i
         if not _wants_table(scene):
             continue
@@ -98,7 +104,7 @@ def install() -> None:
     human render cameras, at each reconfiguration) is handed the table where `supply` allows. Idempotent;
     ``FASTRECORD_BRDF_LUT=0`` leaves ManiSkill as it is."""
     global _installed
-    if _installed or os.environ.get("FASTRECORD_BRDF_LUT", "1") == "0":
+    if _installed or not _enabled():
         return
     from mani_skill.envs.scene import ManiSkillScene
 
