@@ -145,3 +145,31 @@ def test_a_scene_with_an_environment_map_keeps_sapiens_table(cubemap, monkeypatc
     monkeypatch.setenv("FASTRECORD_BRDF_LUT", "0")  # turned off: nothing handed over
     lut.supply([sapien.Scene()], [Camera()])
     assert textures == ["BRDFLUT"] and lut.supplied == before + 1
+
+
+def test_record_episode_hands_the_table_to_a_sync_vector_envs_sub_envs_once_a_scene(tmp_path):
+    """In a user's process, the sub-envs of a SyncVectorEnv RecordEpisode wraps: their cameras before the
+    recorder's first picture, not again while the scene stays, and again after a reconfiguring reset."""
+    import gymnasium as gym
+    from mani_skill.utils.wrappers import CPUGymWrapper
+
+    import fastrecord
+
+    def make():
+        return CPUGymWrapper(gym.make("PushCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                                      human_render_camera_configs=dict(width=32, height=32), reconfiguration_freq=1))
+
+    envs = fastrecord.RecordEpisode(gym.vector.SyncVectorEnv([make]), tmp_path, save_trajectory=False)
+    try:
+        before = lut.supplied
+        envs.reset(seed=[0])
+        first_scene = lut.supplied
+        assert first_scene > before
+        for _ in range(3):
+            envs.step(envs.action_space.sample())
+        assert lut.supplied == first_scene  # the same scene: handed over once
+        envs.reset(seed=[1])  # reconfiguration_freq=1: a new scene, new cameras
+        assert lut.supplied > first_scene
+    finally:
+        envs.close()
+    assert list(tmp_path.glob("*.mp4"))  # the recorder did render

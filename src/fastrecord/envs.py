@@ -148,7 +148,6 @@ class ManiSkillView:
             )
         self.num_envs = self.base.num_envs
         self.device = torch.device(self.base.device)
-        self._lut_scene: Any = None  # the scene whose cameras `render` last handed SAPIEN's BRDF table (render/lut.py)
         # CPUGymWrapper (below this wrapper) returns unbatched numpy: add the env dim back
         self.unbatched = False
         cur: Any = env
@@ -192,10 +191,7 @@ class ManiSkillView:
         return to_batched(x, None, self.unbatched)
 
     def render(self) -> Any:
-        scene = getattr(self.base, "scene", None)
-        if scene is not self._lut_scene:  # a new scene (construction, reconfiguration): its cameras, before their
-            lut.supply_env(self.base)  # first picture, get SAPIEN's BRDF table where it cannot change one
-            self._lut_scene = scene
+        lut.supply_env(self.base)  # a new scene's cameras, before their first picture: the BRDF table (render/lut.py)
         return self.env.render()
 
     def state_dict(self, refresh: bool = False) -> dict:
@@ -296,6 +292,9 @@ class VectorEnvView:
     def render(self) -> Any:
         if getattr(self.env, "renders_batched", False):  # fastrecord.render: one batched render of every sub-env
             return self.env.render()
+        # a SyncVectorEnv's sub-envs, in this process: a new scene's cameras get the BRDF table (render/lut.py)
+        for sub_env in getattr(getattr(self.env, "unwrapped", None), "envs", ()):
+            lut.supply_env(sub_env.unwrapped)
         # one call renders every sub-env (in parallel for AsyncVectorEnv)
         frames = self.env.call("render")
         if all(isinstance(f, np.ndarray) for f in frames):  # CPUGymWrapper's numpy: one numpy copy (torch.cat's

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = ["brdf_lut", "install", "supplied", "supply_env"]  # internal (docs/ap
 supplied = 0  # cameras of this process given the table (tests read it)
 _installed = False
 _texture: Any = None
+_scenes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # env -> the scene `supply_env` last saw
 
 
 def brdf_lut(size: int = 64, samples: int = 512) -> np.ndarray:
@@ -89,11 +91,18 @@ def supply(scenes: Sequence[Any], cameras: Sequence[Any]) -> None:
 
 
 def supply_env(env: Any) -> None:
-    """Hand the table to the cameras a ManiSkill env (its ``BaseEnv``) already has: one made before `install`,
-    in a process that has not rendered yet (`fastrecord.RecordEpisode` calls it on the env it wraps)."""
+    """Hand the table to the cameras a ManiSkill env (its ``BaseEnv``) has, once a scene: `fastrecord.RecordEpisode`
+    calls it before each picture of the envs it wraps in the caller's process (the env itself, or a
+    ``SyncVectorEnv``'s sub-envs), so a new scene's cameras (a reconfiguring reset) get it before their first."""
     scene = getattr(env, "scene", None)
     if scene is None:
         return
+    try:
+        if _scenes.get(env) is scene:
+            return
+        _scenes[env] = scene
+    except TypeError:  # an env that cannot be a weak key: handed over at every call
+        pass
     for group in (getattr(scene, "sensors", None) or {}, getattr(scene, "human_render_cameras", None) or {}):
         for sensor in group.values():
             supply(scene.sub_scenes, getattr(getattr(sensor, "camera", None), "_render_cameras", ()))
