@@ -173,3 +173,22 @@ def test_record_episode_hands_the_table_to_a_sync_vector_envs_sub_envs_once_a_sc
     finally:
         envs.close()
     assert list(tmp_path.glob("*.mp4"))  # the recorder did render
+
+
+def test_a_refused_table_leaves_the_camera_and_env_creation_alone(monkeypatch):
+    """Another SAPIEN that refuses the texture: no error reaches env creation, nothing more is handed over."""
+    import sapien
+
+    calls = []
+
+    class Refusing:
+        def set_texture(self, name, texture):
+            calls.append(name)
+            raise TypeError("incompatible function arguments")
+
+    monkeypatch.setattr(lut, "_failure", None)
+    before = lut.supplied
+    lut.supply([sapien.Scene()], [Refusing()])
+    assert calls == ["BRDFLUT"] and lut.supplied == before and "incompatible" in lut._failure
+    lut.supply([sapien.Scene()], [Refusing()])
+    assert calls == ["BRDFLUT"]  # not tried again in this process

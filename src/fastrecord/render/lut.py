@@ -30,6 +30,7 @@ __all__ = ["brdf_lut", "install", "supplied", "supply_env"]  # internal (docs/ap
 supplied = 0  # cameras of this process given the table (tests read it)
 _installed = False
 _texture: Any = None
+_failure: str | None = None  # why SAPIEN refused the table (then nothing more is handed over in this process)
 _scenes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # env -> the scene `supply_env` last saw
 
 
@@ -70,23 +71,30 @@ def _wants_table(scene: Any) -> bool:
 
 
 def _enabled() -> bool:
-    return os.environ.get("FASTRECORD_BRDF_LUT", "1") != "0"
+    return _failure is None and os.environ.get("FASTRECORD_BRDF_LUT", "1") != "0"
 
 
 def supply(scenes: Sequence[Any], cameras: Sequence[Any]) -> None:
-    """Hand the table to each SAPIEN camera (``RenderCameraComponent``) whose scene (same index) wants it."""
-    global supplied, _texture
+    """Hand the table to each SAPIEN camera (``RenderCameraComponent``) whose scene (same index) wants it.
+
+    Only ever a speed-up: where SAPIEN refuses the texture (another SAPIEN version), the camera keeps its own table,
+    and this process hands over no more (`_failure` says why); env creation goes on."""
+    global supplied, _texture, _failure
     if not _enabled():
         return
     for scene, camera in zip(scenes, cameras, strict=False):  # ManiSkill: camera i is in sub-scene i
         if not _wants_table(scene):
             continue
-        if _texture is None:
-            from sapien import render
+        try:
+            if _texture is None:
+                from sapien import render
 
-            _texture = render.RenderTexture(brdf_lut(), 2, "R32G32Sfloat", filter_mode="linear",
-                                            address_mode="edge")
-        camera.set_texture("BRDFLUT", _texture)
+                _texture = render.RenderTexture(brdf_lut(), 2, "R32G32Sfloat", filter_mode="linear",
+                                                address_mode="edge")
+            camera.set_texture("BRDFLUT", _texture)
+        except Exception as e:  # noqa: BLE001 - a camera without the table renders as before, 5 s later
+            _failure = f"{type(e).__name__}: {e}"
+            return
         supplied += 1
 
 
