@@ -3,14 +3,16 @@
 A process's first picture through SAPIEN computes a 512x512 BRDF lookup table (svulkan2's
 ``SVResourceManager::getDefaultBRDFLUT``: a compute shader integrating 1,024 GGX samples a texel), for any camera
 that was not given one. On a GPU that takes milliseconds; on the CPU machines, where Mesa's lavapipe runs the
-shader, 4.9-5.3 s, in every process that renders (the README job spends about a quarter of its time there). The
+shader, 4.9-5.3 s, in every process that renders (about 30% of the README job: docs/performance.md). The
 table weighs one term only, the environment map's specular reflection (``specularIBL`` in SAPIEN's ``default``
 and ``minimal`` shaders: environment colour x (F0 * A + B)); a scene without an environment map samples SAPIEN's
 black default cubemap, so there the table multiplies zero. For cameras that render on the CPU in such a scene,
-`install` hands SAPIEN a table computed here (the same integral at 64x64, in milliseconds), and SAPIEN computes
+`install` (every camera ManiSkill makes, in processes fastrecord owns) and `supply_env` (the cameras of an env
+fastrecord wraps) hand SAPIEN a table computed here (the same integral at 64x64, in 0.08 s), and SAPIEN computes
 none. Pictures are the same to the bit (tests/test_render_lut.py). A scene with an environment map (ReplicaCAD,
-``set_environment_map``) keeps SAPIEN's own table; one set after its cameras were made would read this one (the
-same integral, coarser: a difference far below a level of 8-bit colour).
+``set_environment_map``) keeps SAPIEN's own table; an environment map set after the cameras were made would meet
+this one (the same integral at a coarser resolution; not compared with SAPIEN's own table, whose shader source is
+not in the wheel).
 
 ``FASTRECORD_BRDF_LUT=0`` turns it off (benchmarks/bench_first_render.py measures both ways).
 """
