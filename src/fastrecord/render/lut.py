@@ -33,7 +33,9 @@ supplied = 0  # cameras of this process given the table (tests read it)
 _installed = False
 _texture: Any = None
 _failure: str | None = None  # why SAPIEN refused the table (then nothing more is handed over in this process)
-_scenes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # env -> the scene `supply_env` last saw
+# env -> a weak reference to the scene `supply_env` last saw (weak both ways: a closed env's old scene, and its
+# SAPIEN resources, are not kept alive here)
+_scenes: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 
 
 def brdf_lut(size: int = 64, samples: int = 512) -> np.ndarray:
@@ -108,10 +110,11 @@ def supply_env(env: Any) -> None:
     if scene is None:
         return
     try:
-        if _scenes.get(env) is scene:
+        seen = _scenes.get(env)
+        if seen is not None and seen() is scene:
             return
-        _scenes[env] = scene
-    except TypeError:  # an env that cannot be a weak key: handed over at every call
+        _scenes[env] = weakref.ref(scene)
+    except TypeError:  # an env (or scene) that cannot be weakly referenced: handed over at every call
         pass
     for group in (getattr(scene, "sensors", None) or {}, getattr(scene, "human_render_cameras", None) or {}):
         for sensor in group.values():
