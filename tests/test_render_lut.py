@@ -192,3 +192,29 @@ def test_a_refused_table_leaves_the_camera_and_env_creation_alone(monkeypatch):
     assert calls == ["BRDFLUT"] and lut.supplied == before and "incompatible" in lut._failure
     lut.supply([sapien.Scene()], [Refusing()])
     assert calls == ["BRDFLUT"]  # not tried again in this process
+
+
+EVAL_SCRIPT = """
+import gc, json
+from fastrecord import make_eval_envs
+if __name__ == "__main__":
+    envs = make_eval_envs("PickCube-v1", 2, "physx_cpu",
+                          dict(obs_mode="state", human_render_camera_configs=dict(width=64, height=64)),
+                          dict(max_episode_steps=5, obs_horizon=1), video_dir=None)
+    from fastrecord.render import lut
+    from mani_skill.envs.scene import ManiSkillScene
+    envs.reset(seed=0)
+    print(json.dumps([gc.get_freeze_count(), lut._installed, hasattr(ManiSkillScene.add_camera, "__wrapped__")]))
+    envs.close()
+"""
+
+
+def test_make_eval_envs_leaves_the_callers_process_unclaimed(tmp_path):
+    """gymnasium's AsyncVectorEnv builds its dummy env with sub-env 0's thunk in the caller's process: there the
+    thunk must not do what it does in a sub-env's own process (freeze the imports, patch ManiSkill's cameras)."""
+    script = tmp_path / "eval_script.py"  # a file: the forkserver imports the caller's __main__
+    script.write_text(textwrap.dedent(EVAL_SCRIPT))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    frozen, installed, wrapped = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (frozen, installed, wrapped) == (0, False, False)

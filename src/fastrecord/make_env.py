@@ -18,6 +18,7 @@ here one fastrecord recorder wraps the whole vector env from outside and keeps e
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -340,6 +341,7 @@ class _CpuThunk:
                  report_poses: bool = False) -> None:
         self.env_id, self.seed, self.env_kwargs, self.wrappers = env_id, seed, dict(env_kwargs), wrappers
         self.own_process = own_process  # built in a sub-env process of fastrecord's, not in the caller's
+        self.made_in = os.getpid()  # gymnasium's AsyncVectorEnv also calls the first thunk here (its dummy env)
         self.report_poses = report_poses  # batched rendering: each step's info carries the scene's poses
 
     def __call__(self) -> gym.Env:
@@ -349,8 +351,8 @@ class _CpuThunk:
         from fastrecord.workers import claim_process
 
         use_lavapipe_if_no_gpu()
-        if self.own_process:  # each of its resets reconfigures the scene (and collects garbage)
-            claim_process()
+        if self.own_process and os.getpid() != self.made_in:  # a sub-env's process, never the caller's
+            claim_process()  # each of its resets reconfigures the scene (and collects garbage)
         env = gym.make(self.env_id, reconfiguration_freq=1, **self.env_kwargs)
         for wrapper in self.wrappers:
             env = wrapper(env)

@@ -183,9 +183,9 @@ class _CpuEnvThunk:
         from mani_skill.utils.wrappers import CPUGymWrapper
 
         from fastrecord.envs import make_checked
-        from fastrecord.render import lut
+        from fastrecord.workers import claim_process
 
-        lut.install()  # a process of the CLI's (a sub-env, or the CLI's own): no 5 s BRDF table on a CPU renderer
+        claim_process()  # a process of the CLI's (a sub-env, or the CLI's own): imports frozen, the BRDF table
         env = CPUGymWrapper(make_checked(self.env_id, **self.kwargs))
         if self.report_poses:
             from fastrecord.render.vector import PoseReporter
