@@ -150,6 +150,9 @@ def detail(res: Result) -> list[str]:
         inner = sorted((t, k) for k, t in res.stamps.items() if t0 < t < t1 and k not in (a, b))
         if inner:
             out.append(f"{name} {t1 - t0:.2f} s: " + ", ".join(f"{k} +{t - t0:.2f}" for t, k in inner))
+    server = sorted((t, k) for k, t in res.stamps.items() if k.startswith("forkserver_"))
+    if server:  # how the forkserver started (workers.start_forkserver: a zygote, or a fresh interpreter and why)
+        out.append("forkserver: " + ", ".join(f"{k.split('_', 1)[1]} at {t:.2f} s" for t, k in server))
     return out
 
 

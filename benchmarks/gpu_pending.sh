@@ -6,11 +6,13 @@
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh tests     # pytest -m gpu, then fresh vs warm
 #                                                                           # (fastrecord bench's coldstart; ~140 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh lerobot   # issue 29's >= 0.80x; replay 96 episodes
+#   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh startup
+#                                         # record and eval, this tree against build/before/src; 16 makes (~540 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back. Last run: 2026-12-05 (docs/performance.md, "H200
 # machine, 2026-12-05").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -41,8 +43,18 @@ case $stage in
   whole)
     run 570 whole python3 benchmarks/bench_whole.py --size gpu --json "$out/whole.json"
     ;;
+  startup)
+    # issue 27's start-up: record and eval against ManiSkill's ways, with the source tree of BEFORE (a src folder,
+    # default build/before/src: carry it) beside; then where 16 sub-env makes together spend their seconds
+    before=${BEFORE:-build/before/src}
+    run 330 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$before" \
+      --json "$out/whole.json"
+    run 100 probe python3 -m benchmarks.probe_make_contention --num 16 --backend gpu \
+      --variants alone,together,frozen_alone,frozen,fork,packed,frozen_packed,frozen_none --json "$out/probe.json"
+    run 130 pytest python3 -m pytest -m gpu tests -q -p no:cacheprovider -x --durations=5
+    ;;
   *)
-    echo "unknown stage $stage: tests, lerobot or whole" >&2
+    echo "unknown stage $stage: tests, lerobot, whole or startup" >&2
     exit 2
     ;;
 esac

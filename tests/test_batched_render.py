@@ -306,6 +306,36 @@ def test_mirrors_are_built_without_walking_the_callers_objects():
         env.close()
 
 
+def test_uses_of_scenes_built_share_one_freeze():
+    """The mirrors' thread and the caller's vector env (gymnasium's dummy env) build scenes at the same time: the
+    first use to leave keeps the freeze for the other, the last undoes it."""
+    import gc
+    import threading
+
+    from fastrecord.render.vector import scenes_built
+
+    if gc.get_freeze_count():
+        pytest.skip("this process froze its objects (scenes_built then leaves the freeze alone)")
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with scenes_built():
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert inside.wait(30)
+    with scenes_built():
+        with scenes_built():  # nested
+            pass
+        assert gc.get_freeze_count() > 0
+    after_ours = gc.get_freeze_count()
+    leave.set()
+    thread.join()
+    assert after_ours > 0 and gc.get_freeze_count() == 0
+
+
 def test_envs_closed_together_walk_the_heap_once():
     """`collections_deferred` (the batched render's close of its mirrors): ManiSkill's full collection at
     each env's close becomes one collection on leaving, which still frees the closed envs' scenes; the process's

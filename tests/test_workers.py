@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -405,3 +407,83 @@ def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
     assert spaces_probe(dataclasses.replace(cfg, batched_render="off")) is None
     assert spaces_probe(dataclasses.replace(cfg, sim_backend="physx_cuda")) is None
     assert spaces_probe(dataclasses.replace(cfg, record=dataclasses.replace(cfg.record, save_video=False))) is None
+
+
+ZYGOTE_SCRIPT = """
+import os, signal, sys, threading
+import torch
+from multiprocessing import forkserver
+from fastrecord import workers
+mode = sys.argv[1]
+if __name__ == "__main__":
+    (torch.ones(1 << 20) + 1).sum()  # torch's OpenMP threads started (on more than one core)
+    signal.signal(signal.SIGTERM, lambda *a: None)  # a handler of the caller's: not the children's
+    if mode == "thread":
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
+    if mode == "driver":
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401
+        from fastrecord.system import use_lavapipe_if_no_gpu
+        use_lavapipe_if_no_gpu()
+        gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
+                 human_render_camera_configs=dict(width=32, height=32)).reset(seed=0)  # a Vulkan driver loaded
+    workers.start_forkserver()  # as `from fastrecord import make_eval_envs` does near a script's top
+
+
+class DefinedAfter:  # defined after the server started: a fork of the caller at that line had not run this
+    pass
+
+
+def child():
+    main = sys.modules["__main__"]
+    return dict(name=main.__name__, defined_after=hasattr(main, "DefinedAfter"), mani_skill="mani_skill" in sys.modules,
+                sigterm_default=signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                parallel_op=float((torch.ones(1 << 20) * 2).sum()))
+
+
+if __name__ == "__main__":
+    import json
+    if mode == "thread":
+        stop.set()
+    with workers.forkserver_context().Pool(1) as pool:
+        answer = pool.apply(child)
+    print(json.dumps(dict(origin=workers.forkserver_origin(), server=forkserver._forkserver._forkserver_pid,
+                          **answer)))
+"""
+
+
+@pytest.mark.parametrize("mode", ["safe", "thread", "driver", "off"])
+def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
+    """Where the caller has no other Python thread and no GPU driver loaded, its forkserver is the caller forked
+    (`workers.start_forkserver`: torch, ManiSkill and the caller's modules already imported); elsewhere, or with
+    FASTRECORD_ZYGOTE=0, a fresh interpreter. Either way its children are what a fresh server's are: the script's
+    main module run anew as ``__mp_main__`` (a class defined after the line that started the server unpickles),
+    default signal handlers, ManiSkill preloaded, torch's parallel ops working (the caller's OpenMP threads are not
+    in a fork); and the server ends with the caller."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "zygote.py"
+    script.write_text(ZYGOTE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    if mode == "off":
+        env["FASTRECORD_ZYGOTE"] = "0"
+    r = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    answer = json.loads(r.stdout.strip().splitlines()[-1])
+    assert answer.pop("origin") == ("zygote" if mode == "safe" else "spawned")
+    server = answer.pop("server")
+    assert answer == dict(name="__mp_main__", defined_after=True, mani_skill=True, sigterm_default=True,
+                          parallel_op=float(2 << 20))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the server leaves once its caller has
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the forkserver {server} outlived its caller")

@@ -325,10 +325,12 @@ def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list
     mode = gym.vector.AutoresetMode.DISABLED  # EvalVectorEnv resets finished envs itself, after the recorder saw them
     if num_envs == 1:
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=mode)
+    from fastrecord.render.vector import scenes_built
     from fastrecord.workers import forkserver_context
 
     forkserver_context()  # the sub-envs start with ManiSkill imported (fastrecord.workers.FORKSERVER_PRELOAD)
-    return gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode)
+    with scenes_built():  # gymnasium builds and closes a dummy env here: ManiSkill's collections skip our heap
+        return gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode)
 
 
 cpu_vector_env = _cpu_vector_env  # public: make_eval_envs' CPU vector env alone (benchmarks/paths.py times it)

@@ -117,9 +117,12 @@ class WorkerPool:
 # Processes that run ManiSkill envs (replay workers, a CPU vector env's sub-envs) come from
 # multiprocessing's forkserver, with these modules imported once in the server: each process it forks
 # starts with torch, ManiSkill and fastrecord already imported (spawn re-imported them in every process:
-# about 5 s each, longer when 16 start together), and nothing of the caller (CUDA, threads, open files)
-# is copied, as with spawn. "__main__" is multiprocessing's own default: a user script's guarded main module,
-# so that wrappers or tasks defined there unpickle in the children.
+# about 5 s each, longer when 16 start together). The server is the caller forked where that is safe
+# (`start_forkserver`, `fork_safe`: no other thread, no GPU driver; the imports the caller made are then not
+# made again, and the caller's open files are inherited, as with ManiSkill's own fork-started vector envs),
+# else a fresh interpreter (nothing of the caller copied, as with spawn). "__main__" is multiprocessing's own
+# default: a user script's guarded main module, so that wrappers or tasks defined there unpickle in the
+# children.
 # "fastrecord.replay.workers" is the replay library's process code (worker processes), and with it its env
 # code (`fastrecord.replay.envs`: a CPU vector env's sub-envs); "fastrecord.commands.record_env" holds `record`'s
 # sub-env factory and "fastrecord.render.vector" the batched render's pose reporter, which every sub-env of
@@ -129,12 +132,18 @@ FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.replay.work
 
 
 def forkserver_context() -> Any:
-    """multiprocessing's forkserver context, its server preloading `FORKSERVER_PRELOAD` (where the server
-    is not running yet; one server serves the whole process)."""
+    """multiprocessing's forkserver context, its server running (`start_forkserver`: preloading
+    `FORKSERVER_PRELOAD`; one server serves the whole process)."""
+    ctx = _context()
+    start_forkserver()
+    return ctx
+
+
+def _context() -> Any:
     import multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # where the server is not running yet
     return ctx
 
 
@@ -163,11 +172,169 @@ def claim_process() -> None:
 
 
 def start_forkserver() -> None:
-    """Start the forkserver now (it imports its preload while the caller goes on with its own imports)."""
-    from multiprocessing import forkserver
+    """Start the forkserver now, where it is not running (it imports its preload while the caller goes on).
 
-    forkserver_context()
-    forkserver.ensure_running()
+    Where this process is safe to fork (`fork_safe`: one thread, no GPU driver loaded), the server is this
+    process forked (`_zygote`): it starts with everything imported here (torch, ManiSkill, the caller's own
+    modules), so only what is missing of `FORKSERVER_PRELOAD` is imported, not a fresh interpreter's all of
+    it. Elsewhere multiprocessing's own start: a fresh interpreter."""
+    import multiprocessing.forkserver as mp_forkserver
+    from multiprocessing import util
+
+    from fastrecord.system import stamp
+
+    _context()
+    with _start_lock:
+        spawn: Any = util.spawnv_passfds
+
+        def start(path: Any, args: list[str], passfds: Any) -> int:
+            if len(args) < 2 or not str(args[-1]).startswith("from multiprocessing.forkserver import main"):
+                return int(spawn(path, args, passfds))  # the resource tracker
+            refusal = "off" if os.environ.get(ZYGOTE_ENV, "") == "0" else fork_refusal()
+            if refusal is not None:  # a fresh interpreter
+                stamp(f"forkserver_spawned_{refusal}")
+                return int(spawn(path, args, passfds))
+            return _zygote(str(args[-1]), list(passfds))
+
+        patched: Any = util
+        patched.spawnv_passfds = start  # what ensure_running calls to start the server (where it is not running)
+        try:
+            mp_forkserver.ensure_running()
+        finally:
+            patched.spawnv_passfds = spawn
+    stamp(f"forkserver_{forkserver_origin()}")
+
+
+ZYGOTE_ENV = "FASTRECORD_ZYGOTE"  # "0": the forkserver is always a fresh interpreter
+_start_lock = threading.Lock()
+_zygotes: set[int] = set()  # pids of servers this process forked from itself
+
+
+def forkserver_origin() -> str:
+    """How this process's forkserver started: "zygote" (this process forked), "spawned" (a fresh interpreter),
+    or "none" (not running)."""
+    import multiprocessing.forkserver as mp_forkserver
+
+    pid = getattr(mp_forkserver._forkserver, "_forkserver_pid", None)
+    return "none" if pid is None else "zygote" if pid in _zygotes else "spawned"
+
+
+# What a process maps once it has talked to a GPU driver (CUDA's, or a Vulkan driver's: NVIDIA's, Mesa's): a copy
+# of such a process cannot use the driver (CUDA refuses it; Vulkan's objects belong to the parent).
+_DRIVER_LIBRARIES = ("libcuda.so", "libGLX_nvidia", "libnvidia-glcore", "libnvidia-gpucomp", "libvulkan_",
+                     "libnvidia-eglcore", "libnvoptix")
+
+
+def fork_safe() -> bool:
+    """Whether a fork of this process can run ManiSkill envs as a fresh process does (`fork_refusal` is None)."""
+    return fork_refusal() is None
+
+
+def fork_refusal() -> str | None:
+    """Why a fork of this process could not run ManiSkill envs as a fresh process does, or None: another Python
+    thread (a fork copies only the forking thread: a lock another one held stays held), a GPU driver loaded
+    (`_DRIVER_LIBRARIES`, named), CUDA initialised by torch. Native thread pools may be running: OpenBLAS's
+    (numpy, scipy) are made fork-safe by OpenBLAS itself; OpenMP's (torch's CPU ops) are not, and `_zygote` turns
+    them off in the fork."""
+    import sys
+
+    if threading.active_count() != 1:
+        return "threads"
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return "maps"
+    loaded = next((lib for lib in _DRIVER_LIBRARIES if lib in maps), None)
+    if loaded is not None:
+        return loaded.strip("_.-")
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return "cuda"
+    except Exception:  # noqa: BLE001 - a torch without CUDA support
+        pass
+    return None
+
+
+def _pipe_partners(fds: list[int]) -> list[int]:
+    """The other ends of the pipes whose one end is in ``fds`` (this process's descriptors on the same pipe)."""
+    import stat
+
+    inodes = set()
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISFIFO(st.st_mode):
+            inodes.add(st.st_ino)
+    partners = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in fds:
+            continue
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISFIFO(st.st_mode) and st.st_ino in inodes:
+            partners.append(fd)
+    return partners
+
+
+def _zygote(code: str, passfds: list[int]) -> int:
+    """Fork this process into multiprocessing's forkserver: the child runs ``code`` (the server's own start,
+    `multiprocessing.forkserver.main`) and never returns into the caller's frames; returns the child's pid.
+
+    In the child, before the server starts: the write ends of the pipes passed to it are closed (the server
+    ends when every holder of the "alive" pipe's write end has exited: not itself); every signal this process
+    handles in Python is given back its default (a ``SIGTERM`` ends a sub-env as in a fresh process, not
+    through this process's handler); torch's CPU ops run on one thread (see `fork_safe`); a main module run
+    from a file is put aside, so that the server imports the script anew as ``__mp_main__``, as a fresh server
+    does (classes defined after the line that started the server then unpickle in its children)."""
+    import signal
+    import sys
+
+    partners = _pipe_partners(passfds)
+    for stream in (sys.stdout, sys.stderr):  # not written twice, by this process and the fork
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+    pid = os.fork()
+    if pid:
+        _zygotes.add(pid)
+        return pid
+    try:  # the server: nothing below returns into the caller's frames
+        for fd in partners:
+            os.close(fd)
+        torch = sys.modules.get("torch")
+        if torch is not None:  # OpenMP's threads of this process's torch ops are not in the fork: a parallel region
+            torch.set_num_threads(1)  # would wait for them forever. One thread: no region (one env a process)
+        for sig in signal.valid_signals():
+            try:
+                handler = signal.getsignal(sig)
+                if callable(handler) and sig != signal.SIGINT:
+                    signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                continue
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        main = sys.modules.get("__main__")
+        if getattr(main, "__file__", None):
+            import types
+
+            sys.modules["__main__"] = types.ModuleType("__main__")  # `spawn.import_main_path` runs the script anew
+        exec(code, {"__name__": "__fastrecord_forkserver__"})  # multiprocessing's own start line
+    except SystemExit:
+        pass
+    except BaseException:  # noqa: BLE001 - reported, then this process ends
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(0)
+    return 0  # unreachable: the child leaves through os._exit
 
 
 # ---------------------------------------------------------------------------------------------- spaces probe
