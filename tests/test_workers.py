@@ -428,6 +428,9 @@ if __name__ == "__main__":
         use_lavapipe_if_no_gpu()
         gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", sim_backend="physx_cpu",
                  human_render_camera_configs=dict(width=32, height=32)).reset(seed=0)  # a Vulkan driver loaded
+    import fcntl
+    held = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT)  # a lock file this process holds as the server starts
+    fcntl.flock(held, fcntl.LOCK_EX)
     workers.start_forkserver()  # as `from fastrecord import make_eval_envs` does near a script's top
 
 
@@ -435,11 +438,19 @@ class DefinedAfter:  # defined after the server started: a fork of the caller at
     pass
 
 
-def child():
+def child(held_fd, held_path):
     main = sys.modules["__main__"]
     return dict(name=main.__name__, defined_after=hasattr(main, "DefinedAfter"), mani_skill="mani_skill" in sys.modules,
                 sigterm_default=signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
-                parallel_op=float((torch.ones(1 << 20) * 2).sum()))
+                parallel_op=float((torch.ones(1 << 20) * 2).sum()), held_fd=_points_to(held_fd, held_path))
+
+
+def _points_to(fd, path):
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "closed"
+    return "devnull" if target == os.devnull else "the lock file" if target == os.path.realpath(path) else "other"
 
 
 if __name__ == "__main__":
@@ -447,7 +458,14 @@ if __name__ == "__main__":
     if mode == "thread":
         stop.set()
     with workers.forkserver_context().Pool(1) as pool:
-        answer = pool.apply(child)
+        answer = pool.apply(child, (held, sys.argv[2]))
+        os.close(held)  # released here while the server runs: a new holder must get it
+        again = os.open(sys.argv[2], os.O_RDWR)
+        try:
+            fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            answer["lock_free"] = True
+        except BlockingIOError:
+            answer["lock_free"] = False
     print(json.dumps(dict(origin=workers.forkserver_origin(), server=forkserver._forkserver._forkserver_pid,
                           **answer)))
 """
@@ -460,7 +478,8 @@ def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
     FASTRECORD_ZYGOTE=0, a fresh interpreter. Either way its children are what a fresh server's are: the script's
     main module run anew as ``__mp_main__`` (a class defined after the line that started the server unpickles),
     default signal handlers, ManiSkill preloaded, torch's parallel ops working (the caller's OpenMP threads are not
-    in a fork); and the server ends with the caller."""
+    in a fork), none of the caller's file descriptors (a lock file's flock is free once the caller lets go); and the
+    server ends with the caller."""
     import subprocess
     import sys
     import time
@@ -471,13 +490,16 @@ def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     if mode == "off":
         env["FASTRECORD_ZYGOTE"] = "0"
-    r = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "held.lock")], capture_output=True,
+                       text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     answer = json.loads(r.stdout.strip().splitlines()[-1])
     assert answer.pop("origin") == ("zygote" if mode == "safe" else "spawned")
     server = answer.pop("server")
+    held_fd = answer.pop("held_fd")  # the caller's descriptor number in the server's child: not its file
+    assert held_fd == "devnull" if mode == "safe" else held_fd != "the lock file"  # (the fork: /dev/null)
     assert answer == dict(name="__mp_main__", defined_after=True, mani_skill=True, sigterm_default=True,
-                          parallel_op=float(2 << 20))
+                          parallel_op=float(2 << 20), lock_free=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the server leaves once its caller has
         try:

@@ -119,8 +119,8 @@ class WorkerPool:
 # starts with torch, ManiSkill and fastrecord already imported (spawn re-imported them in every process:
 # about 5 s each, longer when 16 start together). The server is the caller forked where that is safe
 # (`start_forkserver`, `fork_safe`: no other thread, no GPU driver; the imports the caller made are then not
-# made again, and the caller's open files are inherited, as with ManiSkill's own fork-started vector envs),
-# else a fresh interpreter (nothing of the caller copied, as with spawn). "__main__" is multiprocessing's own
+# made again; its file descriptors are pointed at /dev/null in the fork), else a fresh interpreter (nothing of
+# the caller copied, as with spawn). "__main__" is multiprocessing's own
 # default: a user script's guarded main module, so that wrappers or tasks defined there unpickle in the
 # children.
 # "fastrecord.replay.workers" is the replay library's process code (worker processes), and with it its env
@@ -257,38 +257,15 @@ def fork_refusal() -> str | None:
     return None
 
 
-def _pipe_partners(fds: list[int]) -> list[int]:
-    """The other ends of the pipes whose one end is in ``fds`` (this process's descriptors on the same pipe)."""
-    import stat
-
-    inodes = set()
-    for fd in fds:
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if stat.S_ISFIFO(st.st_mode):
-            inodes.add(st.st_ino)
-    partners = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd in fds:
-            continue
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if stat.S_ISFIFO(st.st_mode) and st.st_ino in inodes:
-            partners.append(fd)
-    return partners
-
-
 def _zygote(code: str, passfds: list[int]) -> int:
     """Fork this process into multiprocessing's forkserver: the child runs ``code`` (the server's own start,
     `multiprocessing.forkserver.main`) and never returns into the caller's frames; returns the child's pid.
 
-    In the child, before the server starts: the write ends of the pipes passed to it are closed (the server
-    ends when every holder of the "alive" pipe's write end has exited: not itself); every signal this process
+    In the child, before the server starts: every file descriptor but the standard streams and the server's own
+    (``passfds``) is pointed at /dev/null, as a fresh server has none of them (the write end of the server's
+    "alive" pipe, whose last holder's exit ends the server; a lock file's ``flock`` the caller releases later; the
+    caller's files and sockets), and the numbers stay taken, so an object of the caller's that still writes to one
+    writes nowhere; every signal this process
     handles in Python is given back its default (a ``SIGTERM`` ends a sub-env as in a fresh process, not
     through this process's handler); torch's CPU ops run on one thread (see `fork_safe`); a main module run
     from a file is put aside, so that the server imports the script anew as ``__mp_main__``, as a fresh server
@@ -296,7 +273,6 @@ def _zygote(code: str, passfds: list[int]) -> int:
     import signal
     import sys
 
-    partners = _pipe_partners(passfds)
     for stream in (sys.stdout, sys.stderr):  # not written twice, by this process and the fork
         try:
             stream.flush()
@@ -307,8 +283,14 @@ def _zygote(code: str, passfds: list[int]) -> int:
         _zygotes.add(pid)
         return pid
     try:  # the server: nothing below returns into the caller's frames
-        for fd in partners:
-            os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        keep = {0, 1, 2, devnull, *passfds}
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in keep:
+                try:
+                    os.dup2(devnull, int(name))
+                except OSError:  # the listing's own descriptor, closed since
+                    pass
         torch = sys.modules.get("torch")
         if torch is not None:  # OpenMP's threads of this process's torch ops are not in the fork: a parallel region
             torch.set_num_threads(1)  # would wait for them forever. One thread: no region (one env a process)
