@@ -509,3 +509,34 @@ def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
         time.sleep(0.1)
     else:
         pytest.fail(f"the forkserver {server} outlived its caller")
+
+
+def test_a_cuda_driver_mapped_but_not_initialised_leaves_the_fork_safe(monkeypatch):
+    """torch's CUDA builds map libcuda at import without initialising it (``cuInit``): a fork can still use CUDA
+    then, and the forkserver may be the caller's fork. Initialised, or a Vulkan driver loaded: a fresh server."""
+    import threading
+
+    from fastrecord import workers
+
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    maps = "7f00-7f01 r-xp 0 0:0 0 /usr/lib/x86_64-linux-gnu/libcuda.so.565.57.01\n"
+    monkeypatch.setattr(workers, "_mapped_files", lambda: maps)
+    monkeypatch.setattr(workers, "_cuda_driver_initialised", lambda: False)
+    assert workers.fork_refusal() is None
+    monkeypatch.setattr(workers, "_cuda_driver_initialised", lambda: True)
+    assert workers.fork_refusal() == "libcuda.so"
+    monkeypatch.setattr(workers, "_cuda_driver_initialised", lambda: False)
+    maps += "7f02-7f03 r-xp 0 0:0 0 /usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0\n"
+    assert workers.fork_refusal() == "libGLX_nvidia"
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    assert workers.fork_refusal() == "threads"
+
+
+def test_no_cuda_driver_mapped_counts_as_initialised():
+    """Asked where libcuda is not mapped (this machine), the driver check answers "initialised", never loading it."""
+    from fastrecord import workers
+
+    if "libcuda.so" in (workers._mapped_files() or ""):
+        pytest.skip("a CUDA driver is mapped in this process")
+    assert workers._cuda_driver_initialised() is True
+    assert "libcuda.so" not in (workers._mapped_files() or "")

@@ -233,19 +233,19 @@ def fork_safe() -> bool:
 def fork_refusal() -> str | None:
     """Why a fork of this process could not run ManiSkill envs as a fresh process does, or None: another Python
     thread (a fork copies only the forking thread: a lock another one held stays held), a GPU driver loaded
-    (`_DRIVER_LIBRARIES`, named), CUDA initialised by torch. Native thread pools may be running: OpenBLAS's
+    (`_DRIVER_LIBRARIES`, named; CUDA's only once initialised: `_cuda_driver_initialised`), CUDA initialised by
+    torch. Native thread pools may be running: OpenBLAS's
     (numpy, scipy) are made fork-safe by OpenBLAS itself; OpenMP's (torch's CPU ops) are not, and `_zygote` turns
     them off in the fork."""
     import sys
 
     if threading.active_count() != 1:
         return "threads"
-    try:
-        with open("/proc/self/maps") as f:
-            maps = f.read()
-    except OSError:
+    maps = _mapped_files()
+    if maps is None:
         return "maps"
-    loaded = next((lib for lib in _DRIVER_LIBRARIES if lib in maps), None)
+    loaded = next((lib for lib in _DRIVER_LIBRARIES if lib in maps and not (lib == "libcuda.so" and
+                                                                           not _cuda_driver_initialised())), None)
     if loaded is not None:
         return loaded.strip("_.-")
     torch = sys.modules.get("torch")
@@ -255,6 +255,31 @@ def fork_refusal() -> str | None:
     except Exception:  # noqa: BLE001 - a torch without CUDA support
         pass
     return None
+
+
+def _mapped_files() -> str | None:
+    """This process's memory map (``/proc/self/maps``: the libraries it loaded), or None where unreadable."""
+    try:
+        with open("/proc/self/maps") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+CUDA_ERROR_NOT_INITIALIZED = 3  # the CUDA driver API's answer before the process's ``cuInit``
+
+
+def _cuda_driver_initialised() -> bool:
+    """Whether this process initialised the CUDA driver (``cuInit``), which a fork cannot use. The library is
+    mapped by some imports (torch's CUDA builds) without being initialised: ``cuCtxGetCurrent`` then answers
+    `CUDA_ERROR_NOT_INITIALIZED`. Any other answer, or none, counts as initialised."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # the mapped copy, never a new one
+        return int(driver.cuCtxGetCurrent(ctypes.byref(ctypes.c_void_p()))) != CUDA_ERROR_NOT_INITIALIZED
+    except (OSError, AttributeError):
+        return True
 
 
 def _zygote(code: str, passfds: list[int]) -> int:
