@@ -232,7 +232,8 @@ def fork_safe() -> bool:
 
 def fork_refusal() -> str | None:
     """Why a fork of this process could not run ManiSkill envs as a fresh process does, or None: another Python
-    thread (a fork copies only the forking thread: a lock another one held stays held), a GPU driver loaded
+    thread (a fork copies only the forking thread: a lock another one held stays held), an open regular file
+    (`_open_regular_files`: a library's state about it would be stale in the fork), a GPU driver loaded
     (`_DRIVER_LIBRARIES`, named; CUDA's only once initialised: `_cuda_driver_initialised`), CUDA initialised by
     torch. Native thread pools may be running: OpenBLAS's
     (numpy, scipy) are made fork-safe by OpenBLAS itself; OpenMP's (torch's CPU ops) are not, and `_zygote` turns
@@ -241,6 +242,8 @@ def fork_refusal() -> str | None:
 
     if threading.active_count() != 1:
         return "threads"
+    if _open_regular_files():
+        return "files"
     maps = _mapped_files()
     if maps is None:
         return "maps"
@@ -255,6 +258,30 @@ def fork_refusal() -> str | None:
     except Exception:  # noqa: BLE001 - a torch without CUDA support
         pass
     return None
+
+
+def _open_regular_files() -> list[int]:
+    """This process's descriptors (past the standard streams) of regular files, memfds included. A library may
+    hold such a file open with its own state about it (HDF5 shares one open file among every open of the same
+    path in a process): in a fork that state would outlive the descriptor (pointed at /dev/null by `_zygote`)
+    and read nothing from a file a child opens again, so the server is then a fresh interpreter."""
+    import stat
+
+    found = []
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return [-1]
+    for name in names:
+        fd = int(name)
+        if fd <= 2:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                found.append(fd)
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+    return found
 
 
 def _mapped_files() -> str | None:

@@ -420,13 +420,15 @@ def main(argv: list[str] | None = None) -> int:
     use_lavapipe_if_no_gpu()
     install_signal_handlers()  # SIGTERM outside a run loop: SystemExit(143), so open writers still close
     args_in = sys.argv[1:] if argv is None else argv
-    if (_replay_forks(args_in) or _record_forks(args_in)) and _prestart_here():
+    forks = _replay_forks(args_in) or _record_forks(args_in)
+    if forks and _prestart_here():
         from fastrecord.workers import start_forkserver
 
         # its imports (torch, ManiSkill) run on other cores while ours run here; on fewer cores they would compete
-        # with ours, and the server starts at its first use instead: this process forked, its imports done
+        # with ours, and `replay` starts it after its imports instead, before it opens a file: this process forked
         # (`fastrecord.workers.start_forkserver`)
         start_forkserver()
+        forks = False
     quiet_third_party()
     debug = "--debug" in args_in or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     args_in = [a for a in args_in if a != "--debug"]
@@ -440,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         if e.code != 2:
             raise  # --help, --version
         return 2
+    if args.command == "replay":
+        args.forks = forks  # still to start: `replay` starts it once imported, before it opens a file
     try:
         if args.command in ("record", "replay"):
             check_env_options(args)

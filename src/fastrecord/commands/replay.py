@@ -316,12 +316,18 @@ def worker_timeline(s: ReplaySummary) -> str:
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``fastrecord replay``: the replay (`fastrecord.replay.run_replay`) under the CLI's signal
     handlers, then its summary; returns the exit status."""
+    forks = vars(args).pop("forks", False)  # the CLI's: the forkserver is still to start (few cores)
     cfg = config_from_args(args)
     if not cfg.traj_path:
         raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
     from fastrecord.sinks.loggers import log_sinks
 
     claim_process()  # this process is the CLI's (see fastrecord.workers.claim_process)
+    if forks:  # the CLI did not start the forkserver before its imports (few cores): now,
+        import fastrecord.replay.workers  # noqa: F401 - its preload, before any file is open, as this process's fork
+        from fastrecord.workers import start_forkserver
+
+        start_forkserver()
     from fastrecord.system import stamp
 
     with StopSignals("replay") as stop:
