@@ -526,7 +526,7 @@ def test_a_cuda_driver_mapped_but_not_initialised_leaves_the_fork_safe(monkeypat
     from fastrecord import workers
 
     monkeypatch.setattr(threading, "active_count", lambda: 1)
-    monkeypatch.setattr(workers, "_open_regular_files", lambda: [])
+    monkeypatch.setattr(workers, "_open_regular_files", list)
     maps = "7f00-7f01 r-xp 0 0:0 0 /usr/lib/x86_64-linux-gnu/libcuda.so.565.57.01\n"
     monkeypatch.setattr(workers, "_mapped_files", lambda: maps)
     monkeypatch.setattr(workers, "_cuda_driver_initialised", lambda: False)
