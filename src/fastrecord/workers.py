@@ -118,11 +118,10 @@ class WorkerPool:
 # multiprocessing's forkserver, with these modules imported once in the server: each process it forks
 # starts with torch, ManiSkill and fastrecord already imported (spawn re-imported them in every process:
 # about 5 s each, longer when 16 start together). The server is the caller forked where that is safe
-# (`start_forkserver`, `fork_safe`: no other thread, no GPU driver; the imports the caller made are then not
-# made again; its file descriptors are pointed at /dev/null in the fork), else a fresh interpreter (nothing of
-# the caller copied, as with spawn). "__main__" is multiprocessing's own
-# default: a user script's guarded main module, so that wrappers or tasks defined there unpickle in the
-# children.
+# (`start_forkserver`, `fork_refusal`: no other thread, no open file, no GPU driver; the imports the caller made
+# are then not made again; its file descriptors are pointed at /dev/null in the fork), else a fresh interpreter
+# (nothing of the caller copied, as with spawn). "__main__" is multiprocessing's own default: a user script's
+# guarded main module, so that wrappers or tasks defined there unpickle in the children.
 # "fastrecord.replay.workers" is the replay library's process code (worker processes), and with it its env
 # code (`fastrecord.replay.envs`: a CPU vector env's sub-envs); "fastrecord.commands.record_env" holds `record`'s
 # sub-env factory and "fastrecord.render.vector" the batched render's pose reporter, which every sub-env of
@@ -174,7 +173,7 @@ def claim_process() -> None:
 def start_forkserver() -> None:
     """Start the forkserver now, where it is not running (it imports its preload while the caller goes on).
 
-    Where this process is safe to fork (`fork_safe`: one thread, no GPU driver loaded), the server is this
+    Where this process is safe to fork (`fork_refusal`: one thread, no open file, no GPU driver), the server is this
     process forked (`_zygote`): it starts with everything imported here (torch, ManiSkill, the caller's own
     modules), so only what is missing of `FORKSERVER_PRELOAD` is imported, not a fresh interpreter's all of
     it. Elsewhere multiprocessing's own start: a fresh interpreter."""
@@ -223,11 +222,6 @@ def forkserver_origin() -> str:
 # of such a process cannot use the driver (CUDA refuses it; Vulkan's objects belong to the parent).
 _DRIVER_LIBRARIES = ("libcuda.so", "libGLX_nvidia", "libnvidia-glcore", "libnvidia-gpucomp", "libvulkan_",
                      "libnvidia-eglcore", "libnvoptix")
-
-
-def fork_safe() -> bool:
-    """Whether a fork of this process can run ManiSkill envs as a fresh process does (`fork_refusal` is None)."""
-    return fork_refusal() is None
 
 
 def fork_refusal() -> str | None:
@@ -315,13 +309,13 @@ def _zygote(code: str, passfds: list[int]) -> int:
 
     In the child, before the server starts: every file descriptor but the standard streams and the server's own
     (``passfds``) is pointed at /dev/null, as a fresh server has none of them (the write end of the server's
-    "alive" pipe, whose last holder's exit ends the server; a lock file's ``flock`` the caller releases later; the
-    caller's files and sockets), and the numbers stay taken, so an object of the caller's that still writes to one
-    writes nowhere; every signal this process
-    handles in Python is given back its default (a ``SIGTERM`` ends a sub-env as in a fresh process, not
-    through this process's handler); torch's CPU ops run on one thread (see `fork_safe`); a main module run
-    from a file is put aside, so that the server imports the script anew as ``__mp_main__``, as a fresh server
-    does (classes defined after the line that started the server then unpickle in its children)."""
+    "alive" pipe, whose last holder's exit ends the server; the caller's pipes and sockets; an open regular file
+    refuses the fork instead, `fork_refusal`), and the numbers stay taken, so an object of the caller's that still
+    writes to one writes nowhere; every signal this process handles in Python is given back its default (a
+    ``SIGTERM`` ends a sub-env as in a fresh process, not through this process's handler); torch's CPU ops run on
+    one thread (see `fork_refusal`); a main module run from a file is put aside, so that the server imports the
+    script anew as ``__mp_main__``, as a fresh server does (classes defined after the line that started the server
+    then unpickle in its children)."""
     import signal
     import sys
 

@@ -378,18 +378,6 @@ def _replay_forks(argv: list[str]) -> bool:
     return vector == "async" or (vector != "sync" and n > ENVS_PER_WORKER)
 
 
-def _prestart_here() -> bool:
-    """Whether this machine has the cores to start the forkserver before the CLI's own imports
-    (`fastrecord.PRESTART_CORES`, as ``from fastrecord import make_eval_envs``)."""
-    from fastrecord import PRESTART_CORES
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores >= PRESTART_CORES
-
-
 def _record_forks(argv: list[str]) -> bool:
     """Whether ``argv`` is a ``record`` whose envs will step in processes from the forkserver: CPU simulation,
     ``--num-envs`` > 1 and the batched render (``--batched-render on``, or auto with a GPU render backend on a
@@ -421,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     install_signal_handlers()  # SIGTERM outside a run loop: SystemExit(143), so open writers still close
     args_in = sys.argv[1:] if argv is None else argv
     forks = _replay_forks(args_in) or _record_forks(args_in)
-    if forks and _prestart_here():
+    from fastrecord import _prestart_fits
+
+    if forks and _prestart_fits():
         from fastrecord.workers import start_forkserver
 
         # its imports (torch, ManiSkill) run on other cores while ours run here; on fewer cores they would compete
