@@ -81,18 +81,6 @@ def __getattr__(name: str) -> Any:
 PRESTART_CORES = 4  # `_prestart_forkserver` only where this many cores are usable
 
 
-def _prestart_fits() -> bool:
-    """Whether this process may use `PRESTART_CORES` cores (its affinity mask): enough to start the forkserver
-    before the caller's own imports (`_prestart_forkserver`, and the CLI's `replay` and `record`)."""
-    import os
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores >= PRESTART_CORES
-
-
 def _prestart_forkserver() -> None:
     """``from fastrecord import make_eval_envs`` (the baseline's one-line switch) starts the forkserver its CPU vector
     envs fork from, before `fastrecord.make_env` imports ManiSkill: the server's preload (torch, ManiSkill: about 7 s on
@@ -105,7 +93,9 @@ def _prestart_forkserver() -> None:
     import multiprocessing
     import sys
 
-    if (not _prestart_fits() or multiprocessing.parent_process() is not None
+    from fastrecord.workers import affinity_cores
+
+    if (affinity_cores() < PRESTART_CORES or multiprocessing.parent_process() is not None
             or getattr(multiprocessing.current_process(), "_inheriting", False)
             or sys.modules.get("__mp_main__", sys.modules.get("__main__")) is not sys.modules.get("__main__")):
         return

@@ -130,6 +130,15 @@ FORKSERVER_PRELOAD = ("__main__", "fastrecord.make_env", "fastrecord.replay.work
                       "fastrecord.commands.record_env", "fastrecord.render.vector")
 
 
+def affinity_cores() -> int:
+    """The cores this process may use (its affinity mask; ``os.cpu_count()`` where there is none): whether the
+    forkserver starts before the caller's own imports (`fastrecord.PRESTART_CORES`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def forkserver_context() -> Any:
     """multiprocessing's forkserver context, its server running (`start_forkserver`: preloading
     `FORKSERVER_PRELOAD`; one server serves the whole process)."""

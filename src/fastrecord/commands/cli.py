@@ -409,9 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     install_signal_handlers()  # SIGTERM outside a run loop: SystemExit(143), so open writers still close
     args_in = sys.argv[1:] if argv is None else argv
     forks = _replay_forks(args_in) or _record_forks(args_in)
-    from fastrecord import _prestart_fits
+    from fastrecord import PRESTART_CORES
+    from fastrecord.workers import affinity_cores
 
-    if forks and _prestart_fits():
+    if forks and affinity_cores() >= PRESTART_CORES:
         from fastrecord.workers import start_forkserver
 
         # its imports (torch, ManiSkill) run on other cores while ours run here; on fewer cores they would compete
