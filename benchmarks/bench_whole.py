@@ -160,7 +160,8 @@ def _child(job: str, args: dict[str, Any]) -> list[str]:
     return [sys.executable, "-m", "benchmarks.whole_children", job, json.dumps(args)]
 
 
-def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None], out: list[Result], maniskill: bool = True) -> None:
+def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None], out: list[Result], maniskill: bool = True,
+                sweep: tuple[int, ...] = ()) -> None:
     n, steps = s.num_envs, s.num_envs * s.episode_steps * -(-s.record_episodes // s.num_envs)
     common = ["--width", str(s.size), "--height", str(s.size), "--render-backend", s.render, "--max-episode-steps",
               str(s.episode_steps), "--if-exists", "overwrite"]
@@ -174,6 +175,11 @@ def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None], out: list[Res
         one = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--num-envs", "1", "--episodes", "1",
                "--output-dir", str(work / f"fr_record1{tag.strip()}"), *common]
         out.append(launch("record", f"{name}, 1 env", one, work, src, s.episode_steps))
+    for k in sweep:  # a labelled sweep beside the default (this checkout's fastrecord)
+        argv = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--num-envs", str(n), "--episodes",
+                str(s.record_episodes), "--output-dir", str(work / f"fr_record_epp{k}"), "--envs-per-process", str(k),
+                *common]
+        out.append(launch("record", f"fastrecord record, sweep: --envs-per-process {k}", argv, work, None, steps))
     if not maniskill:
         return
     a = dict(env_id="PickCube-v1", num_envs=n, size=s.size, render=s.render, episode_steps=s.episode_steps,
@@ -185,13 +191,16 @@ def record_jobs(s: Size, work: Path, srcs: dict[str, Path | None], out: list[Res
 
 
 def eval_jobs(s: Size, work: Path, srcs: dict[str, Path | None], out: list[Result], maniskill: bool = True,
-              prestart: bool = False) -> None:
+              prestart: bool = False, sweep: tuple[int, ...] = ()) -> None:
     a = dict(env_id="PickCube-v1", num_envs=s.num_envs, size=s.size, render=s.render, episode_steps=s.episode_steps,
              steps=s.eval_steps, obs_horizon=2)
     steps = s.num_envs * s.eval_steps
     for tag, src in srcs.items():
         out.append(launch("eval", f"fastrecord make_eval_envs{tag}", _child("eval_fastrecord", {
             **a, "video": True, "out": str(work / f"fr_eval{tag.strip()}")}), work, src, steps))
+    for k in sweep:  # a labelled sweep beside the default (this checkout's fastrecord)
+        out.append(launch("eval", f"fastrecord make_eval_envs, sweep: envs_per_process={k}", _child("eval_fastrecord", {
+            **a, "video": True, "envs_per_process": k, "out": str(work / f"fr_eval_epp{k}")}), work, None, steps))
     if prestart:
         out.append(launch("eval", "fastrecord make_eval_envs, forkserver started first", _child("eval_fastrecord", {
             **a, "video": True, "prestart": True, "out": str(work / "fr_eval_prestart")}), work, env_steps=steps))
@@ -291,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-prestart", action="store_true",
                    help="also the eval with fastrecord's forkserver started first thing in the script")
     p.add_argument("--skip-maniskill", action="store_true", help="record and eval: fastrecord's jobs only")
+    p.add_argument("--envs-per-process", default="",
+                   help="a sweep beside the default: record and eval also with these sub-envs a process (e.g. 1,2)")
     p.add_argument("--json", help="write every result here")
     p.add_argument("--work-dir", help="where the jobs write (default: a temporary folder, removed)")
     args = p.parse_args(argv)
@@ -304,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--src {item!r} must be LABEL=PATH with PATH a src folder holding fastrecord/")
         srcs[f" ({label})"] = Path(path).resolve()
     ms = not args.skip_maniskill
-    jobs = {"record": lambda *x: record_jobs(*x, maniskill=ms),
-            "eval": lambda *x: eval_jobs(*x, maniskill=ms, prestart=args.eval_prestart), "replay": replay_jobs}
+    sweep = tuple(int(k) for k in args.envs_per_process.split(",") if k.strip())
+    jobs = {"record": lambda *x: record_jobs(*x, maniskill=ms, sweep=sweep),
+            "eval": lambda *x: eval_jobs(*x, maniskill=ms, prestart=args.eval_prestart, sweep=sweep),
+            "replay": replay_jobs}
     warm = [sys.executable, "-c", "import torch, sapien, gymnasium, mani_skill.envs, av, h5py"]
     only = [j.strip() for j in args.only.split(",") if j.strip()]
     if bad := [j for j in only if j not in jobs]:

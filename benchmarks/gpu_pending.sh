@@ -6,13 +6,14 @@
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh tests     # pytest -m gpu, then fresh vs warm
 #                                                                           # (fastrecord bench's coldstart; ~140 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh lerobot   # issue 29's >= 0.80x; replay 96 episodes
+#   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh packed    # sub-envs packed (~560 s)
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh startup
 #                                         # record and eval, this tree against build/before/src; 16 makes (~540 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back. Last run: 2026-12-05 (docs/performance.md, "H200
 # machine, 2026-12-05").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -53,8 +54,17 @@ case $stage in
       --variants alone,together,frozen_alone,frozen,fork,packed,frozen_packed,frozen_none --json "$out/probe.json"
     run 130 pytest python3 -m pytest -m gpu tests -q -p no:cacheprovider -x --durations=5
     ;;
+  packed)
+    # the batched render's sub-envs several to a process (fastrecord.packed), started before the CLI's imports: the GPU
+    # tests first (the new path's pictures), then record and eval against ManiSkill's ways and BEFORE, with a sweep of
+    # one env a process beside the default (~560 s in all)
+    before=${BEFORE:-build/before/src}
+    run 150 pytest python3 -m pytest -m gpu tests -q -p no:cacheprovider -x --durations=5
+    run 420 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$before" \
+      --envs-per-process 1 --json "$out/whole.json"
+    ;;
   *)
-    echo "unknown stage $stage: tests, lerobot, whole or startup" >&2
+    echo "unknown stage $stage: tests, lerobot, whole, startup or packed" >&2
     exit 2
     ;;
 esac

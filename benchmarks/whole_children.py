@@ -176,8 +176,9 @@ def eval_fastrecord(a: dict[str, Any]) -> None:
     from fastrecord import make_eval_envs  # the one-line switch from diffusion_policy.make_env
 
     stamp("imported")
+    sweep = {"envs_per_process": a["envs_per_process"]} if "envs_per_process" in a else {}  # bench_whole's sweep only
     envs = make_eval_envs(a["env_id"], a["num_envs"], "physx_cpu", _eval_kwargs(a), dict(obs_horizon=a["obs_horizon"]),
-                          video_dir=a["out"] if a["video"] else None)
+                          video_dir=a["out"] if a["video"] else None, **sweep)
     stamp("env_ready")
     _eval_loop(envs, a)
 

@@ -313,12 +313,9 @@ def test_no_import_circle_through_the_process_video_and_staging_modules():
     assert found == []
 
 
-def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tmp_path):
+def test_the_forkserver_started_by_the_make_eval_envs_import(tmp_path):
     """`from fastrecord import make_eval_envs` starts the forkserver in a script's main process (its preload then
-    overlaps the script's imports), not in a process multiprocessing started, nor on a machine of few cores. `SpacesProbe` builds a sub-env in a
-    forkserver process and answers what gymnasium's AsyncVectorEnv reads off its dummy env, equal to the env's
-    own; `first_thunk` gives that stand-in in the caller and the real env anywhere else; a thunk that fails
-    gives no stand-in (gymnasium then builds its dummy env and raises where it always did)."""
+    overlaps the script's imports), not in a process multiprocessing started, nor on a machine of few cores."""
     import subprocess
     import sys
     from pathlib import Path
@@ -330,9 +327,6 @@ def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tm
         "def child():\n"
         "    from fastrecord import make_eval_envs  # noqa: F401\n"
         "    return forkserver._forkserver._forkserver_pid is None\n"
-        "class Broken:\n"
-        "    def __call__(self):\n"
-        "        raise RuntimeError('no env')\n"
         "if __name__ == '__main__':\n"
         "    import fastrecord\n"
         "    fastrecord.PRESTART_CORES = 10 ** 6  # a machine with fewer cores: no server started\n"
@@ -341,26 +335,9 @@ def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tm
         "    fastrecord.PRESTART_CORES = 1\n"
         "    from fastrecord import make_eval_envs  # noqa: F401\n"
         "    print('server', forkserver._forkserver._forkserver_pid is not None)\n"
-        "    from fastrecord.workers import SpacesProbe, SpacesStandIn, first_thunk, forkserver_context\n"
+        "    from fastrecord.workers import forkserver_context\n"
         "    with forkserver_context().Pool(1) as pool:\n"
-        "        print('child starts none', pool.apply(child))\n"
-        "    from fastrecord.make_env import _CpuThunk\n"
-        "    from fastrecord.system import use_lavapipe_if_no_gpu\n"
-        "    use_lavapipe_if_no_gpu()\n"
-        "    kw = dict(obs_mode='state', render_mode='rgb_array', sim_backend='physx_cpu', render_backend='cpu',\n"
-        "              human_render_camera_configs=dict(width=32, height=32), max_episode_steps=5)\n"
-        "    thunk = _CpuThunk('PickCube-v1', 0, kw, [], own_process=True)\n"
-        "    first = first_thunk([thunk, thunk], SpacesProbe(thunk))[0]\n"
-        "    copy = pickle.loads(pickle.dumps(first))\n"
-        "    stand_in = first()\n"
-        "    env = thunk()\n"
-        "    print('stand-in', isinstance(stand_in, SpacesStandIn), stand_in.action_space == env.action_space,\n"
-        "          stand_in.observation_space == env.observation_space, stand_in.render_mode == env.render_mode,\n"
-        "          stand_in.metadata == dict(env.metadata),\n"
-        "          (stand_in.action_space.sample() == env.action_space.sample()).all())\n"
-        "    copy.pid = -1  # as in sub-env 0's own process\n"
-        "    print('elsewhere', copy.probe is None, type(copy()).__name__ != 'SpacesStandIn', type(first()).__name__)\n"
-        "    print('broken', SpacesProbe(Broken()).stand_in())\n")
+        "        print('child starts none', pool.apply(child))\n")
     src = str(Path(__file__).parents[1] / "src")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "PYTHONPATH": src})
@@ -369,9 +346,6 @@ def test_spaces_probe_and_the_forkserver_started_by_the_make_eval_envs_import(tm
         "few cores True",
         "server True",
         "child starts none True",
-        "stand-in True True True True True True",
-        "elsewhere True True _CPUGymWrapper",
-        "broken None",
     ]
 
 
@@ -394,19 +368,23 @@ def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
     assert not _record_forks(["replay", "x.h5", "--num-envs", "16"])
     monkeypatch.setattr(system, "has_nvidia_gpu", lambda: False)
     assert not _record_forks(["record", "--num-envs", "16"])  # auto: no CUDA render here
-    # the dummy-env probe follows the same guess on the run's config (none where nothing forks)
+    # the sub-envs started early follow the same guess on the run's config (none where nothing forks)
     import dataclasses
 
+    import fastrecord
     from fastrecord.commands.config import RecordConfig
-    from fastrecord.commands.record_env import spaces_probe
+    from fastrecord.commands.record_env import early_subenvs
 
     cfg = RecordConfig(num_envs=16)
-    assert spaces_probe(cfg) is None  # auto render, no CUDA: no batched render
+    assert early_subenvs(cfg) is None  # auto render, no CUDA: no batched render
     monkeypatch.setattr(system, "has_nvidia_gpu", lambda: True)
-    assert spaces_probe(dataclasses.replace(cfg, num_envs=1)) is None
-    assert spaces_probe(dataclasses.replace(cfg, batched_render="off")) is None
-    assert spaces_probe(dataclasses.replace(cfg, sim_backend="physx_cuda")) is None
-    assert spaces_probe(dataclasses.replace(cfg, record=dataclasses.replace(cfg.record, save_video=False))) is None
+    monkeypatch.setattr(fastrecord, "PRESTART_CORES", 10 ** 6)
+    assert early_subenvs(cfg) is None  # too few cores: the forkserver starts after the imports
+    monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
+    assert early_subenvs(dataclasses.replace(cfg, num_envs=1)) is None
+    assert early_subenvs(dataclasses.replace(cfg, batched_render="off")) is None
+    assert early_subenvs(dataclasses.replace(cfg, sim_backend="physx_cuda")) is None
+    assert early_subenvs(dataclasses.replace(cfg, record=dataclasses.replace(cfg.record, save_video=False))) is None
 
 
 ZYGOTE_SCRIPT = """

@@ -50,6 +50,7 @@ def make_eval_envs(
     episodes: int | None = None,
     seed: int = 0,
     batched_render: bool | None = None,
+    envs_per_process: int | None = None,
 ) -> gym.vector.VectorEnv:
     """Create vectorized environments for evaluation, recording every env's videos to ``video_dir``.
 
@@ -87,6 +88,9 @@ def make_eval_envs(
             process holds a mirror of each scene in one ``RenderSystemGroup``). None (default): when there
             is more than one env, a video_dir, a CUDA device and a GPU render backend; False: each sub-env
             renders itself (ManiSkill's way); True: required (a ValueError where it cannot run).
+        envs_per_process: with the batched render, how many sub-envs each process simulates
+            (`fastrecord.packed.PackedVectorEnv`). None (default): 4, with at least 4 processes and at most one a
+            core (`fastrecord.packed.process_sizes`); 1: a process an env, as gymnasium's ``AsyncVectorEnv``.
 
     Returns:
         CPU: a ``gym.vector.VectorEnv`` with the baseline's observations (``[num_envs, obs_horizon,
@@ -108,7 +112,8 @@ def make_eval_envs(
 
     num_stack, batched = check_eval_env_arguments(
         env_id, num_envs, sim_backend, env_kwargs, other_kwargs, video_dir, wrappers, keep=keep,
-        record_kwargs=record_kwargs, log=log, episodes=episodes, seed=seed, batched_render=batched_render)
+        record_kwargs=record_kwargs, log=log, episodes=episodes, seed=seed, batched_render=batched_render,
+        envs_per_process=envs_per_process)
     rec: dict[str, Any] = {**dict(output_dir=video_dir, save_trajectory=False, source_type=SOURCE_TYPE,
                                   source_desc=SOURCE_DESC, keep=keep), **(record_kwargs or {})}
     if log is not None:
@@ -130,7 +135,7 @@ def make_eval_envs(
                                                           rec, episodes, seed, shards.rank_info())
     if sim_backend == "physx_cpu":
         return _cpu_eval_envs(env_id, num_envs, env_kwargs, list(wrappers), num_stack, rec if video_dir else None,
-                              batched, sharding)
+                              batched, sharding, envs_per_process)
     return _gpu_eval_envs(env_id, num_envs, sim_backend, env_kwargs, list(wrappers), num_stack,
                           rec if video_dir else None, sharding)
 
@@ -155,7 +160,8 @@ def _sharded(env_id: str, num_envs: int, sim_backend: str, env_kwargs: dict, vid
 
 
 def _cpu_eval_envs(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list, num_stack: int,
-                   rec: dict[str, Any] | None, batched: bool, sharding: Any) -> gym.vector.VectorEnv:
+                   rec: dict[str, Any] | None, batched: bool, sharding: Any,
+                   envs_per_process: int | None = None) -> gym.vector.VectorEnv:
     """The baseline's CPU branch: a gymnasium vector env of CPU envs (one batched render of their videos with
     ``batched``), fastrecord's recorder over it (``rec``: its arguments; None records nothing), frame stacking
     and same-step auto-reset above (`EvalVectorEnv`)."""
@@ -163,7 +169,8 @@ def _cpu_eval_envs(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list,
     if batched:
         from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
 
-        envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, wrappers, report_poses=True),
+        envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, wrappers, report_poses=True,
+                                                      envs_per_process=envs_per_process),
                               make_mirror_factory(env_id, env_kwargs), num_envs,
                               device=device_of(env_kwargs.get("render_backend")))
     else:
@@ -200,7 +207,8 @@ def _gpu_eval_envs(env_id: str, num_envs: int, sim_backend: str, env_kwargs: dic
 # ---------------------------------------------------------------------------------------------- checks
 def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_kwargs: Any, other_kwargs: Any,
                              video_dir: Any, wrappers: Any, *, keep: Any, record_kwargs: Any, log: Any,
-                             episodes: Any, seed: Any, batched_render: Any = None) -> tuple[int, bool]:
+                             episodes: Any, seed: Any, batched_render: Any = None,
+                             envs_per_process: Any = None) -> tuple[int, bool]:
     """Every check of `make_eval_envs`' arguments, in one place, before any env, process or file is made:
     values that would fail later (an IndexError, a KeyError deep in ManiSkill, an error after the envs are
     made) and combinations that cannot work raise a one-line ValueError naming the value and the fix.
@@ -223,6 +231,10 @@ def check_eval_env_arguments(env_id: Any, num_envs: Any, sim_backend: Any, env_k
                          f"there too); pass video_dir='eval_videos', or log=None")
     if batched_render not in (None, True, False):
         raise ValueError(f"batched_render={batched_render!r} must be None (batched where it can run), True or False")
+    if envs_per_process is not None:
+        from fastrecord.packed import process_sizes
+
+        process_sizes(num_envs, envs_per_process)  # its ValueError names the value
     batched = sim_backend == "physx_cpu" and use_batched(
         batched_render, num_envs=num_envs, render_backend=env_kwargs.get("render_backend", "auto"),
         render_mode=env_kwargs.get("render_mode"), videos=bool(video_dir),
@@ -317,9 +329,10 @@ def _check_record_arguments(video_dir: Any, *, keep: Any, record_kwargs: Any, lo
 
 
 # ---------------------------------------------------------------------------------------------- CPU
-def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list,
-                    report_poses: bool = False) -> gym.vector.VectorEnv:
-    # more than one: each sub-env in a process of its own (AsyncVectorEnv)
+def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list, report_poses: bool = False,
+                    envs_per_process: int | None = None) -> gym.vector.VectorEnv:
+    """More than one env: sub-env processes, one an env (gymnasium's ``AsyncVectorEnv``), or with ``report_poses``
+    (the batched render's sub-envs) several a process (`fastrecord.packed.PackedVectorEnv`: ``envs_per_process``)."""
     thunks = [_CpuThunk(env_id, seed, env_kwargs, wrappers, own_process=num_envs > 1, report_poses=report_poses)
               for seed in range(num_envs)]
     mode = gym.vector.AutoresetMode.DISABLED  # EvalVectorEnv resets finished envs itself, after the recorder saw them
@@ -329,6 +342,10 @@ def _cpu_vector_env(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list
     from fastrecord.workers import forkserver_context
 
     forkserver_context()  # the sub-envs start with ManiSkill imported (fastrecord.workers.FORKSERVER_PRELOAD)
+    if report_poses:  # they render nothing: their processes' GPU render devices are what 16 processes wait for
+        from fastrecord.packed import PackedVectorEnv
+
+        return PackedVectorEnv(thunks, envs_per_process, context="forkserver", autoreset_mode=mode)
     with scenes_built():  # gymnasium builds and closes a dummy env here: ManiSkill's collections skip our heap
         return gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode)
 

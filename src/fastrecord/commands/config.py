@@ -61,6 +61,7 @@ class RecordConfig:
     batched_render: str = (
         "auto"  # CPU sim, num_envs > 1: auto (one batched render when rendering on a CUDA device) | on | off
     )
+    envs_per_process: int | None = None  # batched render's sub-envs a process (None: fastrecord.packed.process_sizes)
     obs_mode: str = "state"  # ManiSkill observation mode recorded in the trajectory
     control_mode: str | None = None  # None: the task's default
     width: int = 256  # human render camera width
@@ -81,7 +82,7 @@ class RecordConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        check_at_least(self, 1, "num_envs", "episodes", "width", "height", "max_episode_steps")
+        check_at_least(self, 1, "num_envs", "episodes", "width", "height", "max_episode_steps", "envs_per_process")
         check_frame_size(self, "width", "height")
         if self.batched_render not in ("auto", "on", "off"):
             raise ValueError(f"batched_render={self.batched_render!r} must be one of auto, on, off (--batched-render)")

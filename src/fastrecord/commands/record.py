@@ -31,7 +31,7 @@ from typing import Any
 
 from fastrecord.checks import env_kwargs_of, json_flag, json_or_text, load_config, parse_env_kwarg
 from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig
-from fastrecord.commands.record_env import spaces_probe
+from fastrecord.commands.record_env import early_subenvs
 from fastrecord.commands.record_run import ShardedSummary, run_record, run_record_sharded
 from fastrecord.exits import StopSignals
 from fastrecord.options import add_record_flags
@@ -79,6 +79,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="CPU simulation with --num-envs > 1: step the envs in processes of their own and render all of "
         "them in one batch in this process (needs a CUDA device); auto: when rendering on a CUDA device",
     )
+    p.add_argument(
+        "--envs-per-process",
+        type=int,
+        help="with the batched render: sub-envs each process simulates (default: 4, at least 4 processes and at most "
+        "one a core; 1 gives each env a process of its own, as gymnasium's AsyncVectorEnv)",
+    )
     p.add_argument("--obs-mode")
     p.add_argument("--control-mode")
     p.add_argument("--width", type=int)
@@ -125,7 +131,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     from fastrecord.shards import rank_info
 
     distributed = rank_info().distributed
-    probe = None if distributed else spaces_probe(cfg)  # before the imports below, which it overlaps
+    early = None if distributed else early_subenvs(cfg)  # the sub-envs made while this process imports (below)
     from fastrecord.sinks.loggers import log_sinks
     from fastrecord.workers import claim_process
 
@@ -133,6 +139,8 @@ def main_from_args(args: argparse.Namespace) -> int:
 
     resume_shards = not distributed and resumes_shards(cfg)
     if distributed or resume_shards:  # torchrun: this process records one shard
+        if early is not None:
+            early.close()
         if resume_shards:
             print(
                 f"resuming the sharded run {cfg.record.trajectory_name!r} in {cfg.output_dir} from its shards "
@@ -143,7 +151,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             print_sharded(sharded, cfg.output_dir)
             return stop.exit_code
     with StopSignals("record") as stop:
-        s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)), probe=probe)
+        s = run_record(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)), early=early)
         if s.interrupted:
             print(interrupted_line(s.interrupted, s.finished_before_stop, s.cut, cfg.record.keep, saved=False))
         if s.scheduled < cfg.episodes:

@@ -15,7 +15,7 @@ from fastrecord.commands.config import RecordConfig
 from fastrecord.system import stamp
 
 __all__ = ["close_without_collecting", "env_kwargs_for", "make_recorded_env", "recorder_kwargs",
-           "resolve_render_backend", "spaces_probe"]
+           "early_subenvs", "resolve_render_backend"]
 
 
 def resolve_render_backend(name: str) -> str:
@@ -57,10 +57,12 @@ def env_kwargs_for(cfg: RecordConfig, render_backend: str) -> dict[str, Any]:
     return kwargs
 
 
-def spaces_probe(cfg: RecordConfig) -> Any:
-    """Where `record` will step its envs in forkserver processes (CPU simulation, several envs, the batched
-    render: a cheap guess, without torch), a `fastrecord.workers.SpacesProbe` of its sub-env, started now:
-    it builds gymnasium's dummy env on another core while this process imports (None elsewhere)."""
+def early_subenvs(cfg: RecordConfig) -> Any:
+    """Where `record` will step its envs in sub-env processes (CPU simulation, several envs, the batched render: a
+    cheap guess, without torch) on a machine of `fastrecord.PRESTART_CORES` cores or more, a
+    `fastrecord.packed.PackedLaunch` of them, started now on a thread: the sub-envs are made while this process
+    imports torch and ManiSkill (None elsewhere). `make_recorded_env` takes it over where its guess was right
+    (the same ``gym.make`` keywords) and ends it otherwise."""
     from fastrecord.system import has_nvidia_gpu
 
     render = cfg.render_backend
@@ -70,20 +72,47 @@ def spaces_probe(cfg: RecordConfig) -> Any:
     if (cfg.sim_backend not in ("physx_cpu", "cpu") or cfg.num_envs <= 1 or not batched or not cfg.record.save_video
             or cfg.record.render_substeps):
         return None
-    from fastrecord.workers import SpacesProbe
+    from fastrecord import PRESTART_CORES
+    from fastrecord.workers import affinity_cores
 
-    return SpacesProbe(_CpuEnvThunk(cfg.env_id, env_kwargs_for(cfg, render), report_poses=True))
+    if affinity_cores() < PRESTART_CORES:  # the forkserver starts after the imports there (fastrecord.commands.cli)
+        return None
+    return _launch(cfg, env_kwargs_for(cfg, render))
 
 
-def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True, probe: Any = None,
+def _launch(cfg: RecordConfig, kwargs: dict[str, Any]) -> Any:
+    """`record`'s sub-env processes of the batched render (``kwargs``: their ``gym.make`` keywords), started."""
+    import gymnasium as gym
+
+    from fastrecord.packed import PackedLaunch
+    from fastrecord.workers import forkserver_context
+
+    forkserver_context()  # here, not on the launch's thread: a server forked from this process needs it alone
+    launch = PackedLaunch([_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, cfg.envs_per_process,
+                          context="forkserver", autoreset_mode=gym.vector.AutoresetMode.DISABLED, background=True)
+    launch.env_kwargs = dict(kwargs)  # type: ignore[attr-defined]  # what make_recorded_env compares
+    return launch
+
+
+def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True, early: Any = None,
                       check_env: Callable[[Any], None] | None = None) -> Any:
     """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
 
     ``auto_reset=False`` (what `run_record` and `run_record_sharded` use: their loop,
     `fastrecord.shards.record_schedule`, resets each env with its episode's seed): the batched env's
-    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``. ``probe``: a
-    `spaces_probe` of ``cfg``, which answers the vector env's dummy env where the sub-envs fork. ``check_env``
-    (a policy factory's, `check_policy`) sees the env before the recorder wraps it: its refusal writes nothing."""
+    ``ManiSkillVectorEnv`` does not reset, the vector env has ``autoreset_mode=DISABLED``. ``early``: the
+    `early_subenvs` of ``cfg``, its sub-env processes started before the imports (taken over where they fit, ended
+    otherwise). ``check_env`` (a policy factory's, `check_policy`) sees the env before the recorder wraps it: its
+    refusal writes nothing."""
+    try:
+        return _make_recorded_env(cfg, sinks, auto_reset, early, check_env)
+    finally:
+        if early is not None:
+            early.close()  # where its guess was wrong or the env stack failed (a no-op where the env took it over)
+
+
+def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: bool, early: Any,
+                       check_env: Callable[[Any], None] | None) -> Any:
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401 - registers the tasks
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
@@ -132,14 +161,19 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
         flag="--batched-render on",
         instead="--batched-render auto or off",
     ):
-        # the envs step in processes of their own; this process renders them all in one batch
+        # the envs step in processes of their own (several envs a process); this process renders them all in one batch
+        from fastrecord.packed import PackedVectorEnv
         from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
-        from fastrecord.workers import first_thunk, forkserver_context
+        from fastrecord.workers import forkserver_context
 
-        forkserver_context()
-        thunks = first_thunk([_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, probe)
+        fits = early is not None and early.env_kwargs == kwargs and mode == gym.vector.AutoresetMode.DISABLED
+        launch = early if fits else None  # else its guess was wrong: make_recorded_env ends it
+        if launch is None:
+            forkserver_context()
         envs = group_rendered(
-            lambda: gym.vector.AsyncVectorEnv(thunks, context="forkserver", autoreset_mode=mode),
+            lambda: PackedVectorEnv(
+                [_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, cfg.envs_per_process,
+                context="forkserver", autoreset_mode=mode, launch=launch),
             make_mirror_factory(cfg.env_id, kwargs),
             cfg.num_envs,
             device=device_of(kwargs["render_backend"]),

@@ -128,7 +128,7 @@ def _kept_files(cfg: RecordConfig, rec: Any) -> tuple[int, list[Path]]:
 
 
 def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None,
-               sinks: list[Any] | None = None, probe: Any = None) -> RecordSummary:
+               sinks: list[Any] | None = None, early: Any = None) -> RecordSummary:
     """Record episodes 0 .. ``cfg.episodes``-1 of the run: episode g is reset with seed ``cfg.seed + g`` and the random
     policy is seeded per episode (`fastrecord.shards.SeededRandomPolicy`), so the same command records the same dataset,
     with or without torchrun. A resumed run (``--if-exists resume``) records the episodes its NAME.json and results file
@@ -136,17 +136,23 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     can be resumed (`fastrecord.shards.check_resume`: its episode list readable, its seeds this command's) is checked
     before the env is made or a file written. With ``stop`` (the CLI's), a SIGINT/SIGTERM ends the run between two
     steps. The episodes in progress when the run stops (a signal, an error) are not saved, as in a sharded run: a cut
-    episode is not a finished one, and a resumed run records it whole; the summary counts them (``cut``)."""
+    episode is not a finished one, and a resumed run records it whole; the summary counts them (``cut``). ``early``:
+    the sub-env processes `fastrecord.commands.record_env.early_subenvs` started (ended here where the run refuses)."""
     from tqdm import tqdm
 
     from fastrecord import shards
 
-    factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
-    check_env = check_policy(factory, cfg)
-    if cfg.record.if_exists == "resume" and cfg.record.trajectory_name:
-        shards.check_resume(cfg.output_dir, cfg.record.trajectory_name, base_seed=cfg.seed)
+    try:
+        factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
+        check_env = check_policy(factory, cfg)
+        if cfg.record.if_exists == "resume" and cfg.record.trajectory_name:
+            shards.check_resume(cfg.output_dir, cfg.record.trajectory_name, base_seed=cfg.seed)
+    except BaseException:
+        if early is not None:  # the sub-envs started early end with the refusal
+            early.close()
+        raise
     t_start = time.perf_counter()
-    env = make_recorded_env(cfg, sinks, auto_reset=False, probe=probe, check_env=check_env)
+    env = make_recorded_env(cfg, sinks, auto_reset=False, early=early, check_env=check_env)
     startup = time.perf_counter() - t_start
     stamp("env_ready")
     stopping = (lambda: stop.requested) if stop is not None else (lambda: False)
