@@ -48,7 +48,7 @@ def process_sizes(num_envs: int, envs_per_process: int | None = None, cores: int
     """How many envs each process hosts: ``envs_per_process`` each (the last fewer), or by default
     ``ceil(num_envs / 4)`` processes but at least ``min(num_envs, 4)`` and at most ``cores`` (the usable cores),
     the envs spread evenly (sizes differ by at most one)."""
-    if not isinstance(num_envs, int) or num_envs < 1:
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}: pass a positive int")
     if envs_per_process is not None:
         if not isinstance(envs_per_process, int) or isinstance(envs_per_process, bool) or envs_per_process < 1:
@@ -165,11 +165,13 @@ class PackedVectorEnv(gym.vector.VectorEnv):
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]] | None = None, envs_per_process: int | None = None,
                  *, context: str | None = None, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
                  launch: PackedLaunch | None = None) -> None:
+        self.closed = True  # until every process answered
+        self.processes: list[Any] = []
+        self.pipes: list[Any] = []
         if launch is None:
             if env_fns is None:
                 raise ValueError("PackedVectorEnv needs env_fns (the sub-envs' functions) or a PackedLaunch")
             launch = PackedLaunch(env_fns, envs_per_process, context=context, autoreset_mode=autoreset_mode)
-        self.closed = True  # until every process answered
         self.processes, self.pipes = launch.take()
         self.sizes, self.num_envs, self.autoreset_mode = launch.sizes, launch.num_envs, launch.autoreset_mode
         self.slices: list[tuple[int, int]] = []
@@ -206,7 +208,19 @@ class PackedVectorEnv(gym.vector.VectorEnv):
             raise gym.error.ClosedEnvironmentError(f"this PackedVectorEnv is closed; {command} needs an open one")
         for p, pipe in enumerate(self.pipes):
             lo, hi = self.slices[p]
-            pipe.send((command, per_env[lo:hi] if per_env is not None else data))
+            try:
+                pipe.send((command, per_env[lo:hi] if per_env is not None else data))
+            except (BrokenPipeError, ConnectionResetError, EOFError):  # the process is gone
+                self._terminate()
+                raise self._died(p, command) from None
+
+    def _died(self, p: int, command: str | None) -> SubEnvDied:
+        proc = self.processes[p]
+        proc.join(5)
+        lo, hi = self.slices[p]
+        return SubEnvDied(f"the process of sub-envs {lo}-{hi - 1} ended without answering {command or 'its start'} "
+                          f"(exit code {proc.exitcode}: killed, a crash in native code, or out of memory); the vector "
+                          f"env is closed")
 
     def _gather(self, command: str | None) -> list[list[Any]]:
         """Every process's answer (a list, one item an env), in process order; raises the first error."""
@@ -216,13 +230,7 @@ class PackedVectorEnv(gym.vector.VectorEnv):
             try:
                 ok, payload = pipe.recv()
             except (EOFError, OSError):
-                proc = self.processes[p]
-                proc.join(5)
-                lo, hi = self.slices[p]
-                failure = failure or SubEnvDied(
-                    f"the process of sub-envs {lo}-{hi - 1} ended without answering {command or 'its start'} (exit "
-                    f"code {proc.exitcode}: killed, a crash in native code, or out of memory); the vector env is "
-                    f"closed")
+                failure = failure or self._died(p, command)
                 continue
             if ok:
                 answers.append(payload)
@@ -251,9 +259,10 @@ class PackedVectorEnv(gym.vector.VectorEnv):
         mask = np.ones(self.num_envs, dtype=np.bool_)
         if options is not None and "reset_mask" in options:
             mask = options.pop("reset_mask")
-            if not isinstance(mask, np.ndarray) or mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-                raise ValueError(f"options['reset_mask'] must be a numpy bool array of shape ({self.num_envs},), got "
-                                 f"{mask!r}")
+            if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+                raise TypeError(f"options['reset_mask'] must be a numpy bool array, got {mask!r}")
+            if mask.shape != (self.num_envs,):
+                raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), got {mask.shape}")
             if not mask.any():
                 raise ValueError("options['reset_mask'] resets no env: set at least one True")
         self._send("reset", [dict(seed=s, options=options) if m else None for s, m in zip(seeds, mask, strict=True)])
@@ -332,7 +341,7 @@ class PackedVectorEnv(gym.vector.VectorEnv):
         _end(self.processes, self.pipes)
 
     def __del__(self) -> None:
-        if not getattr(self, "closed", True):
+        if not self.__dict__.get("closed", True):  # not the class's default: a constructor that failed
             self.close(terminate=True)
 
 
@@ -401,6 +410,9 @@ def _serve(conn: Any, envs: list[gym.Env], first: int, mode: AutoresetMode) -> N
                 for i, (env, kw) in enumerate(zip(envs, data, strict=True)):
                     current = first + i
                     if kw is None:  # not in the reset mask: its last observation, no info
+                        if last_obs[i] is None:
+                            raise ValueError(f"sub-env {current} was left out of a masked reset before its first "
+                                             f"reset: reset every env once (options without reset_mask) first")
                         out.append((last_obs[i], {}))
                         continue
                     obs, info = env.reset(**kw)
