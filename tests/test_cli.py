@@ -76,6 +76,7 @@ BAD_INPUTS = [
     # (argv after the command, regex of the message)
     (["record", "--num-envs", "0"], r"num_envs=0 must be at least 1; pass num_envs=1 or more \(the --num-envs flag"),
     (["record", "--episodes", "0"], r"episodes=0 must be at least 1; .*the --episodes flag"),
+    (["record", "--envs-per-process", "0"], r"envs_per_process=0 must be at least 1; .*the --envs-per-process flag"),
     (["record", "--width", "-64"], r"width=-64 must be at least 1; .*the --width flag"),
     (
         ["record", "--width", "100000"],

@@ -209,6 +209,7 @@ def test_missing_obs_horizon_is_a_clear_error():
     (dict(other_kwargs=dict(obs_horizon=0)), r"other_kwargs\['obs_horizon'\]=0 must be an integer >= 1"),
     (dict(other_kwargs=dict(obs_horizon="2")), r"other_kwargs\['obs_horizon'\]='2' must be an integer >= 1"),
     (dict(batched_render="yes"), r"batched_render='yes' must be None .*, True or False"),
+    (dict(envs_per_process=0), r"envs_per_process=0: pass a positive int"),
     (dict(video_dir=None, log="tensorboard"), r"log='tensorboard' logs through the recorder.*pass video_dir="),
     (dict(video_dir=None, episodes=8), r"episodes=8 makes a sharded, recorded evaluation, which needs video_dir"),
 ])
