@@ -463,3 +463,22 @@ def test_a_masked_reset_before_the_first_reset_names_the_env_and_the_fix():
         assert envs.closed and all_ended(envs)
     finally:
         envs.close(terminate=True)
+
+
+def test_an_attribute_a_sub_env_lacks_is_an_error_that_leaves_the_envs_stepping():
+    """``get_attr`` of a name the sub-envs lack raises their AttributeError in the caller (fastrecord's recorder
+    probes ``_max_episode_steps`` so); the envs were not touched, so the vector env stays open and steps on
+    (gymnasium's AsyncVectorEnv worker would shut down)."""
+    envs = PackedVectorEnv(cartpole_fns(3), 2)
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(AttributeError, match="no_such_attribute") as info:
+            envs.get_attr("no_such_attribute")
+        assert "the vector env is closed" not in " ".join(getattr(info.value, "__notes__", []))
+        assert not envs.closed and all(p.is_alive() for p in envs.processes)
+        obs, *_ = envs.step(np.zeros(3, np.int64))
+        assert obs.shape == (3, 4)
+        assert envs.get_attr("spec")[2].id == "CartPole-v1"
+    finally:
+        envs.close()
+    assert all_ended(envs)

@@ -13,8 +13,9 @@ Semantics are ``AsyncVectorEnv``'s (gymnasium 1.x): the three autoreset modes, `
 ``VectorEnv._add_info``, ``close(terminate=True)``. What differs: no dummy env is built in the caller (the first
 process reports the spaces after making its envs), the processes can be launched before the caller needs them
 (`PackedLaunch`: the CLI starts its sub-envs before its own imports), and an error in a sub-env is raised in the
-caller as the sub-env's own exception, its traceback and sub-env index attached (the vector env is closed then:
-a half-stepped batch cannot go on).
+caller as the sub-env's own exception, its traceback and sub-env index attached (after an error of a reset or a
+step the vector env is closed: a half-stepped batch cannot go on; ``call``, ``get_attr`` and ``set_attr`` change
+nothing where they fail, so the vector env stays open, where gymnasium's worker would shut down).
 """
 
 from __future__ import annotations
@@ -222,8 +223,10 @@ class PackedVectorEnv(gym.vector.VectorEnv):
                           f"(exit code {proc.exitcode}: killed, a crash in native code, or out of memory); the vector "
                           f"env is closed")
 
-    def _gather(self, command: str | None) -> list[list[Any]]:
-        """Every process's answer (a list, one item an env), in process order; raises the first error."""
+    def _gather(self, command: str | None, fatal: bool = True) -> list[list[Any]]:
+        """Every process's answer (a list, one item an env), in process order; raises the first error, after which
+        the vector env is closed unless the command changed nothing (``fatal=False``: ``call``, ``set_attr``) and
+        every process is still there."""
         answers: list[list[Any]] = []
         failure: BaseException | None = None
         for p, pipe in enumerate(self.pipes):
@@ -235,9 +238,10 @@ class PackedVectorEnv(gym.vector.VectorEnv):
             if ok:
                 answers.append(payload)
             elif failure is None:
-                failure = _raised(payload, command)
+                failure = _raised(payload, command, closed=fatal)
         if failure is not None:
-            self._terminate()
+            if fatal or isinstance(failure, SubEnvDied):
+                self._terminate()
             raise failure
         return answers
 
@@ -291,7 +295,7 @@ class PackedVectorEnv(gym.vector.VectorEnv):
         if name in ("reset", "step", "close"):
             raise ValueError(f"call({name!r}): use the vector env's own {name}()")
         self._send("call", data=(name, args, kwargs))
-        return tuple(self._flat(self._gather(f"call({name!r})")))
+        return tuple(self._flat(self._gather(f"call({name!r})", fatal=False)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         return self.call(name)
@@ -303,7 +307,7 @@ class PackedVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"set_attr({name!r}): {len(values)} values for {self.num_envs} envs; pass one value an "
                              f"env, or one value for all")
         self._send("setattr", [(name, v) for v in values])
-        self._gather(f"set_attr({name!r})")
+        self._gather(f"set_attr({name!r})", fatal=False)
 
     def render(self) -> tuple[Any, ...] | None:  # gymnasium's AsyncVectorEnv's: a frame an env
         return self.call("render")
@@ -345,14 +349,15 @@ class PackedVectorEnv(gym.vector.VectorEnv):
             self.close(terminate=True)
 
 
-def _raised(payload: tuple[int, BaseException | None, str, str], command: str | None) -> BaseException:
+def _raised(payload: tuple[int, BaseException | None, str, str], command: str | None,
+            closed: bool = True) -> BaseException:
     """The caller's exception for a sub-env's error: the sub-env's own exception where it pickled (else a
     RuntimeError with its text), its traceback attached as the cause."""
     index, exc, text, tb = payload
     if exc is None:
         exc = RuntimeError(text)
     where = command or "its start (making its env)"
-    note = f"raised in sub-env {index}'s process, at {where}; the vector env is closed"
+    note = f"raised in sub-env {index}'s process, at {where}" + ("; the vector env is closed" if closed else "")
     notes = [*getattr(exc, "__notes__", []), note]
     setattr(exc, "__notes__", notes)  # noqa: B010 - BaseException.add_note, also before Python 3.11
     exc.__cause__ = RemoteTraceback(tb)
@@ -449,9 +454,11 @@ def _serve(conn: Any, envs: list[gym.Env], first: int, mode: AutoresetMode) -> N
             else:
                 raise ValueError(f"unknown command {command!r}")
             conn.send((True, out))
-        except BaseException as e:  # noqa: BLE001 - sent to the caller, which raises it and ends this process
+        except BaseException as e:  # noqa: BLE001 - sent to the caller, which raises it
             _send_error(conn, current, e)
-            _close_all(envs)
+            if command in ("call", "setattr") and not isinstance(e, (KeyboardInterrupt, SystemExit, OSError)):
+                continue  # nothing changed (an attribute an env lacks): the envs serve on, as the caller's vector env
+            _close_all(envs)  # a half-done reset or step: the caller closes the vector env
             return
 
 
