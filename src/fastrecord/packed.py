@@ -145,12 +145,16 @@ class PackedLaunch:
         self._taken = True
 
 
-def _end(processes: list[Any], pipes: list[Any]) -> None:
+def _end(processes: list[Any], pipes: list[Any], grace: float = 10.0) -> None:
+    """End ``processes``: SIGTERM, then SIGKILL for any still there after ``grace`` seconds."""
     for proc in processes:
         if proc.is_alive():
             proc.terminate()
     for proc in processes:
-        proc.join()
+        proc.join(grace)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
     for pipe in pipes:
         pipe.close()
 
@@ -379,6 +383,10 @@ def _error(index: int, e: BaseException) -> tuple[int, BaseException | None, str
 def _worker(conn: Any, fns: CloudpickleWrapper, first: int, mode: AutoresetMode) -> None:
     """A process of sub-envs ``first ...``: makes them, reports the spaces, then serves the vector env's commands
     until ``close`` or until the caller is gone (its pipe closed)."""
+    import signal
+
+    # SIGTERM ends this process (`PackedVectorEnv.close(terminate=True)`), whatever handler a forked caller had
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     envs: list[gym.Env] = []
     current = first
     try:
