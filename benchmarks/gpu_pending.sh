@@ -56,12 +56,12 @@ case $stage in
     ;;
   packed)
     # the batched render's sub-envs several to a process (fastrecord.packed), started before the CLI's imports: the GPU
-    # tests first (the new path's pictures), then record and eval against ManiSkill's ways and BEFORE, with a sweep of
-    # one env a process beside the default (~560 s in all)
+    # tests first (the new path's pictures), then record and eval against ManiSkill's ways and BEFORE (~450 s in all);
+    # SWEEP=1 adds a labelled sweep of one env a process beside the default (~60 s more)
     before=${BEFORE:-build/before/src}
-    run 150 pytest python3 -m pytest -m gpu tests -q -p no:cacheprovider -x --durations=5
-    run 420 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$before" \
-      --envs-per-process 1 --json "$out/whole.json"
+    run 120 pytest python3 -m pytest -m gpu tests/test_batched_render.py -q -p no:cacheprovider -x --durations=5
+    run 400 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$before" \
+      --envs-per-process "${SWEEP:-}" --json "$out/whole.json"
     ;;
   *)
     echo "unknown stage $stage: tests, lerobot, whole, startup or packed" >&2
