@@ -247,11 +247,11 @@ def test_call_get_attr_set_attr_through_wrappers_in_env_order():
 
 # ---------------------------------------------------------------------------------------------- process_sizes
 @pytest.mark.parametrize(("num_envs", "per_process", "cores", "expected"), [
-    (16, None, 16, [4, 4, 4, 4]),
+    (16, None, 16, [2] * 8),
     (2, None, 16, [1, 1]),
     (128, None, 16, [8] * 16),
     (16, None, 2, [8, 8]),
-    (17, None, 16, [4, 4, 3, 3, 3]),
+    (17, None, 16, [2] * 8 + [1]),
     (6, None, 16, [2, 2, 1, 1]),  # below 16 envs: still 4 processes
     (3, None, 1, [3]),
     (5, 2, None, [2, 2, 1]),
@@ -268,7 +268,7 @@ def test_default_process_sizes_spread_evenly():
         for n in range(1, 70):
             sizes = process_sizes(n, cores=cores)
             assert sum(sizes) == n and max(sizes) - min(sizes) <= 1, (n, cores, sizes)
-            assert len(sizes) <= cores and len(sizes) == max(min(n, 4, cores), min(-(-n // 4), cores))
+            assert len(sizes) <= cores and len(sizes) == max(min(n, 4, cores), min(-(-n // 2), cores))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, None, True])

@@ -89,7 +89,7 @@ def make_eval_envs(
             is more than one env, a video_dir, a CUDA device and a GPU render backend; False: each sub-env
             renders itself (ManiSkill's way); True: required (a ValueError where it cannot run).
         envs_per_process: with the batched render, how many sub-envs each process simulates
-            (`fastrecord.packed.PackedVectorEnv`). None (default): 4, with at least 4 processes and at most one a
+            (`fastrecord.packed.PackedVectorEnv`). None (default): 2, with at least 4 processes and at most one a
             core (`fastrecord.packed.process_sizes`); 1: a process an env, as gymnasium's ``AsyncVectorEnv``.
 
     Returns:

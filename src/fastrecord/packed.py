@@ -5,8 +5,10 @@ that render on a GPU (the batched render's sub-envs: they render nothing themsel
 its own Vulkan device), 16 processes starting together wait for the GPU driver: on the H200 machine a
 process's render device takes 0.66 s alone and 4.7-6.0 s when 16 make theirs at once, and 16 PickCube envs
 took 8.4-10.5 s to make in 16 processes against 2.95 s in 4 processes of 4 (`benchmarks/probe_make_contention.py`,
-docs/performance.md). The physics of several envs in one process then runs in turn, which the batched render
-hides where its drawing takes longer (16 cameras at 512x512: 15.7 ms a step; PickCube's CPU step: 2-3 ms).
+docs/performance.md). The physics of several envs in one process then runs in turn, and a reconfiguring reset
+(make_eval_envs: every episode) rebuilds their scenes in turn: the default of 2 envs a process is what whole commands
+measured best (H100, 16 envs at 512x512: record 19.1 s against 21.8 s with 4 a process and 22.4-23.3 s with 1; the
+eval 23.9 s against 25.5 s with 4; 8 a process 26.3-26.4 s).
 
 Semantics are ``AsyncVectorEnv``'s (gymnasium 1.x): the three autoreset modes, ``options["reset_mask"]``,
 ``call`` / ``get_attr`` / ``set_attr`` through the wrappers (``get_wrapper_attr``), infos gathered with
@@ -41,13 +43,13 @@ from gymnasium.vector.utils import (
 
 __all__ = ["PackedLaunch", "PackedVectorEnv", "RemoteTraceback", "SubEnvDied", "process_sizes"]
 
-ENVS_PER_PROCESS = 4  # the default packing (16 envs: 4 processes of 4, the probe's fastest start)
+ENVS_PER_PROCESS = 2  # the default packing (16 envs: 8 processes of 2; H100 sweep of 1, 2, 4, 8 in docs/performance.md)
 MIN_PROCESSES = 4  # below 16 envs the processes stay 4 (or one an env), so the physics of few envs is not serialised
 
 
 def process_sizes(num_envs: int, envs_per_process: int | None = None, cores: int | None = None) -> list[int]:
     """How many envs each process hosts: ``envs_per_process`` each (the last fewer), or by default
-    ``ceil(num_envs / 4)`` processes but at least ``min(num_envs, 4)`` and at most ``cores`` (the usable cores),
+    ``ceil(num_envs / 2)`` processes but at least ``min(num_envs, 4)`` and at most ``cores`` (the usable cores),
     the envs spread evenly (sizes differ by at most one)."""
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}: pass a positive int")
@@ -408,66 +410,95 @@ def _worker(conn: Any, fns: CloudpickleWrapper, first: int, mode: AutoresetMode)
 
 
 def _serve(conn: Any, envs: list[gym.Env], first: int, mode: AutoresetMode) -> None:
-    """Long because: one branch a command of the protocol, with gymnasium's three autoreset modes inline."""
-    autoreset = [False] * len(envs)
-    last_obs: list[Any] = [None] * len(envs)
+    """Answer the vector env's commands (`_SubEnvs`) until ``close``, a reset's or step's error, or the caller's end."""
+    served = _SubEnvs(envs, first, mode)
     while True:
         try:
             command, data = conn.recv()
         except (EOFError, OSError, KeyboardInterrupt):  # the caller is gone
             break
-        current = first
         try:
-            out: list[Any] = []
-            if command == "reset":
-                for i, (env, kw) in enumerate(zip(envs, data, strict=True)):
-                    current = first + i
-                    if kw is None:  # not in the reset mask: its last observation, no info
-                        if last_obs[i] is None:
-                            raise ValueError(f"sub-env {current} was left out of a masked reset before its first "
-                                             f"reset: reset every env once (options without reset_mask) first")
-                        out.append((last_obs[i], {}))
-                        continue
-                    obs, info = env.reset(**kw)
-                    last_obs[i], autoreset[i] = obs, False
-                    out.append((obs, info))
-            elif command == "step":
-                for i, (env, action) in enumerate(zip(envs, data, strict=True)):
-                    current = first + i
-                    out.append(_step_one(env, action, mode, autoreset, i))
-                    last_obs[i] = out[-1][0]
-            elif command == "call":
-                name, args, kwargs = data
-                for i, env in enumerate(envs):
-                    current = first + i
-                    attr = env.get_wrapper_attr(name)
-                    out.append(attr(*args, **kwargs) if callable(attr) else attr)
-            elif command == "setattr":
-                for i, (env, (name, value)) in enumerate(zip(envs, data, strict=True)):
-                    current = first + i
-                    env.set_wrapper_attr(name, value)
-                    out.append(None)
-            elif command == "close":
-                failed: BaseException | None = None
-                for i, env in enumerate(envs):
-                    current = first + i
-                    try:
-                        env.close()
-                    except BaseException as e:  # noqa: BLE001 - every env closes; the first error is sent
-                        failed = failed or e
-                if failed is not None:
-                    raise failed
-                conn.send((True, [None] * len(envs)))
-                return
-            else:
-                raise ValueError(f"unknown command {command!r}")
-            conn.send((True, out))
+            out = served.run(command, data)
         except BaseException as e:  # noqa: BLE001 - sent to the caller, which raises it
-            _send_error(conn, current, e)
+            _send_error(conn, served.current, e)
             if command in ("call", "setattr") and not isinstance(e, (KeyboardInterrupt, SystemExit, OSError)):
                 continue  # nothing changed (an attribute an env lacks): the envs serve on, as the caller's vector env
             _close_all(envs)  # a half-done reset or step: the caller closes the vector env
             return
+        conn.send((True, out))
+        if command == "close":
+            return
+
+
+class _SubEnvs:
+    """A process's sub-envs ``first, first + 1, ...``: one method a command of the protocol; ``current`` is the
+    sub-env a failed command was at."""
+
+    def __init__(self, envs: list[gym.Env], first: int, mode: AutoresetMode) -> None:
+        self.envs, self.first, self.mode = envs, first, mode
+        self.autoreset = [False] * len(envs)
+        self.last_obs: list[Any] = [None] * len(envs)
+        self.current = first
+
+    def run(self, command: str, data: Any) -> list[Any]:
+        handlers: dict[str, Callable[[Any], list[Any]]] = {
+            "reset": self.reset, "step": self.step, "call": self.call, "setattr": self.setattr, "close": self.close}
+        handler = handlers.get(command)
+        if handler is None:
+            raise ValueError(f"unknown command {command!r}")
+        self.current = self.first
+        return handler(data)
+
+    def reset(self, data: list[dict[str, Any] | None]) -> list[Any]:
+        out: list[Any] = []
+        for i, (env, kw) in enumerate(zip(self.envs, data, strict=True)):
+            self.current = self.first + i
+            if kw is None:  # not in the reset mask: its last observation, no info
+                if self.last_obs[i] is None:
+                    raise ValueError(f"sub-env {self.current} was left out of a masked reset before its first "
+                                     f"reset: reset every env once (options without reset_mask) first")
+                out.append((self.last_obs[i], {}))
+                continue
+            obs, info = env.reset(**kw)
+            self.last_obs[i], self.autoreset[i] = obs, False
+            out.append((obs, info))
+        return out
+
+    def step(self, actions: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
+            self.current = self.first + i
+            out.append(_step_one(env, action, self.mode, self.autoreset, i))
+            self.last_obs[i] = out[-1][0]
+        return out
+
+    def call(self, data: tuple[str, tuple, dict]) -> list[Any]:
+        name, args, kwargs = data
+        out: list[Any] = []
+        for i, env in enumerate(self.envs):
+            self.current = self.first + i
+            attr = env.get_wrapper_attr(name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return out
+
+    def setattr(self, data: list[tuple[str, Any]]) -> list[Any]:
+        for i, (env, (name, value)) in enumerate(zip(self.envs, data, strict=True)):
+            self.current = self.first + i
+            env.set_wrapper_attr(name, value)
+        return [None] * len(self.envs)
+
+    def close(self, data: Any) -> list[Any]:
+        """Every env closed; the first error raised after all."""
+        failed: BaseException | None = None
+        for i, env in enumerate(self.envs):
+            try:
+                env.close()
+            except BaseException as e:  # noqa: BLE001 - every env closes; the first error is sent
+                if failed is None:
+                    failed, self.current = e, self.first + i
+        if failed is not None:
+            raise failed
+        return [None] * len(self.envs)
 
 
 def _step_one(env: gym.Env, action: Any, mode: AutoresetMode, autoreset: list[bool], i: int) -> tuple:

@@ -82,7 +82,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--envs-per-process",
         type=int,
-        help="with the batched render: sub-envs each process simulates (default: 4, at least 4 processes and at most "
+        help="with the batched render: sub-envs each process simulates (default: 2, at least 4 processes and at most "
         "one a core; 1 gives each env a process of its own, as gymnasium's AsyncVectorEnv)",
     )
     p.add_argument("--obs-mode")
