@@ -36,8 +36,8 @@ def test_the_early_subenvs_are_the_runs_envs(batched_cfg):
     from mani_skill.utils.wrappers import CPUGymWrapper
 
     early = early_subenvs(batched_cfg)
-    assert early is not None and early.sizes == [2, 1]
-    envs = PackedVectorEnv(launch=early)
+    assert early is not None and early.launch.sizes == [2, 1]
+    envs = PackedVectorEnv(launch=early.launch)
     try:
         assert [p.is_alive() for p in envs.processes] == [True, True]
         obs, info = envs.reset(seed=[10, 11, 12])
@@ -68,9 +68,9 @@ def test_an_early_launch_the_run_cannot_use_ends_with_its_refusal(batched_cfg):
     assert early is not None
     with pytest.raises(ValueError, match="--batched-render"):
         make_recorded_env(batched_cfg, auto_reset=False, early=early)
-    assert early.processes and not any(p.is_alive() for p in early.processes)
+    assert early.launch.processes and not any(p.is_alive() for p in early.launch.processes)
     other = early_subenvs(dataclasses.replace(batched_cfg, width=48))
     assert other is not None
     with pytest.raises(ValueError, match="--batched-render"):
         make_recorded_env(batched_cfg, auto_reset=False, early=other)
-    assert not any(p.is_alive() for p in other.processes)
+    assert not any(p.is_alive() for p in other.launch.processes)

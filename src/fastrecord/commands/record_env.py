@@ -14,8 +14,8 @@ from typing import Any
 from fastrecord.commands.config import RecordConfig
 from fastrecord.system import stamp
 
-__all__ = ["close_without_collecting", "env_kwargs_for", "make_recorded_env", "recorder_kwargs",
-           "early_subenvs", "resolve_render_backend"]
+__all__ = ["EarlySubenvs", "close_without_collecting", "early_subenvs", "env_kwargs_for", "make_recorded_env",
+           "recorder_kwargs", "resolve_render_backend"]
 
 
 def resolve_render_backend(name: str) -> str:
@@ -57,10 +57,10 @@ def env_kwargs_for(cfg: RecordConfig, render_backend: str) -> dict[str, Any]:
     return kwargs
 
 
-def early_subenvs(cfg: RecordConfig) -> Any:
+def early_subenvs(cfg: RecordConfig) -> EarlySubenvs | None:
     """Where `record` will step its envs in sub-env processes (CPU simulation, several envs, the batched render: a
-    cheap guess, without torch) on a machine of `fastrecord.PRESTART_CORES` cores or more, a
-    `fastrecord.packed.PackedLaunch` of them, started now on a thread: the sub-envs are made while this process
+    cheap guess, without torch) on a machine of `fastrecord.PRESTART_CORES` cores or more, their processes
+    (`EarlySubenvs`), started now on a thread: the sub-envs are made while this process
     imports torch and ManiSkill (None elsewhere). `make_recorded_env` takes it over where its guess was right
     (the same ``gym.make`` keywords) and ends it otherwise."""
     from fastrecord.system import has_nvidia_gpu
@@ -80,7 +80,20 @@ def early_subenvs(cfg: RecordConfig) -> Any:
     return _launch(cfg, env_kwargs_for(cfg, render))
 
 
-def _launch(cfg: RecordConfig, kwargs: dict[str, Any]) -> Any:
+class EarlySubenvs:
+    """`record`'s sub-env processes of the batched render, started before the CLI's imports: the
+    `fastrecord.packed.PackedLaunch` and the ``gym.make`` keywords its envs were made with (what `make_recorded_env`
+    compares with the run's own before it takes the processes over)."""
+
+    def __init__(self, launch: Any, env_kwargs: dict[str, Any]) -> None:
+        self.launch, self.env_kwargs = launch, dict(env_kwargs)
+
+    def close(self) -> None:
+        """End the processes, unless a vector env took them over."""
+        self.launch.close()
+
+
+def _launch(cfg: RecordConfig, kwargs: dict[str, Any]) -> EarlySubenvs:
     """`record`'s sub-env processes of the batched render (``kwargs``: their ``gym.make`` keywords), started."""
     import gymnasium as gym
 
@@ -90,11 +103,11 @@ def _launch(cfg: RecordConfig, kwargs: dict[str, Any]) -> Any:
     forkserver_context()  # here, not on the launch's thread: a server forked from this process needs it alone
     launch = PackedLaunch([_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, cfg.envs_per_process,
                           context="forkserver", autoreset_mode=gym.vector.AutoresetMode.DISABLED, background=True)
-    launch.env_kwargs = dict(kwargs)  # type: ignore[attr-defined]  # what make_recorded_env compares
-    return launch
+    return EarlySubenvs(launch, kwargs)
 
 
-def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True, early: Any = None,
+def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_reset: bool = True,
+                      early: EarlySubenvs | None = None,
                       check_env: Callable[[Any], None] | None = None) -> Any:
     """The env stack `record` uses: one batched env (GPU sim or N=1) or a vector env of CPU envs.
 
@@ -111,7 +124,7 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
             early.close()  # where its guess was wrong or the env stack failed (a no-op where the env took it over)
 
 
-def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: bool, early: Any,
+def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: bool, early: EarlySubenvs | None,
                        check_env: Callable[[Any], None] | None) -> Any:
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401 - registers the tasks
@@ -167,7 +180,7 @@ def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: b
         from fastrecord.workers import forkserver_context
 
         fits = early is not None and early.env_kwargs == kwargs and mode == gym.vector.AutoresetMode.DISABLED
-        launch = early if fits else None  # else its guess was wrong: make_recorded_env ends it
+        launch = early.launch if early is not None and fits else None  # else a wrong guess: make_recorded_env ends it
         if launch is None:
             forkserver_context()
         envs = group_rendered(
