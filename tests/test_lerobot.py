@@ -783,3 +783,35 @@ def test_make_eval_envs_sharded_lerobot_without_trajectory(tmp_path, monkeypatch
     shard, _, _ = read_dataset(tmp_path / "ev.shards" / "rank00000" / "ev.lerobot")
     assert shard == info
     check_videos(tmp_path / "ev.lerobot", info, episodes)
+
+
+def test_a_failed_meta_write_then_resume_files_each_episode_once(tmp_path):
+    """A disk that fills while a file group is committed: its rows and episodes file took their names, then
+    meta/info.json's write fails (deterministic here: the third call raises ENOSPC once). The run ends with that
+    error, and no later write files the group's episodes a second time (in a new group); a resumed run finds each
+    committed episode once and goes on (the fault CI met once on a full disk: resume refused the dataset)."""
+    script = (
+        "import errno, sys\n"
+        f"sys.path[:0] = [{str(WORKER.parents[1] / 'src')!r}, {str(WORKER.parent)!r}]  # this checkout's fastrecord\n"
+        "from fastrecord.sinks.lerobot import writer\n"
+        "calls = []\n"
+        "original = writer.LeRobotWriter._write_meta\n"
+        "def write_meta(self):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 3:\n"
+        "        raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "    original(self)\n"
+        "writer.LeRobotWriter._write_meta = write_meta\n"
+        "from lerobot_worker import main\n"
+        "main(sys.argv[1], 'error')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "No space left on device" in r.stderr, r.stderr[-3000:]
+    from fastrecord.sinks.lerobot.check import scan_dataset
+
+    seqs = scan_dataset(tmp_path / "crash.lerobot").seqs
+    assert len(seqs) == len(set(seqs)), seqs  # no episode in two file groups
+    done = committed_episodes(tmp_path)
+    resume_four_steps(tmp_path)
+    episodes, _, _ = check_complete(tmp_path, at_least=done + 4, durable=done + 4)
+    assert len(episodes) == done + 4
