@@ -10,8 +10,8 @@
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh startup
 #                                         # record and eval, this tree against build/before/src; 16 makes (~540 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
-# before the call's limit, so what it measured comes back. Last run: 2026-12-05 (docs/performance.md, "H200
-# machine, 2026-12-05").
+# before the call's limit, so what it measured comes back. Last run: `packed`, 2026-12-05 14:48 UTC on an
+# H100 machine (docs/performance.md, "Sub-envs several to a process").
 set -uo pipefail
 stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed}
 source .gpukit/setup.sh
