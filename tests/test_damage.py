@@ -135,3 +135,22 @@ def test_a_killed_run_missing_a_part_is_refused_not_renumbered(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "cannot resume run 'run'" in err and texts[0] in err
     assert snapshot(out) == before
+
+
+def test_episodes_out_of_order_or_twice_are_named_with_the_order_found(closed_run, tmp_path, capsys, monkeypatch):
+    """Every committed episode is in the LeRobot dataset, but not in order 0, 1, 2, ... (one twice): the damage line
+    says so and prints the order found, instead of "lacks episode(s)" with an empty list (what CI met once after a
+    full disk; the order found is what whoever meets it next needs)."""
+    from fastrecord.sinks.lerobot import check
+
+    out = copy_of(closed_run, tmp_path)
+    scan = check.scan_dataset
+
+    def reordered(*args, **kwargs):
+        st = scan(*args, **kwargs)
+        st.filed = [st.filed[1], st.filed[0], *st.filed[1:]]  # 1, 0, 1, 2, ...: out of order, episode 1 twice
+        return st
+
+    monkeypatch.setattr(check, "scan_dataset", reordered)
+    refused(out, capsys, "run.lerobot holds the episodes run.results.jsonl commits out of order, episode(s) 1 twice "
+                         "(in file order: 1, 0, 1, 2")

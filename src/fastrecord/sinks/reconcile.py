@@ -133,8 +133,15 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
     for what, ids in ((f"{name}.h5", (h5 or {}).get("ids")), (f"{name}.lerobot", lerobot.seqs if lerobot else None)):
         if ids is not None and _prefix(ids) < n:
             lacking = sorted(set(range(n)) - set(ids))
-            problems.append(f"{what} lacks episode(s) {episode_ranges(lacking)} that {name}{RESULTS_SUFFIX} commits; "
-                            f"{fix}")
+            if lacking:
+                problems.append(f"{what} lacks episode(s) {episode_ranges(lacking)} that {name}{RESULTS_SUFFIX} "
+                                f"commits; {fix}")
+            else:  # every committed episode is there, but not in order 0, 1, 2, ... or some twice
+                twice = sorted({i for i in ids if list(ids).count(i) > 1})
+                problems.append(f"{what} holds the episodes {name}{RESULTS_SUFFIX} commits out of order"
+                                + (f", episode(s) {episode_ranges(twice)} twice" if twice else "")
+                                + f" (in file order: {', '.join(map(str, list(ids)[:40]))}"
+                                + (" ..." if len(ids) > 40 else "") + f"); {fix}")
     if lerobot is not None and any(s >= n for s in lerobot.filed):
         extra = episode_ranges([s for s in lerobot.filed if s >= n])
         problems.append(f"{name}.lerobot's dataset files hold episode(s) {extra} "
