@@ -362,3 +362,37 @@ def test_close_sinks_runs_the_outputs_side_by_side_and_the_last_after_them():
     errors = close_sinks([a, b, user, last], side_by_side=[a, b], last=last)
     assert [type(e) for e in errors] == [ValueError, OSError]  # in the sinks' order, every sink closed
     assert sorted(log[:3]) == ["a", "b", "user"] and log[3] == "last"
+
+
+class InterruptedAtSubmit(Sink):
+    """A user's sink whose first `submit` is where a Ctrl-C lands (``KeyboardInterrupt``)."""
+
+    wants_datasets = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def submit(self, episodes):
+        self.calls += 1
+        if self.calls == 1:
+            raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_during_one_sinks_hand_off_still_reaches_the_sinks_after_it(tmp_path):
+    """A Ctrl-C while the finished episodes go to the sinks: the sinks after the interrupted one still take them,
+    then the KeyboardInterrupt reaches the caller; the trajectory and the later sink hold the same episodes (without
+    it an output could hold an episode that another never got: CI met a trajectory of 3 episodes beside 2 videos).
+    The episodes' results rows, written at their end events after the hand-off, are not (the interrupt ends that
+    reset): a resumed run records those episodes again."""
+    interrupted, outcomes = InterruptedAtSubmit(), Outcomes()
+    double = BatchedDoubleEnv(num_envs=2, max_episode_steps=3)
+    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[interrupted, outcomes], save_video=False)
+    env.reset(seed=[10, 11])
+    for _ in range(3):
+        env.step(torch.ones(2, 3))
+    with pytest.raises(KeyboardInterrupt):
+        env.reset(seed=[12, 13])
+    assert outcomes.submitted == [0, 1]
+    env.close()
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        assert sorted(k for k in f if k.startswith("traj_")) == ["traj_0", "traj_1"]

@@ -564,8 +564,7 @@ class EpisodeRecorder:
                 EpisodeData(self.next_episode_id, int(e), t, datasets, meta, frames, lines, self.frames_per_step)
             )
             self.next_episode_id += 1
-        for s in self.sinks:
-            s.submit(episodes)
+        _submit_to_all(self.sinks, episodes)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -651,5 +650,16 @@ class EpisodeRecorder:
             raise errors[0]
 
 
-
-
+def _submit_to_all(sinks: Sequence[Any], episodes: list[EpisodeData]) -> None:
+    """Hand ``episodes`` to every sink. A Ctrl-C (``KeyboardInterrupt``, raised at whatever line the main thread is
+    at) during one sink's hand-off still lets the sinks after it take the episodes, then is raised: otherwise one
+    output (the HDF5 file) would hold an episode that another (its video) never got. The window left is a Ctrl-C
+    inside a sink's own ``submit``, before it queued the episodes."""
+    interrupted: KeyboardInterrupt | None = None
+    for sink in sinks:
+        try:
+            sink.submit(episodes)
+        except KeyboardInterrupt as e:
+            interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
