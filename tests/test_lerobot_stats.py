@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import av
 import h5py
@@ -501,3 +502,74 @@ def test_the_writers_work_runs_in_helper_processes_and_their_errors_reach_the_ca
     assert json.loads((root / "meta" / "info.json").read_text())["total_episodes"] == 1
     assert (parts / "ep_00000001.parquet").exists()  # the committed part stays for resume / consolidate
     assert not any(p.alive() for p in procs)
+
+
+
+def _meta_write_fails_after_a_group_commit(rgb_run: Any, tmp_path: Path, monkeypatch: Any) -> tuple[Any, list]:
+    """A writer whose episode 0 is in the files, and whose group commit of episode 1 was followed by a failed
+    meta/info.json write (ENOSPC, raised to the caller); the full disk stays until the caller undoes the patch."""
+    import errno
+    import time
+
+    from fastrecord.sinks.lerobot import LeRobotWriter
+    from fastrecord.video import VideoSettings
+
+    out, _ = rgb_run
+    with h5py.File(out / "pc.h5") as f:
+        trajs = [leaves(f[f"traj_{i}"]) for i in range(2)]
+    root = tmp_path / "t.lerobot"
+    w = LeRobotWriter(root, tmp_path / "t.lerobot.parts", fps=FPS, task="PickCube-v1",
+                      video=VideoSettings(fps=FPS, gop=2, executor="thread"))
+    w.write_episode(w.reserve(), trajs[0], len(trajs[0]["actions"]))
+    assert total_episodes_soon(root / "meta" / "info.json", 1) == 1
+    w._quiet_until = time.monotonic() + 60  # the next part waits for the final write
+    w.write_episode(w.reserve(), trajs[1], len(trajs[1]["actions"]))
+
+    def full_disk(self: LeRobotWriter) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LeRobotWriter, "_write_meta", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        w.roll(final=True)  # episode 1's group took its name, then info.json's write failed
+    return w, trajs
+
+
+def test_a_group_whose_meta_write_failed_is_never_written_again(rgb_run, tmp_path, monkeypatch):
+    """The disk fills after a file group took its name (its episodes are in the dataset's files) and before
+    meta/info.json is written, and stays full: the close raises that error and puts no episode in the files a
+    second time; a resumed run's writer finds each episode once, writes the meta and goes on (the full-disk
+    fault test's flake in CI: resume refused the dataset, an episode filed twice by the close's last write)."""
+    from fastrecord.sinks.lerobot import LeRobotWriter
+    from fastrecord.sinks.lerobot.check import scan_dataset
+    from fastrecord.video import VideoSettings
+
+    w, trajs = _meta_write_fails_after_a_group_commit(rgb_run, tmp_path, monkeypatch)
+    root = tmp_path / "t.lerobot"
+    with pytest.raises(OSError, match="No space left"):
+        w.close()  # the meta still cannot be written
+    assert scan_dataset(root).seqs == [0, 1]  # each episode once, in order
+    monkeypatch.undo()  # space is back
+    w = LeRobotWriter(root, tmp_path / "t.lerobot.parts", fps=FPS, task="PickCube-v1", resume=True,
+                      video=VideoSettings(fps=FPS, gop=2, executor="thread"))
+    w.write_episode(w.reserve(2), trajs[0], len(trajs[0]["actions"]))
+    w.close()
+    st = scan_dataset(root)
+    assert st.seqs == [0, 1, 2] and not st.problems, st.problems
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["total_episodes"] == 3
+    assert info["total_frames"] == 2 * len(trajs[0]["actions"]) + len(trajs[1]["actions"])
+
+
+def test_a_meta_write_that_failed_is_written_at_close_once_there_is_space(rgb_run, tmp_path, monkeypatch):
+    """The same failed meta write, then space comes back before the close: the close writes the meta, and the
+    dataset is whole (each episode once, info.json's totals counting both)."""
+    from fastrecord.sinks.lerobot.check import scan_dataset
+
+    w, trajs = _meta_write_fails_after_a_group_commit(rgb_run, tmp_path, monkeypatch)
+    monkeypatch.undo()
+    w.close()
+    root = tmp_path / "t.lerobot"
+    st = scan_dataset(root)
+    assert st.seqs == [0, 1] and not st.problems, st.problems
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["total_episodes"] == 2 and info["total_frames"] == sum(len(t["actions"]) for t in trajs)

@@ -28,6 +28,9 @@ asked for. Opening the writer again on the same folders (``resume``: ``if_exists
 group's renames, counts what info.json did not, removes what an interrupted step left half done (dataset files past the
 last committed episodes file, parts already in a file, videos of uncommitted parts) and carries on: the pending parts go
 into a new file group.
+Where a meta file's write fails after a group took its name (a full disk), the group's episodes count as filed
+(no later write puts them in a file again); the meta files are written again before the next group and at the
+close, which raises that error where they still cannot be written (a resume then counts them).
 A part's number is the recorder's episode id, and only the episodes the whole run committed (``limit``:
 its results rows, `fastrecord.sinks.results`) go into dataset files.
 """
@@ -171,6 +174,7 @@ class LeRobotWriter:
         self._idle_procs: queue.Queue[IsolatedProcess] = queue.Queue()
         self._group_proc: IsolatedProcess | None = None  # writes the file groups (holds the open group's rows)
         self._group_error: BaseException | None = None  # a file group's write failed: no further group writes
+        self._meta_behind = False  # a group took its name, its meta files not yet written (`_catch_up_meta`)
         self._mapped: dict[int, set[int]] = {}  # a part process's pid -> the staging arenas it has mapped
         on_arena_close(self._forget_arena)
         if resume:
@@ -335,12 +339,8 @@ class LeRobotWriter:
                     if not batch:
                         break
                     start = time.monotonic()
-                    self._write_batch(batch)
+                    self._write_batch(batch)  # each part leaves the waiting ones as its group takes its name
                     self._quiet_until = time.monotonic() + 2 * (time.monotonic() - start)
-                    with self._lock:
-                        for part in batch:
-                            self._order.remove(part.seq)
-                            del self._ready[part.seq]
                     if not final:  # the parts committed meanwhile wait for the quiet time
                         break
             finally:
@@ -400,11 +400,10 @@ class LeRobotWriter:
                     video[k] = video.get(k, 0) + v
                 full = data >= self.data_mb * 2**20 or any(v >= self.video_mb * 2**20 for v in video.values())
                 j += 1
-            self._write_file(open_, batch[i:j])
-            self._open = None if full else open_
+            self._write_file(open_, batch[i:j], full)
             i = j
 
-    def _write_file(self, open_: _OpenFile, batch: Sequence[_Part]) -> None:
+    def _write_file(self, open_: _OpenFile, batch: Sequence[_Part], full: bool) -> None:
         """(Re)write the file group ``open_`` with ``batch`` after the episodes it holds: the group process
         writes each camera's video (the old file's packets, then the parts', without re-encoding: the
         episodes already in it keep their times), the rows under a hidden name and the episodes file as
@@ -413,6 +412,7 @@ class LeRobotWriter:
         counts, so every step leaves the dataset it loads whole."""
         if self._group_error is not None:  # the group process failed: its open group is not trusted
             raise self._group_error
+        self._catch_up_meta()
         jobs = [dict(seq=p.seq, stats=p.stats, videos=p.videos, entry=p.entry) for p in batch]
         try:
             done = self._group().call("write_group", str(self.root), str(self.parts), open_.group, open_.held == 0,
@@ -425,11 +425,28 @@ class LeRobotWriter:
         open_.data_bytes, open_.video_bytes = done["data_bytes"], dict(done["video_bytes"])
         self._stats = done["stats"]
         self.files, self.episodes, self.frames = max(self.files, open_.group + 1), done["episodes"], done["frames"]
-        Path(done["staged"]).replace(done["data"])  # rows past info.json's totals: LeRobot reads what it counts
-        Path(done["pending"]).replace(done["final"])
-        self._write_meta()  # info.json last: LeRobot's reader sees the new episodes from here on
+        try:
+            Path(done["staged"]).replace(done["data"])  # rows past info.json's totals: LeRobot reads what it counts
+            Path(done["pending"]).replace(done["final"])  # the group's commit: its episodes are in the files
+        except BaseException as e:  # the group's state on disk is unknown: no further group writes
+            self._group_error = e
+            raise
+        with self._lock:  # filed: no later write puts these episodes in the files again
+            for part in batch:
+                self._order.remove(part.seq)
+                del self._ready[part.seq]
+        self._open = None if full else open_
+        self._meta_behind = True
+        self._catch_up_meta()  # info.json last: LeRobot's reader sees the new episodes from here on
         for part in batch:
             self._remove_part(part)
+
+    def _catch_up_meta(self) -> None:
+        """Write the meta files (meta/info.json last) where the dataset's files are ahead of them: after each
+        group's commit, and again at the next group write and at close where that write failed (a full disk)."""
+        if self._meta_behind:
+            self._write_meta()
+            self._meta_behind = False
 
     def _write_meta(self) -> None:
         import pandas as pd
@@ -547,6 +564,7 @@ class LeRobotWriter:
             timer.cancel()
         try:
             self.roll(final=True)
+            self._catch_up_meta()
         finally:
             self._stop_processes()
         self.raise_if_failed()
