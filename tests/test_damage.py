@@ -111,10 +111,14 @@ def test_a_killed_run_missing_a_part_is_refused_not_renumbered(tmp_path, capsys,
     """A killed run's parts: one of a committed episode deleted (HDF5 part, or a LeRobot part) while later ones
     remain; info, consolidate and a resume refuse, and nothing is renumbered. LeRobot's parts are held until
     the close (FAULT_HOLD_LEROBOT_PARTS): a kill finds the committed ones as parts, not yet in files (else the
-    first part left may be one past the commit log, whose loss is no damage: under load CI could see that)."""
+    first part left may be one past the commit log, whose loss is no damage: under load CI could see that). The
+    run has 24 episodes, so that the kill after 4 lands long before the close (with 6, a late kill found the close
+    folding the parts into the files: the first part's episode was in them, its part's loss no damage)."""
     out = tmp_path / "run"
     argv = [sys.executable, str(WORKER), str(out), "record", "h5+lerobot", "none"]
     monkeypatch.setenv("FAULT_HOLD_LEROBOT_PARTS", "1")
+    monkeypatch.setenv("FAULT_EPISODES", "24")
+    monkeypatch.setattr(fault_worker, "EPISODES", 24)  # the resume below, in this process
     run_then_kill(argv, min_finished=4, extra_s=0.0, sig=signal.SIGKILL)
     if output == "h5":
         parts = sorted((out / "run.h5.parts").glob("part_*.h5"))
