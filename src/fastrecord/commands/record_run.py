@@ -18,7 +18,12 @@ from typing import Any, cast
 import numpy as np
 
 from fastrecord.commands.config import RecordConfig
-from fastrecord.commands.record_env import close_without_collecting, make_recorded_env, resolve_render_backend
+from fastrecord.commands.record_env import (
+    EarlySubenvs,
+    close_without_collecting,
+    make_recorded_env,
+    resolve_render_backend,
+)
 from fastrecord.exits import StopSignals
 from fastrecord.system import stamp
 
@@ -128,7 +133,7 @@ def _kept_files(cfg: RecordConfig, rec: Any) -> tuple[int, list[Path]]:
 
 
 def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | None = None,
-               sinks: list[Any] | None = None, early: Any = None) -> RecordSummary:
+               sinks: list[Any] | None = None, early: EarlySubenvs | None = None) -> RecordSummary:
     """Record episodes 0 .. ``cfg.episodes``-1 of the run: episode g is reset with seed ``cfg.seed + g`` and the random
     policy is seeded per episode (`fastrecord.shards.SeededRandomPolicy`), so the same command records the same dataset,
     with or without torchrun. A resumed run (``--if-exists resume``) records the episodes its NAME.json and results file

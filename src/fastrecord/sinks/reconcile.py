@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,7 +138,7 @@ def inspect_run(output_dir: str | Path, name: str, videos: bool = True) -> RunSt
                 problems.append(f"{what} lacks episode(s) {episode_ranges(lacking)} that {name}{RESULTS_SUFFIX} "
                                 f"commits; {fix}")
             else:  # every committed episode is there, but not in order 0, 1, 2, ... or some twice
-                twice = sorted({i for i in ids if list(ids).count(i) > 1})
+                twice = sorted(i for i, k in Counter(ids).items() if k > 1)
                 problems.append(f"{what} holds the episodes {name}{RESULTS_SUFFIX} commits out of order"
                                 + (f", episode(s) {episode_ranges(twice)} twice" if twice else "")
                                 + f" (in file order: {', '.join(map(str, list(ids)[:40]))}"
