@@ -87,3 +87,21 @@ def test_eval_jobs_tiny_real_processes(tmp_path):
     assert len(list((tmp_path / "fr_eval").glob("*.mp4"))) >= 2
     assert len(list((tmp_path / "ms_eval").glob("*.mp4"))) >= 1
     assert not (tmp_path / "ms_eval_none").exists()
+
+
+def test_profile_eval_tiny_real_processes(tmp_path):
+    """`benchmarks.profile_eval` at a tiny size: each variant a real process, its steps and timers printed and
+    saved (the recorder's timers only where there is one)."""
+    from pathlib import Path
+
+    out = tmp_path / "profile.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.profile_eval", "--num-envs", "2", "--size", "32", "--steps",
+                        "4", "--episode-steps", "3", "--render", "cpu", "--variants", "default,no_video", "--json",
+                        str(out)], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "== default:" in r.stdout and "== no_video:" in r.stdout, r.stdout
+    results = {x["variant"]: x for x in json.loads(out.read_text())}
+    assert len(results["default"]["steps"]) == 4 and sum(reset for _, reset in results["default"]["steps"]) == 1
+    assert "EpisodeRecorder.on_step" in results["default"]["loop_timers"]
+    assert "EpisodeRecorder.on_step" not in results["no_video"]["loop_timers"]
+    assert results["default"]["close"] > 0 and "RecordVectorEpisode.close" in results["default"]["close_timers"]

@@ -41,6 +41,8 @@ from gymnasium.vector.utils import (
     iterate,
 )
 
+from fastrecord.system import stamp
+
 __all__ = ["PackedLaunch", "PackedVectorEnv", "RemoteTraceback", "SubEnvDied", "process_sizes"]
 
 ENVS_PER_PROCESS = 2  # the default packing (16 envs: 8 processes of 2; H100 sweep of 1, 2, 4, 8 in docs/performance.md)
@@ -337,8 +339,10 @@ class PackedVectorEnv(gym.vector.VectorEnv):
                     continue
                 if not ok and failure is None:
                     failure = _raised(payload, "close")
+            stamp("subenvs_answered_close")
             for proc in self.processes:
                 proc.join(timeout)
+            stamp("subenv_processes_joined")
         except (BrokenPipeError, OSError):
             pass
         finally:

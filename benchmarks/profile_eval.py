@@ -1,0 +1,178 @@
+"""Where a `fastrecord.make_eval_envs` evaluation's loop and close spend their seconds (issue 27: the eval's "loop
+with close" >= 800 env-steps/s).
+
+    python -m benchmarks.profile_eval --num-envs 16 --size 512 --steps 200 --variants default,per_process_1,no_video
+
+Each variant runs in a fresh process: the diffusion-policy baseline's loop of `benchmarks.whole_children` (reset
+once, ``steps`` random actions, close) over ``make_eval_envs`` (CPU simulation, every env's video, the batched
+render where there is a GPU), with wall-clock timers around the layers a step passes through (the frame stacking
+and same-step reset, the recorder, the batched render, the sub-env processes) and around the close's parts.
+Prints, per variant, each timer's calls, mean and total, the loop's steps split into steps where envs reset and
+the others, and the close's parts. Variants: ``default``; ``per_process_N`` (``envs_per_process=N``);
+``no_video`` (no recorder: the sub-envs and the stacking alone); ``sync`` (the default, with
+``torch.cuda.synchronize()`` timed after each batched render: the GPU's drawing, seen from the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+TIMED = {  # module: {class: [methods]}
+    "fastrecord.make_env": {"EvalVectorEnv": ["step", "_reset", "reset"]},
+    "fastrecord.record": {"RecordVectorEpisode": ["step", "close", "reset"]},
+    "fastrecord.recorder": {"EpisodeRecorder": ["before_step", "on_step", "on_reset", "finalize", "_collect", "close"]},
+    "fastrecord.render.vector": {"GroupRenderedVectorEnv": ["render", "reset", "_take", "_sync", "close"]},
+    "fastrecord.render.group": {"GroupRenderer": ["set_poses", "take_pictures", "read_sensor_data", "_ensure",
+                                                  "_camera_group"]},
+    "fastrecord.packed": {"PackedVectorEnv": ["step", "reset", "close", "close_extras"]},
+}
+
+
+def _wrap(timers: dict[str, list[float]], sync: bool) -> None:
+    import importlib
+
+    for mod_name, classes in TIMED.items():
+        mod = importlib.import_module(mod_name)
+        for cls_name, methods in classes.items():
+            cls = getattr(mod, cls_name)
+            for name in methods:
+                orig = getattr(cls, name)
+                key = f"{cls_name}.{name}"
+
+                def timed(*a: Any, _orig: Any = orig, _key: str = key, **k: Any) -> Any:
+                    t0 = time.perf_counter()
+                    try:
+                        return _orig(*a, **k)
+                    finally:
+                        timers[_key].append(time.perf_counter() - t0)
+                        if sync and _key == "GroupRenderedVectorEnv.render":
+                            import torch
+
+                            t1 = time.perf_counter()
+                            torch.cuda.synchronize()
+                            timers["render_gpu_wait"].append(time.perf_counter() - t1)
+
+                setattr(cls, name, timed)
+
+
+def child(a: dict[str, Any]) -> None:
+    import numpy as np
+
+    from benchmarks.whole_children import _eval_kwargs
+
+    timers: dict[str, list[float]] = defaultdict(list)
+    _wrap(timers, a["variant"] == "sync")
+    from fastrecord import make_eval_envs
+
+    extra: dict[str, Any] = {}
+    if a["variant"].startswith("per_process_"):
+        extra["envs_per_process"] = int(a["variant"].rsplit("_", 1)[1])
+    video = None if a["variant"] == "no_video" else a["out"]
+    t0 = time.perf_counter()
+    envs = make_eval_envs(a["env_id"], a["num_envs"], "physx_cpu", _eval_kwargs(a), dict(obs_horizon=2),
+                          video_dir=video, **extra)
+    made = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, size=(a["steps"], *envs.action_space.shape)).astype(np.float32)
+    t0 = time.perf_counter()
+    envs.reset(seed=0)
+    reset_s = time.perf_counter() - t0
+    reset_timers = {k: list(v) for k, v in timers.items()}
+    timers.clear()
+    steps: list[tuple[float, bool]] = []
+    t_loop = time.perf_counter()
+    for i in range(a["steps"]):
+        resets_before = len(timers.get("EvalVectorEnv._reset", []))
+        t0 = time.perf_counter()
+        envs.step(actions[i])
+        steps.append((time.perf_counter() - t0, len(timers.get("EvalVectorEnv._reset", [])) > resets_before))
+    loop = time.perf_counter() - t_loop
+    loop_timers = {k: list(v) for k, v in timers.items()}
+    timers.clear()
+    t0 = time.perf_counter()
+    envs.close()
+    close = time.perf_counter() - t0
+    stamps: dict[str, float] = {}
+    if os.path.exists(a["timeline"]):
+        with open(a["timeline"]) as f:
+            stamps = {k: v - a["t0"] for k, v in json.load(f).items()}
+    out = dict(variant=a["variant"], made=made, reset=reset_s, loop=loop, close=close, steps=steps, stamps=stamps,
+               reset_timers=reset_timers, loop_timers=loop_timers, close_timers={k: list(v) for k, v in timers.items()})
+    with open(a["json"], "w") as f:
+        json.dump(out, f)
+    os._exit(0)  # as fastrecord's CLI leaves: the interpreter's teardown is not what this measures
+
+
+def report(r: dict[str, Any], num_envs: int) -> str:
+    n = len(r["steps"])
+    lines = [f"== {r['variant']}: make {r['made']:.2f} s, first reset {r['reset']:.2f} s, loop {r['loop']:.2f} s "
+             f"({n * num_envs / r['loop']:.0f} env-steps/s), close {r['close']:.2f} s; loop with close "
+             f"{n * num_envs / (r['reset'] + r['loop'] + r['close']):.0f} env-steps/s (first reset included)"]
+    plain = [s for s, reset in r["steps"] if not reset]
+    resets = [s for s, reset in r["steps"] if reset]
+    if plain:
+        lines.append(f"   steps without resets: {len(plain)}, p50 {1e3 * statistics.median(plain):.1f} ms, mean "
+                     f"{1e3 * statistics.mean(plain):.1f} ms, max {1e3 * max(plain):.1f} ms, sum {sum(plain):.2f} s")
+    if resets:
+        lines.append(f"   steps with resets: {len(resets)}, each {', '.join(f'{1e3 * s:.0f}' for s in resets)} ms, "
+                     f"sum {sum(resets):.2f} s")
+    lines.append("   stamps (s from launch): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stamps"].items(),
+                                                                                          key=lambda kv: kv[1])))
+    for title, key in (("first reset", "reset_timers"), ("loop", "loop_timers"), ("close", "close_timers")):
+        lines.append(f"   {title}: timer, calls, mean ms, p50 ms, total s")
+        for k, v in sorted(r[key].items(), key=lambda kv: -sum(kv[1])):
+            lines.append(f"     {k:40s} {len(v):5d} {1e3 * statistics.mean(v):9.2f} {1e3 * statistics.median(v):9.2f} "
+                         f"{sum(v):8.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--num-envs", type=int, default=16)
+    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--episode-steps", type=int, default=50)
+    p.add_argument("--render", default="gpu")
+    p.add_argument("--variants", default="default,per_process_1,no_video,sync")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as work:
+        for v in args.variants.split(","):
+            a = dict(env_id="PickCube-v1", num_envs=args.num_envs, size=args.size, render=args.render,
+                     episode_steps=args.episode_steps, steps=args.steps, obs_horizon=2, variant=v,
+                     out=os.path.join(work, v), json=os.path.join(work, v + ".json"),
+                     timeline=os.path.join(work, v + ".timeline.json"), t0=time.time())
+            t0 = time.perf_counter()
+            env = {**os.environ, "FASTRECORD_TIMELINE": a["timeline"]}
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.profile_eval", "--child", json.dumps(a)], env=env)
+            if proc.returncode != 0:
+                print(f"== {v}: exit {proc.returncode} after {time.perf_counter() - t0:.1f} s", flush=True)
+                continue
+            with open(a["json"]) as f:
+                r = json.load(f)
+            r["whole"] = time.perf_counter() - t0
+            results.append(r)
+            print(report(r, args.num_envs) + f"\n   whole process {r['whole']:.1f} s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        from fastrecord.system import use_lavapipe_if_no_gpu
+
+        use_lavapipe_if_no_gpu()
+        child(json.loads(sys.argv[2]))
+    else:
+        main()
