@@ -4,6 +4,8 @@ env's flags; the Wilson interval; the printed summary of `fastrecord record`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import h5py
@@ -236,18 +238,26 @@ class FailsOnce(Sink):
             raise ConnectionError("the dashboard went away")
 
 
+def _two_episodes_then_a_reset_raises(tmp_path: Path, first: Any, outcomes: Outcomes, error: type[BaseException],
+                                      match: str | None = None) -> RecordEpisode:
+    """A recorder of 2 envs with the sinks ``first`` then ``outcomes``: one episode each (seeds 10, 11, 3 steps),
+    then the reset that ends them raises ``error`` (from ``first``); returns the recorder, still open."""
+    double = BatchedDoubleEnv(num_envs=2, max_episode_steps=3)
+    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[first, outcomes], save_video=False)
+    env.reset(seed=[10, 11])
+    for _ in range(3):
+        env.step(torch.ones(2, 3))
+    with pytest.raises(error, match=match):
+        env.reset(seed=[12, 13])
+    return env
+
+
 def test_a_sink_raising_in_episodes_ended_reaches_the_caller_and_loses_nothing(tmp_path):
     """The error of a sink's `episodes_ended` is raised in the caller (at the reset that ended the
     episodes); the sinks after it still get the event (the results file has its rows), the episodes are
     written once (never finalized again by the next reset or by close), and recording goes on."""
     failing, outcomes = FailsOnce(), Outcomes()
-    double = BatchedDoubleEnv(num_envs=2, max_episode_steps=3)
-    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[failing, outcomes], save_video=False)
-    env.reset(seed=[10, 11])
-    for _ in range(3):
-        env.step(torch.ones(2, 3))
-    with pytest.raises(ConnectionError, match="the dashboard went away"):
-        env.reset(seed=[12, 13])
+    env = _two_episodes_then_a_reset_raises(tmp_path, failing, outcomes, ConnectionError, "the dashboard went away")
     assert [(ev.episode_id, ev.env_idx, ev.seed) for ev in outcomes.ended] == [(0, 0, 10), (1, 1, 11)]
     env.wait_until_done()  # the rows follow once the trajectory holds the episodes
     assert [(r["episode_id"], r["seed"]) for r in read_results(tmp_path / "run.results.jsonl")] == [(0, 10), (1, 11)]
@@ -292,16 +302,23 @@ class Commits(Sink):
         self.calls.append((committed, wait, sum(r["episode_id"] is not None for r in rows)))
 
 
+def _three_envs_stepped(tmp_path: Path, sink: Sink, steps: int) -> RecordEpisode:
+    """A recorder of 3 envs (episodes of 4 steps, successes at steps 2, 0, 3) with ``sink``, reset with seeds
+    10, 11, 12 and stepped ``steps`` times."""
+    double = BatchedDoubleEnv(num_envs=3, max_episode_steps=4, success_step=[2, 0, 3])
+    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[sink], save_video=False)
+    env.reset(seed=[10, 11, 12])
+    for _ in range(steps):
+        env.step(torch.ones(3, 3))
+    return env
+
+
 def test_every_output_hears_each_advance_of_the_commit_log(tmp_path):
     """`Sink.after_commit`: the results sink tells every output when the commit log advances, after the rows are
     written; ``recorder.wait_until_done`` (one pass over the sinks) leaves the log at every kept episode, told
     with ``wait=True`` where that pass committed them (the trajectory's writer process lists them)."""
     sink = Commits()
-    double = BatchedDoubleEnv(num_envs=3, max_episode_steps=4, success_step=[2, 0, 3])
-    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[sink], save_video=False)
-    env.reset(seed=[10, 11, 12])
-    for _ in range(4):
-        env.step(torch.ones(3, 3))
+    env = _three_envs_stepped(tmp_path, sink, 4)
     env.reset(seed=[20, 21, 22])  # the 3 truncated episodes end here
     env.recorder.wait_until_done()
     assert sink.calls and sink.calls[-1][0] == env.recorder.run.committed == 3
@@ -317,11 +334,7 @@ def test_the_close_commits_without_waiting_and_the_outputs_finish_their_files_in
     """At close the results sink writes the last rows, then tells the outputs with ``wait=False`` (they finish
     their files in their own close, which runs beside the other outputs'); every episode in every output."""
     sink = Commits()
-    double = BatchedDoubleEnv(num_envs=3, max_episode_steps=4, success_step=[2, 0, 3])
-    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[sink], save_video=False)
-    env.reset(seed=[10, 11, 12])
-    for _ in range(3):
-        env.step(torch.ones(3, 3))
+    env = _three_envs_stepped(tmp_path, sink, 3)
     env.close()  # the 3 episodes in progress end here
     assert sink.calls[-1][:2] == (3, False) and sink.calls[-1][2] == 3  # told after their rows were written
     assert env.recorder.run.committed == 3
@@ -385,13 +398,7 @@ def test_a_ctrl_c_during_one_sinks_hand_off_still_reaches_the_sinks_after_it(tmp
     The episodes' results rows, written at their end events after the hand-off, are not (the interrupt ends that
     reset): a resumed run records those episodes again."""
     interrupted, outcomes = InterruptedAtSubmit(), Outcomes()
-    double = BatchedDoubleEnv(num_envs=2, max_episode_steps=3)
-    env = RecordEpisode(double, str(tmp_path), trajectory_name="run", sinks=[interrupted, outcomes], save_video=False)
-    env.reset(seed=[10, 11])
-    for _ in range(3):
-        env.step(torch.ones(2, 3))
-    with pytest.raises(KeyboardInterrupt):
-        env.reset(seed=[12, 13])
+    env = _two_episodes_then_a_reset_raises(tmp_path, interrupted, outcomes, KeyboardInterrupt)
     assert outcomes.submitted == [0, 1]
     env.close()
     with h5py.File(tmp_path / "run.h5", "r") as f:
