@@ -26,8 +26,10 @@ of an episode that is not kept is written once the kept ones before it are.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,8 +70,8 @@ class ResultsSink(Sink):
     def open(self, run: RunDirectory) -> None:
         super().open(run)
         self.path = run.path(RESULTS_SUFFIX)
-        # resume: rows go on after the earlier run's
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (open for the sink's life; close closes)
+        # resume: rows go on after the earlier run's; unbuffered, each row one write (`_append`)
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (open for the sink's life; close closes)
         run.add_file(self.path)
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
@@ -105,9 +107,8 @@ class ResultsSink(Sink):
                     path = self.videos.written(video)
                     row["video"] = None if path is None else path.name
                 committed = eid + 1
+            self._append(row)
             self._waiting.popleft()
-            self._file.write(json.dumps(row, allow_nan=False) + "\n")
-            self._file.flush()  # a row a line: a kill keeps whole rows
         if final and self._waiting:
             self._waiting.clear()
         if committed is not None:
@@ -120,6 +121,22 @@ class ResultsSink(Sink):
                     errors.append(e)
         if errors:
             raise errors[0]
+
+    def _append(self, row: dict[str, Any]) -> None:
+        """Append ``row`` as one line, written through at once (a kill keeps whole rows). A write that fails part
+        way (a full disk, a Ctrl-C) is undone: the file ends at its last whole row, so the next drain writes the
+        row once (a buffered file kept the failed bytes and wrote them again before the retry's: a row twice,
+        which ends the commit log there)."""
+        data = memoryview((json.dumps(row, allow_nan=False) + "\n").encode())
+        fd = self._file.fileno()
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[self._file.write(data):]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            raise
 
     def raise_if_failed(self) -> None:
         if self._waiting and self._file is not None and not self._file.closed:
