@@ -7,13 +7,15 @@
 #                                                                           # (fastrecord bench's coldstart; ~140 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh lerobot   # issue 29's >= 0.80x; replay 96 episodes
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh packed    # sub-envs packed (~560 s)
+#   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval      # the eval's loop with
+#                                         close: GPU tests, profile_eval this tree vs build/before/src, whole (~560 s)
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh startup
 #                                         # record and eval, this tree against build/before/src; 16 makes (~540 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back. Last run: `packed`, 2026-12-05 14:48 UTC on an
 # H100 machine (docs/performance.md, "Sub-envs several to a process").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -63,8 +65,22 @@ case $stage in
     run 400 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$before" \
       --envs-per-process "${SWEEP:-}" --json "$out/whole.json"
     ;;
+  eval)
+    # the eval's loop with close (issue 27: >= 800 env-steps/s): the batched-render GPU tests first (the render
+    # group warmed in the mirrors' thread), then benchmarks.profile_eval of this tree and of BEFORE alternating
+    # (first reset, steps with and without resets, close, each layer timed), then record and eval whole
+    before=${BEFORE:-build/before/src}
+    run 120 pytest python3 -m pytest -m gpu tests/test_batched_render.py -q -p no:cacheprovider -x --durations=5
+    for i in 1 2; do
+      run 80 "profile_this_$i" python3 -m benchmarks.profile_eval --variants default --json "$out/profile_this_$i.json"
+      PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 80 "profile_before_$i" python3 -m benchmarks.profile_eval \
+        --variants default --json "$out/profile_before_$i.json"
+    done
+    run 260 whole python3 benchmarks/bench_whole.py --size gpu --only eval,record --skip-maniskill \
+      --src "before=$before" --json "$out/whole.json"
+    ;;
   *)
-    echo "unknown stage $stage: tests, lerobot, whole, startup or packed" >&2
+    echo "unknown stage $stage: tests, lerobot, whole, startup, packed or eval" >&2
     exit 2
     ;;
 esac

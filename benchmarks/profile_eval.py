@@ -32,7 +32,7 @@ TIMED = {  # module: {class: [methods]}
     "fastrecord.recorder": {"EpisodeRecorder": ["before_step", "on_step", "on_reset", "finalize", "_collect", "close"]},
     "fastrecord.render.vector": {"GroupRenderedVectorEnv": ["render", "reset", "_take", "_sync", "close"]},
     "fastrecord.render.group": {"GroupRenderer": ["set_poses", "take_pictures", "read_sensor_data", "_ensure",
-                                                  "_camera_group"]},
+                                                  "_camera_group", "warm"]},
     "fastrecord.packed": {"PackedVectorEnv": ["step", "reset", "close", "close_extras"]},
 }
 
@@ -45,7 +45,9 @@ def _wrap(timers: dict[str, list[float]], sync: bool) -> None:
         for cls_name, methods in classes.items():
             cls = getattr(mod, cls_name)
             for name in methods:
-                orig = getattr(cls, name)
+                orig = getattr(cls, name, None)
+                if orig is None:  # another source tree's (--src before=...): not there
+                    continue
                 key = f"{cls_name}.{name}"
 
                 def timed(*a: Any, _orig: Any = orig, _key: str = key, **k: Any) -> Any:
@@ -127,7 +129,7 @@ def report(r: dict[str, Any], num_envs: int) -> str:
                      f"sum {sum(resets):.2f} s")
     lines.append("   stamps (s from launch): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stamps"].items(),
                                                                                           key=lambda kv: kv[1])))
-    for title, key in (("first reset", "reset_timers"), ("loop", "loop_timers"), ("close", "close_timers")):
+    for title, key in (("make and first reset", "reset_timers"), ("loop", "loop_timers"), ("close", "close_timers")):
         lines.append(f"   {title}: timer, calls, mean ms, p50 ms, total s")
         for k, v in sorted(r[key].items(), key=lambda kv: -sum(kv[1])):
             lines.append(f"     {k:40s} {len(v):5d} {1e3 * statistics.mean(v):9.2f} {1e3 * statistics.median(v):9.2f} "

@@ -423,3 +423,57 @@ def test_a_terminating_close_ends_the_sub_env_processes_without_their_close(term
     wrapper.close()
     assert Subenvs.closed_with == ({"terminate": True} if terminate else {})
     assert mirror.closed and wrapper.mirrors == []
+
+
+@pytest.mark.parametrize("warm_fails", [False, True])
+def test_the_mirrors_thread_warms_the_renderer_that_the_vector_env_takes(monkeypatch, warm_fails):
+    """`group_rendered`: the thread that builds the mirrors also makes their renderer and warms it (one picture per
+    human camera), while the sub-envs start; the vector env takes that renderer. A warm-up that fails is dropped
+    (the renderer invalidated: the first render builds the group again and raises what it must). No CUDA needed:
+    the renderer is a stand-in here (the pictures themselves: the GPU tests above)."""
+    import threading
+
+    from fastrecord.render import vector
+
+    warmed: list[tuple[str, list[str]]] = []
+    invalidated: list[bool] = []
+
+    class Scene:
+        def __init__(self):
+            self.human_render_cameras = {"render_camera": None}
+
+    class Mirror:
+        def __init__(self):
+            self.scene = Scene()
+
+        @property
+        def unwrapped(self):
+            return self
+
+        def close(self):
+            pass
+
+    class Bodies:
+        def signature(self):
+            return ()
+
+    class Renderer:
+        def __init__(self, envs, device):
+            self.envs, self.bodies = [e.unwrapped for e in envs], [Bodies() for _ in envs]
+
+        def warm(self, names):
+            warmed.append((threading.current_thread().name, list(names)))
+            if warm_fails:
+                raise RuntimeError("no picture")
+
+        def invalidate(self):
+            invalidated.append(True)
+
+    monkeypatch.setattr(vector, "GroupRenderer", Renderer)
+    envs = vector.group_rendered(lambda: gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2), Mirror, 2)
+    try:
+        assert isinstance(envs.renderer, Renderer) and envs.renderer.envs == envs.mirrors
+        assert warmed == [("fastrecord-mirrors", ["render_camera"])]
+        assert invalidated == ([True] if warm_fails else [])
+    finally:
+        envs.close()

@@ -121,6 +121,18 @@ class GroupRenderer:
         self._hidden_rows = torch.as_tensor(hidden, dtype=torch.long, device=self.device)
         self.rebuilds += 1
 
+    def warm(self, names: Sequence[str]) -> None:
+        """Build the group and cameras ``names``' camera groups and draw one picture of each (at the poses set, or
+        the first ones: identity rotations at the origin), waiting for it: what the first render would otherwise
+        wait for (SAPIEN's group, the cameras' render targets and CUDA buffers, the first submissions). May run
+        on another thread than the renders after it."""
+        with torch.cuda.device(self.device):
+            self._ensure()
+            for name in names:
+                self.take_pictures([name], sensor=False)
+                self.read_sensor_data(name, ("rgb",))
+            torch.cuda.synchronize(self.device)
+
     def set_poses(self, poses: Sequence[np.ndarray] | np.ndarray | torch.Tensor) -> None:
         """Every env's entity poses, ``[B_i, 7]`` each (or all rows concatenated): what the next render shows."""
         self._ensure()

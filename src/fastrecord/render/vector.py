@@ -186,7 +186,8 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
     terminate_subenvs = False
 
     def __init__(self, env: gym.vector.VectorEnv, make_mirror: Callable[[], gym.Env] | None = None,
-                 device: str = "cuda", mirrors: list[gym.Env] | None = None) -> None:
+                 device: str = "cuda", mirrors: list[gym.Env] | None = None,
+                 renderer: GroupRenderer | None = None) -> None:
         super().__init__(env)
         if mirrors is None:
             if make_mirror is None:
@@ -198,7 +199,9 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         if len(mirrors) != env.num_envs:
             raise ValueError(f"{len(mirrors)} mirrors for {env.num_envs} sub-envs; pass one mirror per sub-env")
         self.mirrors = mirrors
-        self.renderer = GroupRenderer(self.mirrors, device=device)
+        if renderer is not None and renderer.envs != [m.unwrapped for m in mirrors]:
+            raise ValueError("the renderer draws other envs than the mirrors; pass the GroupRenderer of these mirrors")
+        self.renderer = renderer or GroupRenderer(self.mirrors, device=device)
         self._signatures = [b.signature() for b in self.renderer.bodies]
         self._poses: list[np.ndarray | None] = [None] * env.num_envs
         self.mirror_rebuilds = 0  # mirrors reset to a reported seed because their scene looked different
@@ -322,8 +325,12 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
     """``make_envs()`` (a vector env of `PoseReporter` sub-envs) under a `GroupRenderedVectorEnv`, its
     mirrors made in a thread meanwhile: the sub-envs start in processes of their own while this process
     waits for them, so the mirrors cost no extra start-up time (16 PickCube mirrors: 0.5 s with
-    `scenes_built`, 2.6 s without, measured on the H200 machine; the first also starts the renderer, 0.85 s)."""
+    `scenes_built`, 2.6 s without, measured on the H200 machine; the first also starts the renderer, 0.85 s).
+    The same thread then makes the mirrors' `GroupRenderer` and warms it (`GroupRenderer.warm`: the group, the
+    human cameras' camera groups, one picture each), which the first reset's render would otherwise wait for; a
+    warm-up that fails is dropped (the first render builds the same things, and raises what it must)."""
     mirrors: list[gym.Env] = []
+    renderers: list[GroupRenderer] = []
     failed: list[BaseException] = []
 
     def build() -> None:
@@ -333,6 +340,13 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
                     mirrors.append(make_mirror())
                     stamp("first_mirror_built")
             stamp("mirrors_built")
+            renderer = GroupRenderer(mirrors, device=device)
+            renderers.append(renderer)
+            try:
+                renderer.warm(_human_camera_names(renderer.envs[0]))
+                stamp("group_warmed")
+            except Exception:  # noqa: BLE001 - an optimisation only: the first render does it again
+                renderer.invalidate()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller below
             failed.append(e)
 
@@ -352,7 +366,7 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
     if failed:
         raise failed[0]
     try:
-        return GroupRenderedVectorEnv(envs, device=device, mirrors=mirrors)
+        return GroupRenderedVectorEnv(envs, device=device, mirrors=mirrors, renderer=renderers[0])
     except BaseException:
         envs.close()
         for m in mirrors:
