@@ -8,7 +8,8 @@ once, ``steps`` random actions, close) over ``make_eval_envs`` (CPU simulation, 
 render where there is a GPU), with wall-clock timers around the layers a step passes through (the frame stacking
 and same-step reset, the recorder, the batched render, the sub-env processes) and around the close's parts.
 Prints, per variant, each timer's calls, mean and total, the loop's steps split into steps where envs reset and
-the others, and the close's parts. Variants: ``default``; ``per_process_N`` (``envs_per_process=N``);
+the others (the 8 slowest of the others with their timers: the mean's tail), and the close's parts. Variants:
+``default``; ``per_process_N`` (``envs_per_process=N``);
 ``no_video`` (no recorder: the sub-envs and the stacking alone); ``sync`` (the default, with
 ``torch.cuda.synchronize()`` timed after each batched render: the GPU's drawing, seen from the host).
 """
@@ -92,11 +93,14 @@ def child(a: dict[str, Any]) -> None:
     timers.clear()
     steps: list[tuple[float, bool]] = []
     t_loop = time.perf_counter()
+    parts: list[dict[str, float]] = []  # each step's time in each timer (the slowest steps are printed)
     for i in range(a["steps"]):
-        resets_before = len(timers.get("EvalVectorEnv._reset", []))
+        before = {k: len(v) for k, v in timers.items()}
         t0 = time.perf_counter()
         envs.step(actions[i])
-        steps.append((time.perf_counter() - t0, len(timers.get("EvalVectorEnv._reset", [])) > resets_before))
+        steps.append((time.perf_counter() - t0, len(timers.get("EvalVectorEnv._reset", [])) > before.get(
+            "EvalVectorEnv._reset", 0)))
+        parts.append({k: sum(v[before.get(k, 0):]) for k, v in timers.items() if len(v) > before.get(k, 0)})
     loop = time.perf_counter() - t_loop
     loop_timers = {k: list(v) for k, v in timers.items()}
     timers.clear()
@@ -107,7 +111,9 @@ def child(a: dict[str, Any]) -> None:
     if os.path.exists(a["timeline"]):
         with open(a["timeline"]) as f:
             stamps = {k: v - a["t0"] for k, v in json.load(f).items()}
+    slowest = sorted((i for i, (_, reset) in enumerate(steps) if not reset), key=lambda i: -steps[i][0])[:8]
     out = dict(variant=a["variant"], made=made, reset=reset_s, loop=loop, close=close, steps=steps, stamps=stamps,
+               slowest=[(i, steps[i][0], parts[i]) for i in sorted(slowest)],
                reset_timers=reset_timers, loop_timers=loop_timers, close_timers={k: list(v) for k, v in timers.items()})
     with open(a["json"], "w") as f:
         json.dump(out, f)
@@ -127,6 +133,10 @@ def report(r: dict[str, Any], num_envs: int) -> str:
     if resets:
         lines.append(f"   steps with resets: {len(resets)}, each {', '.join(f'{1e3 * s:.0f}' for s in resets)} ms, "
                      f"sum {sum(resets):.2f} s")
+    for i, t, part in r.get("slowest", []):
+        inner = {k: v for k, v in part.items() if k not in ("EvalVectorEnv.step", "RecordVectorEpisode.step")}
+        top = sorted(inner.items(), key=lambda kv: -kv[1])[:4]  # the layers inside the step, longest first
+        lines.append(f"   slow step {i}: {1e3 * t:.1f} ms (" + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in top) + ")")
     lines.append("   stamps (s from launch): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stamps"].items(),
                                                                                           key=lambda kv: kv[1])))
     for title, key in (("make and first reset", "reset_timers"), ("loop", "loop_timers"), ("close", "close_timers")):
