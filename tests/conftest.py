@@ -205,3 +205,23 @@ def run_then_kill(argv: list[str], min_finished: int, extra_s: float, sig: int =
         finally:
             sel.close()
     return finished, code
+
+
+class FullOnce:
+    """Stands in for a file opened without a buffer (``open(path, "ab", buffering=0)``): its first write puts half
+    the bytes on disk, then fails as a full disk; the writes after it go through."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.failed = f, False
+
+    def write(self, data: Any) -> int:
+        if not self.failed:
+            import errno
+
+            self.failed = True
+            self.f.write(bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.f.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)

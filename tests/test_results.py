@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import FullOnce
 
 from fastrecord import RecordEpisode
 from fastrecord.sinks import EpisodeEnded, Sink
@@ -405,25 +406,6 @@ def test_a_ctrl_c_during_one_sinks_hand_off_still_reaches_the_sinks_after_it(tmp
         assert sorted(k for k in f if k.startswith("traj_")) == ["traj_0", "traj_1"]
 
 
-class _FullOnce:
-    """Stands in for the results file: its first write puts half the bytes on disk, then fails as a full disk."""
-
-    def __init__(self, f: Any) -> None:
-        self.f, self.failed = f, False
-
-    def write(self, data: Any) -> int:
-        if not self.failed:
-            import errno
-
-            self.failed = True
-            self.f.write(bytes(data[: len(data) // 2]))
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return self.f.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.f, name)
-
-
 def test_a_results_row_whose_write_failed_is_written_once_when_written_again(tmp_path):
     """The disk fills while a results row is written (half of it on disk): the error reaches the caller, the file
     still ends at its last whole row, and the row written again (space back, at the close) is there once, every
@@ -431,7 +413,7 @@ def test_a_results_row_whose_write_failed_is_written_once_when_written_again(tmp
     retry's row: that row twice, and the log ended there)."""
     env = _three_envs_stepped(tmp_path, Outcomes(), 4)
     results = env.recorder.results
-    results._file = _FullOnce(results._file)
+    results._file = FullOnce(results._file)
     env.reset(seed=[20, 21, 22])  # the 3 episodes end: their rows wait for the trajectory
     with pytest.raises(OSError, match="No space left"):
         env.recorder.wait_until_done()

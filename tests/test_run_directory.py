@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import SRC
+from conftest import SRC, FullOnce
 
 from fastrecord import RecordEpisode
 from fastrecord.sinks.base import MANIFEST_SUFFIX, OutputExistsError, RunDirectory
@@ -423,3 +423,21 @@ def test_an_empty_runs_hdf5_file_is_read_outside_the_callers_process(tmp_path, m
     else:
         RunDirectory(tmp_path, "t").open().close()
         assert not (tmp_path / "t.h5").exists() and not (tmp_path / "t.json").exists()
+
+
+def test_a_journal_line_whose_write_failed_leaves_the_journal_whole(tmp_path):
+    """The disk fills while a journal line is written (half of it on disk): the error reaches the caller, the
+    journal still ends at its last whole line, so the next line (space back) is read whole and not glued to the
+    half one; the manifest lists all three files (the failed line's file is listed in memory)."""
+    from fastrecord.sinks.runfiles import journal_path, read_journal, read_manifest
+
+    run = RunDirectory(tmp_path, "t", manifest_interval_s=3600).open()
+    run.add_file(tmp_path / "0_env0_failure.mp4", [0])  # the journal is open from here
+    run._journal = FullOnce(run._journal)
+    with pytest.raises(OSError, match="No space left"):
+        run.add_file(tmp_path / "1_env0_failure.mp4", [1])
+    run.add_file(tmp_path / "2_env0_failure.mp4", [2])
+    assert [e["file"] for e in read_journal(journal_path(tmp_path, "t"))] == ["0_env0_failure.mp4",
+                                                                               "2_env0_failure.mp4"]
+    run.close()
+    assert read_manifest(tmp_path / "t.fastrecord.json")["files"] == [f"{e}_env0_failure.mp4" for e in range(3)]

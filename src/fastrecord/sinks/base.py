@@ -41,6 +41,7 @@ from fastrecord.sinks.runfiles import (  # noqa: F401 - the run's file names, re
     JOURNAL_SUFFIX,
     MANIFEST_SUFFIX,
     RESULTS_SUFFIX,
+    append_line,
     glob_escape,
     journal_path,
     listed_files,
@@ -446,12 +447,12 @@ class RunDirectory:
             self._dirty = True
 
     def _append_journal(self, entry: dict[str, Any]) -> None:
-        """One line, flushed (under ``_mutex``): it survives a kill of this process."""
+        """One line, written through (under ``_mutex``): it survives a kill of this process; a write that fails part
+        way is undone (`runfiles.append_line`)."""
         if self._journal is None:
             path = journal_path(self.output_dir, self.name)
-            self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the run; _release closes)
-        self._journal.write(json.dumps(entry) + "\n")
-        self._journal.flush()
+            self._journal = open(path, "ab", buffering=0)  # noqa: SIM115 (open for the run; _release closes)
+        append_line(self._journal, (json.dumps(entry) + "\n").encode())
 
     def set_counter(self, key: str, value: int) -> None:
         with self._mutex:

@@ -26,10 +26,8 @@ of an episode that is not kept is written once the kept ones before it are.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ import numpy as np
 
 from fastrecord.episode import EpisodeData, EpisodeEnded
 from fastrecord.sinks.base import RESULTS_SUFFIX, RunDirectory, Sink
+from fastrecord.sinks.runfiles import append_line
 
 if TYPE_CHECKING:
     from fastrecord.sinks.mp4 import Mp4Sink
@@ -123,20 +122,9 @@ class ResultsSink(Sink):
             raise errors[0]
 
     def _append(self, row: dict[str, Any]) -> None:
-        """Append ``row`` as one line, written through at once (a kill keeps whole rows). A write that fails part
-        way (a full disk, a Ctrl-C) is undone: the file ends at its last whole row, so the next drain writes the
-        row once (a buffered file kept the failed bytes and wrote them again before the retry's: a row twice,
-        which ends the commit log there)."""
-        data = memoryview((json.dumps(row, allow_nan=False) + "\n").encode())
-        fd = self._file.fileno()
-        end = os.lseek(fd, 0, os.SEEK_END)
-        try:
-            while data:
-                data = data[self._file.write(data):]
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, end)
-            raise
+        """Append ``row`` as one line (`runfiles.append_line`): a write that fails part way (a full disk) is undone,
+        so the next drain writes the row once (a row twice would end the commit log there)."""
+        append_line(self._file, (json.dumps(row, allow_nan=False) + "\n").encode())
 
     def raise_if_failed(self) -> None:
         if self._waiting and self._file is not None and not self._file.closed:

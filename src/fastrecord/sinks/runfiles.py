@@ -12,6 +12,7 @@ its journal line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -20,6 +21,24 @@ from typing import Any
 MANIFEST_SUFFIX = ".fastrecord.json"
 JOURNAL_SUFFIX = ".fastrecord.journal"  # .NAME.fastrecord.journal: files added since the manifest was last written
 RESULTS_SUFFIX = ".results.jsonl"  # NAME.results.jsonl: one row per finished episode (fastrecord.sinks.results)
+
+
+def append_line(f: Any, line: bytes) -> None:
+    """Append ``line`` (a newline at its end) to ``f``, a binary file opened for appending without a buffer
+    (``open(path, "ab", buffering=0)``): one write where the disk takes it, through at once (a kill keeps whole
+    lines). A write that fails part way (a full disk, a signal's exception) is undone, so the file ends at its
+    last whole line and the line, written again, is there once (a buffered file keeps the failed bytes and
+    writes them again before the retry's: the line twice)."""
+    fd = f.fileno()
+    end = os.lseek(fd, 0, os.SEEK_END)
+    data = memoryview(line)
+    try:
+        while data:
+            data = data[f.write(data):]
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, end)
+        raise
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
