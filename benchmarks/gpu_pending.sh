@@ -9,6 +9,8 @@
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh packed    # sub-envs packed (~560 s)
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval      # the eval's loop with
 #                                         close: GPU tests, profile_eval this tree vs build/before/src, whole (~560 s)
+# build/before/src (ignored by git) is the tree to compare against, made here first, e.g. for main before the render
+# group's warm-up: mkdir -p build/before && git archive 9c16566 src | tar -x -C build/before
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh startup
 #                                         # record and eval, this tree against build/before/src; 16 makes (~540 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
