@@ -196,12 +196,22 @@ def main() -> None:
         "is run with each --workers layout), e.g. auto,off",
     )
     p.add_argument(
+        "--vector",
+        default="auto",
+        help="fastrecord's --vector: auto (its default), sync, async, or several separated by commas (each is run "
+        "with each --workers and --batched-render), e.g. auto,async; async with a batched render is one rendering "
+        "process fed by sub-env processes (fastrecord.replay.mirrored)",
+    )
+    p.add_argument(
         "--floor",
         action="store_true",
         help="also measure the batched-render floor (CUDA): one RenderSystemGroup of --num-envs sensor cameras, "
         "and judge fastrecord's replay loop (workers' first start to last end) against frames x that "
         "per-camera time",
     )
+    p.add_argument("--also", action="append", default=[], metavar="FLAGS",
+                   help="also run fastrecord with these flags (one string, e.g. '--workers 1 --vector async'), labelled "
+                        "by them; may be given several times")
     p.add_argument("--src", action="append", default=[], metavar="LABEL=PATH",
                    help="also run fastrecord's defaults from another source tree (PATH: its src/ folder) in the same "
                         "repeat, e.g. before=../main/src")
@@ -235,19 +245,22 @@ def main() -> None:
         ms = maniskill_replay_argv(ms_src, n, total, args.by)
         runs, outputs = {}, {}
         batched = [b.strip() for b in str(args.batched_render).split(",") if b.strip()]
-        for w in layouts:  # each layout asked for (1: one process), with each --batched-render asked for
+        vectors = [v.strip() for v in str(args.vector).split(",") if v.strip()]
+        for w in layouts:  # each layout asked for (1: one process), with each --batched-render and --vector asked for
             for b in batched:
-                label = ("fastrecord (defaults)" if (w, b) == ("auto", "auto") else
-                         "fastrecord " + " ".join(f for f in ("" if w == "auto" else f"--workers {w}",
-                                                              "" if b == "auto" else f"--batched-render {b}") if f))
-                folder = work / f"fr_{w}_{b}"
-                runs[label] = (
-                    fr
-                    + ([] if w == "auto" else ["--workers", w])
-                    + ([] if b == "auto" else ["--batched-render", b])
-                    + ["--output-dir", str(folder)]
-                )
-                outputs[label] = folder / "replayed.json"
+                for v in vectors:
+                    flags = [f for f in ("" if w == "auto" else f"--workers {w}",
+                                         "" if b == "auto" else f"--batched-render {b}",
+                                         "" if v == "auto" else f"--vector {v}") if f]
+                    label = "fastrecord " + " ".join(flags) if flags else "fastrecord (defaults)"
+                    folder = work / f"fr_{w}_{b}_{v}"
+                    runs[label] = fr + [x for f in flags for x in f.split()] + ["--output-dir", str(folder)]
+                    outputs[label] = folder / "replayed.json"
+        for k, flags in enumerate(args.also):
+            label = f"fastrecord {flags.strip()}"
+            folder = work / f"fr_also_{k}"
+            runs[label] = fr + flags.split() + ["--output-dir", str(folder)]
+            outputs[label] = folder / "replayed.json"
         srcs: dict[str, Path] = {}
         for item in args.src:
             label, _, path = item.partition("=")

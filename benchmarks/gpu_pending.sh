@@ -17,7 +17,7 @@
 # before the call's limit, so what it measured comes back. Last run: `packed`, 2026-12-05 14:48 UTC on an
 # H100 machine (docs/performance.md, "Sub-envs several to a process").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -80,6 +80,18 @@ case $stage in
     done
     run 260 whole python3 benchmarks/bench_whole.py --size gpu --only eval,record --skip-maniskill \
       --src "before=$before" --json "$out/whole.json"
+    ;;
+  replay)
+    # issue 27's replay (>= 2x ManiSkill at 96 and 480 episodes) and item 2: the batched-render GPU tests of the
+    # replay (the mirrored path: sub-envs in processes, one rendering process), then 96 episodes: the default layout
+    # (4 workers of 4 envs drawn in their own process) against one process drawing 16 sub-envs (--vector async)
+    run 170 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -q -p no:cacheprovider --durations=5
+    run 380 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --floor \
+      --also "--workers 1 --vector async"
+    ;;
+  replay480)
+    run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
+      --also "--workers 1 --vector async"
     ;;
   *)
     echo "unknown stage $stage: tests, lerobot, whole, startup, packed or eval" >&2

@@ -19,7 +19,7 @@ import pytest
 from gymnasium.spaces import Box, Discrete
 from gymnasium.vector import AutoresetMode
 
-from fastrecord.packed import PackedLaunch, PackedVectorEnv, RemoteTraceback, SubEnvDied, process_sizes
+from fastrecord.packed import AheadFailed, PackedLaunch, PackedVectorEnv, RemoteTraceback, SubEnvDied, process_sizes
 
 NUM_ENVS = 5
 PER_PROCESS = 2  # processes of 2, 2 and 1 sub-envs
@@ -481,4 +481,53 @@ def test_an_attribute_a_sub_env_lacks_is_an_error_that_leaves_the_envs_stepping(
         assert envs.get_attr("spec")[2].id == "CartPole-v1"
     finally:
         envs.close()
+    assert all_ended(envs)
+
+
+# ---------------------------------------------------------------------------------------------- step_ahead
+class RunsAhead(gym.Wrapper):
+    """Records, in its process, what `PackedVectorEnv.step_ahead` had it run after each answer (``run_ahead``), and
+    whether that ran after the step's answer was sent (the step's observation already counts the step)."""
+
+    def __init__(self, env: gym.Env, fail_with: int | None = None):
+        super().__init__(env)
+        self.ran: list[tuple[int, int]] = []  # (the action run ahead, the env's step count then)
+        self.fail_with = fail_with
+
+    def run_ahead(self, action):
+        if int(action) == self.fail_with:
+            raise ValueError(f"cannot run {int(action)} ahead")
+        self.ran.append((int(action), self.env.unwrapped.steps))
+
+
+def runs_ahead(i: int, fail_with: int | None = None) -> gym.Env:
+    return RunsAhead(Scripted(i), fail_with)
+
+
+def test_step_ahead_steps_then_runs_the_next_actions_ahead_in_the_processes():
+    """Answers as ``step`` does; then each env given a next action (not None) runs it, after the step: the envs
+    whose next action is None run nothing."""
+    envs = PackedVectorEnv([functools.partial(runs_ahead, i) for i in range(NUM_ENVS)], PER_PROCESS)
+    try:
+        envs.reset(seed=0)
+        obs, rew, term, trunc, _ = envs.step_ahead(np.zeros(5, np.int64), [1, None, 1, 0, None])
+        np.testing.assert_array_equal(obs[:, 0], [1, 101, 201, 301, 401])
+        assert rew.tolist() == [1.0] * 5 and not term.any() and not trunc.any()
+        envs.step_ahead(np.ones(5, np.int64), [None] * 5)
+        assert envs.get_attr("ran") == ([(1, 1)], [], [(1, 1)], [(0, 1)], [])
+        with pytest.raises(ValueError, match="2 next actions for 5 envs"):
+            envs.step_ahead(np.ones(5, np.int64), [None, None])
+    finally:
+        envs.close()
+
+
+def test_an_error_running_ahead_is_raised_at_the_next_command_and_closes_the_envs():
+    envs = PackedVectorEnv([functools.partial(runs_ahead, i, fail_with=1 if i == 3 else None) for i in range(NUM_ENVS)],
+                           PER_PROCESS)
+    envs.reset(seed=0)
+    envs.step_ahead(np.zeros(5, np.int64), [1] * 5)  # answered: sub-env 3 fails after its answer
+    with pytest.raises(AheadFailed, match=r"sub-env 3 failed running its next step ahead \(ValueError: cannot run 1 ahead\)"):
+        envs.step(np.ones(5, np.int64))
+    assert envs.closed
+    envs.close()
     assert all_ended(envs)

@@ -76,9 +76,13 @@ def test_the_plan_draws_in_one_batch_where_it_can(pickcube_file, tmp_path, monke
     assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}).render_device == "cuda"
     # videos of the sensors' render mode come from each env's own render_sensors: not batched
     assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}, render_mode="sensors").render_device is None
-    assert _plan(pickcube_file, tmp_path, **rgb, vector="async").render_device is None
-    with pytest.raises(ValueError, match=r"--batched-render on .*--vector async .*use --vector sync or auto"):
-        _plan(pickcube_file, tmp_path, **rgb, vector="async", batched_render="on")
+    # async: the envs in sub-env processes, drawn in one group of mirrors in the replaying process
+    assert (_plan(pickcube_file, tmp_path, **rgb, vector="async").render_device,) == ("cuda",)
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "pointcloud"}, vector="async").render_device is None
+    with pytest.raises(ValueError, match=r"--batched-render on .*--vector async .*'pointcloud'.*use --vector sync"):
+        _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "pointcloud"}, vector="async", batched_render="on")
+    with pytest.raises(ValueError, match=r"--batched-render on .*--vector batched holds one env"):
+        _plan(pickcube_file, tmp_path, **rgb, vector="batched", batched_render="on")
     with pytest.raises(ValueError, match="render_substeps"):
         _plan(pickcube_file, tmp_path, **rgb, batched_render="on", render_substeps=True)
     with pytest.raises(ValueError, match=r"--batched-render on renders on a CUDA device.*render_backend='cpu'"):
@@ -190,34 +194,40 @@ def _assert_same_videos(a: Path, b: Path) -> None:
         assert fa.shape == fb.shape and _psnr_min(fa, fb) >= 40, pa.name
 
 
-def _replay_both(src: Path, tmp_path: Path, **kw) -> tuple[Path, Path]:
+def _replay_both(src: Path, tmp_path: Path, vector: str = "sync", **kw) -> tuple[Path, Path]:
+    """The replay drawn in one batch (``vector``: sync, the envs in this process; async, in sub-env processes drawn
+    in this one) and the replay whose envs draw themselves (sync)."""
     import fastrecord
 
     out = {}
     for batched in ("on", "off"):
         s = fastrecord.replay_trajectories(src, tmp_path / batched, trajectory_name="out", num_envs=3, workers=1,
-                                           vector="sync", batched_render=batched, progress=False, **kw)
+                                           vector=vector if batched == "on" else "sync", batched_render=batched,
+                                           progress=False, **kw)
         assert s.episodes == len(LENGTHS)
         out[batched] = tmp_path / batched
     return out["on"], out["off"]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vector", ["sync", "async"])
 @pytest.mark.parametrize("by", ["states", "actions"])
-def test_grouped_replay_equals_each_env_drawing_itself(pickcube_file, tmp_path, by):
+def test_grouped_replay_equals_each_env_drawing_itself(pickcube_file, tmp_path, by, vector):
     """PickCube-v1 state -> rgb, 3 envs over 4 episodes of different lengths (slots refilled mid-run):
     the sensor pictures (its goal hidden), agent/extra/sensor_param, states, rewards and the render camera's
-    videos (its goal shown) equal a replay whose envs draw themselves."""
+    videos (its goal shown) equal a replay whose envs draw themselves; the envs in this process (sync) or in
+    sub-env processes drawn here (async, `fastrecord.replay.mirrored`: running ahead, videos included)."""
     assert (
-        _plan(pickcube_file, tmp_path, obs_mode="rgb", num_envs=3, workers=1, vector="sync").render_device is not None
+        _plan(pickcube_file, tmp_path, obs_mode="rgb", num_envs=3, workers=1, vector=vector).render_device is not None
     )
-    on, off = _replay_both(pickcube_file, tmp_path, obs_mode="rgb", by=by)
+    on, off = _replay_both(pickcube_file, tmp_path, vector, obs_mode="rgb", by=by)
     _assert_same_replays(on / "out.h5", off / "out.h5")
     _assert_same_videos(on, off)
 
 
 @pytest.mark.gpu
-def test_grouped_replay_follows_reconfiguring_resets(tmp_path):
+@pytest.mark.parametrize("vector", ["sync", "async"])
+def test_grouped_replay_follows_reconfiguring_resets(tmp_path, vector):
     """PegInsertionSide-v1 (panda) reconfigures at every reset (its peg and box sizes come from the episode
     seed): the group is rebuilt with each new scene, and the replay still equals the unbatched one (rgbd:
     depth too)."""
@@ -227,7 +237,7 @@ def test_grouped_replay_follows_reconfiguring_resets(tmp_path):
         if "No such file" in str(e) or "stdin" in str(e):
             pytest.skip(f"PegInsertionSide-v1's assets are not on this machine: {e}")
         raise
-    on, off = _replay_both(src, tmp_path, obs_mode="rgbd", save_video=False)
+    on, off = _replay_both(src, tmp_path, vector, obs_mode="rgbd", save_video=False)
     _assert_same_replays(on / "out.h5", off / "out.h5")
 
 
@@ -290,6 +300,100 @@ def test_pipelined_grouped_replay_equals_each_env_drawing_itself_on_the_cpu(pick
         out[batched] = tmp_path / batched / "out.h5"
     # 9 steps (slot 2 plays 3 then 6); every env ran ahead except at its episode's last step
     assert len(ahead) == max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) and sum(ahead) == sum(LENGTHS) - 4
+    meta_on, meta_off = (json.loads(p.with_suffix(".json").read_text()) for p in out.values())
+    assert [e["source_episode_id"] for e in meta_on["episodes"]] == [e["source_episode_id"] for e in meta_off["episodes"]]
+    with h5py.File(out["on"], "r") as fa, h5py.File(out["off"], "r") as fb:
+        for ep in meta_on["episodes"]:
+            key = f"traj_{ep['episode_id']}"
+            la, lb = leaves(fa[key]), leaves(fb[key])
+            assert la.keys() == lb.keys() and any(k.endswith("/rgb") for k in la)
+            for k in la:
+                np.testing.assert_array_equal(la[k], lb[k], err_msg=f"{key} {k}")
+
+
+# ------------------------------------------------------------------- sub-envs in processes, drawn in this one
+class _MirrorPictures:
+    """Stands in for `fastrecord.render.group.GroupRenderer` of `fastrecord.replay.mirrored` where there is no CUDA
+    device (a test double): each mirror is set to the state its sub-env reported with the poses (``states``, handed
+    over by the test before each drawing) and draws its own sensors (ManiSkill's ``_get_obs_sensor_data``,
+    lavapipe); everything else the group does is left out."""
+
+    def __init__(self, envs, device="cuda") -> None:
+        from fastrecord.render.bodies import RenderBodies
+
+        self.envs = [e.unwrapped for e in envs]
+        self.bodies = [RenderBodies(e) for e in self.envs]
+        self.states: list = []
+        self.taken: list[dict] = []
+        self.pictures = 0
+
+    def warm(self, names) -> None:
+        pass
+
+    def invalidate(self) -> None:
+        pass
+
+    def set_poses(self, poses) -> None:
+        import torch
+
+        assert len(poses) == len(self.envs) == len(self.states)
+        for base, state in zip(self.envs, self.states):
+            base.set_state(torch.as_tensor(state))
+
+    def take_pictures(self, names, *, sensor: bool) -> None:
+        assert sensor
+        self.taken = [type(b)._get_obs_sensor_data(b) for b in self.envs]  # the class's: the instance's is patched
+        self.pictures += 1
+
+    def read_sensor_data(self, name, modalities, apply_texture_transforms=True):
+        import torch
+
+        return {m: torch.cat([t[name][m] for t in self.taken]) for m in modalities if m in self.taken[0][name]}
+
+
+@pytest.mark.parametrize("by", ["states", "actions"])
+def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file, tmp_path, monkeypatch, by):
+    """`--vector async` drawn in one batch (`fastrecord.replay.mirrored`) without a GPU: the sub-envs play in their
+    processes and run each next step's physics ahead while this process draws (pictures from `_MirrorPictures`, at
+    the state each sub-env reported), yet every recorded value (sensor pictures, states, rewards, agent/extra
+    observations) equals a replay whose envs draw themselves; 3 envs over 4 episodes of different lengths."""
+    import fastrecord
+    import fastrecord.render.vector
+    import fastrecord.replay.mirrored
+    import fastrecord.replay.plan
+    from fastrecord.packed import PackedVectorEnv
+    from fastrecord.render.vector import mirror_kwargs
+
+    monkeypatch.setattr(fastrecord.replay.plan, "_render_device",
+                        lambda cfg, *args: None if cfg.batched_render == "off" else "cuda")
+    monkeypatch.setattr(fastrecord.render.vector, "GroupRenderer", _MirrorPictures)
+    monkeypatch.setattr(fastrecord.replay.mirrored, "mirror_kwargs",  # the mirrors draw with lavapipe, as the envs
+                        lambda kwargs, backend=None: {**mirror_kwargs(kwargs), "render_backend": "cpu"})
+    cls = fastrecord.replay.mirrored.MirroredReplayVectorEnv
+    real_with_sensors = cls._with_sensors
+
+    def with_sensors(self, obs):
+        self.renderer.states = list(self._states)
+        return real_with_sensors(self, obs)
+
+    monkeypatch.setattr(cls, "_with_sensors", with_sensors)
+    ahead: list[int] = []
+    real_step_ahead = PackedVectorEnv.step_ahead
+
+    def spy(self, actions, nxt):
+        ahead.append(sum(a is not None for a in nxt))
+        return real_step_ahead(self, actions, nxt)
+
+    monkeypatch.setattr(PackedVectorEnv, "step_ahead", spy)
+    out = {}
+    for batched in ("on", "off"):
+        s = fastrecord.replay_trajectories(pickcube_file, tmp_path / batched, trajectory_name="out", num_envs=3,
+                                           workers=1, vector="async", obs_mode="rgb", by=by, render_backend="cpu",
+                                           save_video=False, batched_render=batched, progress=False)
+        assert s.episodes == len(LENGTHS)
+        out[batched] = tmp_path / batched / "out.h5"
+    # 9 steps (slot 2 plays 3 then 6); every env ran ahead except at its episode's last step
+    assert len(ahead) <= max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) and sum(ahead) == sum(LENGTHS) - 4
     meta_on, meta_off = (json.loads(p.with_suffix(".json").read_text()) for p in out.values())
     assert [e["source_episode_id"] for e in meta_on["episodes"]] == [e["source_episode_id"] for e in meta_off["episodes"]]
     with h5py.File(out["on"], "r") as fa, h5py.File(out["off"], "r") as fb:

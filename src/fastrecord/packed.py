@@ -43,7 +43,7 @@ from gymnasium.vector.utils import (
 
 from fastrecord.system import stamp
 
-__all__ = ["PackedLaunch", "PackedVectorEnv", "RemoteTraceback", "SubEnvDied", "process_sizes"]
+__all__ = ["AheadFailed", "PackedLaunch", "PackedVectorEnv", "RemoteTraceback", "SubEnvDied", "process_sizes"]
 
 ENVS_PER_PROCESS = 2  # the default packing (16 envs: 8 processes of 2; H100 sweep of 1, 2, 4, 8 in docs/performance.md)
 MIN_PROCESSES = 4  # below 16 envs the processes stay 4 (or one an env), so the physics of few envs is not serialised
@@ -79,6 +79,11 @@ class RemoteTraceback(Exception):
 
 class SubEnvDied(RuntimeError):
     """A sub-env process ended without answering (killed, crashed in native code, or out of memory)."""
+
+
+class AheadFailed(RuntimeError):
+    """A sub-env failed at the work `PackedVectorEnv.step_ahead` had it run after answering a step (its cause is the
+    sub-env's own error); raised at the command after."""
 
 
 class PackedLaunch:
@@ -286,7 +291,23 @@ class PackedVectorEnv(gym.vector.VectorEnv):
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         self._send("step", list(iterate(self.action_space, actions)))
-        results = self._flat(self._gather("step"))
+        return self._stepped("step")
+
+    def step_ahead(self, actions: Any, ahead: Sequence[Any | None]
+                   ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """``step(actions)``, then, once a process has sent its answer, each of its envs whose ``ahead`` is not None
+        runs ``env.get_wrapper_attr("run_ahead")(ahead)`` (the next step's work that needs only its action, e.g. the
+        replay's physics, `fastrecord.replay.mirrored`) while the caller works on this step's answer. An error there
+        is raised at the next command, the vector env then closed."""
+        if len(ahead) != self.num_envs:
+            raise ValueError(f"step_ahead: {len(ahead)} next actions for {self.num_envs} envs; pass one an env (None: "
+                             f"nothing to run ahead)")
+        acts = list(iterate(self.action_space, actions))
+        self._send("step_ahead", list(zip(acts, ahead, strict=True)))
+        return self._stepped("step_ahead")
+
+    def _stepped(self, command: str) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        results = self._flat(self._gather(command))
         infos: dict[str, Any] = {}
         for i, r in enumerate(results):
             infos = self._add_info(infos, r[4], i)
@@ -425,13 +446,15 @@ def _serve(conn: Any, envs: list[gym.Env], first: int, mode: AutoresetMode) -> N
             out = served.run(command, data)
         except BaseException as e:  # noqa: BLE001 - sent to the caller, which raises it
             _send_error(conn, served.current, e)
-            if command in ("call", "setattr") and not isinstance(e, (KeyboardInterrupt, SystemExit, OSError)):
+            fatal = isinstance(e, (KeyboardInterrupt, SystemExit, OSError, AheadFailed))
+            if command in ("call", "setattr") and not fatal:
                 continue  # nothing changed (an attribute an env lacks): the envs serve on, as the caller's vector env
             _close_all(envs)  # a half-done reset or step: the caller closes the vector env
             return
         conn.send((True, out))
         if command == "close":
             return
+        served.run_ahead()
 
 
 class _SubEnvs:
@@ -443,15 +466,38 @@ class _SubEnvs:
         self.autoreset = [False] * len(envs)
         self.last_obs: list[Any] = [None] * len(envs)
         self.current = first
+        self.ahead: list[tuple[int, Any]] = []  # `step_ahead`: (env, next action) to run once the answer is sent
+        self.ahead_failed: tuple[int, BaseException] | None = None
 
     def run(self, command: str, data: Any) -> list[Any]:
         handlers: dict[str, Callable[[Any], list[Any]]] = {
-            "reset": self.reset, "step": self.step, "call": self.call, "setattr": self.setattr, "close": self.close}
+            "reset": self.reset, "step": self.step, "step_ahead": self.step_ahead, "call": self.call,
+            "setattr": self.setattr, "close": self.close}
         handler = handlers.get(command)
         if handler is None:
             raise ValueError(f"unknown command {command!r}")
+        if self.ahead_failed is not None and command != "close":  # the envs' state is unknown: no command goes on
+            self.current, e = self.ahead_failed
+            raise AheadFailed(f"sub-env {self.current} failed running its next step ahead ({type(e).__name__}: {e})"
+                              ) from e
         self.current = self.first
         return handler(data)
+
+    def step_ahead(self, data: list[tuple[Any, Any]]) -> list[Any]:
+        out = self.step([action for action, _ in data])
+        self.ahead = [(i, nxt) for i, (_, nxt) in enumerate(data) if nxt is not None]
+        return out
+
+    def run_ahead(self) -> None:
+        """The envs' ``run_ahead`` of the last `step_ahead`, after its answer was sent; an error is kept for the next
+        command (`run`)."""
+        ahead, self.ahead = self.ahead, []
+        for i, nxt in ahead:
+            try:
+                self.envs[i].get_wrapper_attr("run_ahead")(nxt)
+            except BaseException as e:  # noqa: BLE001 - raised at the next command
+                self.ahead_failed = (self.first + i, e)
+                return
 
     def reset(self, data: list[dict[str, Any] | None]) -> list[Any]:
         out: list[Any] = []

@@ -206,6 +206,11 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         self._poses: list[np.ndarray | None] = [None] * env.num_envs
         self.mirror_rebuilds = 0  # mirrors reset to a reported seed because their scene looked different
 
+    @staticmethod
+    def warm_cameras(base: Any) -> list[str]:
+        """The cameras whose first picture `group_rendered` draws ahead: what ``render()`` draws (the human ones)."""
+        return _human_camera_names(base)
+
     def _take(self, info: dict) -> dict:
         if INFO_KEY not in info:
             raise RuntimeError(f"the sub-envs did not report their poses ({INFO_KEY!r} missing from the step's info): "
@@ -321,14 +326,17 @@ def device_of(render_backend: str | None) -> str:
 
 
 def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: Callable[[], gym.Env], num_envs: int,
-                   device: str = "cuda") -> GroupRenderedVectorEnv:
+                   device: str = "cuda", cls: type[GroupRenderedVectorEnv] | None = None) -> GroupRenderedVectorEnv:
     """``make_envs()`` (a vector env of `PoseReporter` sub-envs) under a `GroupRenderedVectorEnv`, its
     mirrors made in a thread meanwhile: the sub-envs start in processes of their own while this process
     waits for them, so the mirrors cost no extra start-up time (16 PickCube mirrors: 0.5 s with
     `scenes_built`, 2.6 s without, measured on the H200 machine; the first also starts the renderer, 0.85 s).
     The same thread then makes the mirrors' `GroupRenderer` and warms it (`GroupRenderer.warm`: the group, the
     human cameras' camera groups, one picture each), which the first reset's render would otherwise wait for; a
-    warm-up that fails is dropped (the first render builds the same things, and raises what it must)."""
+    warm-up that fails is dropped (the first render builds the same things, and raises what it must). ``cls``: the
+    vector env made of both (a `GroupRenderedVectorEnv`, the default, or a subclass), which also names the cameras
+    to warm (``warm_cameras``)."""
+    cls = cls or GroupRenderedVectorEnv
     mirrors: list[gym.Env] = []
     renderers: list[GroupRenderer] = []
     failed: list[BaseException] = []
@@ -343,7 +351,7 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
             renderer = GroupRenderer(mirrors, device=device)
             renderers.append(renderer)
             try:
-                renderer.warm(_human_camera_names(renderer.envs[0]))
+                renderer.warm(cls.warm_cameras(renderer.envs[0]))
                 stamp("group_warmed")
             except Exception:  # noqa: BLE001 - an optimisation only: the first render does it again
                 renderer.invalidate()
@@ -366,7 +374,7 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
     if failed:
         raise failed[0]
     try:
-        return GroupRenderedVectorEnv(envs, device=device, mirrors=mirrors, renderer=renderers[0])
+        return cls(envs, device=device, mirrors=mirrors, renderer=renderers[0])
     except BaseException:
         envs.close()
         for m in mirrors:

@@ -69,7 +69,8 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
             batch: VectorBatch | BatchedEnv = BatchedEnv(env, rec_kwargs)
         else:
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
-            batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device)
+            batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device,
+                                env_spec=(plan.env_id, plan.kwargs, plan.max_steps))
         summary = _drive(cfg, plan.traj, todo, batch, verdict, tally)
     summary.skipped = skipped
     summary.output_dir = out

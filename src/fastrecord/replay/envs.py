@@ -439,14 +439,24 @@ class VectorBatch:
     Owns: the vector env (sub-processes with ``asynchronous``) and the `RecordEpisode` wrapped around it."""
 
     def __init__(self, thunk: Callable[[], gym.Env], num_envs: int, asynchronous: bool,
-                 rec_kwargs: RecorderKwargs, render_device: str | None = None) -> None:
-        """``render_device``: a CUDA device the envs (in this process) render on in one batch
-        (`fastrecord.replay.grouped.GroupedSyncVectorEnv`); None: each env renders itself."""
+                 rec_kwargs: RecorderKwargs, render_device: str | None = None,
+                 env_spec: tuple[str, dict[str, Any], int | None] | None = None) -> None:
+        """``render_device``: a CUDA device the envs render on in one batch: envs in this process
+        (`fastrecord.replay.grouped.GroupedSyncVectorEnv`), or with ``asynchronous`` envs in sub-env processes drawn
+        here (`fastrecord.replay.mirrored.MirroredReplayVectorEnv`, whose mirrors are made of ``env_spec``: the env id,
+        kwargs and time limit ``thunk`` makes its env of); None: each env renders itself."""
         from fastrecord.record import RecordVectorEpisode
 
         mode = gym.vector.AutoresetMode.DISABLED
-        envs: gym.vector.AsyncVectorEnv | PreparedSyncVectorEnv
-        if asynchronous:
+        envs: gym.vector.VectorEnv
+        if asynchronous and render_device is not None:
+            from fastrecord.replay.mirrored import mirrored_replay_env
+
+            if env_spec is None:
+                raise ValueError("VectorBatch: envs in sub-env processes drawn in one batch need env_spec (the env id, "
+                                 "kwargs and time limit of their mirrors)")
+            envs = mirrored_replay_env(thunk, num_envs, *env_spec, device=render_device)
+        elif asynchronous:
             thunk = functools.partial(in_worker, thunk)
             forkserver_context()  # its sub-envs start with ManiSkill imported
             envs = gym.vector.AsyncVectorEnv([thunk] * num_envs, context="forkserver", autoreset_mode=mode)
@@ -469,8 +479,13 @@ class VectorBatch:
         self.recorder = self.env.recorder
         # the next step's physics runs while a step's pictures are drawn (`GroupedSyncVectorEnv.step`), except where
         # the recorder draws the render camera after each step (videos): that picture must show the step's state
-        self.pipelined = isinstance(envs, GroupedSyncVectorEnv) and not (
-            options["save_video"] and options["video_source"] == "render")
+        # (`MirroredReplayVectorEnv`: each sub-env runs the next step ahead in its process while this one draws, videos
+        # included)
+        from fastrecord.replay.mirrored import MirroredReplayVectorEnv
+
+        self.pipelined = isinstance(envs, MirroredReplayVectorEnv) or (
+            isinstance(envs, GroupedSyncVectorEnv)
+            and not (options["save_video"] and options["video_source"] == "render"))
         self._started = False
 
     def start(self, env_idx: np.ndarray, plans: list[dict[str, Any]]) -> None:
@@ -490,8 +505,8 @@ class VectorBatch:
         """Step every env: (success per env or None if the env reports none, truncated per env). ``ahead``: each
         env's action at the step after this one (None: its episode ends here), for a pipelined vector env."""
         if self.pipelined and ahead is not None:
-            assert isinstance(self.envs, GroupedSyncVectorEnv)
-            self.envs.lookahead = ahead
+            pipelined: Any = self.envs  # a GroupedSync- or MirroredReplayVectorEnv
+            pipelined.lookahead = ahead
         _, _, _, truncated, info = self.env.step(actions)
         truncated = np.asarray(truncated, dtype=bool).reshape(self.num_envs)
         if "success" not in info:

@@ -325,18 +325,22 @@ def _render_device(
     wanted = {"auto": None, "on": True, "off": False}[cfg.batched_render]
     if wanted is False:
         return None
-    if own_env or vector in ("async", "batched"):
+    obs_mode = kwargs.get("obs_mode") or "state"
+    # --vector async: the envs in sub-env processes, drawn in this one (`fastrecord.replay.mirrored`), which puts
+    # camera pictures back in the observation; a point cloud is made of them inside the env
+    mirrored_cannot = vector == "async" and "pointcloud" in obs_mode
+    if own_env or vector == "batched" or mirrored_cannot:
         if wanted:
             why = (
                 "GPU simulation draws its envs in one batch by itself, and a conversion (-c) runs one env"
                 if own_env
-                else f"--vector {vector} holds "
-                f"{'its envs in processes of their own' if vector == 'async' else 'one env'}; use --vector sync or auto"
+                else "--vector batched holds one env; use --vector sync, async or auto" if vector == "batched"
+                else f"--vector async draws its sub-envs' cameras in this process, which cannot make the {obs_mode!r} "
+                     f"observation of them; use --vector sync or auto"
             )
-            raise ValueError(f"--batched-render on draws the CPU-simulated envs a process holds, and {why}; or drop "
-                             f"--batched-render")
+            raise ValueError(f"--batched-render on draws the CPU-simulated envs of a replay together, and {why}; or "
+                             f"drop --batched-render")
         return None
-    obs_mode = kwargs.get("obs_mode") or "state"
     camera_obs = obs_mode not in ("state", "state_dict", "none")
     render_videos = cfg.save_video and cfg.video_source == "render"
     if not render.use_batched(wanted, num_envs=per_worker,
