@@ -455,7 +455,7 @@ class VectorBatch:
             if env_spec is None:
                 raise ValueError("VectorBatch: envs in sub-env processes drawn in one batch need env_spec (the env id, "
                                  "kwargs and time limit of their mirrors)")
-            envs = mirrored_replay_env(thunk, num_envs, *env_spec, device=render_device)
+            envs = mirrored_replay_env(functools.partial(in_worker, thunk), num_envs, *env_spec, device=render_device)
         elif asynchronous:
             thunk = functools.partial(in_worker, thunk)
             forkserver_context()  # its sub-envs start with ManiSkill imported

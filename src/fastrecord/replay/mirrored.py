@@ -190,11 +190,10 @@ class MirroredReplayVectorEnv(GroupRenderedVectorEnv):
 
 def mirrored_replay_env(thunk: Callable[[], gym.Env], num_envs: int, env_id: str, env_kwargs: dict[str, Any],
                         max_episode_steps: int | None, device: str) -> MirroredReplayVectorEnv:
-    """``num_envs`` replay envs (``thunk``: `fastrecord.replay.envs.make_replay_env` of ``env_id``, ``env_kwargs``)
-    in `fastrecord.packed.PackedVectorEnv` processes (autoreset disabled), drawn here in one group on ``device``;
+    """``num_envs`` replay envs (``thunk``: `fastrecord.replay.envs.make_replay_env` of ``env_id``, ``env_kwargs``, as a
+    sub-env process makes it: `fastrecord.replay.envs.in_worker`) in `fastrecord.packed.PackedVectorEnv` processes (autoreset disabled), drawn here in one group on ``device``;
     the mirrors are made (and the group warmed) on a thread while the sub-envs start (`group_rendered`)."""
     from fastrecord.packed import PackedVectorEnv
-    from fastrecord.replay.envs import in_worker
     from fastrecord.workers import forkserver_context
 
     kw = mirror_kwargs(env_kwargs, device)
@@ -210,7 +209,7 @@ def mirrored_replay_env(thunk: Callable[[], gym.Env], num_envs: int, env_id: str
 
     def make_envs() -> gym.vector.VectorEnv:
         forkserver_context()  # the sub-envs start with ManiSkill imported
-        fn = functools.partial(in_worker, functools.partial(reporting, thunk))
+        fn = functools.partial(reporting, thunk)
         return PackedVectorEnv([fn] * num_envs, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.DISABLED)
 
     envs = group_rendered(make_envs, make_mirror, num_envs, device=device, cls=MirroredReplayVectorEnv)
