@@ -354,8 +354,8 @@ class _MirrorPictures:
 @pytest.mark.parametrize("by", ["states", "actions"])
 def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file, tmp_path, monkeypatch, by):
     """`--vector async` drawn in one batch (`fastrecord.replay.mirrored`) without a GPU: the sub-envs play in their
-    processes and run each next step's physics ahead while this process draws (pictures from `_MirrorPictures`, at
-    the state each sub-env reported), yet every recorded value (sensor pictures, states, rewards, agent/extra
+    processes and run each next step ahead while this process draws (pictures from `_MirrorPictures`, at the state
+    each sub-env reported) and records (each step's state from the reports), yet every recorded value (sensor pictures, states, rewards, agent/extra
     observations) equals a replay whose envs draw themselves; 3 envs over 4 episodes of different lengths."""
     import fastrecord
     import fastrecord.render.vector
@@ -385,6 +385,14 @@ def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file
         return real_step_ahead(self, actions, nxt)
 
     monkeypatch.setattr(PackedVectorEnv, "step_ahead", spy)
+    asked: list[str] = []
+    real_call = PackedVectorEnv.call
+
+    def call_spy(self, name, *args, **kwargs):
+        asked.append(name)
+        return real_call(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(PackedVectorEnv, "call", call_spy)
     out = {}
     for batched in ("on", "off"):
         s = fastrecord.replay_trajectories(pickcube_file, tmp_path / batched, trajectory_name="out", num_envs=3,
@@ -394,6 +402,8 @@ def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file
         out[batched] = tmp_path / batched / "out.h5"
     # 9 steps (slot 2 plays 3 then 6); every env ran ahead except at its episode's last step
     assert len(ahead) <= max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) and sum(ahead) == sum(LENGTHS) - 4
+    # the recorder's per-step states came from the sub-envs' reports: no process running ahead was asked
+    assert "get_state" not in asked and "get_state_dict" in asked
     meta_on, meta_off = (json.loads(p.with_suffix(".json").read_text()) for p in out.values())
     assert [e["source_episode_id"] for e in meta_on["episodes"]] == [e["source_episode_id"] for e in meta_off["episodes"]]
     with h5py.File(out["on"], "r") as fa, h5py.File(out["off"], "r") as fb:

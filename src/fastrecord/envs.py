@@ -53,18 +53,26 @@ def cat_trees(trees: list[Any]) -> Any:
 
 class SubEnvAccess:
     """Mixin for ``gym.vector.VectorWrapper`` subclasses: forwards ``call``/``get_attr``/``set_attr`` to
-    the vector env at the bottom, which gymnasium's ``VectorWrapper`` does not do."""
+    the vector env at the bottom, which gymnasium's ``VectorWrapper`` does not do, or to the first wrapper on
+    the way down that answers some calls itself (``answers_calls = True``: it forwards the rest)."""
 
     env: Any
+    answers_calls = False
+
+    def _answering(self) -> Any:
+        env = self.env
+        while isinstance(env, gym.vector.VectorWrapper) and not getattr(env, "answers_calls", False):
+            env = env.env
+        return env
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        return self.env.unwrapped.call(name, *args, **kwargs)
+        return self._answering().call(name, *args, **kwargs)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.env.unwrapped.get_attr(name)
+        return self._answering().get_attr(name)
 
     def set_attr(self, name: str, values: Any) -> None:
-        self.env.unwrapped.set_attr(name, values)
+        self._answering().set_attr(name, values)
 
 
 @runtime_checkable

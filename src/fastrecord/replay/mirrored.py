@@ -14,9 +14,10 @@ What a step does:
   and their env state (what the recorder asks every sub-env for after each step, answered here from the step's
   report: no second round trip).
 - With the replay loop's next actions (`MirroredReplayVectorEnv.lookahead`), each process, once it has answered,
-  runs its envs' next physics step and sets their next recorded state (``ReplayStates.prepare(ahead=True)``)
-  while this process draws: the step's physics and the GPU's drawing overlap, as the eval's sub-envs simulate
-  while the group draws. The next step then only observes.
+  runs its envs' whole next step (physics, recorded state, observation, reward, report: `ReplayReporter.run_ahead`)
+  while this process draws and records: the sub-envs' work and the GPU's drawing overlap, and the next step's
+  answer is ready when it is asked for. A replay is a script (every action and state is recorded), so running a
+  step early changes nothing but when it runs.
 - This process sets the mirrors' poses, takes one picture per sensor camera name (hidden objects moved away, as
   ManiSkill does in GPU simulation), brings them to the host and puts each env's slice back into its
   observation's ``sensor_data``; ``render()`` (videos) draws the human cameras the same way, so videos do not stop
@@ -54,47 +55,62 @@ def _without_sensors(obs: Any) -> Any:
 class ReplayReporter(PoseReporter):
     """Wraps one replay sub-env (`fastrecord.replay.envs.make_replay_env`'s, outermost, in its own process).
 
-    Owns: the action it ran ahead with (`run_ahead`), until the step that takes it. Its observations and
-    observation space lack ``sensor_data`` (``full_observation_space`` has it: what the rendering process puts
-    back); every step's and reset's info carries the poses (`PoseReporter`) and the env state (`STATE_KEY`)."""
+    Owns: the step it ran ahead (`run_ahead`: its action and its answer), until the step that takes it. Its
+    observations and observation space lack ``sensor_data`` (``full_observation_space`` has it: what the rendering
+    process puts back); every step's and reset's info carries the poses (`PoseReporter`) and the env state
+    (`STATE_KEY`)."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
         self.replay: Any = env.get_wrapper_attr("replay_states")
-        self.replay.grouped = True  # `prepare` simulates and sets the state only: the sensors are drawn elsewhere
         full = env.observation_space
         self.full_observation_space = full
         if isinstance(full, gym.spaces.Dict) and "sensor_data" in full.spaces:
             self.observation_space = gym.spaces.Dict({k: v for k, v in full.spaces.items() if k != "sensor_data"})
         base: Any = env.unwrapped  # a ManiSkill env
         base._get_obs_sensor_data = _no_sensor_data
-        self._ahead: np.ndarray | None = None
+        self._ahead: tuple[np.ndarray, tuple] | None = None
+        self._answered: np.ndarray | None = None  # the state of the last reset or step answered
 
     def _report(self, info: dict[str, Any]) -> dict[str, Any]:
         info = super()._report(info)
-        info[STATE_KEY] = self.get_state()
+        state = self.replay.get_state()
+        info[STATE_KEY] = state.cpu().numpy() if hasattr(state, "cpu") else np.asarray(state)
         return info
 
     def get_state(self) -> np.ndarray:
-        """The env state the last step or reset observed (``ReplayStates.get_state``: also after `run_ahead`)."""
-        state = self.replay.get_state()
-        return state.cpu().numpy() if hasattr(state, "cpu") else np.asarray(state)
+        """The state of the last reset or step answered, not that of a step run ahead since (the rendering process
+        answers the recorder from the reports without asking: `MirroredReplayVectorEnv.call`)."""
+        if self._answered is None:
+            raise RuntimeError("get_state before the first reset: reset the env first")
+        return self._answered
 
     def run_ahead(self, action: Any) -> None:
-        """The next step's physics and recorded state, with ``action`` (the step after the one just answered), while
-        the rendering process draws that one (`fastrecord.packed.PackedVectorEnv.step_ahead`)."""
-        self._ahead = np.array(action, copy=True) if self.replay.prepare(action, ahead=True) else None
+        """The whole next step with ``action`` (the step after the one just answered: physics, recorded state,
+        observation, reward, report), while the rendering process draws the one just answered
+        (`fastrecord.packed.PackedVectorEnv.step_ahead`); the step that follows answers with it at once."""
+        self._ahead = None
+        self._ahead = (np.array(action, copy=True), self._step(action))
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self._ahead = None  # `ReplayStates.reset` forgets the step prepared ahead too
+        self._ahead = None  # a step run ahead that is not taken (the loop reset the env instead) is dropped
         obs, info = super().reset(**kwargs)
+        self._answered = info[STATE_KEY]
         return _without_sensors(obs), info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        if self._ahead is not None and not np.array_equal(self._ahead, np.asarray(action)):
-            raise RuntimeError("this sub-env ran its physics ahead with another action than its step's: a bug in the "
-                               "replay loop's lookahead")
-        self._ahead = None
+        if self._ahead is None:
+            answer = self._step(action)
+        else:
+            ran, answer = self._ahead
+            self._ahead = None
+            if not np.array_equal(ran, np.asarray(action)):
+                raise RuntimeError("this sub-env ran its next step ahead with another action than its step's: a bug in "
+                                   "the replay loop's lookahead")
+        self._answered = answer[4][STATE_KEY]
+        return answer
+
+    def _step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, rew, terminated, truncated, info = super().step(action)
         return _without_sensors(obs), rew, terminated, truncated, info
 
@@ -113,6 +129,7 @@ class MirroredReplayVectorEnv(GroupRenderedVectorEnv):
     used by that step only)."""
 
     terminate_subenvs = True  # the sub-envs play recorded states and hold nothing to save
+    answers_calls = True  # `call("get_state")`, from the reports; fastrecord's vector wrappers above ask it first
 
     def __init__(self, env: gym.vector.VectorEnv, *, mirrors: list[gym.Env], renderer: GroupRenderer | None = None,
                  device: str = "cuda") -> None:
