@@ -17,7 +17,7 @@
 # before the call's limit, so what it measured comes back. Last run: `packed`, 2026-12-05 14:48 UTC on an
 # H100 machine (docs/performance.md, "Sub-envs several to a process").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay_ahead|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -88,6 +88,15 @@ case $stage in
     run 170 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -q -p no:cacheprovider --durations=5
     run 380 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --floor \
       --also "--workers 1 --vector async"
+    ;;
+  replay_ahead)
+    # the same after the sub-envs ran their whole next step ahead (not only its physics): the mirrored GPU tests,
+    # 96 episodes whole, then where a mirrored step goes (benchmarks.profile_replay)
+    run 100 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -k async -q -p no:cacheprovider
+    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 \
+      --also "--workers 1 --vector async"
+    run 100 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async \
+      --json "$out/profile_replay.json"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
