@@ -95,8 +95,10 @@ def main() -> None:
     if traj is None:
         argv = [sys.executable, "-m", "fastrecord", "record", "PickCube-v1", "--episodes", str(args.episodes),
                 "--no-video", "--max-episode-steps", str(args.steps), "--output-dir", str(work / "input"),
-                "--trajectory-name", "pickcube", "--num-envs", str(min(args.num_envs, 16)), "--quiet"]
-        subprocess.run(argv, check=True, capture_output=True)
+                "--trajectory-name", "pickcube", "--num-envs", str(min(args.num_envs, 16))]
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"recording the input failed ({' '.join(argv)}):\n{r.stderr[-3000:]}")
         traj = str(work / "input" / "pickcube.h5")
     results = []
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:

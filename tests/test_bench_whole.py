@@ -105,3 +105,21 @@ def test_profile_eval_tiny_real_processes(tmp_path):
     assert "EpisodeRecorder.on_step" in results["default"]["loop_timers"]
     assert "EpisodeRecorder.on_step" not in results["no_video"]["loop_timers"]
     assert results["default"]["close"] > 0 and "RecordVectorEpisode.close" in results["default"]["close_timers"]
+
+
+def test_profile_replay_tiny_real_processes(tmp_path):
+    """`benchmarks.profile_replay` at a tiny size: its input recorded, each variant a real process replaying it,
+    its layers timed and saved (on the CPU the batched render does not run: no sub-env or drawing layer)."""
+    from pathlib import Path
+
+    out = tmp_path / "profile.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.profile_replay", "--episodes", "2", "--steps", "3",
+                        "--num-envs", "2", "--variants", "async,sync", "--json", str(out)],
+                       capture_output=True, text=True, timeout=400, cwd=Path(__file__).parents[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = {x["variant"]: x for x in json.loads(out.read_text())}
+    assert sorted(results) == ["async", "sync"], r.stdout
+    for res in results.values():
+        assert res["episodes"] == 2 and res["env_steps"] == 6
+        assert res["layers"]["batch.step"]["calls"] == 3 and res["layers"]["batch.start"]["calls"] == 1
+        assert res["loop_s"] > 0 and res["process_s"] >= res["call_s"]
