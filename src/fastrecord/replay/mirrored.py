@@ -208,8 +208,9 @@ class MirroredReplayVectorEnv(GroupRenderedVectorEnv):
 def mirrored_replay_env(thunk: Callable[[], gym.Env], num_envs: int, env_id: str, env_kwargs: dict[str, Any],
                         max_episode_steps: int | None, device: str) -> MirroredReplayVectorEnv:
     """``num_envs`` replay envs (``thunk``: `fastrecord.replay.envs.make_replay_env` of ``env_id``, ``env_kwargs``, as a
-    sub-env process makes it: `fastrecord.replay.envs.in_worker`) in `fastrecord.packed.PackedVectorEnv` processes (autoreset disabled), drawn here in one group on ``device``;
-    the mirrors are made (and the group warmed) on a thread while the sub-envs start (`group_rendered`)."""
+    sub-env process makes it: `fastrecord.replay.envs.in_worker`) in `fastrecord.packed.PackedVectorEnv` processes
+    (autoreset disabled), drawn here in one group on ``device``; the mirrors are made (and the group warmed) on a
+    thread while the sub-envs start (`group_rendered`)."""
     from fastrecord.packed import PackedVectorEnv
     from fastrecord.workers import forkserver_context
 
