@@ -13,6 +13,10 @@
 # group's warm-up: mkdir -p build/before && git archive 9c16566 src | tar -x -C build/before
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh startup
 #                                         # record and eval, this tree against build/before/src; 16 makes (~540 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_ahead   # the replay in one rendering process
+#                                         (--workers 1 --vector async): its GPU tests, 96 episodes whole against the
+#                                         default and ManiSkill, where its step goes (~300 s); `replay` and `replay480`:
+#                                         the same with all the GPU tests and --floor, and at 480 episodes
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back. Last run: `packed`, 2026-12-05 14:48 UTC on an
 # H100 machine (docs/performance.md, "Sub-envs several to a process").
