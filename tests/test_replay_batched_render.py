@@ -243,6 +243,19 @@ def test_grouped_replay_follows_reconfiguring_resets(tmp_path, vector):
 
 
 # ------------------------------------------------------------------------------ the pipelined step on the CPU
+def _assert_identical_replays(a: Path, b: Path) -> None:
+    """Two replays of one input on the CPU: the same episodes, every recorded value (camera pictures included) equal."""
+    meta_a, meta_b = (json.loads(p.with_suffix(".json").read_text()) for p in (a, b))
+    assert [e["source_episode_id"] for e in meta_a["episodes"]] == [e["source_episode_id"] for e in meta_b["episodes"]]
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        for ep in meta_a["episodes"]:
+            key = f"traj_{ep['episode_id']}"
+            la, lb = leaves(fa[key]), leaves(fb[key])
+            assert la.keys() == lb.keys() and any(k.endswith("/rgb") for k in la)
+            for k in la:
+                np.testing.assert_array_equal(la[k], lb[k], err_msg=f"{key} {k}")
+
+
 class _OwnPictures:
     """Stands in for `fastrecord.render.group.GroupRenderer` where there is no CUDA device (a test double): when the
     group would submit its pictures, each env draws its own sensors (ManiSkill's ``_get_obs_sensor_data``, lavapipe)
@@ -300,15 +313,7 @@ def test_pipelined_grouped_replay_equals_each_env_drawing_itself_on_the_cpu(pick
         out[batched] = tmp_path / batched / "out.h5"
     # 9 steps (slot 2 plays 3 then 6); every env ran ahead except at its episode's last step
     assert len(ahead) == max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) and sum(ahead) == sum(LENGTHS) - 4
-    meta_on, meta_off = (json.loads(p.with_suffix(".json").read_text()) for p in out.values())
-    assert [e["source_episode_id"] for e in meta_on["episodes"]] == [e["source_episode_id"] for e in meta_off["episodes"]]
-    with h5py.File(out["on"], "r") as fa, h5py.File(out["off"], "r") as fb:
-        for ep in meta_on["episodes"]:
-            key = f"traj_{ep['episode_id']}"
-            la, lb = leaves(fa[key]), leaves(fb[key])
-            assert la.keys() == lb.keys() and any(k.endswith("/rgb") for k in la)
-            for k in la:
-                np.testing.assert_array_equal(la[k], lb[k], err_msg=f"{key} {k}")
+    _assert_identical_replays(out["on"], out["off"])
 
 
 # ------------------------------------------------------------------- sub-envs in processes, drawn in this one
@@ -404,12 +409,4 @@ def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file
     assert len(ahead) <= max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) and sum(ahead) == sum(LENGTHS) - 4
     # the recorder's per-step states came from the sub-envs' reports: no process running ahead was asked
     assert "get_state" not in asked and "get_state_dict" in asked
-    meta_on, meta_off = (json.loads(p.with_suffix(".json").read_text()) for p in out.values())
-    assert [e["source_episode_id"] for e in meta_on["episodes"]] == [e["source_episode_id"] for e in meta_off["episodes"]]
-    with h5py.File(out["on"], "r") as fa, h5py.File(out["off"], "r") as fb:
-        for ep in meta_on["episodes"]:
-            key = f"traj_{ep['episode_id']}"
-            la, lb = leaves(fa[key]), leaves(fb[key])
-            assert la.keys() == lb.keys() and any(k.endswith("/rgb") for k in la)
-            for k in la:
-                np.testing.assert_array_equal(la[k], lb[k], err_msg=f"{key} {k}")
+    _assert_identical_replays(out["on"], out["off"])
