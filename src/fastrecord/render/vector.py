@@ -253,11 +253,15 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         obs, rew, terminated, truncated, info = self.env.step(actions)
         return obs, rew, terminated, truncated, self._take(info)
 
-    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.render
+    def _reported_poses(self, what: str) -> list[np.ndarray]:
+        """Every sub-env's last reported poses; ``what`` (a render, a step) before the first reset is an error."""
         poses = [p for p in self._poses if p is not None]
         if len(poses) != len(self._poses):
-            raise RuntimeError("render() before reset(): reset the envs first")
-        self.renderer.set_poses(poses)
+            raise RuntimeError(f"{what} before reset(): reset the envs first")
+        return poses
+
+    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched tensors, as ManiSkill's BaseEnv.render
+        self.renderer.set_poses(self._reported_poses("render()"))
         names = _human_camera_names(self.renderer.envs[0])
         frames = [self.renderer.render(name) for name in names]
         if len(frames) == 1:

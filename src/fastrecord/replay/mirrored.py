@@ -184,12 +184,9 @@ class MirroredReplayVectorEnv(GroupRenderedVectorEnv):
         poses, in the full observation space's order."""
         if self._sensor_space is None:
             return obs
-        poses = [p for p in self._poses if p is not None]
-        if len(poses) != len(self._poses):
-            raise RuntimeError("a step before reset(): reset the envs first")
         renderer = self.renderer
         names = list(self._sensor_space.spaces)
-        renderer.set_poses(poses)
+        renderer.set_poses(self._reported_poses("a step"))
         renderer.take_pictures(names, sensor=True)
         data: dict[str, dict[str, np.ndarray]] = {}
         for name in names:
