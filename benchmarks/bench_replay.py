@@ -75,17 +75,28 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
     return folder / "pickcube.h5"
 
 
-def timed(argv: list[str], label: str, loop: list[float] | None = None, src: Path = SRC) -> float:
+def timed(argv: list[str], label: str, loop: list[float] | None = None, src: Path = SRC,
+          stamps: Path | None = None) -> float:
     """The command's wall time; fastrecord's own timeline lines (workers up / replaying / done, merge,
     start-up) are printed under its label, and the replay loop's seconds (the workers' first start of
-    replaying to their last end) appended to ``loop``."""
+    replaying to their last end) appended to ``loop``. With ``stamps`` (a file; fastrecord's commands only) the
+    command writes its phases there (``FASTRECORD_TIMELINE``), printed as seconds after the launch."""
     import re
 
+    env = child_env(src)
+    if stamps is not None:
+        stamps.unlink(missing_ok=True)
+        env["FASTRECORD_TIMELINE"] = str(stamps)
+    launched = time.time()
     t0 = time.perf_counter()
-    r = subprocess.run(argv, env=child_env(src), capture_output=True, text=True)
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"{label} failed ({' '.join(argv)}):\n{r.stderr[-3000:]}")
+    if stamps is not None and stamps.exists():
+        phases = sorted(json.loads(stamps.read_text()).items(), key=lambda kv: kv[1])
+        print(f"  {label}: phases (s after launch) " + ", ".join(f"{k} {t - launched:.2f}" for k, t in phases)
+              + f", exit {seconds:.2f}", flush=True)
     for line in r.stdout.splitlines():
         if line.startswith(("workers (", "start-up", "speed:")):
             print(f"  {label}: {line}", flush=True)
@@ -217,6 +228,8 @@ def main() -> None:
                         "repeat, e.g. before=../main/src")
     p.add_argument("--by", choices=("states", "actions"), default="states")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--stamps", action="store_true",
+                   help="print where each fastrecord command's seconds went (its FASTRECORD_TIMELINE phases)")
     p.add_argument("--work-dir", help="where inputs and outputs go (default: a temporary folder, removed)")
     args = p.parse_args()
     n = args.num_envs
@@ -283,7 +296,8 @@ def main() -> None:
         for r in range(args.repeat):
             for label, argv in runs.items():
                 loop: list[float] = []
-                seconds[label].append(timed(argv, label, loop, srcs.get(label, SRC)))
+                stamps = work / "stamps.json" if args.stamps and label.startswith("fastrecord") else None
+                seconds[label].append(timed(argv, label, loop, srcs.get(label, SRC), stamps))
                 if floor_ms is not None and loop:
                     print(
                         f"  {label}: replay loop {loop[0]:.2f} s = {loop[0] / (frames * floor_ms / 1e3):.2f}x the floor",

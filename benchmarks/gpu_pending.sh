@@ -97,7 +97,7 @@ case $stage in
     # the same after the sub-envs ran their whole next step ahead (not only its physics): the mirrored GPU tests,
     # 96 episodes whole, then where a mirrored step goes (benchmarks.profile_replay)
     run 100 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -k async -q -p no:cacheprovider
-    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 \
+    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
       --also "--workers 1 --vector async"
     run 100 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async \
       --json "$out/profile_replay.json"
