@@ -99,7 +99,7 @@ case $stage in
     run 100 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -k async -q -p no:cacheprovider
     run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
       --also "--workers 1 --vector async"
-    run 100 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async \
+    run 150 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async,async_per4 \
       --json "$out/profile_replay.json"
     ;;
   replay480)

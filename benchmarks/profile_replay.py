@@ -6,7 +6,7 @@ fresh process (``--variants``):
     python -m benchmarks.profile_replay --traj demos/pickcube.h5 --variants async,async_per1
 
 Variants: ``async`` (`--workers 1 --vector async`: sub-env processes, two envs each, drawn in this process by
-`fastrecord.replay.mirrored`), ``async_per1`` (the same, one env a sub-env process), ``sync`` (`--workers 1
+`fastrecord.replay.mirrored`), ``async_per1`` / ``async_per4`` (the same, one / four envs a sub-env process), ``sync`` (`--workers 1
 --vector sync`: every env in this process, drawn in one group). Layers (mean and p50 ms a call, and seconds in all):
 ``batch.step`` (the replay loop's step: the vector env and the recorder), ``subenvs.step`` (the sub-env
 processes' answer, `PackedVectorEnv.step` / ``step_ahead``), ``draw`` (the group's sensor pictures to the host,
@@ -30,6 +30,7 @@ from pathlib import Path
 VARIANTS = {
     "async": dict(workers=1, vector="async"),
     "async_per1": dict(workers=1, vector="async"),
+    "async_per4": dict(workers=1, vector="async"),
     "sync": dict(workers=1, vector="sync"),
 }
 
@@ -58,8 +59,8 @@ def _timers(variant: str) -> dict[str, list[float]]:
     wrap(packed.PackedVectorEnv, "step_ahead", "subenvs.step")
     wrap(mirrored.MirroredReplayVectorEnv, "_with_sensors", "draw")
     wrap(grouped.GroupedSyncVectorEnv, "step", "grouped.step")
-    if variant == "async_per1":
-        packed.ENVS_PER_PROCESS = 1
+    if variant in ("async_per1", "async_per4"):
+        packed.ENVS_PER_PROCESS = int(variant[-1])
     return times
 
 
