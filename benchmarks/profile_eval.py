@@ -8,7 +8,8 @@ once, ``steps`` random actions, close) over ``make_eval_envs`` (CPU simulation, 
 render where there is a GPU), with wall-clock timers around the layers a step passes through (the frame stacking
 and same-step reset, the recorder, the batched render, the sub-env processes) and around the close's parts.
 Prints, per variant, each timer's calls, mean and total, the loop's steps split into steps where envs reset and
-the others (the 8 slowest of the others with their timers: the mean's tail), and the close's parts. Variants:
+the others (the 8 slowest of the others with their timers: the mean's tail), and the close's parts; Python's garbage
+collections are timed too (``gc.gen0/1/2``). Variants:
 ``default``; ``per_process_N`` (``envs_per_process=N``);
 ``no_video`` (no recorder: the sub-envs and the stacking alone); ``sync`` (the default, with
 ``torch.cuda.synchronize()`` timed after each batched render: the GPU's drawing, seen from the host).
@@ -67,6 +68,22 @@ def _wrap(timers: dict[str, list[float]], sync: bool) -> None:
                 setattr(cls, name, timed)
 
 
+def _time_collections(timers: dict[str, list[float]]) -> None:
+    """Python's garbage collections in this process, timed like the layers (``gc.gen0/1/2``): a full one walks
+    the heap of torch and ManiSkill (0.1-0.3 s), and a step that holds one is among the slowest."""
+    import gc
+
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            timers[f"gc.gen{info['generation']}"].append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(on_gc)
+
+
 def child(a: dict[str, Any]) -> None:
     import numpy as np
 
@@ -74,6 +91,7 @@ def child(a: dict[str, Any]) -> None:
 
     timers: dict[str, list[float]] = defaultdict(list)
     _wrap(timers, a["variant"] == "sync")
+    _time_collections(timers)
     from fastrecord import make_eval_envs
 
     extra: dict[str, Any] = {}
