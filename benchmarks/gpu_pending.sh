@@ -17,11 +17,13 @@
 #                                         (--workers 1 --vector async): its GPU tests, 96 episodes whole against the
 #                                         default and ManiSkill, where its step goes (~300 s); `replay` and `replay480`:
 #                                         the same with all the GPU tests and --floor, and at 480 episodes
+#   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh ahead_and_eval   # replay_ahead, then
+#                                         profile_eval of this tree and of BEFORE once each (~450 s): one lend for both
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back. Last run: `packed`, 2026-12-05 14:48 UTC on an
 # H100 machine (docs/performance.md, "Sub-envs several to a process").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay_ahead|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -101,6 +103,19 @@ case $stage in
       --also "--workers 1 --vector async"
     run 150 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async,async_per4 \
       --json "$out/profile_replay.json"
+    ;;
+  ahead_and_eval)
+    # one call for both open questions, most important first (a lend is rare): replay_ahead's runs, then the eval's
+    # first reset and close with the render group warmed in the mirrors' thread, against BEFORE (one profile each)
+    before=${BEFORE:-build/before/src}
+    run 90 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -k async -q -p no:cacheprovider
+    run 180 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
+      --also "--workers 1 --vector async"
+    run 120 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async,async_per4 \
+      --json "$out/profile_replay.json"
+    run 70 profile_eval_this python3 -m benchmarks.profile_eval --variants default --json "$out/profile_this.json"
+    PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 70 profile_eval_before python3 -m benchmarks.profile_eval \
+      --variants default --json "$out/profile_before.json"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
