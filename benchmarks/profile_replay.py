@@ -6,12 +6,13 @@ fresh process (``--variants``):
     python -m benchmarks.profile_replay --traj demos/pickcube.h5 --variants async,async_per1
 
 Variants: ``async`` (`--workers 1 --vector async`: sub-env processes, two envs each, drawn in this process by
-`fastrecord.replay.mirrored`), ``async_per1`` / ``async_per4`` (the same, one / four envs a sub-env process), ``sync`` (`--workers 1
---vector sync`: every env in this process, drawn in one group). Layers (mean and p50 ms a call, and seconds in all):
+`fastrecord.replay.mirrored`), ``async_per1`` / ``async_per4`` (the same, one / four envs a sub-env process),
+``sync`` (`--workers 1 --vector sync`: every env in this process, drawn in one group). Layers (mean and p50 ms a call, and seconds in all):
 ``batch.step`` (the replay loop's step: the vector env and the recorder), ``subenvs.step`` (the sub-env
 processes' answer, `PackedVectorEnv.step` / ``step_ahead``), ``draw`` (the group's sensor pictures to the host,
-`MirroredReplayVectorEnv._with_sensors`), ``grouped.step`` (`GroupedSyncVectorEnv.step`, sync), ``batch.start``
-(resets). A GPU machine's figures; on the CPU the batched render does not run.
+`MirroredReplayVectorEnv._with_sensors`), ``grouped.step`` (`GroupedSyncVectorEnv.step`, sync),
+``recorder.on_step`` (the recorder's work for the step's envs), ``batch.start`` (resets). A GPU machine's figures; on
+the CPU the batched render does not run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ VARIANTS = {
 
 
 def _timers(variant: str) -> dict[str, list[float]]:
-    from fastrecord import packed
+    from fastrecord import packed, recorder
     from fastrecord.replay import envs, grouped, mirrored
 
     times: dict[str, list[float]] = defaultdict(list)
@@ -59,6 +60,7 @@ def _timers(variant: str) -> dict[str, list[float]]:
     wrap(packed.PackedVectorEnv, "step_ahead", "subenvs.step")
     wrap(mirrored.MirroredReplayVectorEnv, "_with_sensors", "draw")
     wrap(grouped.GroupedSyncVectorEnv, "step", "grouped.step")
+    wrap(recorder.EpisodeRecorder, "on_step", "recorder.on_step")
     if variant in ("async_per1", "async_per4"):
         packed.ENVS_PER_PROCESS = int(variant[-1])
     return times
