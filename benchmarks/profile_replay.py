@@ -6,11 +6,11 @@ fresh process (``--variants``):
     python -m benchmarks.profile_replay --traj demos/pickcube.h5 --variants async,async_per1
 
 Variants: ``async`` (`--workers 1 --vector async`: sub-env processes, two envs each, drawn in this process by
-`fastrecord.replay.mirrored`), ``async_per1`` / ``async_per4`` (the same, one / four envs a sub-env process),
-``sync`` (`--workers 1 --vector sync`: every env in this process, drawn in one group). Layers (mean and p50 ms a
-call, and seconds in all): ``batch.step`` (the replay loop's step: the vector env and the recorder), ``subenvs.step`` (the sub-env
-processes' answer, `PackedVectorEnv.step` / ``step_ahead``), ``draw`` (the group's sensor pictures to the host,
-`MirroredReplayVectorEnv._with_sensors`), ``grouped.step`` (`GroupedSyncVectorEnv.step`, sync),
+`fastrecord.replay.mirrored`), ``async_per1`` / ``async_per4`` (the same, one / four envs a sub-env process), ``sync``
+(`--workers 1 --vector sync`: every env in this process, drawn in one group). Layers (mean and p50 ms a call, and
+seconds in all): ``batch.step`` (the replay loop's step: the vector env and the recorder), ``subenvs.step`` (the
+sub-env processes' answer, `PackedVectorEnv.step` / ``step_ahead``), ``draw`` (the group's sensor pictures to the
+host, `MirroredReplayVectorEnv._with_sensors`), ``grouped.step`` (`GroupedSyncVectorEnv.step`, sync),
 ``recorder.on_step`` (the recorder's work for the step's envs), ``batch.start`` (resets). A GPU machine's figures; on
 the CPU the batched render does not run.
 """
