@@ -109,7 +109,7 @@ case $stage in
     # first reset and close with the render group warmed in the mirrors' thread, against BEFORE (one profile each)
     before=${BEFORE:-build/before/src}
     run 90 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -k async -q -p no:cacheprovider
-    run 180 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
+    run 180 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
       --also "--workers 1 --vector async"
     run 120 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async,async_per4 \
       --json "$out/profile_replay.json"
