@@ -121,7 +121,7 @@ def main() -> None:
         print(f"{variant}: whole process {wall:.1f} s, replay call {res['call_s']} s (start-up {res['startup_s']} s, "
               f"loop {res['loop_s']} s = {res['env_steps'] / res['loop_s']:.0f} env-steps/s)", flush=True)
         for k, v in res["layers"].items():
-            print(f"  {k:14s} {v['calls']:5d} calls  {v['seconds']:7.2f} s  mean {v['mean_ms']:7.2f} ms  "
+            print(f"  {k:16s} {v['calls']:5d} calls  {v['seconds']:7.2f} s  mean {v['mean_ms']:7.2f} ms  "
                   f"p50 {v['p50_ms']:7.2f} ms", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
