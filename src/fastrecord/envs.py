@@ -51,6 +51,11 @@ def cat_trees(trees: list[Any]) -> Any:
     return torch.cat([torch.as_tensor(t) for t in trees], dim=0)
 
 
+def to_numpy(x: Any) -> np.ndarray:
+    """``x`` (a tensor on any device, an array or a scalar) as a numpy array."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
 class SubEnvAccess:
     """Mixin for ``gym.vector.VectorWrapper`` subclasses: forwards ``call``/``get_attr``/``set_attr`` to
     the vector env at the bottom, which gymnasium's ``VectorWrapper`` does not do, or to the first wrapper on

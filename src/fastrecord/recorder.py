@@ -21,7 +21,7 @@ import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.cameras import check_video_options
-from fastrecord.envs import EnvView
+from fastrecord.envs import EnvView, to_numpy
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
 from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
@@ -31,11 +31,6 @@ from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
 from fastrecord.video.yuv import YUV420P, warm_triton
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    """``x`` (a tensor on any device, an array or a scalar) as a numpy array."""
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 def _with_env_dim(action: Any, space: Any) -> Any:

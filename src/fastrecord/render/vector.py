@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrecord.envs import SubEnvAccess
+from fastrecord.envs import SubEnvAccess, to_numpy
 from fastrecord.render import BatchedRenderError
 from fastrecord.render.bodies import RenderBodies
 from fastrecord.render.group import GroupRenderer
@@ -63,8 +63,7 @@ class PoseReporter(gym.Wrapper):
         descriptor sent over a socket per tensor), numpy in the pickle (a 96-episode replay loop on the H200:
         13.9 -> 10.1 s)."""
         base: Any = self.env.unwrapped  # a ManiSkill env
-        state = base.get_state()
-        return state.cpu().numpy() if hasattr(state, "cpu") else np.asarray(state)
+        return to_numpy(base.get_state())
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)

@@ -36,6 +36,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
+from fastrecord.envs import to_numpy
 from fastrecord.render.group import GroupRenderer
 from fastrecord.render.vector import GroupRenderedVectorEnv, PoseReporter, group_rendered, mirror_kwargs
 from fastrecord.replay.grouped import sensor_modalities
@@ -74,8 +75,7 @@ class ReplayReporter(PoseReporter):
 
     def _report(self, info: dict[str, Any]) -> dict[str, Any]:
         info = super()._report(info)
-        state = self.replay.get_state()
-        info[STATE_KEY] = state.cpu().numpy() if hasattr(state, "cpu") else np.asarray(state)
+        info[STATE_KEY] = to_numpy(self.replay.get_state())
         return info
 
     def get_state(self) -> np.ndarray:
