@@ -19,11 +19,16 @@
 #                                         the same with all the GPU tests and --floor, and at 480 episodes
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh ahead_and_eval   # replay_ahead, then
 #                                         profile_eval of this tree and of BEFORE once each (~450 s): one lend for both
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_split   # 96 episodes whole, default against
+#                                         one rendering process; where the loop's time outside the steps goes (~260 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh after_fixes    # the eval's profile, then 96 episodes
+#                                         whole, default against one rendering process (~110 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
-# before the call's limit, so what it measured comes back. Last run: `packed`, 2026-12-05 14:48 UTC on an
-# H100 machine (docs/performance.md, "Sub-envs several to a process").
+# before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
+# fewer). Last runs: `ahead_and_eval`, `replay_split` and `after_fixes`, 2026-12-06 04:22-05:16 UTC on H100 machines
+# (docs/performance.md, "The whole step run ahead, measured").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -117,12 +122,31 @@ case $stage in
     PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 70 profile_eval_before python3 -m benchmarks.profile_eval \
       --variants default --json "$out/profile_before.json"
     ;;
+  replay_split)
+    # after ahead_and_eval (2026-12-06, H100: the mirrored step at 1.16x the drawing, the loop 2.9 s longer than its
+    # steps): 96 episodes whole, the default against the mirrored layout and ManiSkill, then where the loop's time
+    # outside the steps goes (episodes flushed, input read, close); the eval's profile. Six files back (at most 8 return)
+    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
+      --also "--workers 1 --vector async"
+    run 100 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async_per4,sync \
+      --json "$out/profile_replay.json"
+    # the eval's 16 mirror builds each held a full collection of ~140 ms (ahead_and_eval): which thread, how much frozen
+    run 60 profile_eval python3 -m benchmarks.profile_eval --variants default --json "$out/profile_eval.json"
+    ;;
+  after_fixes)
+    # the eval's mirrors built inside their own freeze and the replay's flush without torch's CPU indexing
+    # (2026-12-06): the eval's profile first (its make and its full collections), then 96 episodes whole, the default
+    # (4 workers) against one rendering process and ManiSkill
+    run 60 profile_eval python3 -m benchmarks.profile_eval --variants default --json "$out/profile_eval.json"
+    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
+      --also "--workers 1 --vector async"
+    ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
       --also "--workers 1 --vector async"
     ;;
   *)
-    echo "unknown stage $stage: tests, lerobot, whole, startup, packed or eval" >&2
+    echo "unknown stage $stage: see the usage line" >&2
     exit 2
     ;;
 esac

@@ -68,18 +68,30 @@ def _wrap(timers: dict[str, list[float]], sync: bool) -> None:
                 setattr(cls, name, timed)
 
 
+FULL_COLLECTIONS: list[tuple[str, int, int, int, float]] = []  # (thread, frozen, walked after, collected, ms)
+
+
 def _time_collections(timers: dict[str, list[float]]) -> None:
     """Python's garbage collections in this process, timed like the layers (``gc.gen0/1/2``): a full one walks
-    the heap of torch and ManiSkill (0.1-0.3 s), and a step that holds one is among the slowest."""
+    the heap of torch and ManiSkill (0.1-0.3 s), and a step that holds one is among the slowest. Each full one is
+    also noted in `FULL_COLLECTIONS` with its thread, how many objects were frozen (``gc.freeze``: out of its
+    walk) as it started and how many it would walk after it: whether `fastrecord.render.vector.scenes_built` kept the
+    mirrors' builds' collections short, and whether a long one walked much (else its finalizers took the time)."""
     import gc
+    import threading
 
-    started: list[float] = []
+    started: list[tuple[float, int]] = []
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            started.append(time.perf_counter())
+            started.append((time.perf_counter(), gc.get_freeze_count()))
         elif started:
-            timers[f"gc.gen{info['generation']}"].append(time.perf_counter() - started.pop())
+            t0, frozen = started.pop()
+            took = time.perf_counter() - t0
+            timers[f"gc.gen{info['generation']}"].append(took)
+            if info["generation"] == 2:
+                walked = len(gc.get_objects())  # after the timing: what a full collection walks now
+                FULL_COLLECTIONS.append((threading.current_thread().name, frozen, walked, info["collected"], 1e3 * took))
 
     gc.callbacks.append(on_gc)
 
@@ -132,7 +144,8 @@ def child(a: dict[str, Any]) -> None:
     slowest = sorted((i for i, (_, reset) in enumerate(steps) if not reset), key=lambda i: -steps[i][0])[:8]
     out = dict(variant=a["variant"], made=made, reset=reset_s, loop=loop, close=close, steps=steps, stamps=stamps,
                slowest=[(i, steps[i][0], parts[i]) for i in sorted(slowest)],
-               reset_timers=reset_timers, loop_timers=loop_timers, close_timers={k: list(v) for k, v in timers.items()})
+               reset_timers=reset_timers, loop_timers=loop_timers, close_timers={k: list(v) for k, v in timers.items()},
+               full_collections=FULL_COLLECTIONS)
     with open(a["json"], "w") as f:
         json.dump(out, f)
     os._exit(0)  # as fastrecord's CLI leaves: the interpreter's teardown is not what this measures
@@ -157,6 +170,10 @@ def report(r: dict[str, Any], num_envs: int) -> str:
         lines.append(f"   slow step {i}: {1e3 * t:.1f} ms (" + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in top) + ")")
     lines.append("   stamps (s from launch): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stamps"].items(),
                                                                                           key=lambda kv: kv[1])))
+    full = r.get("full_collections") or []
+    if full:
+        lines.append(f"   full collections: {len(full)} (thread, objects frozen, walked, collected, ms): " + ", ".join(
+            f"({th}, {frozen}, {walked}, {got}, {ms:.0f})" for th, frozen, walked, got, ms in full[:20]))
     for title, key in (("make and first reset", "reset_timers"), ("loop", "loop_timers"), ("close", "close_timers")):
         lines.append(f"   {title}: timer, calls, mean ms, p50 ms, total s")
         for k, v in sorted(r[key].items(), key=lambda kv: -sum(kv[1])):

@@ -11,8 +11,10 @@ Variants: ``async`` (`--workers 1 --vector async`: sub-env processes, two envs e
 seconds in all): ``batch.step`` (the replay loop's step: the vector env and the recorder), ``subenvs.step`` (the
 sub-env processes' answer, `PackedVectorEnv.step` / ``step_ahead``), ``draw`` (the group's sensor pictures to the
 host, `MirroredReplayVectorEnv._with_sensors`), ``grouped.step`` (`GroupedSyncVectorEnv.step`, sync),
-``recorder.on_step`` (the recorder's work for the step's envs), ``batch.start`` (resets). A GPU machine's figures; on
-the CPU the batched render does not run.
+``recorder.on_step`` (the recorder's work for the step's envs), ``batch.start`` (resets), ``flush`` (an ended
+episode checked and handed to the writers; ``recorder.finalize`` inside it), ``plan`` (an episode's actions and states
+read from the input), ``batch.close`` (the writers drained, the envs closed; inside the loop's time). A GPU machine's
+figures; on the CPU the batched render does not run.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ VARIANTS = {
 
 def _timers(variant: str) -> dict[str, list[float]]:
     from fastrecord import packed, recorder
-    from fastrecord.replay import envs, grouped, mirrored
+    from fastrecord.replay import drive, envs, grouped, mirrored
 
     times: dict[str, list[float]] = defaultdict(list)
 
@@ -61,6 +63,10 @@ def _timers(variant: str) -> dict[str, list[float]]:
     wrap(mirrored.MirroredReplayVectorEnv, "_with_sensors", "draw")
     wrap(grouped.GroupedSyncVectorEnv, "step", "grouped.step")
     wrap(recorder.EpisodeRecorder, "on_step", "recorder.on_step")
+    wrap(drive._Tally, "write", "flush")  # an ended episode checked and handed to the writers
+    wrap(recorder.EpisodeRecorder, "finalize", "recorder.finalize")
+    wrap(drive._Slots, "_plan", "plan")  # an episode's actions and states read from the input file
+    wrap(envs.VectorBatch, "close", "batch.close")
     if variant in ("async_per1", "async_per4"):
         packed.ENVS_PER_PROCESS = int(variant[-1])
     return times
@@ -121,7 +127,7 @@ def main() -> None:
         print(f"{variant}: whole process {wall:.1f} s, replay call {res['call_s']} s (start-up {res['startup_s']} s, "
               f"loop {res['loop_s']} s = {res['env_steps'] / res['loop_s']:.0f} env-steps/s)", flush=True)
         for k, v in res["layers"].items():
-            print(f"  {k:16s} {v['calls']:5d} calls  {v['seconds']:7.2f} s  mean {v['mean_ms']:7.2f} ms  "
+            print(f"  {k:18s} {v['calls']:5d} calls  {v['seconds']:7.2f} s  mean {v['mean_ms']:7.2f} ms  "
                   f"p50 {v['p50_ms']:7.2f} ms", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -286,8 +286,9 @@ def test_mirrors_are_built_without_walking_the_callers_objects():
     import weakref
 
     from fastrecord.render.vector import scenes_built
+    from fastrecord.workers import imports_frozen
 
-    if gc.get_freeze_count():
+    if gc.get_freeze_count() or imports_frozen():
         pytest.skip("this process froze its objects (scenes_built then leaves the freeze alone)")
     env = _make("PickCube-v1")
     try:
@@ -306,6 +307,39 @@ def test_mirrors_are_built_without_walking_the_callers_objects():
         env.close()
 
 
+def test_scenes_built_freezes_where_another_library_froze_a_few_objects(monkeypatch):
+    """A user's process where some library froze a few objects (``gc.get_freeze_count() > 0``, as in the baseline
+    eval on the GPU machine: 375) has not frozen its imports: `scenes_built` still freezes what exists, and leaving
+    puts everything back in the collector's reach. Only fastrecord's own processes (`freeze_imports`) are left
+    alone."""
+    import gc
+
+    from fastrecord import workers
+    from fastrecord.render.vector import scenes_built
+
+    if gc.get_freeze_count() or workers.imports_frozen():
+        pytest.skip("this process froze its objects (a test before ran fastrecord's CLI here)")
+    monkeypatch.setattr(workers, "_imports_frozen", False)
+    gc.freeze()  # the other library's
+    try:
+        before = gc.get_freeze_count()
+        made_after = [[i] for i in range(10_000)]  # out of that freeze: a full collection would walk them
+        with scenes_built():
+            assert gc.get_freeze_count() >= before + len(made_after)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+    monkeypatch.setattr(workers, "_imports_frozen", True)  # fastrecord's own process: its freeze is for good
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with scenes_built():
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
+
+
 def test_uses_of_scenes_built_share_one_freeze():
     """The mirrors' thread and the caller's vector env (gymnasium's dummy env) build scenes at the same time: the
     first use to leave keeps the freeze for the other, the last undoes it."""
@@ -313,8 +347,9 @@ def test_uses_of_scenes_built_share_one_freeze():
     import threading
 
     from fastrecord.render.vector import scenes_built
+    from fastrecord.workers import imports_frozen
 
-    if gc.get_freeze_count():
+    if gc.get_freeze_count() or imports_frozen():
         pytest.skip("this process froze its objects (scenes_built then leaves the freeze alone)")
     inside, leave = threading.Event(), threading.Event()
 

@@ -396,10 +396,17 @@ class EpisodeBuffer:
         )
 
     def restart_from_last(self, env_idx: np.ndarray) -> None:
-        """Start new episodes for ``env_idx`` at their current state (slot cursor -> slot 0)."""
+        """Start new episodes for ``env_idx`` at their current state (slot cursor -> slot 0). CPU storages through
+        numpy, as `_write_leaf` (a replay's flush of one env of 16 with 128x128 rgb observations: torch's indexing
+        10-20 ms a call on the 2-core machine with the writer processes busy, numpy 0.3 ms)."""
+        env_idx = np.asarray(env_idx, dtype=np.int64).reshape(-1)
+        last_slots = self.cursor[env_idx]
         for buf in self._storages():
+            if (host := host_view(buf)) is not None:
+                host[0, env_idx] = host[last_slots, env_idx]
+                continue
             rows = torch.as_tensor(env_idx, device=buf.device)
-            last = torch.as_tensor(self.cursor[env_idx], device=buf.device)
+            last = torch.as_tensor(last_slots, device=buf.device)
             buf[0, rows] = buf[last, rows]
         self.cursor[env_idx] = 0
         self._slots.clear()
