@@ -98,6 +98,24 @@ def test_restart_from_last_moves_the_last_slot_to_slot_0():
     assert episode(buf, 0) == [[0, 2], [0, 3]] and episode(buf, 1) == [[1, t] for t in range(4)]
 
 
+def test_envs_at_different_slots_restart_from_their_own_last_slot():
+    """One call for envs whose episodes are at different steps (a replay flushing envs that end together after
+    starts at different steps): each env's slot 0 gets its own last slot, obs and frames (CPU storages go through
+    numpy), and the envs not named keep theirs."""
+    buf = EpisodeBuffer(N, 8)
+    buf.start(np.arange(N), data(0))
+    buf.step(data(1))
+    buf.start(np.array([1]), data([0, 7, 0]))  # env 1 starts over: one slot behind from here
+    buf.step(data(2))
+    buf.step(data(3))
+    assert buf.cursor.tolist() == [3, 2, 3]
+    buf.restart_from_last(np.array([1, 0]))
+    assert buf.cursor.tolist() == [0, 0, 3]
+    assert episode(buf, 0) == [[0, 3]] and episode(buf, 1) == [[1, 3]]
+    assert buf.fields["frames"][0, 0, 0, 0, 0] == 3 and buf.fields["frames"][0, 1, 0, 0, 0] == 13
+    assert episode(buf, 2) == [[2, t] for t in range(4)]
+
+
 # ---------------------------------------------------------------------------------------------- packed small leaves
 def small(step: int | list[int], n: int = N, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Small leaves (a pack per dtype) whose rows say whose they are: env e at step t."""
