@@ -208,6 +208,7 @@ def piece_encoders(n: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     pool = EncoderProcessPool(max_processes=n)
     pool.start(n)
+    pool.wait_started()
     r["popen_all"] = time.perf_counter() - t0
     for p in pool._all:
         p.process.call("map_arena.__name__.__len__")  # any call: answered once the process imported its module
