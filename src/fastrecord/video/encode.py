@@ -99,6 +99,7 @@ def nvenc_usable() -> bool:
 
 _resolved: dict[str, str] = {}
 _resolving = threading.Lock()  # one probe at a time: a `prefetch_codec` thread and the recorder's own call
+_prefetch: threading.Thread | None = None  # the latest `prefetch_codec` thread
 
 
 def resolve_codec(name: str) -> str:
@@ -106,22 +107,14 @@ def resolve_codec(name: str) -> str:
 
     ``"auto"`` tries ``h264_nvenc`` (only where it actually encodes a frame: the libav build has it AND
     the GPU has an NVENC unit, which e.g. the H100/H200 lack), then falls back to ``libx264``. That probe
-    runs once a process (0.66 s on the H200 machine, where the driver is loaded and no NVENC unit answers;
-    1 ms without an NVIDIA driver); `prefetch_codec` starts it early.
+    runs once a process (0.43 s on the H100 machine, 0.66 s on the H200, where the driver is loaded and no NVENC
+    unit answers; 1 ms without an NVIDIA driver); `prefetch_codec` starts it early, in a helper process.
     """
     if name == "auto":
-        with _resolving:
-            if name not in _resolved:
-                for c in _AUTO_CODECS:
-                    if codec_available(c) and (c != "h264_nvenc" or nvenc_usable()):
-                        _resolved[name] = c
-                        break
-                else:
-                    raise ValueError(
-                        "codec='auto' found no H.264 encoder in this PyAV build; install PyAV from PyPI "
-                        "(`pip install av`)"
-                    )
-        return _resolved[name]
+        prefetch = _prefetch
+        if prefetch is not None and prefetch is not threading.current_thread():
+            prefetch.join()  # its answer, rather than a second probe here
+        return _resolve_auto(nvenc_usable)
     if not codec_available(name):
         raise ValueError(
             f"video codec {name!r} is not available in this PyAV/FFmpeg build; use 'libx264' (always shipped "
@@ -131,22 +124,71 @@ def resolve_codec(name: str) -> str:
     return name
 
 
+def _resolve_auto(probe: Any) -> str:
+    with _resolving:
+        if "auto" not in _resolved:
+            for c in _AUTO_CODECS:
+                if codec_available(c) and (c != "h264_nvenc" or probe()):
+                    _resolved["auto"] = c
+                    break
+            else:
+                raise ValueError(
+                    "codec='auto' found no H.264 encoder in this PyAV build; install PyAV from PyPI "
+                    "(`pip install av`)"
+                )
+    return _resolved["auto"]
+
+
+def codec_resolved(name: str) -> bool:
+    """Whether `resolve_codec` answers ``name`` at once (anything but an "auto" whose probe has not ended)."""
+    return name != "auto" or name in _resolved
+
+
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver loaded (its control device): where NVENC's probe is slow."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+def nvenc_usable_elsewhere() -> bool:
+    """`nvenc_usable`, answered by a helper process (`fastrecord.processes.IsolatedProcess`, which imports PyAV
+    and numpy only). PyAV opens a codec holding the GIL: with an NVIDIA driver that open creates a CUDA context
+    (0.43 s on the H100 machine), during which no other thread of the caller's process ran, so a probe on a thread
+    of the caller stopped the recorder's construction anyway (measured: the construction's next step began the
+    moment the probe ended). A helper that cannot answer is taken for "no NVENC" (libx264 always works)."""
+    from fastrecord.processes import IsolatedProcess
+
+    try:
+        proc = IsolatedProcess("fastrecord.video.encode", "the NVENC probe process")
+    except OSError:
+        return False
+    try:
+        return bool(proc.call(nvenc_usable))
+    except Exception:  # noqa: BLE001 - a probe that failed: no NVENC
+        return False
+    finally:
+        proc.stop(timeout=5.0)
+
+
 def prefetch_codec(*names: str | None) -> None:
-    """Start resolving ``"auto"`` among ``names`` on a daemon thread (`resolve_codec`'s NVENC probe), so that a
-    recorder made later finds it done: for the commands and `make_eval_envs`, which call it before they make
-    their envs, whose processes come from the forkserver (the probe opens a CUDA context in this process, which
-    a process forked from it could not use). A probe that fails is left to the recorder's own call, which
-    raises where it always did."""
+    """Start resolving ``"auto"`` among ``names`` on a daemon thread, so that a recorder made later finds it done
+    and one made now does not wait for it (its first video does): for the commands and `make_eval_envs`, which
+    call it before they make their envs, and for `RecordEpisode`'s construction. Where an NVIDIA driver is
+    loaded the NVENC probe runs in a helper process (`nvenc_usable_elsewhere`): it holds the GIL of the process it
+    runs in, and its CUDA context then stays out of this one (whose processes may be forked). A probe that fails
+    is left to the recorder's own call, which raises where it always did."""
     if "auto" not in names or "auto" in _resolved:
         return
+    probe = nvenc_usable_elsewhere if codec_available("h264_nvenc") and nvidia_driver_present() else nvenc_usable
 
     def run() -> None:
         try:
-            resolve_codec("auto")
+            _resolve_auto(probe)
         except Exception:  # noqa: BLE001 - the recorder's own resolve_codec raises it
             pass
 
-    threading.Thread(target=run, name="fastrecord-codec-probe", daemon=True).start()
+    global _prefetch
+    _prefetch = threading.Thread(target=run, name="fastrecord-codec-probe", daemon=True)
+    _prefetch.start()
 
 
 def _even(img: np.ndarray) -> np.ndarray:
