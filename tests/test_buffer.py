@@ -279,6 +279,45 @@ def test_gather_yuv420p_on_cuda_matches_cpu_conversion():
     np.testing.assert_array_equal(same.view(np.ndarray), out.view(np.ndarray))
 
 
+@pytest.mark.gpu
+def test_a_gather_into_an_arena_still_being_pinned_lands_in_every_piece(monkeypatch):
+    """A fresh process's first gathers: the arena is leased while its pieces are still being pinned (here 256 KiB
+    pieces, each held back 5 ms); each copy goes into one piece once it is pinned (a copy across two registrations
+    is refused by CUDA), the converted frames' on the pinning thread. Every value lands, and each episode's frames
+    can be waited for on their own."""
+    import time
+
+    monkeypatch.setattr(staging, "PIN_PIECE", 256 * 1024)
+    register = staging._cuda_host_register_piece
+    monkeypatch.setattr(staging, "_cuda_host_register_piece", lambda b, t=None: (time.sleep(0.005), register(b, 1))[1])
+    pool = staging.StagingPool()
+    monkeypatch.setattr(staging, "_default_pool", pool)
+    n, steps, size = 6, 5, 96
+    frames = torch.from_numpy(np.stack([smooth_frames(steps + 1, size, size, seed=e) for e in range(n)])).cuda()
+    big = torch.arange(n * 300000, dtype=torch.float32, device="cuda").reshape(n, 300000)  # 7 MiB, plain
+    buf = EpisodeBuffer(n, steps + 1)
+    buf.start(np.arange(n), {"frames": frames[:, 0], "obs/big": big})
+    for t in range(1, steps + 1):
+        buf.step({"frames": frames[:, t], "obs/big": big + t})
+    rows = np.array([4, 1, 5, 0])
+    out = buf.gather(rows, transforms={"frames": YUV420P})
+    arena = locate(out["obs/big"])[0]
+    assert arena.size > 8 * staging.PIN_PIECE  # many pieces
+    want_big = torch.stack([big + t for t in range(steps + 1)], 1)[torch.as_tensor(rows)].cpu().numpy()
+    np.testing.assert_array_equal(out["obs/big"], want_big)  # plain fields: ready on return
+    yuv = out["frames"]
+    want = rgb_to_yuv420p(frames[torch.as_tensor(rows)].cpu(), kernel="torch").numpy()
+    for i in range(len(rows)):  # one episode at a time, as the encoders wait
+        one = yuv[i]
+        one.wait_ready()
+        diff = np.abs(one.view(np.ndarray).astype(int) - want[i])
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # float rounding between the kernels
+    arena.wait_pinned(arena.size)
+    assert arena.pinned and not arena.pinning
+    del out, yuv, one
+    pool.close()
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_read_rows_reads_last_slots_whole_episodes_and_extras_at_once(device):
     """The episode-end flags (last slot, whole episode) and extra tensors in one transfer: the values of

@@ -518,23 +518,26 @@ class EpisodeBuffer:
             assert lease is not None  # a converted field has a layout
             dst = lease.array(*layout[name])
             ready = self._gather_converted(selected[name], t, dst, part)
-            lease.arena.pending = ready  # a reuse of the arena waits for this copy
+            ready.previous = lease.arena.pending  # a shared arena's earlier gathers
+            lease.arena.pending = ready  # a reuse of the arena waits for these copies
             out[name] = t.wrap(dst, ready)
         return {n: out[n] for n in selected if n in out}
 
     def _gather_converted(self, buf: torch.Tensor, transform: LeafTransform, dst: np.ndarray, part: Any) -> Any:
         """Convert on the current stream, copy to ``dst`` on a side stream, in chunks of envs; returns the
-        CUDA event of the copy's end."""
+        `fastrecord.staging.Landing` of the copies. A chunk's copies are enqueued as soon as the staging pieces
+        they land in are pinned: in a fresh process the arena is still being pinned, and the first episodes'
+        frames go out (their encoders wait for their own chunk, `Landing.wait_for`) while later pieces pin."""
+        from fastrecord.staging import Landing, device_to_host
+
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(buf.device)
         current = torch.cuda.current_stream(buf.device)
+        landing = Landing()
         for lo, hi in chunks(dst.shape[0], buf[0, 0].numel() * buf.element_size() * dst.shape[1]):
-            done = transform(part(buf, lo, hi))
-            self._copy_stream.wait_stream(current)
-            with torch.cuda.stream(self._copy_stream):
-                torch.from_numpy(dst[lo:hi]).copy_(done, non_blocking=True)
-            done.record_stream(self._copy_stream)  # the allocator must not reuse it before the copy ends
+            done = transform(part(buf, lo, hi)).contiguous()
+            converted = torch.cuda.Event()
+            converted.record(current)
+            device_to_host(dst[lo:hi], done, self._copy_stream, converted, landing)
             del done
-        ready = torch.cuda.Event(blocking=True)  # waiters sleep rather than spin (encoders need the cores)
-        ready.record(self._copy_stream)
-        return ready
+        return landing

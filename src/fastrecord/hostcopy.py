@@ -70,9 +70,14 @@ def copy_to_staging(buf: torch.Tensor, dst: np.ndarray, env_idx: np.ndarray, len
             np.copyto(dst[i], host[:length, e])
         return dst
     # in chunks of envs: a strided device-to-host copy goes through a device temporary
+    from fastrecord.staging import copy_pinned_pieces
+
     for lo, hi in chunks(len(env_idx), buf[0, 0].numel() * buf.element_size() * length):
         src = part(buf, lo, hi)
-        torch.from_numpy(dst[lo:hi]).copy_(src, non_blocking=src.is_cuda)
+        if src.is_cuda:  # within the arena's pinned pieces (one copy each), waiting for a piece still being pinned
+            copy_pinned_pieces(dst[lo:hi], src.contiguous())
+        else:
+            torch.from_numpy(dst[lo:hi]).copy_(src)
     return dst
 
 

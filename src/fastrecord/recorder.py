@@ -33,6 +33,9 @@ from fastrecord.video.overlay import Overlay, maniskill_font
 from fastrecord.video.yuv import YUV420P, warm_triton
 
 
+WARM_TRITON_AFTER = 8  # batches of episodes (x the envs) gathered before Triton's kernel is loaded (`_warm_conversion`)
+
+
 def _with_env_dim(action: Any, space: Any) -> Any:
     """``action`` with a leading env dim of 1 on each leaf that has its space's unbatched shape."""
     if isinstance(action, Mapping):
@@ -106,6 +109,7 @@ class EpisodeRecorder:
         self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
         self._last_info: Any = None
         self._staging_reserved = False
+        self._frames_gathered = 0  # episodes whose frames were gathered so far (`_warm_conversion`)
         self._warned_state = False
         self.elapsed_record_steps = 0
         self.num_finished = 0  # episodes ended, kept or not
@@ -249,8 +253,8 @@ class EpisodeRecorder:
     def _reserve_staging(self, buf: EpisodeBuffer) -> None:
         """At the first reset: have the staging pool make (and pin) the two arenas that batches of finished
         episodes' frames go through (one being filled while the encoders read the other), on background
-        threads at once, so that the first episodes out do not wait for them; and load the GPU conversion's
-        kernel on a thread of its own (the gathers convert with torch's kernels until it is loaded)."""
+        threads at once, so that the first episodes out do not wait for them (each is leased while its pieces
+        are still being pinned: `fastrecord.staging.Arena.pin_pieces`)."""
         self._staging_reserved = True
         frames = buf.fields.get("frames")
         if frames is None or not shared_memory_supported():
@@ -258,8 +262,23 @@ class EpisodeRecorder:
         yuv = self._yuv and frames.is_cuda
         per_frame = frames[0, 0].numel() // 2 if yuv else frames[0, 0].numel()
         default_staging_pool().reserve(self.num_envs * buf.capacity * per_frame, pin=frames.is_cuda, count=2)
-        if yuv and frames.shape[0] >= 3:  # strided as a gather's frames: the kernel the gathers will launch
-            warm_triton(frames[:3, :1].transpose(0, 1))
+
+    def _warm_conversion(self, episodes: int) -> None:
+        """Once `WARM_TRITON_AFTER` batches' worth of episodes (x the envs) have had their frames gathered: load
+        the GPU conversion's Triton kernel on a thread of its own (the gathers convert with torch's kernels until
+        then). Its import and load hold the GIL for about a second (0.8-1.4 s on the H100 machine): started at the
+        first reset, a fresh process's first 50 steps took 0.4-0.55 s (0.1-0.2 ms a step warm) and the first
+        episodes waited for them; started two batches in, it held back the stepping thread of staggered episodes
+        until the encoders ran dry (2026-12-06). What it saves is small (one kernel for a dozen of torch's each
+        gather), so it loads once a fresh process's start is long behind it."""
+        before = self._frames_gathered
+        self._frames_gathered += episodes
+        buf = self.buffer
+        frames = buf.fields.get("frames") if buf is not None else None
+        after = WARM_TRITON_AFTER * self.num_envs
+        if before < after <= self._frames_gathered and frames is not None and self._yuv \
+                and frames.is_cuda and frames.shape[0] >= 3:
+            warm_triton(frames[:3, :1].transpose(0, 1))  # strided as a gather's frames: the kernel they launch
 
     def _ensure_buffer(self) -> EpisodeBuffer:
         if self.buffer is None:
@@ -519,6 +538,8 @@ class EpisodeRecorder:
         buf = self.buffer
         assert buf is not None  # called by finalize, which has one
         host = buf.gather(kept, transforms={"frames": YUV420P} if self._yuv else None)
+        if "frames" in host:
+            self._warm_conversion(len(kept))
         lengths = buf.cursor[kept]
         control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
         episodes: list[EpisodeData] = []

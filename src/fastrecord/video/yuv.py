@@ -21,8 +21,9 @@ class Yuv420Frames(np.ndarray):
     ``av.VideoFrame.from_ndarray(..., format="yuv420p")``): the Y plane (H rows), then U and V
     (H/4 rows of W each). BT.601 limited range, the colours libswscale gives RGB frames by default.
 
-    ``ready`` (a CUDA event or None) is set while an asynchronous copy into this memory is in flight;
-    call `wait_ready` before reading. Slices keep both.
+    ``ready`` (a CUDA event, a `fastrecord.staging.Landing`, or None) is set while an asynchronous copy into this
+    memory is in flight; call `wait_ready` before reading (a slice waits for the copies into its own bytes only).
+    Slices keep both.
     """
 
     ready: Any
@@ -42,7 +43,12 @@ class Yuv420Frames(np.ndarray):
 
     def wait_ready(self) -> None:
         ev = self.ready
-        if ev is not None:
+        if ev is None:
+            return
+        wait_for = getattr(ev, "wait_for", None)  # a `fastrecord.staging.Landing`: only the copies into this view
+        if wait_for is not None and self.size:
+            wait_for(self.ctypes.data, self.nbytes)
+        else:
             ev.synchronize()
 
     def plain(self) -> np.ndarray:
@@ -63,7 +69,7 @@ def rgb_to_yuv420p(rgb: Any, out: Any = None, kernel: str = "auto") -> Any:
     Chroma is the mean over each 2x2 block (computed as the chroma of the block's mean RGB, which is the
     same by linearity). ``kernel``: "triton" (one pass, CUDA only), "torch" (a few memory-bound torch
     kernels, any device), "auto" (triton where it runs), or "ready" (triton once it has run on the device
-    in this process, torch's kernels until then while `warm_triton` loads it: no wait for a compile).
+    in this process, torch's kernels until then: no wait for a compile; `warm_triton` loads it).
     """
     import torch
 
@@ -76,7 +82,7 @@ def rgb_to_yuv420p(rgb: Any, out: Any = None, kernel: str = "auto") -> Any:
         out = torch.empty((*lead, h * 3 // 2, w), dtype=torch.uint8, device=rgb.device)
     cuda = rgb.device.type == "cuda"
     if kernel == "ready" and cuda and rgb.device not in _triton_ready:
-        warm_triton(rgb)  # loads (or compiles) the kernel on a thread of its own; torch's kernels meanwhile
+        pass  # torch's kernels until `warm_triton` has loaded Triton's (the caller chooses when: it holds the GIL)
     elif kernel != "torch" and cuda and triton_kernel() is not None:
         _rgb_to_yuv420p_triton(rgb, out)
         _triton_ready.add(rgb.device)
