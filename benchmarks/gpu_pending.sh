@@ -28,7 +28,7 @@
 # fewer). Last runs: `ahead_and_eval`, `replay_split` and `after_fixes`, 2026-12-06 04:22-05:16 UTC on H100 machines
 # (docs/performance.md, "The whole step run ahead, measured").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -140,6 +140,22 @@ case $stage in
     run 60 profile_eval python3 -m benchmarks.profile_eval --variants default --json "$out/profile_eval.json"
     run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
       --also "--workers 1 --vector async"
+    ;;
+  coldstart)
+    # a fresh process against a warm one (issue 27: >= 90%, all ending together and staggered), 128 envs x 512x512
+    # CUDA frames: fastrecord bench's warm phases and its coldstart phase, whose fresh processes now write their
+    # timeline from construction (what ran when, how many encoders were busy in each quarter second: SpanTrace).
+    # BEFORE=path/to/src runs that tree's coldstart too, in the same call (~100 s a tree)
+    for tree in src ${BEFORE:-}; do
+      tag=this; [ "$tree" = src ] || tag=before
+      PYTHONPATH="$tree:$PYTHONPATH" run 280 "coldstart_$tag" python3 -m fastrecord bench \
+        --config configs/bench_h200.yaml --skip ceiling,quality,maniskill,keepup,realenv,micro,imageobs,cpueval \
+        --json "$out/coldstart_$tag.json" --output-dir /tmp/bench-videos
+    done
+    ;;
+  pinning)
+    # what a fresh process's first staging memory and encoders wait for (benchmarks/probe_pinning.py, ~60 s)
+    run 200 pinning python3 -m benchmarks.probe_pinning --gib 2.4 --json "$out/pinning.json"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

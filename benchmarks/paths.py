@@ -37,7 +37,7 @@ import fastrecord
 from benchmarks.config import BenchConfig
 from benchmarks.memory import MemoryMonitor, rss, status_bytes
 from benchmarks.phases_record import blocked_seconds, mp4_frames
-from benchmarks.profiling import StepTimers, cprofile_top
+from benchmarks.profiling import SpanTrace, StepTimers, cprofile_top, trace_recording
 from fastrecord.testing import BatchedDoubleEnv, psnr, source_env
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # the source checkout holding benchmarks/
@@ -65,17 +65,21 @@ def staggered_source(bank: np.ndarray, num_envs: int, device: torch.device, lo: 
 
 def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_episodes: int, workers: int,
                     video: dict[str, Any], staggered: bool, check: bool = True, profile_steps: int = 0,
-                    monitor: Any = None, bank: np.ndarray | None = None) -> dict[str, Any]:
+                    monitor: Any = None, bank: np.ndarray | None = None, trace: bool = False) -> dict[str, Any]:
     """Record through `fastrecord.RecordEpisode` until ``warmup_episodes + episodes`` episodes have ended;
     measure the last ``episodes``. ``staggered``: reset the finished envs only, as they end; otherwise
     every env together once all have ended (they end together). Returns rates, the stepping thread's
-    time split, staging and encoder figures, and (``check``) dropped frames per video."""
+    time split, staging and encoder figures, and (``check``) dropped frames per video. ``trace``: also the
+    timeline from construction (`benchmarks.profiling.SpanTrace`: what ran when, encoders busy per slice)."""
     from fastrecord import RecordEpisode
     from fastrecord.video import decode_mp4, default_encoder_pool
 
     n = src.num_envs
     device = src.device
+    # the wrapping imports the modules construction imports (PyAV among them): it is counted as construction
     t_construct = time.perf_counter()
+    spans = SpanTrace(origin=t_construct) if trace else None
+    busy_keys = trace_recording(spans) if spans is not None else ()
     env = RecordEpisode(src, str(out), save_trajectory=False, video_workers=workers, **video)
     construct_s = time.perf_counter() - t_construct
     rec = env.recorder
@@ -102,7 +106,11 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
     measuring = warmup_episodes == 0
     t_first_out: float | None = None
     t_start = time.perf_counter()
+    if spans is not None:
+        spans.mark("constructed")
     env.reset(seed=list(range(n)))
+    if spans is not None:
+        spans.mark("first reset done")
     if measuring:
         pool.reset_stats()
         t0, busy0, blocked0 = time.perf_counter(), src.busy_seconds, blocked_seconds(rec)
@@ -138,6 +146,8 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
             finished += len(rows)
             if t_first_out is None:
                 t_first_out = time.perf_counter() - t_start
+            if spans is not None and len(spans.marks) < 24:  # the first ends: where a fresh process waits
+                spans.mark(f"episodes ended: {finished}")
         if measuring:
             per_step.append((time.perf_counter() - s0) - (src.busy_seconds - e0))
         if prof is not None and steps >= profile_steps:
@@ -155,8 +165,15 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
         elif measuring and finished >= warmup_episodes + episodes and prof is None:
             loop_s = time.perf_counter() - t0
             last_episode = rec.next_episode_id
+            if spans is not None:
+                spans.mark("loop end")
             rec.wait_until_done()
             total_s = time.perf_counter() - t0
+            if spans is not None:
+                spans.mark("last video out")
+                res["trace"] = spans.summary(busy_keys)
+                spans.restore()
+                spans = None
             res["seconds_from_construct"] = time.perf_counter() - t_construct  # warm-up included, if any
             if monitor is not None:
                 monitor.__exit__()
@@ -171,6 +188,8 @@ def record_episodes(src: BatchedDoubleEnv, out: Path, *, episodes: int, warmup_e
             steps = 0
             prof.enable()
     timers.restore()
+    if spans is not None:
+        spans.restore()
     res.update(staggered=staggered, construct_seconds=construct_s, first_episode_out_seconds=t_first_out)
     if prof is not None:
         res["cprofile_top"] = cprofile_top(prof)
@@ -333,7 +352,7 @@ def coldstart_main(arg: str, t_process: float) -> None:
     mon = MemoryMonitor(device)
     t0 = time.perf_counter()
     r = record_episodes(src, Path(a["out"]), episodes=a["episodes"], warmup_episodes=0, workers=a["workers"],
-                        video=a["video"], staggered=a["staggered"], check=True, monitor=mon, bank=bank)
+                        video=a["video"], staggered=a["staggered"], check=True, monitor=mon, bank=bank, trace=True)
     r["import_seconds"] = import_s
     r["setup_seconds"] = import_s + r["construct_seconds"]
     # what the user waits for once fastrecord is imported: construction, the first reset, every step, the

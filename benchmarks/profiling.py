@@ -116,3 +116,119 @@ def cprofile_top(prof: Any, top: int = 25) -> list[tuple[str, int, float, float]
     rows.sort(key=lambda r: -r[2])
     return rows[:top]
 
+
+
+class SpanTrace:
+    """Owns wrappers that note every call of a few functions as a span (key, thread, start, end: seconds
+    since ``origin``), on whatever thread runs it; `restore` puts them back. For a fresh process's timeline:
+    which background work (arenas pinned, encoders started, the codec probed) the first episodes waited for,
+    and how many encoders were busy when."""
+
+    def __init__(self, origin: float | None = None) -> None:
+        import threading
+
+        self.origin = time.perf_counter() if origin is None else origin
+        self.spans: list[tuple[str, str, float, float]] = []
+        self.marks: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+        self._undo: list[tuple[Any, str, Any, bool]] = []
+
+    def wrap(self, owner: Any, name: str, key: str | None = None) -> None:
+        """Note each call of ``owner.name`` (a class's method, or a module's function) as a span ``key``."""
+        import threading
+
+        orig = getattr(owner, name)
+        own = name in getattr(owner, "__dict__", {})
+        key = key or name
+        spans, lock = self.spans, self._lock
+
+        def traced(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                t1 = time.perf_counter()
+                with lock:
+                    spans.append((key, threading.current_thread().name, t0 - self.origin, t1 - self.origin))
+
+        setattr(owner, name, traced)
+        self._undo.append((owner, name, orig, own))
+
+    def mark(self, name: str) -> None:
+        """Note that ``name`` happened now."""
+        with self._lock:
+            self.marks.append((name, time.perf_counter() - self.origin))
+
+    def restore(self) -> None:
+        for owner, name, orig, own in reversed(self._undo):
+            if own:
+                setattr(owner, name, orig)
+            else:
+                delattr(owner, name)
+        self._undo.clear()
+
+    def summary(self, busy_keys: tuple[str, ...] = (), bin_s: float = 0.25, end: float | None = None) -> dict[str, Any]:
+        """Per key: calls, the first call's start and end, the longest, the sum; the marks; and, for
+        ``busy_keys`` (spans that each hold one encoder), how many were running on average in each ``bin_s``
+        slice from the origin to ``end`` (default: the last span's end)."""
+        with self._lock:
+            spans = list(self.spans)
+            marks = list(self.marks)
+        keys: dict[str, dict[str, Any]] = {}
+        for key, thread, t0, t1 in sorted(spans, key=lambda s: s[2]):
+            k = keys.setdefault(key, dict(n=0, first_start=round(t0, 3), first_end=round(t1, 3), longest=0.0,
+                                          total=0.0, threads=set()))
+            k["n"] += 1
+            k["longest"] = round(max(k["longest"], t1 - t0), 4)
+            k["total"] = k["total"] + (t1 - t0)
+            k["threads"].add(thread.split("-")[0] if thread.startswith("Thread") else thread)
+        for k in keys.values():
+            k["total"] = round(k["total"], 3)
+            k["threads"] = sorted(k["threads"])[:4]
+        out: dict[str, Any] = dict(keys=keys, marks={n: round(t, 3) for n, t in marks})
+        busy = [(t0, t1) for key, _, t0, t1 in spans if key in busy_keys]
+        if busy:
+            stop = end if end is not None else max(t1 for _, t1 in busy)
+            bins = [0.0] * max(1, int(stop / bin_s) + 1)
+            for t0, t1 in busy:
+                b = int(max(t0, 0) / bin_s)
+                while b < len(bins) and b * bin_s < t1:
+                    lo, hi = max(t0, b * bin_s), min(t1, (b + 1) * bin_s)
+                    bins[b] += max(0.0, hi - lo) / bin_s
+                    b += 1
+            out["busy_bin_s"] = bin_s
+            out["busy"] = [round(x, 1) for x in bins]
+            out["busy_seconds"] = round(sum(t1 - t0 for t0, t1 in busy), 3)
+            out["busy_first_start"] = round(min(t0 for t0, _ in busy), 3)
+        return out
+
+
+def trace_recording(trace: SpanTrace) -> tuple[str, ...]:
+    """Wrap what a recording process does around its steps (construction's pieces, the first reset's
+    reservations, each gather and its staging lease, the encoder processes' start, readiness and jobs, the
+    Triton warm-up); returns the keys whose spans each hold an encoder (for `SpanTrace.summary`)."""
+    import fastrecord.video as video
+    from fastrecord import recorder as recorder_mod
+    from fastrecord.buffer import EpisodeBuffer
+    from fastrecord.sinks.mp4 import Mp4Sink
+    from fastrecord.staging import StagingPool
+    from fastrecord.video import encode, pool, yuv
+
+    trace.wrap(video, "resolve_codec", "construct: resolve_codec")
+    trace.wrap(encode, "nvenc_usable", "construct: nvenc probe")
+    trace.wrap(video, "check_video_settings", "construct: check_video_settings")
+    trace.wrap(Mp4Sink, "open", "construct: Mp4Sink.open (encoders started)")
+    trace.wrap(pool, "_await_ready", "encoder: started -> answered")
+    trace.wrap(recorder_mod.EpisodeRecorder, "on_reset", "step: on_reset")
+    trace.wrap(recorder_mod.EpisodeRecorder, "_reserve_staging", "reset: reserve arenas")
+    trace.wrap(StagingPool, "_make", "arena: made (mapped)")
+    if hasattr(StagingPool, "_pin"):  # pinned piece by piece after it was made (leasable meanwhile)
+        trace.wrap(StagingPool, "_pin", "arena: pinned (every piece)")
+    trace.wrap(StagingPool, "lease", "gather: staging lease")
+    trace.wrap(yuv, "_warm", "triton: warm-up")
+    trace.wrap(recorder_mod.EpisodeRecorder, "finalize", "step: finalize")
+    trace.wrap(EpisodeBuffer, "gather", "gather")
+    trace.wrap(yuv.Yuv420Frames, "wait_ready", "encode: wait for the copy")
+    trace.wrap(pool.EncoderProcessPool, "_encode_in", "encode: in a process")
+    trace.wrap(pool, "encode_here", "encode: in a thread")
+    return ("encode: in a process", "encode: in a thread")

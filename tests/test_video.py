@@ -124,6 +124,7 @@ def test_encoder_process_errors_surface_in_the_caller(tmp_path):
 def test_dead_encoder_process_raises_encoder_error_and_is_replaced(tmp_path, monkeypatch):
     with EncoderProcessPool(max_processes=1) as enc:
         enc.start(1)
+        assert enc.wait_started(30)
         p = enc._idle[0].process
         p.proc.kill()
         p.proc.wait()
@@ -377,6 +378,29 @@ def test_prefetch_probes_once_on_a_thread_and_the_recorders_call_waits_for_it(mo
     assert probes == ["fastrecord-codec-probe"]
 
 
+def test_with_an_nvidia_driver_the_prefetch_probes_in_a_helper_process(monkeypatch, fresh_codec_cache):
+    """Opening NVENC holds the GIL of the process that probes (0.43 s on the H100 machine): with a driver loaded,
+    the prefetch's thread asks a helper process instead, and answers what the probe here answers."""
+    probes = []
+
+    def elsewhere():
+        probes.append(threading.current_thread().name)
+        return False
+
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)
+    monkeypatch.setattr(video_mod, "nvidia_driver_present", lambda: True)
+    monkeypatch.setattr(video_mod, "nvenc_usable", lambda: pytest.fail("probed in the caller's process"))
+    monkeypatch.setattr(video_mod, "nvenc_usable_elsewhere", elsewhere)
+    video_mod.prefetch_codec("auto")
+    assert resolve_codec("auto") == "libx264"
+    assert probes == ["fastrecord-codec-probe"]
+
+
+@needs_shm
+def test_the_helper_processs_nvenc_probe_answers_as_this_ones():
+    assert video_mod.nvenc_usable_elsewhere() is video_mod.nvenc_usable()
+
+
 def test_a_prefetch_that_fails_leaves_the_error_to_the_recorders_call(monkeypatch, fresh_codec_cache):
     monkeypatch.setattr(video_mod, "codec_available", lambda name: False)  # a PyAV build without H.264 encoders
     video_mod.prefetch_codec("auto")
@@ -496,6 +520,7 @@ def test_rgb_to_yuv420p_torch_kernels_in_pieces_match_one_pass_and_ready_falls_b
 def test_encoder_pool_close_stops_every_process():
     enc = EncoderProcessPool(max_processes=4)
     enc.start(4)
+    assert enc.wait_started(30)
     procs = [p.process for p in enc._all]
     enc.close()
     assert len(procs) == 4 and all(p.poll() is not None for p in procs)
@@ -503,15 +528,19 @@ def test_encoder_pool_close_stops_every_process():
 
 @needs_shm
 def test_first_videos_encode_in_the_calling_thread_while_the_processes_start(tmp_path, monkeypatch):
+    """Where encoders are fresh interpreters (no fork server: not Linux 5.3+), the first videos are encoded in the
+    calling thread while they import PyAV."""
     from fastrecord.video import pool as vpool
 
     gate = threading.Event()  # holds the processes' "ready" back: they are still importing PyAV
     ready = vpool._await_ready
     monkeypatch.setattr(vpool, "_await_ready", lambda e: (gate.wait(20), ready(e)))
+    monkeypatch.setattr(vpool, "fork_server_supported", lambda: False)  # fresh interpreters: they import PyAV
     frames = smooth_frames(6)
     with EncoderProcessPool(max_processes=2) as enc:
         enc.start(2)
         enc.encode(tmp_path / "here.mp4", frames, VideoSettings(crf=18))  # none ready: this thread encodes
+        assert enc.wait_started(30)
         assert enc.stats.jobs_here == 1 and enc.stats.copied_bytes == 0 and enc.num_processes == 2
         enc.encode(tmp_path / "proc.mp4", frames, VideoSettings(crf=18, executor="process"))  # waits for one
         assert enc.stats.jobs_here == 1 and enc.stats.copied_bytes == frames.nbytes
@@ -557,6 +586,58 @@ def test_the_commands_probe_the_codec_while_their_envs_are_made(path, monkeypatc
         envs.close()
     assert probes == ["fastrecord-codec-probe"]
     assert len(list(tmp_path.rglob("*.mp4"))) == 1
+
+
+def test_a_recorder_is_made_while_the_codec_probe_runs_and_its_first_video_waits_for_it(monkeypatch, fresh_codec_cache,
+                                                                                         tmp_path):
+    """A RecordEpisode made directly (no command prefetched the probe) with codec "auto": its construction does not
+    wait for the NVENC probe (0.46 s on the H100 machine, most of a fresh recorder's construction); the probe runs
+    once on its thread, and the first video, encoded with what it chose, waits for its answer."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401 - registers PickCube-v1
+
+    from fastrecord import RecordEpisode
+
+    probes, release = [], threading.Event()
+
+    def slow_probe():
+        probes.append(threading.current_thread().name)
+        release.wait(10)
+        return False
+
+    monkeypatch.setattr(video_mod, "nvenc_usable", slow_probe)
+    monkeypatch.setattr(video_mod, "codec_available", lambda name: True)  # a PyAV build with NVENC compiled in
+    env = gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array", max_episode_steps=3,
+                   human_render_camera_configs=dict(width=32, height=32))
+    t0 = time.perf_counter()
+    env = RecordEpisode(env, str(tmp_path), save_trajectory=False)
+    assert time.perf_counter() - t0 < 5 and not release.is_set()  # made while the probe still ran
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(env.action_space.sample())
+    threading.Timer(0.3, release.set).start()
+    env.close()  # the video waited for the probe's answer
+    assert probes == ["fastrecord-codec-probe"]
+    (video,) = tmp_path.glob("*.mp4")
+    with av.open(str(video)) as c:
+        assert c.streams.video[0].codec_context.name == "h264" and c.streams.video[0].frames == 4
+
+
+def test_a_bad_video_option_with_codec_auto_fails_at_construction_without_probing(monkeypatch, fresh_codec_cache,
+                                                                                   tmp_path):
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
+
+    from fastrecord import RecordEpisode
+
+    probes = []
+    monkeypatch.setattr(video_mod, "nvenc_usable", lambda: probes.append(1) or False)
+    env = gym.make("PickCube-v1", obs_mode="state", render_mode="rgb_array",
+                   human_render_camera_configs=dict(width=32, height=32))
+    with pytest.raises(ValueError, match=r"video_crf=99 must be an integer from 0 to 51"):
+        RecordEpisode(env, str(tmp_path), save_trajectory=False, video_crf=99)
+    env.close()
+    assert not list(tmp_path.iterdir())  # nothing written before the check
 
 
 def test_make_eval_envs_without_videos_probes_no_codec(monkeypatch, fresh_codec_cache, tmp_path):
