@@ -595,9 +595,9 @@ class StagingPool:
             self._free.remove(arena)
         return arena
 
-    def _make(self, want: int, pin: bool, background: bool = True) -> Arena:
-        """A new arena of ``want`` bytes, mapped; pinned piece by piece on a thread of its own (``background``, the
-        caller leases it at once: copies wait for their pieces) or here."""
+    def _make(self, want: int, pin: bool) -> Arena:
+        """A new arena of ``want`` bytes, mapped; its pieces pinned on a thread of its own (the caller leases it at
+        once: copies wait for their pieces)."""
         t0 = time.perf_counter()
         arena = Arena(_arena_size(want), "pieces" if pin else False)
         _register(arena)
@@ -606,22 +606,23 @@ class StagingPool:
             self.arenas_created += 1
         if arena.pinning:
             try:
-                if not background:
-                    raise RuntimeError("pinned here")
-                threading.Thread(target=self._pin, args=(arena,), daemon=True, name="fastrecord-staging-pin").start()
-            except RuntimeError:  # asked to, or no thread can start: pinned before the lease (a waiting copy would hang)
-                self._pin(arena)
+                threading.Thread(target=self._pin, args=(arena, True), daemon=True,
+                                 name="fastrecord-staging-pin").start()
+            except RuntimeError:  # no thread can start: pinned here, before the lease (a waiting copy would hang)
+                self._pin(arena, False)
         return arena
 
-    def _pin(self, arena: Arena) -> None:
-        """Pin ``arena`` piece by piece, on this (background) thread, at the encoders' priority: its populating
-        threads (which inherit it) took the cores of the encoders that had started on the first pieces."""
+    def _pin(self, arena: Arena, background: bool) -> None:
+        """Pin ``arena`` piece by piece, on this thread; ``background`` (a thread of its own): at the encoders'
+        priority, which its populating threads inherit (at the caller's, they took the cores of the encoders that
+        had started on the first pieces)."""
         from fastrecord.processes import background_nice, lower_priority
 
-        try:
-            lower_priority(background_nice())  # this thread only (Linux: a niceness is a thread's)
-        except ValueError:  # a bad FASTRECORD_BACKGROUND_NICE: the encoders raise it
-            pass
+        if background:
+            try:
+                lower_priority(background_nice())  # this thread only (Linux: a niceness is a thread's)
+            except ValueError:  # a bad FASTRECORD_BACKGROUND_NICE: the encoders raise it
+                pass
         t0 = time.perf_counter()
         arena.pin_pieces()
         with self._lock:
@@ -630,30 +631,17 @@ class StagingPool:
                 self.bytes_pinned_total += arena.size
 
     def _make_ahead(self, size: int, pin: bool) -> None:
-        arena = None
         try:
-            arena = self._make(size, pin, background=False) if not pin else self._make_mapped(size)
+            arena = self._make(size, pin)  # leasable once mapped: its pieces are pinned on a thread of its own
+            with self._lock:
+                self._free.append(arena)
         except Exception:  # noqa: BLE001 - only an optimisation; lease() makes its own
             pass
         finally:
             with self._lock:
-                if arena is not None:
-                    self._free.append(arena)  # leasable now; pinned below, piece by piece
                 self._making -= 1
                 self._making_bytes -= _arena_size(size)
                 self._made.notify_all()
-        if arena is not None and arena.pinning:
-            self._pin(arena)
-
-    def _make_mapped(self, size: int) -> Arena:
-        """An arena to be pinned piece by piece (`Arena.pin_pieces`), mapped only."""
-        t0 = time.perf_counter()
-        arena = Arena(_arena_size(size), "pieces")
-        _register(arena)
-        with self._lock:
-            self.make_seconds += time.perf_counter() - t0
-            self.arenas_created += 1
-        return arena
 
     def _reserved_locked(self) -> int:
         return sum(a.size for a in self._free) + sum(a.size for a in self._leased.values())
