@@ -23,10 +23,13 @@
 #                                         one rendering process; where the loop's time outside the steps goes (~260 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh after_fixes    # the eval's profile, then 96 episodes
 #                                         whole, default against one rendering process (~110 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh coldstart   # a fresh process against a warm one, with
+#                                         its timeline (SpanTrace); BEFORE=path/src adds another tree (~100 s a tree)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh pinning     # probe_pinning: pinning, encoders' start
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
-# fewer). Last runs: `ahead_and_eval`, `replay_split` and `after_fixes`, 2026-12-06 04:22-05:16 UTC on H100 machines
-# (docs/performance.md, "The whole step run ahead, measured").
+# fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
+# (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
 stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh

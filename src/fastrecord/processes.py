@@ -16,6 +16,9 @@ with its errno), else as `RemoteError`; a child that died is `ChildDied`.
 
 Background helpers (encoders) run below the caller's CPU priority (`background_nice`); helpers whose work
 the caller waits on (HDF5 writers: ``background=False``) run at the caller's own priority.
+
+A `ForkServer` is a helper that imports a few fastrecord modules once and forks helpers from itself
+(``IsolatedProcess(..., server=...)``): each starts with those imports done (the encoders: PyAV and numpy).
 """
 
 from __future__ import annotations
