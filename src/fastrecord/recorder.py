@@ -32,7 +32,6 @@ from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
 from fastrecord.video.yuv import YUV420P, warm_triton
 
-
 WARM_TRITON_AFTER = 8  # batches of episodes (x the envs) gathered before Triton's kernel is loaded (`_warm_conversion`)
 
 
