@@ -72,8 +72,8 @@ class _Encoder:
 
 
 def _start_encoder(server: ForkServer | None = None) -> _Encoder:
-    """An encoder process, forked by ``server`` (its modules imported already) where one is given and answers,
-    else a fresh interpreter; its readiness is awaited on a thread."""
+    """An encoder process, forked by ``server`` (its modules imported already: ready at once) where one is given
+    and answers, else a fresh interpreter (its readiness awaited on a thread: it imports PyAV first)."""
     proc = None
     if server is not None and server.alive():
         try:
@@ -148,7 +148,7 @@ class EncoderProcessPool:
             if self._server is None and not self._closed and fork_server_supported():
                 try:
                     self._server = ForkServer([__name__], "the encoders' fork server")
-                except OSError:
+                except Exception:  # noqa: BLE001 - no server (it could not start, or died at once): fresh interpreters
                     return None
             return self._server
 
@@ -175,13 +175,14 @@ class EncoderProcessPool:
                 p = None
             with self._cond:
                 self._starting -= 1
-                if p is not None and self._closed:
-                    p.process.stop(timeout=5.0)
-                elif p is not None:
+                late = p is not None and self._closed
+                if p is not None and not late:
                     self._all.append(p)
                     self._idle.append(p)
                     self._ensure_reaper()
                 self._cond.notify_all()
+            if late and p is not None:  # the pool closed meanwhile
+                p.process.stop(timeout=5.0)
 
     def wait_started(self, timeout: float | None = None) -> bool:
         """Wait until no process is being started (`start` forks them on a thread); False on timeout."""
