@@ -463,6 +463,25 @@ def phase_cpueval(cfg: BenchConfig, device: torch.device, out: Path, workers: in
 
 
 # ---------------------------------------------------------------------------------------------- table
+def trace_line(trace: dict[str, Any]) -> str:
+    """A fresh process's timeline (`SpanTrace.summary`) in one line: when the encoders answered, the first gather,
+    the arenas pinned, Triton loaded, the first encode, and the encoders' video time against the run's."""
+    keys = trace.get("keys", {})
+
+    def first(key: str, end: bool = True) -> str:
+        k = keys.get(key)
+        return "-" if not k else f"{k['first_end' if end else 'first_start']:.2f}"
+
+    pinned = keys.get("arena: pinned (every piece)") or keys.get("arena: made (pinned)")
+    pinned_by = "-" if not pinned else f"{pinned['first_start'] + pinned['total'] / max(1, pinned['n']):.2f} (mean)"
+    answered = first("encoder: started -> answered")
+    answered = first("encoder: started (forked: ready)") if answered == "-" else answered
+    return (f"first reset done {trace.get('marks', {}).get('first reset done', float('nan')):.2f}; first encoder ready "
+            f"{answered}; first gather {first('gather', False)}-{first('gather')}; "
+            f"an arena pinned by {pinned_by}; Triton loaded {first('triton: warm-up')}; first encode "
+            f"{trace.get('busy_first_start', float('nan')):.2f}; encoders busy {trace.get('busy_seconds', 0):.1f} s")
+
+
 def table_rows(r: dict[str, Any]) -> list[str]:
     """The table rows of these phases (``| what | value |``), each rate beside its reference of the same run."""
     rows: list[str] = []
@@ -503,6 +522,8 @@ def table_rows(r: dict[str, Any]) -> list[str]:
                 + (f", device {c['device_peak_reserved_gib']:.1f} GiB" if "device_peak_reserved_gib" in c else "")
                 + f"; {c.get('dropped_frames', '?')} dropped frames |"
             )
+            if c.get("trace"):
+                rows.append(f"| cold start, {mode}: where it waited (s after construction) | {trace_line(c['trace'])} |")
     if ce:
         what = f"make_eval_envs CPU branch: {ce['num_envs']} x {ce['env_id']} {ce['size']}x{ce['size']}, render {ce['render_backend']}"
         vals = "; ".join(f"{name.replace('_', ' ')} {ce[name]['env_steps_per_s']:,.0f}"

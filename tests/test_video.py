@@ -527,6 +527,36 @@ def test_encoder_pool_close_stops_every_process():
 
 
 @needs_shm
+def test_first_videos_encode_here_until_the_fork_server_has_forked_an_encoder(tmp_path, monkeypatch):
+    """With a fork server (the default on Linux 5.3+): until its first encoder is forked (the server imports PyAV
+    first), a video of executor "auto" is encoded in the calling thread; then in the forked processes, ready at once."""
+    from fastrecord.processes import ForkServer, fork_server_supported
+
+    if not fork_server_supported():
+        pytest.skip("fork servers need Linux 5.3+ (pidfds)")
+    gate = threading.Event()  # holds the server back: it is still importing PyAV
+    fork = ForkServer.fork
+    monkeypatch.setattr(ForkServer, "fork", lambda self, *a: (gate.wait(20), fork(self, *a))[1])
+    frames = smooth_frames(6)
+    with EncoderProcessPool(max_processes=2) as enc:
+        enc.start(2)
+        enc.encode(tmp_path / "here.mp4", frames, VideoSettings(crf=18))  # no encoder yet: this thread
+        assert enc.stats.jobs_here == 1 and enc.num_processes == 0
+        gate.set()
+        assert enc.wait_started(30) and enc.num_processes == 2
+        server = enc.fork_server()
+        assert server is not None
+        for p in enc._all:  # forked by the server, ready without a probe
+            assert p.ready.is_set()
+            assert int(open(f"/proc/{p.process.pid}/stat").read().rsplit(")", 1)[1].split()[1]) == server._proc.pid
+        enc.encode(tmp_path / "proc.mp4", frames, VideoSettings(crf=18))
+        assert enc.stats.jobs_here == 1 and enc.stats.jobs == 2
+    assert not server.alive()  # the pool's close stopped it, after its encoders
+    for name in ("here.mp4", "proc.mp4"):
+        assert decode_mp4(tmp_path / name).shape == frames.shape
+
+
+@needs_shm
 def test_first_videos_encode_in_the_calling_thread_while_the_processes_start(tmp_path, monkeypatch):
     """Where encoders are fresh interpreters (no fork server: not Linux 5.3+), the first videos are encoded in the
     calling thread while they import PyAV."""

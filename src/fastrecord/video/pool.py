@@ -155,8 +155,9 @@ class EncoderProcessPool:
     def start(self, n: int) -> None:
         """Start processes up to ``n`` now rather than at first use, without waiting for them: they are forked on
         a background thread from the fork server, which imports their modules once while the caller goes on
-        (0.35-0.6 s on the H100 machine, then a few milliseconds each). A job meanwhile waits for the first one:
-        encoding in the caller's thread instead took 0.41 s a video against 0.085 s in a process (GIL-bound)."""
+        (0.35-0.6 s on the H100 machine, then a few milliseconds each). Until the first is forked, jobs of
+        executor "auto" are encoded in the caller's thread (`encode`); once one is, they wait for a process (a
+        512x512 video took 0.41 s in a thread, GIL-bound, against 0.085 s in a process)."""
         with self._cond:
             todo = max(0, min(n, self.max_processes) - len(self._all) - self._starting)
             self._starting += todo
@@ -205,7 +206,8 @@ class EncoderProcessPool:
     def _acquire(self, here_while_starting: bool = False) -> _Encoder | None:
         """An idle encoder process (started if none is and the cap allows), waiting for one otherwise.
         ``here_while_starting``: None when the idle ones are all still importing their modules (a fresh
-        pool): the caller encodes in its own thread rather than wait for them."""
+        pool of fresh interpreters), or none exists yet (the fork server is importing them): the caller encodes
+        in its own thread rather than wait for them."""
         with self._cond:
             while True:
                 if self._closed:
@@ -219,6 +221,8 @@ class EncoderProcessPool:
                     return ready[-1]
                 if self._idle:
                     return None if here_while_starting else self._idle.pop()
+                if here_while_starting and self._starting and not self._all:  # the fork server still imports PyAV
+                    return None
                 if len(self._all) + self._starting < self.max_processes:
                     self._starting += 1
                     break
