@@ -136,6 +136,7 @@ class EncoderProcessPool:
         self.stats = EncoderStats()
         self._reaper: threading.Thread | None = None
         self._server: ForkServer | None = None  # forks the encoder processes (`fork_server`)
+        self._here = threading.Semaphore(1)  # one caller at a time encodes in its thread while processes start
         self._server_lock = threading.Lock()
         on_arena_close(self._forget)
 
@@ -155,9 +156,9 @@ class EncoderProcessPool:
     def start(self, n: int) -> None:
         """Start processes up to ``n`` now rather than at first use, without waiting for them: they are forked on
         a background thread from the fork server, which imports their modules once while the caller goes on
-        (0.35-0.6 s on the H100 machine, then a few milliseconds each). Until the first is forked, jobs of
-        executor "auto" are encoded in the caller's thread (`encode`); once one is, they wait for a process (a
-        512x512 video took 0.41 s in a thread, GIL-bound, against 0.085 s in a process)."""
+        (0.35-0.6 s on the H100 machine, then a few milliseconds each). Until the first is forked, a job of
+        executor "auto" is encoded in a caller's thread, one at a time (`_acquire`); the others wait for a
+        process."""
         with self._cond:
             todo = max(0, min(n, self.max_processes) - len(self._all) - self._starting)
             self._starting += todo
@@ -206,8 +207,10 @@ class EncoderProcessPool:
     def _acquire(self, here_while_starting: bool = False) -> _Encoder | None:
         """An idle encoder process (started if none is and the cap allows), waiting for one otherwise.
         ``here_while_starting``: None when the idle ones are all still importing their modules (a fresh
-        pool of fresh interpreters), or none exists yet (the fork server is importing them): the caller encodes
-        in its own thread rather than wait for them."""
+        pool of fresh interpreters), or none exists yet (the fork server is importing them), and no other caller
+        is encoding in its thread: the caller encodes in its own thread (one at a time: a 512x512 video took 0.41
+        s in one of many threads, GIL-bound, against 0.085 s in a process, and a writer thread encoding here
+        gives no job to the processes meanwhile), then releases ``_here``."""
         with self._cond:
             while True:
                 if self._closed:
@@ -219,10 +222,11 @@ class EncoderProcessPool:
                 if ready:
                     self._idle.remove(ready[-1])
                     return ready[-1]
+                starting = bool(self._idle) or (self._starting > 0 and not self._all)  # none ready: all importing
+                if here_while_starting and starting and self._here.acquire(blocking=False):
+                    return None  # the caller encodes here (and releases `_here`)
                 if self._idle:
-                    return None if here_while_starting else self._idle.pop()
-                if here_while_starting and self._starting and not self._all:  # the fork server still imports PyAV
-                    return None
+                    return self._idle.pop()
                 if len(self._all) + self._starting < self.max_processes:
                     self._starting += 1
                     break
@@ -297,9 +301,12 @@ class EncoderProcessPool:
         # videos are encoded in the calling thread (PyAV encodes outside the GIL) instead of waiting
         p = self._acquire(here_while_starting=settings.executor == "auto")
         if p is None:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            written = encode_here(Path(path), frames, settings, fmt, overlay or None)
-            self._count(frames.shape[0], time.perf_counter() - t0, time.thread_time() - c0, here=True)
+            try:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                written = encode_here(Path(path), frames, settings, fmt, overlay or None)
+                self._count(frames.shape[0], time.perf_counter() - t0, time.thread_time() - c0, here=True)
+            finally:
+                self._here.release()
             return written
         return self._encode_in(p, path, frames, fmt, settings, overlay)
 
