@@ -589,7 +589,7 @@ def test_first_videos_encode_in_the_calling_thread_while_the_processes_start(tmp
 @pytest.mark.parametrize("path", ["record", "make_eval_envs"])
 def test_the_commands_probe_the_codec_while_their_envs_are_made(path, monkeypatch, fresh_codec_cache, tmp_path):
     """`fastrecord record` and `make_eval_envs` start codec "auto"'s probe before they make their envs (on the H200
-    machine it takes 0.66 s of a fresh recorder's construction): the probe ran on the prefetch's thread, and
+    machine it took 0.66 s, with a driver loaded): the probe ran on the prefetch's thread, and
     every video was still written."""
     probes = []
 

@@ -69,7 +69,7 @@ class Mp4Sink(BackgroundSink):
                 # hook, so that hook, which runs first, can still drain videos through it
                 from fastrecord.video.pool import default_encoder_pool
 
-                # started now (each imports PyAV in parallel), not when the first episodes are waiting
+                # started now (forked from a server that imports PyAV once), not when the first episodes wait
                 default_encoder_pool().start(min(self.workers, self.num_envs))
         self._video_id = run.counters.get("next_video_id", 0)
         self.max_pending = max(2 * self.workers, self.num_envs + self.workers)

@@ -46,7 +46,7 @@ class Yuv420Frames(np.ndarray):
         if ev is None:
             return
         wait_for = getattr(ev, "wait_for", None)  # a `fastrecord.staging.Landing`: only the copies into this view
-        if wait_for is not None and self.size:
+        if wait_for is not None and self.size and self.flags.c_contiguous:  # its bytes: one range
             wait_for(self.ctypes.data, self.nbytes)
         else:
             ev.synchronize()
