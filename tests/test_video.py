@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import av
 import numpy as np
@@ -548,7 +549,8 @@ def test_first_videos_encode_here_until_the_fork_server_has_forked_an_encoder(tm
         assert server is not None
         for p in enc._all:  # forked by the server, ready without a probe
             assert p.ready.is_set()
-            assert int(open(f"/proc/{p.process.pid}/stat").read().rsplit(")", 1)[1].split()[1]) == server._proc.pid
+            stat = Path(f"/proc/{p.process.pid}/stat").read_text()
+            assert int(stat.rsplit(")", 1)[1].split()[1]) == server._proc.pid
         enc.encode(tmp_path / "proc.mp4", frames, VideoSettings(crf=18))
         assert enc.stats.jobs_here == 1 and enc.stats.jobs == 2
     assert not server.alive()  # the pool's close stopped it, after its encoders

@@ -156,7 +156,7 @@ class EncoderProcessPool:
     def start(self, n: int) -> None:
         """Start processes up to ``n`` now rather than at first use, without waiting for them: they are forked on
         a background thread from the fork server, which imports their modules once while the caller goes on
-        (0.35-0.6 s on the H100 machine, then a few milliseconds each). Until the first is forked, a job of
+        (0.35-0.64 s on the H100 machine, then a few milliseconds each). Until the first is forked, a job of
         executor "auto" is encoded in a caller's thread, one at a time (`_acquire`); the others wait for a
         process."""
         with self._cond:
