@@ -72,7 +72,7 @@ def piece_arena(nbytes: int) -> dict[str, Any]:
 
     import torch
 
-    from fastrecord import staging
+    from fastrecord import pinning, staging
 
     torch.cuda.init()
     torch.empty(1, device="cuda")
@@ -84,7 +84,7 @@ def piece_arena(nbytes: int) -> dict[str, Any]:
     for k in (1, 4, 8, 16):
         mm, buf, fd = _mapping(nbytes)
         t0 = time.perf_counter()
-        staging.populate(buf, k) if hasattr(staging, "populate") else buf.fill(0)
+        pinning.populate(buf, k)
         r[f"populate_{k}"] = time.perf_counter() - t0
         r[f"register_after_populate_{k}"] = _register(buf)
         del buf

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrecord import staging
+from fastrecord import pinning, staging
 from fastrecord.buffer import BufferTooLargeError, EpisodeBuffer
 from fastrecord.staging import locate
 from fastrecord.testing import smooth_frames
@@ -288,8 +288,8 @@ def test_a_gather_into_an_arena_still_being_pinned_lands_in_every_piece(monkeypa
     import time
 
     monkeypatch.setattr(staging, "PIN_PIECE", 256 * 1024)
-    register = staging._cuda_host_register_piece
-    monkeypatch.setattr(staging, "_cuda_host_register_piece", lambda b, t=None: (time.sleep(0.005), register(b, 1))[1])
+    register = pinning.register_piece
+    monkeypatch.setattr(pinning, "register_piece", lambda b, t=None: (time.sleep(0.005), register(b, 1))[1])
     pool = staging.StagingPool()
     monkeypatch.setattr(staging, "_default_pool", pool)
     n, steps, size = 6, 5, 96

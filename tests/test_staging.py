@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from fastrecord import staging
+from fastrecord import hostcopy, pinning, staging
 from fastrecord.staging import StagingPool, locate
 
 needs_shm = pytest.mark.skipif(not staging.shared_memory_supported(), reason="needs memfd + fd passing (Linux)")
@@ -170,7 +170,7 @@ def test_populate_allocates_every_page_of_an_arena_from_threads():
 
         assert os.fstat(arena.fd).st_blocks * 512 < arena.size  # a fresh memfd holds no pages yet
         arena.buffer[::4096] = 7
-        staging.populate(arena.buffer, threads=4)
+        pinning.populate(arena.buffer, threads=4)
         assert os.fstat(arena.fd).st_blocks * 512 >= arena.size  # every page allocated (and zeroed)
         assert not arena.buffer.any()
     finally:
@@ -192,17 +192,17 @@ def fake_pinning(monkeypatch):
         return True
 
     monkeypatch.setattr(staging, "PIN_PIECE", 1024 * 1024)
-    monkeypatch.setattr(staging, "_cuda_host_register_piece", register)
-    monkeypatch.setattr(staging, "_cuda_host_unregister", lambda address: state["unregistered"].append(address))
+    monkeypatch.setattr(pinning, "register_piece", register)
+    monkeypatch.setattr(pinning, "unregister", lambda address: state["unregistered"].append(address))
     return state
 
 
 def test_piece_ranges_cut_at_the_pieces_borders(monkeypatch):
-    monkeypatch.setattr(staging, "PIN_PIECE", 100)
-    assert staging.piece_ranges(30, 90) == [(30, 90)]
-    assert staging.piece_ranges(30, 250) == [(30, 100), (100, 200), (200, 250)]
-    assert staging.piece_ranges(100, 300) == [(100, 200), (200, 300)]
-    assert staging.piece_ranges(5, 5) == []
+    monkeypatch.setattr(staging, "PIN_PIECE", 100)  # read by hostcopy at each call
+    assert hostcopy.piece_ranges(30, 90) == [(30, 90)]
+    assert hostcopy.piece_ranges(30, 250) == [(30, 100), (100, 200), (200, 250)]
+    assert hostcopy.piece_ranges(100, 300) == [(100, 200), (200, 300)]
+    assert hostcopy.piece_ranges(5, 5) == []
 
 
 @needs_shm
@@ -217,8 +217,8 @@ def test_an_arena_pinned_piece_by_piece_runs_each_waiting_copy_once_its_piece_is
     arena.when_pinned(mib // 2, lambda: ran.append(("a", arena.pinned_upto)))
     arena.when_pinned(3 * mib, lambda: ran.append(("b", arena.pinned_upto)))
     arena.when_pinned(2 * mib, lambda: ran.append(("c", arena.pinned_upto)))
-    pinning = threading.Thread(target=arena.pin_pieces)
-    pinning.start()
+    pinner = threading.Thread(target=arena.pin_pieces)
+    pinner.start()
     fake_pinning["gate"].release()  # the first piece
     deadline = time.time() + 10
     while not ran and time.time() < deadline:
@@ -226,7 +226,7 @@ def test_an_arena_pinned_piece_by_piece_runs_each_waiting_copy_once_its_piece_is
     assert ran == [("a", mib)]  # the others wait for their pieces
     for _ in range(3):
         fake_pinning["gate"].release()
-    pinning.join(10)
+    pinner.join(10)
     assert ran == [("a", mib), ("c", 2 * mib), ("b", 3 * mib)]
     assert not arena.pinning and arena.pinned and arena.pinned_upto == 4 * mib
     assert [n for _, n in fake_pinning["registered"]] == [mib] * 4
@@ -275,7 +275,7 @@ def test_a_reserved_arena_is_leased_while_its_pieces_are_still_being_pinned(fake
 
 def test_a_landing_waits_for_the_copies_into_one_view_only():
     """An episode's encoder waits for the copies into its own frames (`Yuv420Frames.wait_ready`), not the batch's."""
-    landing = staging.Landing()
+    landing = hostcopy.Landing()
     first, second = landing.add(0, 100), landing.add(100, 200)
     first.done()
     landing.wait_for(10, 50)  # only the first copy: done
@@ -283,7 +283,7 @@ def test_a_landing_waits_for_the_copies_into_one_view_only():
     t0 = time.perf_counter()
     landing.wait_for(90, 20)  # overlaps the second: waits for it
     assert time.perf_counter() - t0 >= 0.1
-    failed = staging.Landing()
+    failed = hostcopy.Landing()
     failed.previous = landing
     failed.add(200, 300).done(error=OSError("boom"))
     with pytest.raises(RuntimeError, match="a copy into staging memory failed: boom"):

@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastrecord.hostcopy import LeafTransform, chunks, copy_to_staging, host_view, staging_layout
+from fastrecord.hostcopy import (
+    Landing,
+    LeafTransform,
+    chunks,
+    copy_to_staging,
+    device_to_host,
+    host_view,
+    staging_layout,
+)
 from fastrecord.staging import default_staging_pool
 
 GiB = 1024**3
@@ -525,11 +533,9 @@ class EpisodeBuffer:
 
     def _gather_converted(self, buf: torch.Tensor, transform: LeafTransform, dst: np.ndarray, part: Any) -> Any:
         """Convert on the current stream, copy to ``dst`` on a side stream, in chunks of envs; returns the
-        `fastrecord.staging.Landing` of the copies. A chunk's copies are enqueued as soon as the staging pieces
+        `fastrecord.hostcopy.Landing` of the copies. A chunk's copies are enqueued as soon as the staging pieces
         they land in are pinned: in a fresh process the arena is still being pinned, and the first episodes'
         frames go out (their encoders wait for their own chunk, `Landing.wait_for`) while later pieces pin."""
-        from fastrecord.staging import Landing, device_to_host
-
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(buf.device)
         current = torch.cuda.current_stream(buf.device)

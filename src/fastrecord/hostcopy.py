@@ -1,17 +1,23 @@
 """Copies of the episode buffer's fields to host memory, for `fastrecord.buffer.EpisodeBuffer.gather`: which
 fields go through staging memory (`staging_layout`), and the copies into it (`copy_to_staging`: one numpy copy
 per episode on the CPU, asynchronous chunks from CUDA); `LeafTransform`, a conversion on the device first.
+
+Device-to-host copies into an arena still being pinned piece by piece (`fastrecord.staging.Arena.pin_pieces`) stay
+inside one piece each and wait for it (`device_to_host`, `copy_pinned_pieces`); `Landing` tells when they landed.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from fastrecord import staging
 from fastrecord.staging import shared_memory_supported
 
 
@@ -70,8 +76,6 @@ def copy_to_staging(buf: torch.Tensor, dst: np.ndarray, env_idx: np.ndarray, len
             np.copyto(dst[i], host[:length, e])
         return dst
     # in chunks of envs: a strided device-to-host copy goes through a device temporary
-    from fastrecord.staging import copy_pinned_pieces
-
     for lo, hi in chunks(len(env_idx), buf[0, 0].numel() * buf.element_size() * length):
         src = part(buf, lo, hi)
         if src.is_cuda:  # within the arena's pinned pieces (one copy each), waiting for a piece still being pinned
@@ -100,3 +104,115 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
         return torch.empty(0, dtype=dtype).numpy().dtype
     except (TypeError, RuntimeError):
         return None
+
+
+# ---------------------------------------------------------------------------------------------- pinned pieces
+def piece_ranges(start: int, stop: int) -> list[tuple[int, int]]:
+    """Byte ranges of ``start..stop`` (offsets in an arena) cut at its pieces' borders (`staging.PIN_PIECE`): each
+    lies in one piece."""
+    piece = staging.PIN_PIECE
+    cuts = list(range((start // piece + 1) * piece, stop, piece))
+    bounds = [start, *cuts, stop]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+class Landing:
+    """Asynchronous device-to-host copies into staging memory, some perhaps not enqueued yet (their pieces still
+    being pinned): a byte range each, with the CUDA event of its copy once enqueued. `synchronize` waits for all
+    of them; `wait_for` for those that overlap one array (an episode's frames: its own chunk, not the batch's)."""
+
+    def __init__(self) -> None:
+        self._units: list[_Unit] = []
+        self.previous: Any = None  # the copies into the same arena before these (`Arena.pending`): `synchronize`
+
+    def add(self, lo: int, hi: int) -> _Unit:
+        unit = _Unit(lo, hi)
+        self._units.append(unit)
+        return unit
+
+    def synchronize(self) -> None:
+        """Wait for these copies and every earlier one into the same arena (``previous``, a chain)."""
+        node: Any = self
+        while isinstance(node, Landing):
+            for u in node._units:
+                u.wait()
+            node = node.previous
+        if node is not None:  # a plain CUDA event
+            node.synchronize()
+        self.previous = None
+
+    def wait_for(self, address: int, nbytes: int) -> None:
+        for u in self._units:
+            if u.lo < address + nbytes and address < u.hi:
+                u.wait()
+
+
+class _Unit:
+    """One copy of a `Landing`: addresses ``lo..hi``; `done` gives its CUDA event (or the error that stopped it)."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        self._queued = threading.Event()
+        self._event: Any = None
+        self._error: BaseException | None = None
+
+    def done(self, event: Any = None, error: BaseException | None = None) -> None:
+        self._event, self._error = event, error
+        self._queued.set()
+
+    def wait(self) -> None:
+        self._queued.wait()
+        if self._error is not None:
+            raise RuntimeError(f"a copy into staging memory failed: {self._error}") from self._error
+        if self._event is not None:
+            self._event.synchronize()
+
+
+def device_to_host(dst: np.ndarray, src: Any, stream: Any, after: Any, landing: Landing) -> None:
+    """Copy ``src`` (a contiguous CUDA tensor of ``dst``'s bytes) into ``dst`` (staging memory, C-contiguous) on
+    ``stream`` once ``after`` (a CUDA event: ``src`` written) has happened, in pieces of the arena's pinning
+    (`piece_ranges`), each enqueued as soon as its piece is pinned (now, or by the pinning thread), each noted in
+    ``landing``. ``src`` is kept until its copies are enqueued (and marked as used on ``stream``)."""
+    found = staging.locate(dst)
+    flat_dst = dst.reshape(-1).view(np.uint8)
+    flat_src = src.reshape(-1).view(torch.uint8)
+    if found is None:
+        arena, base, ranges = None, 0, [(0, flat_dst.nbytes)]
+    else:
+        arena, base = found
+        ranges = piece_ranges(base, base + flat_dst.nbytes)
+    for lo, hi in ranges:
+        unit = landing.add(dst.ctypes.data + lo - base, dst.ctypes.data + hi - base)
+
+        def copy(lo: int = lo, hi: int = hi, unit: _Unit = unit) -> None:
+            try:
+                with torch.cuda.device(src.device), torch.cuda.stream(stream):
+                    stream.wait_event(after)
+                    part = flat_src[lo - base:hi - base]
+                    torch.from_numpy(flat_dst[lo - base:hi - base]).copy_(part, non_blocking=True)
+                    src.record_stream(stream)  # the allocator must not reuse it before the copy ends
+                    event = torch.cuda.Event(blocking=True)  # waiters sleep rather than spin (encoders need cores)
+                    event.record(stream)
+                unit.done(event)
+            except BaseException as e:  # noqa: BLE001 - raised where the copy is waited for
+                unit.done(error=e)
+
+        if arena is None:
+            copy()
+        else:
+            arena.when_pinned(hi, copy)
+
+
+def copy_pinned_pieces(dst: np.ndarray, src: Any) -> None:
+    """Copy ``src`` (a contiguous CUDA tensor of ``dst``'s bytes) into ``dst`` (staging memory) on the current
+    stream, asynchronously, piece by piece of the arena's pinning, each once its piece is pinned (waiting here)."""
+    found = staging.locate(dst)
+    flat_dst = torch.from_numpy(dst.reshape(-1).view(np.uint8))
+    flat_src = src.reshape(-1).view(torch.uint8)
+    if found is None:
+        flat_dst.copy_(flat_src, non_blocking=True)
+        return
+    arena, base = found
+    for lo, hi in piece_ranges(base, base + flat_dst.numel()):
+        arena.wait_pinned(hi)
+        flat_dst[lo - base:hi - base].copy_(flat_src[lo - base:hi - base], non_blocking=True)

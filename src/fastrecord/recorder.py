@@ -30,9 +30,7 @@ from fastrecord.sinks.factory import build_sinks
 from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
-from fastrecord.video.yuv import YUV420P, warm_triton
-
-WARM_TRITON_AFTER = 8  # batches of episodes (x the envs) gathered before Triton's kernel is loaded (`_warm_conversion`)
+from fastrecord.video.yuv import WARM_TRITON_AFTER, YUV420P, TritonWarmup
 
 
 def _with_env_dim(action: Any, space: Any) -> Any:
@@ -108,7 +106,7 @@ class EpisodeRecorder:
         self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
         self._last_info: Any = None
         self._staging_reserved = False
-        self._frames_gathered = 0  # episodes whose frames were gathered so far (`_warm_conversion`)
+        self._triton = TritonWarmup(WARM_TRITON_AFTER * self.num_envs)
         self._warned_state = False
         self.elapsed_record_steps = 0
         self.num_finished = 0  # episodes ended, kept or not
@@ -261,23 +259,6 @@ class EpisodeRecorder:
         yuv = self._yuv and frames.is_cuda
         per_frame = frames[0, 0].numel() // 2 if yuv else frames[0, 0].numel()
         default_staging_pool().reserve(self.num_envs * buf.capacity * per_frame, pin=frames.is_cuda, count=2)
-
-    def _warm_conversion(self, episodes: int) -> None:
-        """Once `WARM_TRITON_AFTER` batches' worth of episodes (x the envs) have had their frames gathered: load
-        the GPU conversion's Triton kernel on a thread of its own (the gathers convert with torch's kernels until
-        then). Its import and load hold the GIL for about a second (0.8-1.4 s on the H100 machine): started at the
-        first reset, a fresh process's first 50 steps took 0.4-0.55 s (0.1-0.2 ms a step warm) and the first
-        episodes waited for them; started two batches in, it held back the stepping thread of staggered episodes
-        until the encoders ran dry (2026-12-06). What it saves is small (one kernel for a dozen of torch's each
-        gather), so it loads once a fresh process's start is long behind it."""
-        before = self._frames_gathered
-        self._frames_gathered += episodes
-        buf = self.buffer
-        frames = buf.fields.get("frames") if buf is not None else None
-        after = WARM_TRITON_AFTER * self.num_envs
-        if before < after <= self._frames_gathered and frames is not None and self._yuv \
-                and frames.is_cuda and frames.shape[0] >= 3:
-            warm_triton(frames[:3, :1].transpose(0, 1))  # strided as a gather's frames: the kernel they launch
 
     def _ensure_buffer(self) -> EpisodeBuffer:
         if self.buffer is None:
@@ -537,8 +518,8 @@ class EpisodeRecorder:
         buf = self.buffer
         assert buf is not None  # called by finalize, which has one
         host = buf.gather(kept, transforms={"frames": YUV420P} if self._yuv else None)
-        if "frames" in host:
-            self._warm_conversion(len(kept))
+        if "frames" in host and self._yuv:  # Triton's kernel is loaded once a fresh start is behind
+            self._triton.gathered(len(kept), buf.fields.get("frames"))
         lengths = buf.cursor[kept]
         control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
         episodes: list[EpisodeData] = []

@@ -24,6 +24,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from fastrecord import pinning
+
 MiB = 1024**2
 _ARENA_ALIGN = 64 * MiB  # arenas are sized in these steps, so similar batches reuse one arena
 _FIELD_ALIGN = 4096  # each field of a lease starts on a page
@@ -42,7 +44,7 @@ class Arena:
     ``pin="pieces"``: the mapping is made now and pinned later, piece by piece (`pin_pieces`, `PIN_PIECE` bytes each,
     registered separately), so copies can land in the first pieces while the rest are pinned. A device-to-host copy
     must then stay inside one piece (a copy across two registrations is refused: "invalid argument", seen on the H100
-    machine) and wait for its piece: `when_pinned`, or `device_to_host`, which does both."""
+    machine) and wait for its piece: `when_pinned`, or `fastrecord.hostcopy.device_to_host`, which does both."""
 
     _ids = itertools.count()
 
@@ -68,14 +70,14 @@ class Arena:
             self.pinned_upto = 0  # bytes from the start pinned so far
             self.pinning = True
         else:
-            self.pinned = bool(pin) and _cuda_host_register(self.buffer)
+            self.pinned = bool(pin) and pinning.register(self.buffer)
             self.pinned_upto = size
             self.pinning = False
 
     def pin_pieces(self, populate_threads: int | None = None) -> None:
-        """Pin a ``pin="pieces"`` arena, piece after piece (its pages populated first, `populate`), running the
-        callbacks waiting for each piece (`when_pinned`) as it is done; on the caller's thread. A piece that
-        cannot be registered leaves it and the rest unpinned (copies into them go through pageable memory)."""
+        """Pin a ``pin="pieces"`` arena, piece after piece (its pages populated first: `fastrecord.pinning`),
+        running the callbacks waiting for each piece (`when_pinned`) as it is done; on the caller's thread. A piece
+        that cannot be registered leaves it and the rest unpinned (copies into them go through pageable memory)."""
         buf = self.buffer
         ok = buf is not None
         lo = 0
@@ -85,7 +87,7 @@ class Arena:
                 if self._closing:
                     break
             assert buf is not None  # close() waits for this loop to stop before it drops the buffer
-            ok = _cuda_host_register_piece(buf[lo:hi], populate_threads)
+            ok = pinning.register_piece(buf[lo:hi], populate_threads)
             with self._cond:
                 if ok:
                     self._registered.append(self.address + lo)
@@ -131,10 +133,10 @@ class Arena:
                 fn(self.id)
         if self._registered:
             for address in self._registered:
-                _cuda_host_unregister(address)
+                pinning.unregister(address)
             self._registered = []
         elif self.pinned:
-            _cuda_host_unregister(self.address)
+            pinning.unregister(self.address)
         self.pinned = False
         self.buffer = None
         try:
@@ -149,182 +151,12 @@ class Arena:
 PIN_PIECE = 256 * MiB  # bytes of an arena pinned at once (`Arena.pin_pieces`): the first in 0.06 s on the H100 machine
 
 
-def piece_ranges(start: int, stop: int) -> list[tuple[int, int]]:
-    """Byte ranges of ``start..stop`` (offsets in an arena) cut at its pieces' borders: each lies in one piece."""
-    cuts = list(range((start // PIN_PIECE + 1) * PIN_PIECE, stop, PIN_PIECE))
-    bounds = [start, *cuts, stop]
-    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
-
-
-class Landing:
-    """Asynchronous device-to-host copies into staging memory, some perhaps not enqueued yet (their pieces still
-    being pinned): a byte range each, with the CUDA event of its copy once enqueued. `synchronize` waits for all
-    of them; `wait_for` for those that overlap one array (an episode's frames: its own chunk, not the batch's)."""
-
-    def __init__(self) -> None:
-        self._units: list[_Unit] = []
-        self.previous: Any = None  # the copies into the same arena before these (`Arena.pending`): `synchronize`
-
-    def add(self, lo: int, hi: int) -> _Unit:
-        unit = _Unit(lo, hi)
-        self._units.append(unit)
-        return unit
-
-    def synchronize(self) -> None:
-        """Wait for these copies and every earlier one into the same arena (``previous``, a chain)."""
-        node: Any = self
-        while isinstance(node, Landing):
-            for u in node._units:
-                u.wait()
-            node = node.previous
-        if node is not None:  # a plain CUDA event
-            node.synchronize()
-        self.previous = None
-
-    def wait_for(self, address: int, nbytes: int) -> None:
-        for u in self._units:
-            if u.lo < address + nbytes and address < u.hi:
-                u.wait()
-
-
-class _Unit:
-    """One copy of a `Landing`: addresses ``lo..hi``; `done` gives its CUDA event (or the error that stopped it)."""
-
-    def __init__(self, lo: int, hi: int) -> None:
-        self.lo, self.hi = lo, hi
-        self._queued = threading.Event()
-        self._event: Any = None
-        self._error: BaseException | None = None
-
-    def done(self, event: Any = None, error: BaseException | None = None) -> None:
-        self._event, self._error = event, error
-        self._queued.set()
-
-    def wait(self) -> None:
-        self._queued.wait()
-        if self._error is not None:
-            raise RuntimeError(f"a copy into staging memory failed: {self._error}") from self._error
-        if self._event is not None:
-            self._event.synchronize()
-
-
-def device_to_host(dst: np.ndarray, src: Any, stream: Any, after: Any, landing: Landing) -> None:
-    """Copy ``src`` (a contiguous CUDA tensor of ``dst``'s bytes) into ``dst`` (staging memory, C-contiguous) on
-    ``stream`` once ``after`` (a CUDA event: ``src`` written) has happened, in pieces of the arena's pinning
-    (`piece_ranges`), each enqueued as soon as its piece is pinned (now, or by the pinning thread), each noted in
-    ``landing``. ``src`` is kept until its copies are enqueued (and marked as used on ``stream``)."""
-    import torch
-
-    found = locate(dst)
-    flat_dst = dst.reshape(-1).view(np.uint8)
-    flat_src = src.reshape(-1).view(torch.uint8)
-    if found is None:
-        arena, base, ranges = None, 0, [(0, flat_dst.nbytes)]
-    else:
-        arena, base = found
-        ranges = piece_ranges(base, base + flat_dst.nbytes)
-    for lo, hi in ranges:
-        unit = landing.add(dst.ctypes.data + lo - base, dst.ctypes.data + hi - base)
-
-        def copy(lo: int = lo, hi: int = hi, unit: _Unit = unit) -> None:
-            try:
-                with torch.cuda.device(src.device), torch.cuda.stream(stream):
-                    stream.wait_event(after)
-                    part = flat_src[lo - base:hi - base]
-                    torch.from_numpy(flat_dst[lo - base:hi - base]).copy_(part, non_blocking=True)
-                    src.record_stream(stream)  # the allocator must not reuse it before the copy ends
-                    event = torch.cuda.Event(blocking=True)  # waiters sleep rather than spin (encoders need cores)
-                    event.record(stream)
-                unit.done(event)
-            except BaseException as e:  # noqa: BLE001 - raised where the copy is waited for
-                unit.done(error=e)
-
-        if arena is None:
-            copy()
-        else:
-            arena.when_pinned(hi, copy)
-
-
-def copy_pinned_pieces(dst: np.ndarray, src: Any) -> None:
-    """Copy ``src`` (a contiguous CUDA tensor of ``dst``'s bytes) into ``dst`` (staging memory) on the current
-    stream, asynchronously, piece by piece of the arena's pinning, each once its piece is pinned (waiting here)."""
-    import torch
-
-    found = locate(dst)
-    flat_dst = torch.from_numpy(dst.reshape(-1).view(np.uint8))
-    flat_src = src.reshape(-1).view(torch.uint8)
-    if found is None:
-        flat_dst.copy_(flat_src, non_blocking=True)
-        return
-    arena, base = found
-    for lo, hi in piece_ranges(base, base + flat_dst.numel()):
-        arena.wait_pinned(hi)
-        flat_dst[lo - base:hi - base].copy_(flat_src[lo - base:hi - base], non_blocking=True)
-
-
 _close_hooks: set[weakref.WeakMethod] = set()
 
 
 def on_arena_close(method: Any) -> None:
     """Call ``method(arena_id)`` (a bound method, held weakly) before any arena is unmapped."""
     _close_hooks.add(weakref.WeakMethod(method))
-
-
-POPULATE_THREADS = 8  # threads that fault an arena's pages in before it is pinned (at most the usable cores)
-_POPULATE_MIN_BYTES = 64 * MiB  # smaller arenas are pinned as they are
-
-
-def populate(buffer: np.ndarray, threads: int | None = None) -> None:
-    """Fault every page of ``buffer`` in (writing zeros) from several threads at once. Pinning faults the
-    pages of a fresh mapping in one by one on one thread, which is most of its cost (about 0.7 s per GB);
-    numpy's fill releases the GIL, so the threads zero their parts in parallel."""
-    k = max(1, min(POPULATE_THREADS if threads is None else threads, len(os.sched_getaffinity(0))))
-    step = _round_up(-(-buffer.nbytes // k), 4096)
-    parts = [buffer[i : i + step] for i in range(0, buffer.nbytes, step)]
-    workers = [threading.Thread(target=p.fill, args=(0,), name="fastrecord-populate") for p in parts[1:]]
-    for t in workers:
-        t.start()
-    parts[0].fill(0)
-    for t in workers:
-        t.join()
-
-
-def _cuda_host_register_piece(buffer: np.ndarray, populate_threads: int | None = None) -> bool:
-    """Page-lock one piece of an arena (`Arena.pin_pieces`), its pages faulted in by `populate` first."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
-        populate(buffer, populate_threads)
-        err = torch.cuda.cudart().cudaHostRegister(buffer.ctypes.data, buffer.nbytes, 0)
-        return int(getattr(err, "value", err)) == 0
-    except Exception:  # noqa: BLE001 - unpinned memory still works, only slower
-        return False
-
-
-def _cuda_host_register(buffer: np.ndarray) -> bool:
-    """Page-lock ``buffer`` (a whole fresh arena) for CUDA, its pages faulted in by `populate` first."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
-        if buffer.nbytes >= _POPULATE_MIN_BYTES:
-            populate(buffer)
-        err = torch.cuda.cudart().cudaHostRegister(buffer.ctypes.data, buffer.nbytes, 0)
-        return int(getattr(err, "value", err)) == 0
-    except Exception:  # noqa: BLE001 - unpinned memory still works, only slower
-        return False
-
-
-def _cuda_host_unregister(address: int) -> None:
-    try:
-        import torch
-
-        torch.cuda.cudart().cudaHostUnregister(address)
-    except Exception:  # noqa: BLE001
-        pass
 
 
 # live arenas by start address, so an array can be traced back to the arena (and offset) it views

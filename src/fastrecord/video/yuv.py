@@ -21,7 +21,7 @@ class Yuv420Frames(np.ndarray):
     ``av.VideoFrame.from_ndarray(..., format="yuv420p")``): the Y plane (H rows), then U and V
     (H/4 rows of W each). BT.601 limited range, the colours libswscale gives RGB frames by default.
 
-    ``ready`` (a CUDA event, a `fastrecord.staging.Landing`, or None) is set while an asynchronous copy into this
+    ``ready`` (a CUDA event, a `fastrecord.hostcopy.Landing`, or None) is set while an asynchronous copy into this
     memory is in flight; call `wait_ready` before reading (a slice waits for the copies into its own bytes only).
     Slices keep both.
     """
@@ -45,7 +45,7 @@ class Yuv420Frames(np.ndarray):
         ev = self.ready
         if ev is None:
             return
-        wait_for = getattr(ev, "wait_for", None)  # a `fastrecord.staging.Landing`: only the copies into this view
+        wait_for = getattr(ev, "wait_for", None)  # a `fastrecord.hostcopy.Landing`: only the copies into this view
         if wait_for is not None and self.size and self.flags.c_contiguous:  # its bytes: one range
             wait_for(self.ctypes.data, self.nbytes)
         else:
@@ -159,6 +159,31 @@ def _warm(sample: Any) -> None:
             del out
     except Exception:  # noqa: BLE001 - only a warm-up: the torch kernels go on converting
         pass
+
+
+WARM_TRITON_AFTER = 8  # batches of episodes (x the envs) whose frames are gathered before Triton's kernel is loaded
+
+
+class TritonWarmup:
+    """Loads the conversion's Triton kernel (`warm_triton`) once ``after`` episodes' frames have been gathered; the
+    gathers convert with torch's kernels (``kernel="ready"``) until then.
+
+    Its import and load hold the GIL for about a second (0.8-1.4 s on the H100 machine): started at the first reset,
+    a fresh process's first 50 steps took 0.4-0.55 s (0.1-0.2 ms a step warm) and the first episodes waited for
+    them; started two batches in, it held back the stepping thread of staggered episodes until the encoders ran dry
+    (2026-12-06). What it saves is small (one kernel for a dozen of torch's each gather), so a recorder
+    (`EpisodeRecorder`) loads it `WARM_TRITON_AFTER` batches in, once a fresh process's start is long behind it."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.episodes = 0
+
+    def gathered(self, episodes: int, frames: Any) -> None:
+        """``episodes`` more had their frames (``frames``: the ring buffer's ``[capacity, envs, H, W, 3]``, or None)
+        gathered."""
+        before, self.episodes = self.episodes, self.episodes + episodes
+        if before < self.after <= self.episodes and frames is not None and frames.is_cuda and frames.shape[0] >= 3:
+            warm_triton(frames[:3, :1].transpose(0, 1))  # strided as a gather's frames: the kernel they launch
 
 
 _TRITON: Any = False  # False: not tried yet; None: unavailable
