@@ -288,8 +288,8 @@ def test_a_gather_into_an_arena_still_being_pinned_lands_in_every_piece(monkeypa
     import time
 
     monkeypatch.setattr(staging, "PIN_PIECE", 256 * 1024)
-    register = pinning.register_piece
-    monkeypatch.setattr(pinning, "register_piece", lambda b, t=None: (time.sleep(0.005), register(b, 1))[1])
+    register = pinning.register
+    monkeypatch.setattr(pinning, "register", lambda b, t=None: (time.sleep(0.005), register(b, 1))[1])
     pool = staging.StagingPool()
     monkeypatch.setattr(staging, "_default_pool", pool)
     n, steps, size = 6, 5, 96

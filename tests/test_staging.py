@@ -192,7 +192,7 @@ def fake_pinning(monkeypatch):
         return True
 
     monkeypatch.setattr(staging, "PIN_PIECE", 1024 * 1024)
-    monkeypatch.setattr(pinning, "register_piece", register)
+    monkeypatch.setattr(pinning, "register", register)
     monkeypatch.setattr(pinning, "unregister", lambda address: state["unregistered"].append(address))
     return state
 

@@ -399,7 +399,12 @@ def test_with_an_nvidia_driver_the_prefetch_probes_in_a_helper_process(monkeypat
 
 @needs_shm
 def test_the_helper_processs_nvenc_probe_answers_as_this_ones():
+    # asked without the fallback that takes any failure for "no NVENC": a helper that cannot answer raises here
+    assert video_mod.ask_helper(video_mod.nvenc_usable) is video_mod.nvenc_usable()
     assert video_mod.nvenc_usable_elsewhere() is video_mod.nvenc_usable()
+    from fastrecord.processes import parent_alive
+
+    assert video_mod.ask_helper(parent_alive) is True  # ran in a child of this process
 
 
 def test_a_prefetch_that_fails_leaves_the_error_to_the_recorders_call(monkeypatch, fresh_codec_cache):

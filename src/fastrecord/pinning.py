@@ -37,30 +37,17 @@ def populate(buffer: np.ndarray, threads: int | None = None) -> None:
         t.join()
 
 
-def register_piece(buffer: np.ndarray, populate_threads: int | None = None) -> bool:
-    """Page-lock one piece of an arena (`fastrecord.staging.Arena.pin_pieces`), its pages faulted in by `populate`
-    first."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
-        populate(buffer, populate_threads)
-        err = torch.cuda.cudart().cudaHostRegister(buffer.ctypes.data, buffer.nbytes, 0)
-        return int(getattr(err, "value", err)) == 0
-    except Exception:  # noqa: BLE001 - unpinned memory still works, only slower
-        return False
-
-
-def register(buffer: np.ndarray) -> bool:
-    """Page-lock ``buffer`` (a whole fresh arena) for CUDA, its pages faulted in by `populate` first."""
+def register(buffer: np.ndarray, populate_threads: int | None = None) -> bool:
+    """Page-lock ``buffer`` for CUDA (a whole arena, or one piece of it: `fastrecord.staging.Arena.pin_pieces`), its
+    pages faulted in by `populate` first where it is large (``populate_threads``: `populate`'s); False where CUDA
+    is missing or refuses it (unpinned memory still works, only slower)."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return False
         if buffer.nbytes >= _POPULATE_MIN_BYTES:
-            populate(buffer)
+            populate(buffer, populate_threads)
         err = torch.cuda.cudart().cudaHostRegister(buffer.ctypes.data, buffer.nbytes, 0)
         return int(getattr(err, "value", err)) == 0
     except Exception:  # noqa: BLE001 - unpinned memory still works, only slower
@@ -68,7 +55,7 @@ def register(buffer: np.ndarray) -> bool:
 
 
 def unregister(address: int) -> None:
-    """Undo `register` / `register_piece` of the memory at ``address`` (errors ignored: the mapping goes next)."""
+    """Undo `register` of the memory at ``address`` (errors ignored: the mapping goes next)."""
     try:
         import torch
 

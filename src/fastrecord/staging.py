@@ -62,7 +62,7 @@ class Arena:
         self.address = self.buffer.ctypes.data
         self.pending: Any = None  # event of an asynchronous copy into this arena, awaited before reuse
         self._cond = threading.Condition()
-        self._registered: list[int] = []  # addresses of the pieces registered (pin="pieces")
+        self._registered: list[int] = []  # addresses registered with CUDA: the arena's, or each piece's
         self._waiting: list[tuple[int, Any]] = []  # (end offset, callback) until the pieces up to there are pinned
         self._closing = False
         if pin == "pieces":
@@ -71,6 +71,7 @@ class Arena:
             self.pinning = True
         else:
             self.pinned = bool(pin) and pinning.register(self.buffer)
+            self._registered = [self.address] if self.pinned else []
             self.pinned_upto = size
             self.pinning = False
 
@@ -87,7 +88,7 @@ class Arena:
                 if self._closing:
                     break
             assert buf is not None  # close() waits for this loop to stop before it drops the buffer
-            ok = pinning.register_piece(buf[lo:hi], populate_threads)
+            ok = pinning.register(buf[lo:hi], populate_threads)
             with self._cond:
                 if ok:
                     self._registered.append(self.address + lo)
@@ -131,12 +132,9 @@ class Arena:
                 _close_hooks.discard(hook)
             else:
                 fn(self.id)
-        if self._registered:
-            for address in self._registered:
-                pinning.unregister(address)
-            self._registered = []
-        elif self.pinned:
-            pinning.unregister(self.address)
+        for address in self._registered:  # never an address not registered (an arena closed before its first piece)
+            pinning.unregister(address)
+        self._registered = []
         self.pinned = False
         self.buffer = None
         try:
@@ -385,11 +383,10 @@ class StagingPool:
     def reserve(self, nbytes: int, pin: bool = False, count: int = 1) -> None:
         """Leases of ``nbytes`` are coming (say, the first batches of episodes): make ``count`` arenas for
         them now, less the free ones that fit (within the budget, which counts them), on background threads at
-        once. Two are what a stream of such leases holds: one being filled, one being encoded. Both are made
-        while a fresh process's encoders have no work yet: one after the other, the second was pinned while the
-        encoders worked, its populating threads taking their cores (H100 machine, 2026-12-06: jobs 10% slower
-        in the fresh process than in a warm one). Each is leasable as soon as it is mapped, its pages pinned
-        piece by piece (`Arena.pin_pieces`)."""
+        once. Two are what a stream of such leases holds: one being filled, one being encoded. Both are made at
+        once, while a fresh process's encoders have no work yet (made one after the other, the second was pinned
+        while the encoders worked and its populating threads took their cores: H100 machine, 2026-12-06). Each is
+        leasable as soon as it is mapped, its pages pinned piece by piece (`Arena.pin_pieces`)."""
         want = nbytes + _FIELD_ALIGN * 64
         with self._lock:
             self.largest_lease = max(self.largest_lease, want)

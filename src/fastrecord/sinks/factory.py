@@ -96,12 +96,12 @@ def video_settings(options: RecordOptions) -> VideoSettings:
     """The videos' `VideoSettings`, checked (a ValueError naming the bad option and the fix).
 
     ``video_codec="auto"`` not yet resolved in this process stays "auto" here: its NVENC probe (0.46 s on the H100
-    machine, 0.66 s on the H200: a CUDA context opened, no encoder found) runs on a thread (`prefetch_codec`) while
-    the recorder is made and its first episodes are stepped, and the first video resolves it (`encode_mp4` checks
-    its settings), waiting for the probe if it is still running. The other options are checked now, with the
-    encoder "auto" falls back to (libx264: NVENC takes the same crf range; the default pixel format, which both
-    encode). Any other codec, pixel format or a PyAV without libx264 is resolved and checked here, as before."""
-    from fastrecord.video import VideoSettings, check_video_settings, resolve_codec
+    machine, 0.66 s on the H200: a CUDA context opened, no encoder found) is started (`prefetch_codec`: in a helper
+    process where an NVIDIA driver is loaded) while the recorder is made and its first episodes are stepped, and
+    the first video resolves it (`encode_mp4` checks its settings), waiting for the probe if it is still running.
+    The other options are checked now, with the encoder "auto" falls back to (libx264: NVENC takes the same crf
+    range and the default pixel format). Any other codec, or a PyAV without libx264, is resolved and checked here."""
+    from fastrecord.video import VideoSettings, check_video_settings
     from fastrecord.video.encode import codec_available, codec_resolved, prefetch_codec
 
     settings = VideoSettings(
@@ -111,12 +111,11 @@ def video_settings(options: RecordOptions) -> VideoSettings:
         fps=options.video_fps,
         gop=options.video_gop,
     )
-    if (settings.codec == "auto" and not codec_resolved("auto") and settings.pix_fmt == VideoSettings.pix_fmt
-            and codec_available("libx264")):
+    if settings.codec == "auto" and not codec_resolved("auto") and codec_available("libx264"):
         prefetch_codec("auto")
         check_video_settings(replace(settings, codec="libx264"))
         return settings
-    return check_video_settings(replace(settings, codec=resolve_codec(settings.codec)))
+    return check_video_settings(settings)  # "auto" (resolved already) or a codec named: resolved there
 
 
 def env_attribute(view: EnvView, name: str) -> Any:

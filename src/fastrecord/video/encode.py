@@ -155,16 +155,20 @@ def nvenc_usable_elsewhere() -> bool:
     (0.43 s on the H100 machine), during which no other thread of the caller's process ran, so a probe on a thread
     of the caller stopped the recorder's construction anyway (measured: the construction's next step began the
     moment the probe ended). A helper that cannot answer is taken for "no NVENC" (libx264 always works)."""
-    from fastrecord.processes import IsolatedProcess
-
     try:
-        proc = IsolatedProcess("fastrecord.video.encode", "the NVENC probe process")
-    except OSError:
-        return False
-    try:
-        return bool(proc.call(nvenc_usable))
+        return bool(ask_helper(nvenc_usable))
     except Exception:  # noqa: BLE001 - a probe that failed: no NVENC
         return False
+
+
+def ask_helper(func: Any) -> Any:
+    """``func()`` (a module-level function of a fastrecord module) run in a helper process that imports PyAV and
+    numpy only, which then leaves; its errors are raised here."""
+    from fastrecord.processes import IsolatedProcess
+
+    proc = IsolatedProcess("fastrecord.video.encode", "the NVENC probe process")
+    try:
+        return proc.call(func)
     finally:
         proc.stop(timeout=5.0)
 
