@@ -26,12 +26,14 @@
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh coldstart   # a fresh process against a warm one, with
 #                                         its timeline (SpanTrace); BEFORE=path/src adds another tree (~100 s a tree)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh pinning     # probe_pinning: pinning, encoders' start
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
+#                                         close split into their layers, the sub-env processes' included (~120 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|eval_split|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -159,6 +161,12 @@ case $stage in
   pinning)
     # what a fresh process's first staging memory and encoders wait for (benchmarks/probe_pinning.py, ~60 s)
     run 200 pinning python3 -m benchmarks.probe_pinning --gib 2.4 --json "$out/pinning.json"
+    ;;
+  eval_split)
+    # the eval's steps where every env resets (4 of 200, 192-330 ms each against 16 ms) and its first reset and close:
+    # each reset step's layers, and the sub-env processes' own timers (their reconfiguring resets, the pose reports)
+    run 200 profile_eval python3 -m benchmarks.profile_eval --variants default,per_process_1,no_video \
+      --json "$out/profile_eval.json"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

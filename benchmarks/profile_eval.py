@@ -32,11 +32,16 @@ TIMED = {  # module: {class: [methods]}
     "fastrecord.make_env": {"EvalVectorEnv": ["step", "_reset", "reset"]},
     "fastrecord.record": {"RecordVectorEpisode": ["step", "close", "reset"]},
     "fastrecord.recorder": {"EpisodeRecorder": ["before_step", "on_step", "on_reset", "finalize", "_collect", "close"]},
-    "fastrecord.render.vector": {"GroupRenderedVectorEnv": ["render", "reset", "_take", "_sync", "close"]},
     "fastrecord.render.group": {"GroupRenderer": ["set_poses", "take_pictures", "read_sensor_data", "_ensure",
                                                   "_camera_group", "warm"]},
     "fastrecord.packed": {"PackedVectorEnv": ["step", "reset", "close", "close_extras"]},
+    # in the sub-env processes too (forked from this process's forkserver after the patches): their timers are
+    # written at their close (`_dump_subprocess`) and printed as ``sub.*``
+    "fastrecord.render.vector": {"GroupRenderedVectorEnv": ["render", "reset", "_take", "_sync", "close"],
+                                 "PoseReporter": ["_report"]},
+    "mani_skill.envs.sapien_env": {"BaseEnv": ["_reconfigure", "reset", "step", "close"]},
 }
+MAIN_PID = os.getpid()
 
 
 def _wrap(timers: dict[str, list[float]], sync: bool) -> None:
@@ -66,6 +71,28 @@ def _wrap(timers: dict[str, list[float]], sync: bool) -> None:
                             timers["render_gpu_wait"].append(time.perf_counter() - t1)
 
                 setattr(cls, name, timed)
+    from fastrecord import packed_process
+
+    run = packed_process._SubEnvs.run
+
+    def run_timed(self: Any, command: str, data: Any) -> list[Any]:  # a sub-env process's commands, by name
+        t0 = time.perf_counter()
+        try:
+            return run(self, command, data)
+        finally:
+            timers[f"SubEnvs.{command}"].append(time.perf_counter() - t0)
+            if command == "close":
+                _dump_subprocess(timers)
+
+    packed_process._SubEnvs.run = run_timed
+
+
+def _dump_subprocess(timers: dict[str, list[float]]) -> None:
+    """A sub-env process's timers, to ``$PROFILE_SUBDIR/<pid>.json`` (read by the caller after its close)."""
+    folder = os.environ.get("PROFILE_SUBDIR")
+    if folder and os.getpid() != MAIN_PID:
+        with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
+            json.dump(timers, f)
 
 
 FULL_COLLECTIONS: list[tuple[str, int, int, int, float]] = []  # (thread, frozen, walked after, collected, ms)
@@ -141,9 +168,16 @@ def child(a: dict[str, Any]) -> None:
     if os.path.exists(a["timeline"]):
         with open(a["timeline"]) as f:
             stamps = {k: v - a["t0"] for k, v in json.load(f).items()}
+    sub: dict[str, list[float]] = defaultdict(list)  # the sub-env processes' timers, all processes together
+    folder = os.environ.get("PROFILE_SUBDIR", "")
+    for name in sorted(os.listdir(folder)) if folder else []:
+        with open(os.path.join(folder, name)) as f:
+            for k, v in json.load(f).items():
+                sub[k] += v
     slowest = sorted((i for i, (_, reset) in enumerate(steps) if not reset), key=lambda i: -steps[i][0])[:8]
     out = dict(variant=a["variant"], made=made, reset=reset_s, loop=loop, close=close, steps=steps, stamps=stamps,
                slowest=[(i, steps[i][0], parts[i]) for i in sorted(slowest)],
+               reset_steps=[(i, t, parts[i]) for i, (t, reset) in enumerate(steps) if reset], subprocess_timers=sub,
                reset_timers=reset_timers, loop_timers=loop_timers, close_timers={k: list(v) for k, v in timers.items()},
                full_collections=FULL_COLLECTIONS)
     with open(a["json"], "w") as f:
@@ -164,17 +198,19 @@ def report(r: dict[str, Any], num_envs: int) -> str:
     if resets:
         lines.append(f"   steps with resets: {len(resets)}, each {', '.join(f'{1e3 * s:.0f}' for s in resets)} ms, "
                      f"sum {sum(resets):.2f} s")
-    for i, t, part in r.get("slowest", []):
-        inner = {k: v for k, v in part.items() if k not in ("EvalVectorEnv.step", "RecordVectorEpisode.step")}
-        top = sorted(inner.items(), key=lambda kv: -kv[1])[:4]  # the layers inside the step, longest first
-        lines.append(f"   slow step {i}: {1e3 * t:.1f} ms (" + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in top) + ")")
+    for title, key in (("reset step", "reset_steps"), ("slow step", "slowest")):
+        for i, t, part in r.get(key, []):
+            inner = {k: v for k, v in part.items() if k not in ("EvalVectorEnv.step", "RecordVectorEpisode.step")}
+            top = sorted(inner.items(), key=lambda kv: -kv[1])[:6]  # the layers inside the step, longest first
+            lines.append(f"   {title} {i}: {1e3 * t:.1f} ms (" + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in top) + ")")
     lines.append("   stamps (s from launch): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stamps"].items(),
                                                                                           key=lambda kv: kv[1])))
     full = r.get("full_collections") or []
     if full:
         lines.append(f"   full collections: {len(full)} (thread, objects frozen, walked, collected, ms): " + ", ".join(
             f"({th}, {frozen}, {walked}, {got}, {ms:.0f})" for th, frozen, walked, got, ms in full[:20]))
-    for title, key in (("make and first reset", "reset_timers"), ("loop", "loop_timers"), ("close", "close_timers")):
+    for title, key in (("make and first reset", "reset_timers"), ("loop", "loop_timers"), ("close", "close_timers"),
+                       ("sub-env processes, all of them (make to close)", "subprocess_timers")):
         lines.append(f"   {title}: timer, calls, mean ms, p50 ms, total s")
         for k, v in sorted(r[key].items(), key=lambda kv: -sum(kv[1])):
             lines.append(f"     {k:40s} {len(v):5d} {1e3 * statistics.mean(v):9.2f} {1e3 * statistics.median(v):9.2f} "
@@ -200,7 +236,9 @@ def main() -> None:
                      out=os.path.join(work, v), json=os.path.join(work, v + ".json"),
                      timeline=os.path.join(work, v + ".timeline.json"), t0=time.time())
             t0 = time.perf_counter()
-            env = {**os.environ, "FASTRECORD_TIMELINE": a["timeline"]}
+            subdir = os.path.join(work, v + ".sub")
+            os.makedirs(subdir)
+            env = {**os.environ, "FASTRECORD_TIMELINE": a["timeline"], "PROFILE_SUBDIR": subdir}
             proc = subprocess.run([sys.executable, "-m", "benchmarks.profile_eval", "--child", json.dumps(a)], env=env)
             if proc.returncode != 0:
                 print(f"== {v}: exit {proc.returncode} after {time.perf_counter() - t0:.1f} s", flush=True)

@@ -405,6 +405,43 @@ def test_envs_closed_together_walk_the_heap_once():
     assert gc.collect is collect and sapien_env.gc is gc  # put back
 
 
+def test_a_collection_left_for_later_runs_before_the_next_scenes_are_built():
+    """`collections_deferred(later=True)` (the batched render's close): leaving collects nothing, the closed envs'
+    scenes stay until this process next builds scenes through fastrecord (`scenes_built` runs the collection left
+    pending first), and a deferral with nothing asked leaves nothing pending."""
+    import gc
+    import weakref
+
+    from fastrecord.render import vector
+    from fastrecord.render.vector import collections_deferred, scenes_built
+
+    envs = [_make("PickCube-v1") for _ in range(2)]
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+    scenes = [weakref.ref(env.unwrapped.scene) for env in envs]
+    walks: list[int] = []
+    gc.callbacks.append(lambda phase, info: walks.append(info["generation"]) if phase == "start" else None)
+    automatic = gc.isenabled()
+    gc.disable()
+    try:
+        with collections_deferred(later=True):
+            for env in envs:
+                env.close()
+            del env
+            envs.clear()
+        assert walks == [] and vector._collection_pending and all(s() is not None for s in scenes)
+        with scenes_built():
+            assert walks == [2] and not vector._collection_pending
+            assert all(s() is None for s in scenes)
+        with collections_deferred(later=True):
+            pass  # nothing closed: nothing asked
+        assert not vector._collection_pending
+    finally:
+        gc.callbacks.pop()
+        if automatic:
+            gc.enable()
+
+
 @pytest.mark.gpu
 def test_record_cli_batched_render_writes_every_video_and_ends_its_sub_envs(tmp_path):
     """`fastrecord record` with the batched render (auto on a CUDA machine): every episode's video decodes to

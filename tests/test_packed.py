@@ -27,9 +27,13 @@ PER_PROCESS = 2  # processes of 2, 2 and 1 sub-envs
 
 @pytest.fixture(autouse=True)
 def no_process_left():
-    """Every sub-env process a test started has ended when it returns."""
+    """Every sub-env process a test started has ended when it returns, or is ending (a close returns once the
+    processes answered; their exits are awaited on a thread: given 30 s here)."""
     yield
-    left = [p for p in multiprocessing.active_children() if p.name.startswith("fastrecord-subenvs")]
+    ending = [p for p in multiprocessing.active_children() if p.name.startswith("fastrecord-subenvs")]
+    for p in ending:
+        p.join(30)
+    left = [p for p in ending if p.is_alive()]
     for p in left:  # do not leak them into the next tests
         p.kill()
         p.join()
@@ -143,6 +147,8 @@ def assert_same(ours, theirs, where: str = "", ordered: bool = True) -> None:
 
 
 def all_ended(envs) -> bool:
+    if isinstance(envs, PackedVectorEnv):
+        envs.exited(30)  # a close returns once the processes answered; their exits are awaited on a thread
     return all(not p.is_alive() and p.exitcode is not None for p in envs.processes)
 
 

@@ -39,16 +39,14 @@ class PoseReporter(gym.Wrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        self._bodies: RenderBodies | None = None
+        self._bodies = RenderBodies(self.env.unwrapped)
+        self._bodies.signature()  # warmed here, with the env's make: see `RenderBodies.signature`
+        self._reported = False  # the first report carries the scene, new or not
 
     def _report(self, info: dict[str, Any]) -> dict[str, Any]:
         base: Any = self.env.unwrapped  # a ManiSkill env
-        new = False
-        if self._bodies is None:
-            self._bodies = RenderBodies(base)
-            new = True
-        elif self._bodies.refresh():
-            new = True
+        new = self._bodies.refresh() or not self._reported
+        self._reported = True
         scene: tuple[tuple[Any, ...], int] | None = None
         if new:
             seed = int(np.asarray(base._episode_seed).reshape(-1)[0])
@@ -95,6 +93,7 @@ def scenes_built(collect: bool = False) -> Iterator[None]:
     from fastrecord.workers import imports_frozen
 
     global _frozen_depth
+    collect_pending()  # scenes closed with their collection left for later: freed before new ones are built
     with _freezing:
         if _frozen_depth == 0 and imports_frozen():
             ours = False  # frozen for good by the process
@@ -134,17 +133,32 @@ class _DeferredGC:
 
 _deferring = threading.Lock()
 _deferred_depth = 0
+_collection_pending = False  # a `collections_deferred(later=True)` left its collection to the next scene build
+
+
+def collect_pending() -> None:
+    """Run the collection a `collections_deferred(later=True)` left (the closed scenes' GPU memory), if any: before
+    this process builds scenes again (`scenes_built`)."""
+    global _collection_pending
+    with _deferring:
+        pending, _collection_pending = _collection_pending, False
+    if pending:
+        gc.collect()
 
 
 @contextlib.contextmanager
-def collections_deferred() -> Iterator[None]:
+def collections_deferred(later: bool = False) -> Iterator[None]:
     """Inside: the full collection ManiSkill runs at the close of every env (``BaseEnv._clear``: ``gc.collect()``,
     to release GPU memory) is deferred; leaving runs one collection where any was asked for. Closing N envs in
     one process then walks the heap once instead of N times (0.1-0.3 s a walk once torch and ManiSkill are
-    imported). Only ManiSkill's env module sees the stand-in (its ``gc`` name), for the while; nested and
-    concurrent uses share one deferral, and the last to leave collects. Where ManiSkill's env module has no
-    ``gc`` name (another version), nothing is deferred."""
-    global _deferred_depth
+    imported). ``later``: leaving does not collect either; the collection runs before this process next builds a
+    scene through fastrecord (`collect_pending`, from `scenes_built`), and any ManiSkill env made meanwhile runs its
+    own at its creation (``_clear``), so the closed scenes' GPU memory is freed before new scenes take theirs; until
+    then Python's own collections free it. The batched render's close takes that (its final collection was 0.25 s
+    of a 0.77 s close, on the H100 machine). Only ManiSkill's env module sees the stand-in (its ``gc`` name), for
+    the while; nested and concurrent uses share one deferral, and the last to leave collects. Where ManiSkill's env
+    module has no ``gc`` name (another version), nothing is deferred."""
+    global _deferred_depth, _collection_pending
     from mani_skill.envs import sapien_env
 
     with _deferring:
@@ -166,6 +180,8 @@ def collections_deferred() -> Iterator[None]:
             if last:
                 sapien_env.gc = gc
                 _DeferredGC.asked = False
+            if asked and later:
+                _collection_pending, asked = True, False
         if asked:
             gc.collect()
 
@@ -275,9 +291,10 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
 
     def close(self, **kwargs: Any) -> None:
         """Close the sub-envs (in their processes) and the mirrors (here) at the same time, ManiSkill's full
-        collection at each mirror's close deferred to one at the end (`collections_deferred`: a collection
-        walks this process's heap, 0.13 s at a mirror's build on the H200 machine). An error of either side is
-        raised after both are closed (the sub-envs' first)."""
+        collection at each mirror's close deferred to one before this process next builds scenes
+        (`collections_deferred` with ``later``: a collection walks this process's heap, 0.13 s at a mirror's build
+        on the H200 machine, 0.25 s at this close on the H100). An error of either side is raised after both are
+        closed (the sub-envs' first)."""
         failed: list[BaseException] = []
 
         if self.terminate_subenvs:
@@ -290,7 +307,7 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
                 failed.append(e)
             stamp("subenvs_closed")
 
-        with collections_deferred():
+        with collections_deferred(later=True):
             thread = threading.Thread(target=close_subenvs, name="fastrecord-close-subenvs", daemon=True)
             thread.start()
             try:
@@ -300,7 +317,7 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
                 stamp("mirrors_closed")
             finally:
                 thread.join()
-        stamp("collected")
+        stamp("batched_render_closed")
         if failed:
             raise failed[0]
 
@@ -359,6 +376,8 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
             stamp("mirrors_built")
             renderer = GroupRenderer(mirrors, device=device)
             renderers.append(renderer)
+            for bodies in renderer.bodies:  # warmed here, not in the caller's thread: see `RenderBodies.signature`
+                bodies.signature()
             try:
                 renderer.warm(cls.warm_cameras(renderer.envs[0]))
                 stamp("group_warmed")
