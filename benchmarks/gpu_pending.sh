@@ -26,6 +26,8 @@
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh coldstart   # a fresh process against a warm one, with
 #                                         its timeline (SpanTrace); BEFORE=path/src adds another tree (~100 s a tree)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh pinning     # probe_pinning: pinning, encoders' start
+#   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval_close  # the eval's close and
+#                                         first reset against build/before/src; whole eval and record; GPU tests (~420 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
 #                                         close split into their layers, the sub-env processes' included (~120 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
@@ -33,7 +35,7 @@
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|eval_split|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -68,7 +70,7 @@ case $stage in
     # issue 27's start-up: record and eval against ManiSkill's ways, with the source tree of BEFORE (a src folder,
     # default build/before/src: carry it) beside; then where 16 sub-env makes together spend their seconds
     before=${BEFORE:-build/before/src}
-    run 330 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$before" \
+    run 330 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$PWD/$before" \
       --json "$out/whole.json"
     run 100 probe python3 -m benchmarks.probe_make_contention --num 16 --backend gpu \
       --variants alone,together,frozen_alone,frozen,fork,packed,frozen_packed,frozen_none --json "$out/probe.json"
@@ -80,7 +82,7 @@ case $stage in
     # SWEEP=1 adds a labelled sweep of one env a process beside the default (~60 s more)
     before=${BEFORE:-build/before/src}
     run 120 pytest python3 -m pytest -m gpu tests/test_batched_render.py -q -p no:cacheprovider -x --durations=5
-    run 400 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$before" \
+    run 400 whole python3 benchmarks/bench_whole.py --size gpu --only record,eval --src "before=$PWD/$before" \
       --envs-per-process "${SWEEP:-}" --json "$out/whole.json"
     ;;
   eval)
@@ -95,7 +97,7 @@ case $stage in
         --variants default --json "$out/profile_before_$i.json"
     done
     run 260 whole python3 benchmarks/bench_whole.py --size gpu --only eval,record --skip-maniskill \
-      --src "before=$before" --json "$out/whole.json"
+      --src "before=$PWD/$before" --json "$out/whole.json"
     ;;
   replay)
     # issue 27's replay (>= 2x ManiSkill at 96 and 480 episodes) and item 2: the batched-render GPU tests of the
@@ -167,6 +169,22 @@ case $stage in
     # each reset step's layers, and the sub-env processes' own timers (their reconfiguring resets, the pose reports)
     run 200 profile_eval python3 -m benchmarks.profile_eval --variants default,per_process_1,no_video \
       --json "$out/profile_eval.json"
+    ;;
+  eval_close)
+    # the eval's close (sub-envs' exits awaited on a thread, the mirrors' collection left for later) and first reset
+    # (scene signatures warmed at make), this tree against BEFORE (default build/before/src), alternating; then the
+    # whole commands (the eval with ManiSkill's evals, record without) and the GPU tests of the touched paths
+    before=${BEFORE:-build/before/src}
+    for i in 1 2; do
+      run 80 "profile_this_$i" python3 -m benchmarks.profile_eval --variants default
+      PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 80 "profile_before_$i" python3 -m benchmarks.profile_eval \
+        --variants default
+    done 2>&1 | grep "==\|steps with\|stamps"
+    run 200 whole_eval python3 benchmarks/bench_whole.py --size gpu --only eval --src "before=$PWD/$before"
+    run 120 whole_record python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+      --src "before=$PWD/$before"
+    run 150 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_batched_render.py \
+      tests/test_make_eval_envs.py tests/test_record_subenvs.py -k "not peg"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

@@ -71,7 +71,10 @@ def _wrap(timers: dict[str, list[float]], sync: bool) -> None:
                             timers["render_gpu_wait"].append(time.perf_counter() - t1)
 
                 setattr(cls, name, timed)
-    from fastrecord import packed_process
+    try:
+        from fastrecord import packed_process
+    except ImportError:  # another source tree's (--src before=...): the sub-env side still in fastrecord.packed
+        from fastrecord import packed as packed_process  # type: ignore[no-redef]
 
     run = packed_process._SubEnvs.run
 
