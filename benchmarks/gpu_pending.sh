@@ -175,16 +175,16 @@ case $stage in
     # (scene signatures warmed at make), this tree against BEFORE (default build/before/src), alternating; then the
     # whole commands (the eval with ManiSkill's evals, record without) and the GPU tests of the touched paths
     before=${BEFORE:-build/before/src}
-    for i in 1 2; do
+    for i in ${REPEAT:-1}; do
       run 80 "profile_this_$i" python3 -m benchmarks.profile_eval --variants default
       PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 80 "profile_before_$i" python3 -m benchmarks.profile_eval \
         --variants default
-    done 2>&1 | grep "==\|steps with\|stamps"
+    done 2>&1 | grep "==\|steps with\|reset step\|stamps"
     run 200 whole_eval python3 benchmarks/bench_whole.py --size gpu --only eval --src "before=$PWD/$before"
     run 120 whole_record python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
       --src "before=$PWD/$before"
     run 150 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_batched_render.py \
-      tests/test_make_eval_envs.py tests/test_record_subenvs.py -k "not peg"
+      tests/test_make_eval_envs.py tests/test_record_subenvs.py tests/test_replay_batched_render.py -k "not peg"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

@@ -8,7 +8,8 @@ Each variant runs in a fresh process (imports frozen, as fastrecord's sub-env pr
 then ``resets`` resets with ``reconfigure=True``, with wall-clock timers around the parts of ManiSkill's
 ``_reconfigure`` (``_clear`` and its garbage collection, the scene, the agent, the task's scene, the lights, the
 scene's setup, the sensors and human cameras) and the rest of the reset. Variants: ``gpu`` (the sub-envs' today),
-``gpu_small_camera`` (the human camera 8x8: what its render targets cost), ``none`` (``render_backend="none"``: no
+``gpu_small_camera`` (the human camera 8x8: what its render targets cost), ``eval_like`` (the eval's sub-env itself:
+its thunk, wrappers and pose reports), ``none`` (``render_backend="none"``: no
 render system at all). ``--together PxE`` also runs P processes of E envs resetting at the same moment (a barrier),
 as the sub-env processes do at a reset step, and prints each process's time for its E envs.
 """
@@ -27,6 +28,25 @@ from typing import Any
 
 PARTS = ["_clear", "_setup_scene", "_load_agent", "_load_scene", "_load_lighting", "_setup_sensors",
          "_initialize_episode", "_reconfigure", "reset", "get_obs"]
+
+
+def _make(variant: str, size: int) -> Any:
+    """One env of ``variant``; ``eval_like``: `make_eval_envs`' batched sub-env itself (its thunk: ManiSkill's
+    ``CPUGymWrapper`` under `PoseReporter`, the process claimed), resetting without options as they do."""
+    import gymnasium as gym
+
+    if variant == "eval_like":
+        from fastrecord.make_env import _CpuThunk
+
+        kw = _kwargs("gpu", size)
+        kw.pop("reconfiguration_freq")
+        thunk = _CpuThunk("PickCube-v1", 0, kw, [], own_process=True, report_poses=True)
+        thunk.made_in = -1  # as made in the caller: this process is the sub-env's
+        return thunk()
+    from fastrecord.workers import claim_process
+
+    claim_process()
+    return gym.make("PickCube-v1", **_kwargs(variant, size))
 
 
 def _kwargs(variant: str, size: int) -> dict[str, Any]:
@@ -76,35 +96,27 @@ def _timed(timers: dict[str, list[float]], cls: type) -> None:
 
 
 def _one(variant: str, size: int, resets: int) -> dict[str, Any]:
-    import gymnasium as gym
     import mani_skill.envs  # noqa: F401
 
-    from fastrecord.workers import claim_process
-
-    claim_process()
     timers: dict[str, list[float]] = defaultdict(list)
     t0 = time.perf_counter()
-    env = gym.make("PickCube-v1", **_kwargs(variant, size))
+    env = _make(variant, size)
     env.reset(seed=0)
     made = time.perf_counter() - t0
     _timed(timers, type(env.unwrapped))
     each = []
     for i in range(resets):
         t0 = time.perf_counter()
-        env.reset(seed=i + 1, options=dict(reconfigure=True))
+        env.reset(seed=i + 1, options=None if variant == "eval_like" else dict(reconfigure=True))
         each.append(time.perf_counter() - t0)
     env.close()
     return dict(variant=variant, made=made, resets=each, timers=dict(timers))
 
 
 def _together_child(variant: str, size: int, envs: int, resets: int, barrier: Any, out: Any) -> None:
-    import gymnasium as gym
     import mani_skill.envs  # noqa: F401
 
-    from fastrecord.workers import claim_process
-
-    claim_process()
-    made = [gym.make("PickCube-v1", **_kwargs(variant, size)) for _ in range(envs)]
+    made = [_make(variant, size) for _ in range(envs)]
     for e in made:
         e.reset(seed=0)
     times = []
@@ -112,7 +124,7 @@ def _together_child(variant: str, size: int, envs: int, resets: int, barrier: An
         barrier.wait()
         t0 = time.perf_counter()
         for j, e in enumerate(made):
-            e.reset(seed=100 * i + j, options=dict(reconfigure=True))
+            e.reset(seed=100 * i + j, options=None if variant == "eval_like" else dict(reconfigure=True))
         times.append(time.perf_counter() - t0)
     out.put(times)
     for e in made:

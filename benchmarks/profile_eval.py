@@ -11,6 +11,7 @@ Prints, per variant, each timer's calls, mean and total, the loop's steps split 
 the others (the 8 slowest of the others with their timers: the mean's tail), and the close's parts; Python's garbage
 collections are timed too (``gc.gen0/1/2``). Variants:
 ``default``; ``per_process_N`` (``envs_per_process=N``);
+``video_workers_N`` (N encoder processes);
 ``no_video`` (no recorder: the sub-envs and the stacking alone); ``sync`` (the default, with
 ``torch.cuda.synchronize()`` timed after each batched render: the GPU's drawing, seen from the host).
 """
@@ -139,6 +140,8 @@ def child(a: dict[str, Any]) -> None:
     extra: dict[str, Any] = {}
     if a["variant"].startswith("per_process_"):
         extra["envs_per_process"] = int(a["variant"].rsplit("_", 1)[1])
+    if a["variant"].startswith("video_workers_"):
+        extra["record_kwargs"] = dict(video_workers=int(a["variant"].rsplit("_", 1)[1]))
     video = None if a["variant"] == "no_video" else a["out"]
     t0 = time.perf_counter()
     envs = make_eval_envs(a["env_id"], a["num_envs"], "physx_cpu", _eval_kwargs(a), dict(obs_horizon=2),

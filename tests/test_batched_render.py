@@ -547,3 +547,18 @@ def test_the_mirrors_thread_warms_the_renderer_that_the_vector_env_takes(monkeyp
         assert invalidated == ([True] if warm_fails else [])
     finally:
         envs.close()
+
+
+def test_a_subclass_that_changes_reset_resets_whole_unless_it_changes_reset_wait_too():
+    """`RecordVectorEpisode` resets a batched render in two halves only where its class says so (``resets_async``):
+    a subclass whose ``reset`` changes the answer and that has no ``reset_wait`` of its own resets whole; the
+    mirrored replay's, which adds its sensors in both, keeps the two halves."""
+    from fastrecord.render.vector import GroupRenderedVectorEnv
+    from fastrecord.replay.mirrored import MirroredReplayVectorEnv
+
+    class Changed(GroupRenderedVectorEnv):
+        def reset(self, **kwargs):
+            return super().reset(**kwargs)
+
+    assert GroupRenderedVectorEnv.resets_async and MirroredReplayVectorEnv.resets_async
+    assert not Changed.resets_async

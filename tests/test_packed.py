@@ -459,6 +459,82 @@ def test_maniskill_cpu_envs_step_as_in_a_sync_vector_env():
     assert all_ended(ours)
 
 
+def _pickcube_thunk():
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401 - registers the envs, in whatever process makes them
+    from mani_skill.utils.wrappers import CPUGymWrapper
+
+    return CPUGymWrapper(gym.make("PickCube-v1", obs_mode="state", sim_backend="physx_cpu", render_backend="cpu",
+                                  render_mode="rgb_array", human_render_camera_configs=dict(width=32, height=32)),
+                         ignore_terminations=True)
+
+
+def test_reset_in_two_halves_answers_as_reset_and_other_commands_wait_for_it():
+    """``reset_async`` returns at once and ``reset_wait`` gives what ``reset`` gives; a command sent in between (an
+    attribute read) first takes the reset's answers, kept for ``reset_wait``; misuse names the fix; a close with a
+    reset in flight closes."""
+    ours = PackedVectorEnv(cartpole_fns(3), 2)
+    theirs = gym.vector.SyncVectorEnv(cartpole_fns(3))
+    try:
+        ours.reset_async(seed=3)
+        with pytest.raises(RuntimeError, match="reset_wait"):
+            ours.reset_async(seed=3)
+        assert ours.get_attr("spec")[0].id == "CartPole-v1"  # waits for the reset, then reads
+        assert_same(ours.reset_wait(), theirs.reset(seed=3))
+        with pytest.raises(RuntimeError, match="reset_async"):
+            ours.reset_wait()
+        ours.reset_async(options={"reset_mask": np.array([False, True, False])})
+    finally:
+        ours.close()
+        theirs.close()
+    assert all_ended(ours)
+
+
+class _CountedResets(PackedVectorEnv):
+    halves = 0
+
+    def reset_async(self, **kwargs):
+        type(self).halves += 1
+        return super().reset_async(**kwargs)
+
+
+def test_a_recorder_resets_packed_envs_in_two_halves_and_records_what_a_sync_vector_env_does(tmp_path):
+    """`RecordVectorEpisode` over a `PackedVectorEnv` resets it in two halves (the ended episodes taken while the
+    sub-envs reset, handed to the writers after) and writes the files a SyncVectorEnv's recording writes: masked
+    resets at different steps, every trajectory value and video frame compared. Every reset is seeded: an unseeded
+    one draws from the process's own random state, which differs between a sub-env's process and this one."""
+    import h5py
+    from conftest import leaves
+
+    from fastrecord import RecordVectorEpisode
+    from fastrecord.video import decode_mp4
+
+    got = {}
+    for name, venv in (("packed", lambda: _CountedResets([_pickcube_thunk] * 3, 2, context="forkserver",
+                                                         autoreset_mode=AutoresetMode.DISABLED)),
+                       ("sync", lambda: gym.vector.SyncVectorEnv([_pickcube_thunk] * 3,
+                                                                 autoreset_mode=AutoresetMode.DISABLED))):
+        out = tmp_path / name
+        env = RecordVectorEpisode(venv(), out, trajectory_name="run", save_video=True)
+        actions = np.random.default_rng(1).uniform(-1, 1, size=(12, 3, 8)).astype(np.float32)
+        env.reset(seed=[1, 2, 3])
+        for t, action in enumerate(actions):
+            env.step(action)
+            if t in (3, 7):
+                env.reset(seed=[10 + t, None, 20 + t] if t == 3 else [None, 30, None],
+                          options={"reset_mask": np.array([t == 3, t == 7, t == 3])})
+        env.close()
+        with h5py.File(out / "run.h5", "r") as f:
+            got[name] = {"h5": leaves(f), "videos": {p.name: decode_mp4(p) for p in sorted(out.glob("*.mp4"))}}
+    assert _CountedResets.halves == 3  # the first reset and the two masked ones
+    assert got["packed"]["h5"].keys() == got["sync"]["h5"].keys() and len(got["sync"]["h5"]) > 0
+    for k, v in got["sync"]["h5"].items():
+        np.testing.assert_allclose(got["packed"]["h5"][k], v, rtol=0, atol=1e-5, err_msg=k)
+    assert got["packed"]["videos"].keys() == got["sync"]["videos"].keys() and len(got["sync"]["videos"]) == 6
+    for k, frames in got["sync"]["videos"].items():
+        assert np.abs(got["packed"]["videos"][k].astype(int) - frames.astype(int)).max() <= 2, k
+
+
 def test_a_masked_reset_before_the_first_reset_names_the_env_and_the_fix():
     """An env left out of a masked reset before it was ever reset has no observation to give: a ValueError naming
     it and the fix (gymnasium's AsyncVectorEnv gives zeros there, an observation no env produced)."""

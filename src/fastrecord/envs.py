@@ -345,7 +345,11 @@ class VectorEnvView:
 
     @property
     def control_mode(self) -> str | None:
-        return self.env.get_attr("control_mode")[0]
+        """Sub-env 0's control mode, asked once (a ManiSkill env's is fixed at its make): the recorder reads it at
+        every episode end, which may fall while the sub-envs reset (`RecordVectorEpisode.reset`)."""
+        if "_control_mode" not in self.__dict__:
+            self._control_mode = self.env.get_attr("control_mode")[0]
+        return self._control_mode
 
     def env_info(self) -> dict | None:
         spec = self.env.get_attr("spec")[0]

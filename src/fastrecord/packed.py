@@ -188,11 +188,15 @@ class PackedVectorEnv(gym.vector.VectorEnv):
     then gathers every answer: all processes step at once.
     """
 
+    resets_async = True  # reset_async / reset_wait (RecordVectorEpisode's reset takes the ended episodes between)
+
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]] | None = None, envs_per_process: int | None = None,
                  *, context: str | None = None, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
                  launch: PackedLaunch | None = None) -> None:
         self.closed = True  # until every process answered
         self._reaper: threading.Thread | None = None  # awaits the processes' exits after close
+        self._resetting = False  # a reset_async's answers not gathered yet
+        self._reset_answers: list[Any] | None = None  # gathered, not yet taken by reset_wait
         self.processes: list[Any] = []
         self.pipes: list[Any] = []
         if launch is None:
@@ -233,6 +237,7 @@ class PackedVectorEnv(gym.vector.VectorEnv):
     def _send(self, command: str, per_env: list[Any] | None = None, data: Any = None) -> None:
         if self.closed:
             raise gym.error.ClosedEnvironmentError(f"this PackedVectorEnv is closed; {command} needs an open one")
+        self._settle_reset()
         for p, pipe in enumerate(self.pipes):
             lo, hi = self.slices[p]
             try:
@@ -277,6 +282,16 @@ class PackedVectorEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------------------------------ gymnasium's API
     def reset(self, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(self, *, seed: int | list[int | None] | None = None,
+                    options: dict[str, Any] | None = None) -> None:
+        """Send `reset`'s command and return at once: the processes reset while the caller goes on (the recorder
+        takes the ended episodes meanwhile); `reset_wait` takes their answers. Any other command sent before it
+        first waits for them (kept for `reset_wait`)."""
+        if self._resetting or self._reset_answers is not None:
+            raise RuntimeError("reset_async() while a reset is pending: call reset_wait() first")
         if seed is None:
             seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, (int, np.integer)):
@@ -296,7 +311,20 @@ class PackedVectorEnv(gym.vector.VectorEnv):
             if not mask.any():
                 raise ValueError("options['reset_mask'] resets no env: set at least one True")
         self._send("reset", [dict(seed=s, options=options) if m else None for s, m in zip(seeds, mask, strict=True)])
-        results = self._flat(self._gather("reset"))
+        self._resetting = True
+
+    def _settle_reset(self) -> None:
+        """The answers of a reset in flight, gathered and kept for `reset_wait` (before any other command)."""
+        if self._resetting:
+            self._resetting = False
+            self._reset_answers = self._flat(self._gather("reset"))
+
+    def reset_wait(self) -> tuple[Any, dict[str, Any]]:
+        """The answers of `reset_async`'s reset: observations and infos, as `reset` returns them."""
+        self._settle_reset()
+        results, self._reset_answers = self._reset_answers, None
+        if results is None:
+            raise RuntimeError("reset_wait() without a reset in flight: call reset_async() first")
         infos: dict[str, Any] = {}
         for i, (_, info) in enumerate(results):
             infos = self._add_info(infos, info, i)
@@ -365,6 +393,7 @@ class PackedVectorEnv(gym.vector.VectorEnv):
         failure: BaseException | None = None
         answered = False
         try:
+            self._settle_reset()  # a reset in flight answers first
             for pipe in self.pipes:
                 pipe.send(("close", None))
             for pipe in self.pipes:

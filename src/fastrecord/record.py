@@ -324,11 +324,17 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
     def reset(self, *, seed: int | list[int | None] | None = None,  # gymnasium's vector reset: None, an env unseeded
               options: dict | None = None) -> tuple[Any, dict[str, Any]]:
         env_idx = _env_idx(options, self.num_envs, "reset_mask")
-        if self.save_on_reset:
-            self._rec.finalize(env_idx)
-        elif self._rec.buffer is not None:
-            self._rec.buffer.end(env_idx)  # not saved: ManiSkill's save_on_reset=False, as RecordEpisode
-        obs, info = self.env.reset(seed=seed, options=options)
+        # the sub-envs reset while the ended episodes are taken (where the vector env resets in two halves: its class
+        # says so, not an attribute a wrapper forwards); the encoders get them once the reset is done
+        split = getattr(type(self.env), "resets_async", False)
+        with self._rec.handoffs_held():
+            if split:
+                self.env.reset_async(seed=seed, options=options)
+            if self.save_on_reset:
+                self._rec.finalize(env_idx)
+            elif self._rec.buffer is not None:
+                self._rec.buffer.end(env_idx)  # not saved: ManiSkill's save_on_reset=False, as RecordEpisode
+            obs, info = self.env.reset_wait() if split else self.env.reset(seed=seed, options=options)
         self._pending_restart[env_idx] = False
         rest = {k: v for k, v in (options or {}).items() if k != "reset_mask"}  # what each sub-env's reset got
         kw: dict[str, Any] = {"options": _plain(rest) or None}  # None as RecordEpisode records a reset without options

@@ -11,6 +11,7 @@ through a view (`fastrecord.envs.EnvView`), so one code path serves any number a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from fastrecord.envs import EnvView, to_numpy
 from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
 from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
-from fastrecord.sinks.base import RunDirectory, Sink, close_sinks
+from fastrecord.sinks.base import EpisodeHandoff, RunDirectory, Sink, close_sinks
 from fastrecord.sinks.factory import build_sinks
 from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
@@ -107,6 +108,7 @@ class EpisodeRecorder:
         self._last_info: Any = None
         self._staging_reserved = False
         self._triton = TritonWarmup(WARM_TRITON_AFTER * self.num_envs)
+        self._handoff = EpisodeHandoff(self.sinks)  # every sink hears of every ended episode (held during resets)
         self._warned_state = False
         self.elapsed_record_steps = 0
         self.num_finished = 0  # episodes ended, kept or not
@@ -497,20 +499,17 @@ class EpisodeRecorder:
                 if len(kept):
                     self._write(kept)
                 events = self._events(rows, keep, first_id, ended)
-                errors = []
-                for s in self.sinks:  # every sink hears of every episode, even after another sink failed
-                    try:
-                        s.episodes_ended(events)
-                    except Exception as e:  # noqa: BLE001 - the first is raised below
-                        errors.append(e)
-                if errors:
-                    raise errors[0]
+                self._handoff(events)
         finally:  # handed off (or failed): these episodes are over and are never finalized again
             self._zero_returns(env_idx)
             if split:
                 buf.restart_from_last(env_idx)
             else:
                 buf.end(env_idx)  # ended: only a reset (or auto-reset) starts them again
+
+    def handoffs_held(self) -> contextlib.AbstractContextManager[None]:
+        """Inside, the episodes `finalize` ends reach the sinks on leaving (`EpisodeHandoff.held`)."""
+        return self._handoff.held()
 
     def _write(self, kept: np.ndarray) -> None:
         # the one device-to-host copy of these episodes; per-env videos without overlays take their frames

@@ -200,6 +200,13 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
     """
 
     renders_batched = True  # fastrecord's VectorEnvView calls render() once instead of call("render")
+    resets_async = True  # reset_async / reset_wait (RecordVectorEpisode's reset takes the ended episodes between)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that changes ``reset`` but not ``reset_wait`` resets whole only (its ``reset`` is the one)."""
+        super().__init_subclass__(**kwargs)
+        if "reset" in cls.__dict__ and "reset_wait" not in cls.__dict__:
+            cls.resets_async = False
     # close() ends the sub-env processes at once (``AsyncVectorEnv.close(terminate=True)``) instead of asking each
     # to close its env: only where the sub-envs hold nothing to save (`fastrecord record`'s own, which simulate
     # and report poses; the recording is all in this process). make_eval_envs' sub-envs run the caller's wrappers
@@ -226,6 +233,7 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
         self._signatures = [b.signature() for b in self.renderer.bodies]
         self._poses: list[np.ndarray | None] = [None] * env.num_envs
         self.mirror_rebuilds = 0  # mirrors reset to a reported seed because their scene looked different
+        self._reset_done: tuple[Any, dict[str, Any]] | None = None  # reset_async's whole reset, where it ran whole
 
     @staticmethod
     def warm_cameras(base: Any) -> list[str]:
@@ -268,6 +276,23 @@ class GroupRenderedVectorEnv(SubEnvAccess, gym.vector.VectorWrapper):
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
+        return obs, self._take(info)
+
+    def reset_async(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> None:
+        """`reset` in two halves where the sub-envs' vector env has them (`fastrecord.packed.PackedVectorEnv`):
+        the sub-envs reset while the caller goes on; `reset_wait` takes their answers (and syncs the mirrors).
+        Elsewhere the reset runs here whole and `reset_wait` returns it."""
+        from fastrecord.packed import PackedVectorEnv
+
+        if isinstance(self.env, PackedVectorEnv):
+            self.env.reset_async(seed=seed, options=options)
+            self._reset_done = None
+        else:
+            self._reset_done = self.env.reset(seed=seed, options=options)
+
+    def reset_wait(self) -> tuple[Any, dict[str, Any]]:
+        done, self._reset_done = self._reset_done, None
+        obs, info = done if done is not None else self.env.reset_wait()
         return obs, self._take(info)
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:

@@ -170,6 +170,10 @@ class MirroredReplayVectorEnv(GroupRenderedVectorEnv):
         obs, info = super().reset(seed=seed, options=options)
         return self._with_sensors(obs), info
 
+    def reset_wait(self) -> tuple[Any, dict[str, Any]]:
+        obs, info = super().reset_wait()
+        return self._with_sensors(obs), info
+
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         ahead, self.lookahead = self.lookahead, None
         if ahead is not None and any(a is not None for a in ahead):
