@@ -329,6 +329,7 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
         split = getattr(type(self.env), "resets_async", False)
         with self._rec.handoffs_held():
             if split:
+                self._rec.view.control_mode  # noqa: B018 - read once now: the episode end asks for it, mid-reset
                 self.env.reset_async(seed=seed, options=options)
             if self.save_on_reset:
                 self._rec.finalize(env_idx)
