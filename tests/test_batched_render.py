@@ -445,12 +445,10 @@ def test_a_collection_left_for_later_runs_before_the_next_scenes_are_built():
 @pytest.mark.gpu
 def test_record_cli_batched_render_writes_every_video_and_ends_its_sub_envs(tmp_path):
     """`fastrecord record` with the batched render (auto on a CUDA machine): every episode's video decodes to
-    its frames, the trajectory holds every episode, and no sub-env process is left alive after the command (ended
-    at its close, their exits awaited within 30 s; how the close ends them:
-    `test_a_terminating_close_ends_the_sub_env_processes_without_their_close`)."""
+    its frames, the trajectory holds every episode, and no sub-env process is left alive after the command
+    (how the close ends them: `test_a_terminating_close_ends_the_sub_env_processes_without_their_close`)."""
     import json
     import multiprocessing as mp
-    import time
 
     import av
 
@@ -459,9 +457,6 @@ def test_record_cli_batched_render_writes_every_video_and_ends_its_sub_envs(tmp_
     rc = main(["record", "PickCube-v1", "--num-envs", "2", "--episodes", "4", "--max-episode-steps", "5",
                "--width", "64", "--height", "64", "--output-dir", str(tmp_path)])
     assert rc == 0
-    deadline = time.monotonic() + 30  # the sub-env processes are ended at the close; their exits are awaited on a thread
-    while [p for p in mp.active_children() if p.is_alive()] and time.monotonic() < deadline:
-        time.sleep(0.1)
     assert not [p for p in mp.active_children() if p.is_alive()]
     episodes = json.loads((tmp_path / "trajectory.json").read_text())["episodes"]
     assert sorted(e["episode_id"] for e in episodes) == [0, 1, 2, 3]

@@ -490,29 +490,6 @@ def test_reset_in_two_halves_answers_as_reset_and_other_commands_wait_for_it():
     assert all_ended(ours)
 
 
-def test_closed_processes_are_awaited_on_a_thread_and_forgotten_by_an_exiting_cli():
-    """A close (asked or terminating) returns without waiting for the processes' exits; `exited` waits for them; and
-    `forget_exiting` (the CLI's exit) takes the closed processes out of multiprocessing's children, so its exit hook
-    does not wait for them, leaving processes still open alone."""
-    from fastrecord import packed
-
-    asked = PackedVectorEnv(cartpole_fns(3), 2)
-    ended = PackedVectorEnv(cartpole_fns(3), 2)
-    still = PackedVectorEnv(cartpole_fns(2), 1)
-    try:
-        asked.close()
-        ended.close(terminate=True)
-        packed.forget_exiting()
-        children = set(multiprocessing.active_children())
-        assert not children & set(asked.processes + ended.processes)
-        assert set(still.processes) <= children
-        assert asked.exited(30) and ended.exited(30)
-        assert [p.exitcode for p in asked.processes] == [0, 0] and all(p.exitcode != 0 for p in ended.processes)
-    finally:
-        still.close()
-    assert all_ended(still)
-
-
 class _CountedResets(PackedVectorEnv):
     halves = 0
 

@@ -58,7 +58,7 @@ def test_the_early_subenvs_are_the_runs_envs(batched_cfg):
             ref.close()
     finally:
         envs.close(terminate=True)
-    assert envs.exited(30) and not any(p.is_alive() for p in envs.processes)  # ended; their exits awaited on a thread
+    assert not any(p.is_alive() for p in envs.processes)
 
 
 def test_an_early_launch_the_run_cannot_use_ends_with_its_refusal(batched_cfg):

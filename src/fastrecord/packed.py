@@ -180,23 +180,6 @@ def _reap(processes: list[Any], pipes: list[Any], timeout: float | None, grace: 
     stamp("subenv_processes_joined")
 
 
-_exiting: list[Any] = []  # processes whose envs are closed (or that were ended), still exiting
-
-
-def forget_exiting() -> None:
-    """Take the sub-env processes that were closed and are only exiting out of multiprocessing's children, so that
-    its exit hook does not wait for them (a process that opened a GPU render device took 0.35-0.45 s to exit on the
-    H100 machine): for a process about to leave itself (the CLI's `exit_now`). They end on their own; a forkserver's
-    children are the server's to reap."""
-    from multiprocessing import process
-
-    children: Any = getattr(process, "_children", None)  # CPython's set of this process's children
-    for proc in _exiting:
-        if children is not None:
-            children.discard(proc)
-    _exiting.clear()
-
-
 class PackedVectorEnv(gym.vector.VectorEnv):
     """A vector env of ``len(env_fns)`` sub-envs in processes of several envs each (`process_sizes`).
 
@@ -404,12 +387,8 @@ class PackedVectorEnv(gym.vector.VectorEnv):
         that does not answer within ``timeout`` seconds is ended. Returns once every process answered: their
         exits (a process with a GPU render device took 0.35-0.45 s to exit on the H100 machine, after its envs
         had closed in 0.06 s) are awaited on a thread of their own (`exited` waits for them)."""
-        if terminate:  # ended now; their exits awaited on a thread, as below
-            self.closed = True
-            for proc in self.processes:
-                if proc.is_alive():
-                    proc.terminate()
-            self._await_exits(timeout=0.0)
+        if terminate:
+            self._terminate()
             return
         failure: BaseException | None = None
         answered = False
@@ -432,19 +411,13 @@ class PackedVectorEnv(gym.vector.VectorEnv):
             pass
         finally:
             if answered:
-                self._await_exits(timeout)
+                self._reaper = threading.Thread(target=_reap, args=(self.processes, self.pipes, timeout),
+                                                name="fastrecord-subenvs-exit", daemon=True)
+                self._reaper.start()
             else:
                 _end(self.processes, self.pipes)
         if failure is not None:
             raise failure
-
-    def _await_exits(self, timeout: float | None) -> None:
-        """The processes' exits awaited on a thread (`_reap`: ended after ``timeout`` seconds each), and named to
-        `forget_exiting` (the CLI's exit then does not wait for them)."""
-        self._reaper = threading.Thread(target=_reap, args=(self.processes, self.pipes, timeout),
-                                        name="fastrecord-subenvs-exit", daemon=True)
-        self._reaper.start()
-        _exiting.extend(self.processes)
 
     def exited(self, timeout: float | None = None) -> bool:
         """Wait (at most ``timeout`` seconds) for the processes of a closed vector env to exit; True once all have

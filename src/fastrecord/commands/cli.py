@@ -468,11 +468,10 @@ def entry() -> None:
 
 def exit_now(code: int) -> None:
     """Leave the process as Python's own exit does, minus its teardown of the modules: join the non-daemon
-    threads, run the atexit hooks (multiprocessing's, loggers', fastrecord's; closed sub-env processes still
-    exiting are not waited for: `fastrecord.packed.forget_exiting`), flush the standard streams, then
-    ``os._exit``. That teardown (torch's and ManiSkill's shared libraries) took 1.2-1.4 s of every command on
-    the 2-core machine, after the work was done and saved. Only for a normal return: an exception still goes
-    through Python's exit."""
+    threads, run the atexit hooks (multiprocessing's, loggers', fastrecord's), flush the standard streams,
+    then ``os._exit``. That teardown (torch's and ManiSkill's shared libraries) took 1.2-1.4 s of every
+    command on the 2-core machine, after the work was done and saved. Only for a normal return: an
+    exception still goes through Python's exit."""
     import atexit
 
     from fastrecord.system import stamp
@@ -481,9 +480,6 @@ def exit_now(code: int) -> None:
         if t is not threading.main_thread() and not t.daemon:
             t.join()
     stamp("exit_threads_joined")  # benchmarks/bench_whole.py: where the seconds after the close go
-    from fastrecord.packed import forget_exiting
-
-    forget_exiting()  # closed sub-env processes end on their own: multiprocessing's exit hook does not wait for them
     atexit._run_exitfuncs()
     stamp("exit_atexit_done")  # then only os._exit: the kernel's and drivers' teardown of the process
     for stream in (sys.stdout, sys.stderr):
