@@ -125,8 +125,11 @@ def test_memory_monitor_peaks_are_true_in_a_window_with_no_sample():
 
     from benchmarks.memory import ChildrenPss, MemoryMonitor, pss, rss
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"  # its start is over: its memory
+        # no longer grows (measured while it still started, it grew between the window's end and the check: a CI flake)
         with (
             MemoryMonitor(torch.device("cpu"), interval=3600) as mon,
             ChildrenPss(lambda: [child.pid], interval=3600) as kids,
