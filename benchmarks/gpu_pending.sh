@@ -28,6 +28,10 @@
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh pinning     # probe_pinning: pinning, encoders' start
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval_close  # the eval's close and
 #                                         first reset against build/before/src; whole eval and record; GPU tests (~420 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_encoders  # the eval's steps after its resets
+#                                         without the profiler's timers, against fewer encoders (~330 s)
+#   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval_gate  # encoders at once while
+#                                         the sub-envs step: the eval, whole eval and record against BEFORE (~420 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
 #                                         close split into their layers, the sub-env processes' included (~120 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
@@ -35,7 +39,7 @@
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -185,6 +189,34 @@ case $stage in
       --src "before=$PWD/$before"
     run 150 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_batched_render.py \
       tests/test_make_eval_envs.py tests/test_record_subenvs.py tests/test_replay_batched_render.py -k "not peg"
+    ;;
+  eval_encoders)
+    # what the eval's steps after a reset and its reset steps pay to the 16 encoders starting then, without the
+    # profiler's timers (--light): the default against fewer encoders, a process per env and no video; then a
+    # sub-env's reconfiguring reset alone, 8 processes of 2 and 16 of 1 at once (~330 s)
+    run 200 profile_light python3 -m benchmarks.profile_eval --light \
+      --variants default,video_workers_4,video_workers_8,per_process_1,no_video,default --json "$out/profile_light.json"
+    run 90 probe_8x2 python3 -m benchmarks.probe_reconfigure --resets 6 --variants eval_like --together 8x2
+    run 90 probe_16x1 python3 -m benchmarks.probe_reconfigure --resets 6 --variants eval_like --together 16x1
+    run 120 whole_record python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill
+    ;;
+  eval_gate)
+    # the encoders that run at once while a CPU vector env's sub-envs step (the cores they leave; all at close):
+    # the eval without the profiler's timers, this tree against BEFORE (default build/before/src), alternating; then
+    # the whole eval and record against BEFORE, and the GPU tests of the touched paths (~420 s)
+    before=${BEFORE:-build/before/src}
+    for i in 1 2; do
+      run 60 "light_this_$i" python3 -m benchmarks.profile_eval --light --variants default
+      PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 60 "light_before_$i" python3 -m benchmarks.profile_eval --light \
+        --variants default
+    done 2>&1 | grep "==\|steps\|of which"
+    run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 | grep "==\|steps\|of which"
+    run 150 whole_eval python3 benchmarks/bench_whole.py --size gpu --only eval --skip-maniskill \
+      --src "before=$PWD/$before"
+    run 120 whole_record python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+      --src "before=$PWD/$before"
+    run 100 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_make_eval_envs.py \
+      tests/test_record_subenvs.py tests/test_batched_render.py -k "not peg"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

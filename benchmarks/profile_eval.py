@@ -133,8 +133,9 @@ def child(a: dict[str, Any]) -> None:
     from benchmarks.whole_children import _eval_kwargs
 
     timers: dict[str, list[float]] = defaultdict(list)
-    _wrap(timers, a["variant"] == "sync")
-    _time_collections(timers)
+    if not a.get("light"):
+        _wrap(timers, a["variant"] == "sync")
+        _time_collections(timers)
     from fastrecord import make_eval_envs
 
     extra: dict[str, Any] = {}
@@ -161,8 +162,9 @@ def child(a: dict[str, Any]) -> None:
         before = {k: len(v) for k, v in timers.items()}
         t0 = time.perf_counter()
         envs.step(actions[i])
-        steps.append((time.perf_counter() - t0, len(timers.get("EvalVectorEnv._reset", [])) > before.get(
-            "EvalVectorEnv._reset", 0)))
+        resets = (i + 1) % a["episode_steps"] == 0 if a.get("light") else len(
+            timers.get("EvalVectorEnv._reset", [])) > before.get("EvalVectorEnv._reset", 0)
+        steps.append((time.perf_counter() - t0, resets))
         parts.append({k: sum(v[before.get(k, 0):]) for k, v in timers.items() if len(v) > before.get(k, 0)})
     loop = time.perf_counter() - t_loop
     loop_timers = {k: list(v) for k, v in timers.items()}
@@ -201,6 +203,13 @@ def report(r: dict[str, Any], num_envs: int) -> str:
     if plain:
         lines.append(f"   steps without resets: {len(plain)}, p50 {1e3 * statistics.median(plain):.1f} ms, mean "
                      f"{1e3 * statistics.mean(plain):.1f} ms, max {1e3 * max(plain):.1f} ms, sum {sum(plain):.2f} s")
+    after = [s for j, (s, reset) in enumerate(r["steps"]) if not reset and any(
+        r["steps"][k][1] for k in range(max(0, j - 10), j))]  # the 10 steps after a reset step: the encoders' busy time
+    if plain and after:
+        rest = [s for j, (s, reset) in enumerate(r["steps"]) if not reset and not any(
+            r["steps"][k][1] for k in range(max(0, j - 10), j))]
+        lines.append(f"   of which the 10 after each reset step: {len(after)}, mean {1e3 * statistics.mean(after):.1f} ms"
+                     f"; the others mean {1e3 * statistics.mean(rest):.1f} ms, p50 {1e3 * statistics.median(rest):.1f} ms")
     if resets:
         lines.append(f"   steps with resets: {len(resets)}, each {', '.join(f'{1e3 * s:.0f}' for s in resets)} ms, "
                      f"sum {sum(resets):.2f} s")
@@ -233,16 +242,19 @@ def main() -> None:
     p.add_argument("--render", default="gpu")
     p.add_argument("--variants", default="default,per_process_1,no_video,sync")
     p.add_argument("--json", default=None)
+    p.add_argument("--light", action="store_true", help="no timers around the layers or the collections (their "
+                   "cost, ~60 ms a reset step, left out): the steps' own times only; a reset step is every "
+                   "--episode-steps-th")
     args = p.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as work:
-        for v in args.variants.split(","):
+        for n, v in enumerate(args.variants.split(",")):
             a = dict(env_id="PickCube-v1", num_envs=args.num_envs, size=args.size, render=args.render,
-                     episode_steps=args.episode_steps, steps=args.steps, obs_horizon=2, variant=v,
-                     out=os.path.join(work, v), json=os.path.join(work, v + ".json"),
-                     timeline=os.path.join(work, v + ".timeline.json"), t0=time.time())
+                     episode_steps=args.episode_steps, steps=args.steps, obs_horizon=2, variant=v, light=args.light,
+                     out=os.path.join(work, f"{n}_{v}"), json=os.path.join(work, f"{n}_{v}.json"),
+                     timeline=os.path.join(work, f"{n}_{v}.timeline.json"), t0=time.time())
             t0 = time.perf_counter()
-            subdir = os.path.join(work, v + ".sub")
+            subdir = os.path.join(work, f"{n}_{v}.sub")
             os.makedirs(subdir)
             env = {**os.environ, "FASTRECORD_TIMELINE": a["timeline"], "PROFILE_SUBDIR": subdir}
             proc = subprocess.run([sys.executable, "-m", "benchmarks.profile_eval", "--child", json.dumps(a)], env=env)

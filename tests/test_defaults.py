@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from fastrecord.options import RecordOptions, default_trajectory_writers, default_video_workers, usable_cores
+from fastrecord.options import (
+    RecordOptions,
+    default_trajectory_writers,
+    default_video_workers,
+    stepping_video_workers,
+    usable_cores,
+)
 from fastrecord.sinks.maniskill_h5 import has_image_leaves
 
 
@@ -141,3 +147,30 @@ def test_explicit_writers_are_used_as_given(make_env, tmp_path):
         assert json.loads((tmp_path / "t.fastrecord.json").read_text())["options"]["trajectory_writers"] == 2
     finally:
         env.close()
+
+
+@pytest.mark.parametrize(("workers", "processes", "cores", "expected"), [
+    (16, 0, 16, 16),  # the env steps in this process (a GPU env, a sync vector env): every encoder
+    (16, 8, 16, 7),  # make_eval_envs' 16 envs, 2 a sub-env process: the cores those 8 and the caller leave
+    (16, 16, 16, 2),  # a process per env: at least 2
+    (4, 8, 16, 4),  # never more than the writers
+    (1, 8, 4, 1),
+    (2, 1, 2, 2),  # the 2-core machine's eval: as before
+])
+def test_stepping_video_workers_rule(workers, processes, cores, expected):
+    assert stepping_video_workers(workers, processes, cores) == expected
+
+
+def test_simulation_processes_are_a_vector_envs_own_through_its_wrappers():
+    """`simulation_processes`: gymnasium's AsyncVectorEnv's processes, under a wrapper; a SyncVectorEnv and a
+    single env step in the caller's process."""
+    from fastrecord.envs import simulation_processes
+
+    envs = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3)
+    try:
+        assert simulation_processes(gym.vector.VectorWrapper(envs)) == simulation_processes(envs) == 3
+    finally:
+        envs.close()
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    assert simulation_processes(sync) == simulation_processes(gym.make("CartPole-v1")) == 0
+    sync.close()

@@ -64,12 +64,16 @@ def test_signature_is_the_baselines():
     assert "keep" in ours
 
 
-def test_cpu_branch_records_every_env_and_feeds_the_baselines_loop(tmp_path):
+def test_cpu_branch_records_every_env_and_feeds_the_baselines_loop(tmp_path, monkeypatch):
     """Two CPU envs (AsyncVectorEnv, as the baseline): stacked numpy observations, gymnasium-0.29 style
-    final_info that the baseline's evaluate loop reads, and one MP4 per env episode for every env."""
+    final_info that the baseline's evaluate loop reads, and one MP4 per env episode for every env. On an 8-core
+    machine 8 encoders, of which 5 encode at once while the 2 sub-env processes and the caller step."""
     ex = load_example()
+    monkeypatch.setattr("fastrecord.sinks.factory.usable_cores", lambda: 8)
     envs = make_eval_envs(ENV_ID, 2, "physx_cpu", env_kwargs(), dict(obs_horizon=3), video_dir=str(tmp_path))
     try:
+        videos = envs.env.recorder.videos
+        assert (videos.workers, videos.stepping_workers) == (8, 5)
         assert isinstance(envs, gym.vector.VectorEnv)
         assert envs.single_observation_space.shape == (3, OBS_DIM)
         obs, _ = envs.reset(seed=0)

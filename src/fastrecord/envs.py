@@ -80,6 +80,21 @@ class SubEnvAccess:
         self._answering().set_attr(name, values)
 
 
+def simulation_processes(env: Any) -> int:
+    """How many processes of its own ``env`` steps in: a vector env's sub-env processes (gymnasium's
+    ``AsyncVectorEnv``, `fastrecord.packed.PackedVectorEnv`: their ``processes``), found through its wrappers
+    (``env.env``); 0 where the envs step in this process."""
+    for _ in range(64):  # a wrapper chain, not a cycle
+        own = vars(env) if hasattr(env, "__dict__") else {}
+        procs = own.get("processes")
+        if isinstance(procs, list):
+            return len(procs)
+        env = own.get("env")
+        if env is None:
+            return 0
+    return 0
+
+
 @runtime_checkable
 class EnvView(Protocol):
     """What the recorder reads from an env, batched: every leaf has a leading dim of ``num_envs``."""

@@ -60,6 +60,20 @@ def default_video_workers(cores: int) -> int:
     return max(1, min(cores, 16))
 
 
+def stepping_video_workers(workers: int, sim_processes: int, cores: int) -> int:
+    """How many of ``workers`` encoders may encode at once while the env steps: all of them where the env steps in
+    this process (a GPU env, a sync vector env); beside a CPU vector env stepping in ``sim_processes`` processes of
+    its own, the ``cores`` those processes and the stepping process leave, at least 2. Every writer encodes again
+    once the caller waits for the videos (at close, ``wait_until_done``).
+
+    Measured (the H100 machine, 16 cores, `make_eval_envs` of 16 PickCube envs at 512x512, 8 sub-env processes):
+    with 16 encoders starting on the 16 videos of a batch, the 10 steps after each reset step took 22.9 ms against
+    16.0 ms and the reset steps 145-153 ms against 109-120 ms with 8."""
+    if sim_processes <= 0:
+        return workers
+    return max(min(2, workers), min(workers, cores - sim_processes - 1))
+
+
 def default_trajectory_writers(cores: int, image_leaves: bool) -> int:
     """The default of ``trajectory_writers``: 1 when the recorded observations hold no image leaves (one
     writer keeps up with state-only episodes), else half of the usable ``cores``, at least 1 and at most 8
@@ -136,7 +150,8 @@ class RecordOptions:
     video_gop: int | None = _opt(None, "keyframe interval of the MP4 videos in frames (None: the encoder's default, "
                                  "libx264's 250: one key frame per episode video)", kw_only=True)
     video_workers: int | None = _opt(
-        None, "background encoder processes (None: one per usable core, at most 16)", kw_only=True
+        None, "background encoder processes (None: one per usable core, at most 16; beside a CPU vector env's "
+        "sub-env processes only the cores they leave encode while the envs step, every one at close)", kw_only=True
     )
     trajectory_writers: int | None = _opt(
         None,

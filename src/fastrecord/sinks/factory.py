@@ -6,7 +6,8 @@ before it wrote. A new built-in output format is a new sink module plus one bran
 
 Process counts left at None (``trajectory_writers``, ``video_workers``) are chosen here, from the cores
 this process may use and the env's observations (`fastrecord.options.default_trajectory_writers`,
-`fastrecord.options.default_video_workers`); explicit values are used as given.
+`fastrecord.options.default_video_workers`); explicit values are used as given. How many videos encode at once
+while the env steps leaves a CPU vector env's sub-env processes their cores (`fastrecord.options.stepping_video_workers`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from fastrecord.options import default_trajectory_writers, default_video_workers, usable_cores
+from fastrecord.options import default_trajectory_writers, default_video_workers, stepping_video_workers, usable_cores
 from fastrecord.sinks.base import Sink
 
 if TYPE_CHECKING:
@@ -82,8 +83,12 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
         workers = options.video_workers
         if workers is None:
             workers = chosen["video_workers"] = default_video_workers(usable_cores())
+        from fastrecord.envs import simulation_processes
+
+        stepping = stepping_video_workers(workers, simulation_processes(view.env), usable_cores())
         videos = Mp4Sink(settings, layout=options.video_layout, num_envs=view.num_envs, workers=workers,
-                         max_steps_per_video=options.max_steps_per_video, info_on_video=options.info_on_video)
+                         stepping_workers=stepping, max_steps_per_video=options.max_steps_per_video,
+                         info_on_video=options.info_on_video)
     lerobot = None
     if options.lerobot:
         lerobot = lerobot_sink(options, view, chosen)

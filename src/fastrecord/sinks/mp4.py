@@ -14,8 +14,9 @@ once all its videos are. The naming rule is `fastrecord.sinks.video_names`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +29,46 @@ from fastrecord.video import VideoSettings, encode_mp4
 from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
 
 
+class _EncodeGate:
+    """How many writer threads encode at once: ``limit`` while the env steps, every one while the caller waits for
+    the videos (`lifted`)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._cond = threading.Condition()
+        self._active = 0
+        self._lifted = 0  # callers waiting for the videos (the limit is off meanwhile)
+        self.most = 0  # the most encodes seen at once
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: self._lifted > 0 or self._active < self.limit)
+            self._active += 1
+            self.most = max(self.most, self._active)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify()
+
+    @contextlib.contextmanager
+    def lifted(self) -> Iterator[None]:
+        with self._cond:
+            self._lifted += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._lifted -= 1
+
+
 class Mp4Sink(BackgroundSink):
     """Owns: the encode queue and its worker threads (`BackgroundSink`: each drives one encoder process at a
-    time), the video names (which episode went into which video), and the list of videos written."""
+    time; at most ``stepping_workers`` of them encode at once until the caller waits for the videos), the video
+    names (which episode went into which video), and the list of videos written."""
 
     wants_frames = True
     wants_datasets = False
@@ -45,6 +83,7 @@ class Mp4Sink(BackgroundSink):
         max_steps_per_video: int | None = None,
         info_on_video: bool = False,
         workers: int | None = None,
+        stepping_workers: int | None = None,
     ) -> None:
         self.settings = settings
         self.layout = layout
@@ -52,6 +91,8 @@ class Mp4Sink(BackgroundSink):
         self.max_steps_per_video = max_steps_per_video
         self.info_on_video = info_on_video
         self.workers = workers or default_video_workers(usable_cores())
+        # encodes at once while the env steps (`fastrecord.options.stepping_video_workers`): all of them by default
+        self._gate = _EncodeGate(min(self.workers, stepping_workers or self.workers))
         self.accepts_yuv420p = layout == "per_env" and not info_on_video  # frames converted on the GPU
         self._font = maniskill_font() if info_on_video else None
         self._paths: list[Path] = []
@@ -137,7 +178,8 @@ class Mp4Sink(BackgroundSink):
         if overlay is not None and not isinstance(overlay, Overlay):  # per-frame dicts from a sink's caller
             frames, overlay = draw_overlay(frames, overlay, font=self._font), None
         # an Overlay is drawn where the video is encoded (an encoder process): not in this process
-        written = Path(encode_mp4(path, frames, self.settings, overlay=overlay or None) or path)
+        with self._gate.slot():
+            written = Path(encode_mp4(path, frames, self.settings, overlay=overlay or None) or path)
         self.run.add_file(written, ids, intended=path)  # in the journal before the episode counts as committed
         with self._lock:
             self._paths.append(written)
@@ -149,6 +191,24 @@ class Mp4Sink(BackgroundSink):
                     self._outstanding[e] = left
                 else:
                     self._outstanding.pop(e, None)
+
+    @property
+    def stepping_workers(self) -> int:
+        """How many videos encode at once while the env steps."""
+        return self._gate.limit
+
+    @property
+    def most_at_once(self) -> int:
+        """The most videos seen encoding at once."""
+        return self._gate.most
+
+    def wait_until_done(self) -> None:
+        with self._gate.lifted():  # the caller waits: every writer encodes
+            super().wait_until_done()
+
+    def close(self) -> None:
+        with self._gate.lifted():
+            super().close()
 
     def committed(self, episode_id: int) -> bool:
         """Every video (piece) of episode ``episode_id`` is on disk and in the run's journal."""
