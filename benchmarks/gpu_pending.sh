@@ -217,6 +217,8 @@ case $stage in
       --src "before=$PWD/$before"
     run 100 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_make_eval_envs.py \
       tests/test_record_subenvs.py tests/test_batched_render.py -k "not peg"
+    # what the sub-envs' own 512x512 human camera (never drawn there: the mirrors draw) costs their make and resets
+    run 90 probe_camera python3 -m benchmarks.probe_reconfigure --resets 4 --variants gpu,gpu_small_camera --together 8x2
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

@@ -694,60 +694,67 @@ def test_make_eval_envs_without_videos_probes_no_codec(monkeypatch, fresh_codec_
 
 def test_videos_encode_no_more_at_once_than_stepping_workers_until_the_caller_waits(tmp_path, monkeypatch):
     """`Mp4Sink`'s writers: while the env steps at most ``stepping_workers`` of them encode at once (beside a CPU
-    vector env's sub-env processes the other cores are theirs); once the caller waits for the videos
-    (``wait_until_done``, ``close``) every writer encodes: three encodes meet at a barrier, which breaks unless all
-    three run at once. Every video decodes to its episode's frames."""
+    vector env's sub-env processes the other cores are theirs); while the caller waits for the videos (for room in
+    the queue, ``wait_until_done``, ``close``) every writer encodes: three encodes meet at a barrier, which breaks
+    unless all three run at once. Every video decodes to its episode's frames."""
     from fastrecord.episode import EpisodeData
     from fastrecord.sinks import mp4 as mp4_mod
     from fastrecord.sinks.base import RunDirectory
 
     real = mp4_mod.encode_mp4
     lock, active, most = threading.Lock(), [0], [0]
-    together = threading.Barrier(3, timeout=60)
-    waiting = threading.Event()  # the second batch: its encodes meet at the barrier
+    meet: dict[int, threading.Barrier] = {}  # episode id -> the barrier its encode waits at
 
-    def counted(*args, **kwargs):
+    def counted(path, *args, **kwargs):
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
         try:
-            if waiting.is_set():
-                together.wait()
+            barrier = meet.get(int(Path(path).name.split("_")[0]))
+            if barrier is not None:
+                barrier.wait()
             else:
                 time.sleep(0.05)  # long enough for a second encode to start beside it, were it allowed
-            return real(*args, **kwargs)
+            return real(path, *args, **kwargs)
         finally:
             with lock:
                 active[0] -= 1
 
     monkeypatch.setattr(mp4_mod, "encode_mp4", counted)
-    clips = [smooth_frames(t=6, h=32, w=48, seed=s) for s in range(6)]
+    clips = [smooth_frames(t=6, h=32, w=48, seed=s) for s in range(4)]
     sink = mp4_mod.Mp4Sink(VideoSettings(fps=10), num_envs=3, workers=3, stepping_workers=1)
     run = RunDirectory(tmp_path, "t").open()
     sink.open(run)
+
+    def episodes(ids):
+        return [EpisodeData(episode_id=i, env_idx=i % 3, elapsed_steps=5, datasets={}, meta={}, frames=clips[i % 4])
+                for i in ids]
+
     try:
-        assert (sink.workers, sink.stepping_workers) == (3, 1)
-
-        def episodes(ids):
-            return [EpisodeData(episode_id=i, env_idx=i % 3, elapsed_steps=5, datasets={}, meta={}, frames=clips[i])
-                    for i in ids]
-
+        assert (sink.workers, sink.stepping_workers, sink.max_pending) == (3, 1, 6)
         sink.submit(episodes(range(3)))  # the env "steps" on: nobody waits for these
         deadline = time.monotonic() + 120
         while len(sink.files) < 3:
             assert time.monotonic() < deadline, "the first three videos were not written"
             time.sleep(0.02)
         assert most[0] == 1 == sink.most_at_once
-        waiting.set()
+        meet.update(dict.fromkeys((3, 4, 5), threading.Barrier(3, timeout=60)))
         sink.submit(episodes(range(3, 6)))
         sink.wait_until_done()  # the limit is off while the caller waits: the barrier of three passes
         assert most[0] == 3
+        most[0] = 0
+        meet.update(dict.fromkeys((6, 7, 8), threading.Barrier(3, timeout=60)))
+        # 3 writers hold a job each (one at the barrier, two held back by the limit) and the queue takes 6: the
+        # tenth submit waits for room, and meanwhile every writer encodes
+        sink.submit(episodes(range(6, 16)))
+        assert most[0] == 3
+        sink.wait_until_done()
     finally:
         sink.close()
         run.close(status="closed")
-    assert len(sink.files) == 6
+    assert len(sink.files) == 16
     for path in sink.files:
-        episode = int(path.name.split("_")[0])
         decoded = decode_mp4(path)
-        assert decoded.shape == clips[episode].shape
-        assert psnr(decoded, clips[episode]) > 30
+        clip = clips[int(path.name.split("_")[0]) % 4]
+        assert decoded.shape == clip.shape
+        assert psnr(decoded, clip) > 30

@@ -9,6 +9,7 @@ Helper processes (`IsolatedProcess`, `background_nice`, ...) live in `fastrecord
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -74,8 +75,10 @@ class WorkerPool:
             err = self._error
             raise WorkerError(f"a background writer failed: {type(err).__name__}: {err}") from err
 
-    def submit(self, job: Any) -> None:
-        """Queue a job; blocks while the queue is full (the writers set the pace, nothing is dropped)."""
+    def submit(self, job: Any,
+               while_blocked: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
+        """Queue a job; blocks while the queue is full (the writers set the pace, nothing is dropped), inside
+        ``while_blocked()`` where given (e.g. letting every writer work while the caller waits)."""
         if self._closed:
             raise RuntimeError("submit() on a closed WorkerPool")
         self.raise_if_failed()
@@ -83,7 +86,8 @@ class WorkerPool:
             self._queue.put_nowait(job)
         except queue.Full:
             t0 = time.perf_counter()
-            self._queue.put(job)
+            with while_blocked() if while_blocked is not None else contextlib.nullcontext():
+                self._queue.put(job)
             self.blocked_seconds += time.perf_counter() - t0
 
     def wait_until_done(self) -> None:

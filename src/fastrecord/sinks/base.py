@@ -150,10 +150,15 @@ class BackgroundSink(Sink):
                                 name=self.thread_name or f"fastrecord-{type(self).__name__}")
 
     def queue(self, job: Any) -> None:
-        """Hand ``job`` to a writer thread (on the stepping thread; blocks while the queue is full)."""
+        """Hand ``job`` to a writer thread (on the stepping thread; blocks while the queue is full, inside
+        `while_blocked`)."""
         if self._pool is None:
             raise RuntimeError(f"{type(self).__name__}: a job before open(); the recorder opens its sinks first")
-        self._pool.submit(job)
+        self._pool.submit(job, while_blocked=self.while_blocked)
+
+    def while_blocked(self) -> contextlib.AbstractContextManager[Any]:
+        """What holds while the stepping thread waits for room in the queue (nothing here)."""
+        return contextlib.nullcontext()
 
     def submit(self, episodes: Sequence[EpisodeData]) -> None:
         for ep in episodes:

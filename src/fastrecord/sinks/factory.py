@@ -7,7 +7,8 @@ before it wrote. A new built-in output format is a new sink module plus one bran
 Process counts left at None (``trajectory_writers``, ``video_workers``) are chosen here, from the cores
 this process may use and the env's observations (`fastrecord.options.default_trajectory_writers`,
 `fastrecord.options.default_video_workers`); explicit values are used as given. How many videos encode at once
-while the env steps leaves a CPU vector env's sub-env processes their cores (`fastrecord.options.stepping_video_workers`).
+while the env steps leaves a CPU vector env's sub-env processes their cores
+(`fastrecord.options.stepping_video_workers`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +68,9 @@ class _EncodeGate:
 
 class Mp4Sink(BackgroundSink):
     """Owns: the encode queue and its worker threads (`BackgroundSink`: each drives one encoder process at a
-    time; at most ``stepping_workers`` of them encode at once until the caller waits for the videos), the video
-    names (which episode went into which video), and the list of videos written."""
+    time; at most ``stepping_workers`` of them encode at once, except while the caller waits for the videos: for
+    room in the queue, `wait_until_done`, `close`), the video names (which episode went into which video), and
+    the list of videos written."""
 
     wants_frames = True
     wants_datasets = False
@@ -201,6 +203,9 @@ class Mp4Sink(BackgroundSink):
     def most_at_once(self) -> int:
         """The most videos seen encoding at once."""
         return self._gate.most
+
+    def while_blocked(self) -> contextlib.AbstractContextManager[Any]:
+        return self._gate.lifted()  # the stepping thread waits for the writers: the envs do not step meanwhile
 
     def wait_until_done(self) -> None:
         with self._gate.lifted():  # the caller waits: every writer encodes
