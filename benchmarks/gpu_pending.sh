@@ -31,7 +31,9 @@
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_encoders  # the eval's steps after its resets
 #                                         without the profiler's timers, against fewer encoders (~330 s)
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval_gate  # encoders at once while
-#                                         the sub-envs step: the eval, whole eval and record against BEFORE (~420 s)
+#                                         the sub-envs step: the eval, whole eval and record against BEFORE (~420 s);
+#                                         COLDSTART=1 adds fastrecord bench's warm and fresh phases, NO_PROBE=1 skips
+#                                         the sub-envs' camera probe
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
 #                                         close split into their layers, the sub-env processes' included (~120 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
@@ -216,7 +218,11 @@ case $stage in
     run 120 whole_record python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
       --src "before=$PWD/$before"
     run 100 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_make_eval_envs.py \
-      tests/test_record_subenvs.py tests/test_batched_render.py -k "not peg"
+      tests/test_record_subenvs.py tests/test_batched_render.py tests/test_video.py -k "not peg"
+    [ -n "${COLDSTART:-}" ] && run 200 coldstart python3 -m fastrecord bench --config configs/bench_h200.yaml \
+      --skip ceiling,quality,maniskill,keepup,realenv,micro,imageobs,cpueval --json "$out/coldstart.json" \
+      --output-dir /tmp/bench-videos | grep -i "env-frames/s\|fresh\|coldstart\|warm"
+    [ -n "${NO_PROBE:-}" ] && exit 0
     # what the sub-envs' own 512x512 human camera (never drawn there: the mirrors draw) costs their make and resets
     run 90 probe_camera python3 -m benchmarks.probe_reconfigure --resets 4 --variants gpu,gpu_small_camera --together 8x2
     ;;

@@ -91,7 +91,9 @@ def test_every_flag_of_every_subcommand_has_help_with_its_default():
                 "(default: 1)",
                 "where the .h5/.json and the MP4s go (default:",
                 "--control-mode CONTROL_MODE None: the task's default",
-                "--video-workers VIDEO_WORKERS background encoder processes (None: one per usable core, at most 16)",
+                "--video-workers VIDEO_WORKERS background encoder processes (None: one per usable core, at most 16; "
+                "beside a CPU vector env's sub-env processes only the cores they leave encode while the envs step, "
+                "every one at close)",
                 "--no-video write no MP4 videos: the trajectory only (sets save_video=False; default save_video=True)",
                 "--no-trajectory write no trajectory",
                 "--video-crf VIDEO_CRF",

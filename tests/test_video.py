@@ -122,6 +122,21 @@ def test_encoder_process_errors_surface_in_the_caller(tmp_path):
 
 
 @needs_shm
+def test_encoder_pool_hands_out_the_longest_idle_process(tmp_path):
+    """Videos one after the other go to each process in turn (the longest idle first), so every process has
+    encoded (mapped the staging memory, drawn text, opened the codec) before a close needs all of them at once."""
+    with EncoderProcessPool(max_processes=3) as enc:
+        enc.start(3)
+        assert enc.wait_started(30)
+        for i in range(3):
+            assert enc.encode(tmp_path / f"{i}.mp4", smooth_frames(2), VideoSettings()) == tmp_path / f"{i}.mp4"
+        assert enc.num_processes == 3
+        assert all(p.arenas for p in enc._all)  # each of the three encoded one video
+    for i in range(3):
+        assert decode_mp4(tmp_path / f"{i}.mp4").shape == smooth_frames(2).shape
+
+
+@needs_shm
 def test_dead_encoder_process_raises_encoder_error_and_is_replaced(tmp_path, monkeypatch):
     with EncoderProcessPool(max_processes=1) as enc:
         enc.start(1)

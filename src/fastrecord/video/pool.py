@@ -218,15 +218,19 @@ class EncoderProcessPool:
                 for p in [p for p in self._idle if not p.process.alive()]:  # died while idle: replaced below
                     self._idle.remove(p)
                     self._all.remove(p)
+                # the longest idle first (`_release` appends): every process gets work and is warm (its first
+                # video's overlay font, codec and mapped arenas) when all are needed at once, e.g. at a close after
+                # `Mp4Sink` let fewer encode at a time while the envs stepped (on the H100 machine the eval's close
+                # took 0.49-0.52 s with 9 of 16 encoders never used before it, against 0.26-0.27 s)
                 ready = [p for p in self._idle if p.ready.is_set()]
                 if ready:
-                    self._idle.remove(ready[-1])
-                    return ready[-1]
+                    self._idle.remove(ready[0])
+                    return ready[0]
                 starting = bool(self._idle) or (self._starting > 0 and not self._all)  # none ready: all importing
                 if here_while_starting and starting and self._here.acquire(blocking=False):
                     return None  # the caller encodes here (and releases `_here`)
                 if self._idle:
-                    return self._idle.pop()
+                    return self._idle.pop(0)
                 if len(self._all) + self._starting < self.max_processes:
                     self._starting += 1
                     break
