@@ -152,7 +152,8 @@ def test_explicit_writers_are_used_as_given(make_env, tmp_path):
 @pytest.mark.parametrize(("workers", "processes", "cores", "expected"), [
     (16, 0, 16, 16),  # the env steps in this process (a GPU env, a sync vector env): every encoder
     (16, 8, 16, 7),  # make_eval_envs' 16 envs, 2 a sub-env process: the cores those 8 and the caller leave
-    (16, 16, 16, 2),  # a process per env: at least 2
+    (16, 16, 16, 4),  # a process per env: at least a quarter of the workers
+    (8, 16, 16, 2),  # and at least 2
     (4, 8, 16, 4),  # never more than the writers
     (1, 8, 4, 1),
     (2, 1, 2, 2),  # the 2-core machine's eval: as before

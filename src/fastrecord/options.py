@@ -63,15 +63,17 @@ def default_video_workers(cores: int) -> int:
 def stepping_video_workers(workers: int, sim_processes: int, cores: int) -> int:
     """How many of ``workers`` encoders may encode at once while the env steps: all of them where the env steps in
     this process (a GPU env, a sync vector env); beside a CPU vector env stepping in ``sim_processes`` processes of
-    its own, the ``cores`` those processes and the stepping process leave, at least 2. Every writer encodes again
-    once the caller waits for the videos (at close, ``wait_until_done``).
+    its own, the ``cores`` those processes and the stepping process leave, but at least a quarter of the workers
+    (at least 2). Every writer encodes while the caller waits for the videos (for room in the queue, at close).
 
-    Measured (the H100 machine, 16 cores, `make_eval_envs` of 16 PickCube envs at 512x512, 8 sub-env processes):
-    with 16 encoders starting on the 16 videos of a batch, the 10 steps after each reset step took 22.9 ms against
-    16.0 ms and the reset steps 145-153 ms against 109-120 ms with 8."""
+    Measured (the H100 machine, 16 cores, `make_eval_envs` of 16 PickCube envs at 512x512 with info text, 8
+    sub-env processes): with 16 encoders starting on the 16 videos of a batch, the 10 steps after each reset step
+    took 22.9-26.9 ms against 16.0 ms with 7 or 8, and the reset steps 112-153 ms against 100-120 ms. With a
+    process per env, 2 at once fell behind (the last reset step waited 1.0 s for room in the queue); 4 kept up."""
     if sim_processes <= 0:
         return workers
-    return max(min(2, workers), min(workers, cores - sim_processes - 1))
+    least = min(workers, max(2, workers // 4))
+    return max(least, min(workers, cores - sim_processes - 1))
 
 
 def default_trajectory_writers(cores: int, image_leaves: bool) -> int:
