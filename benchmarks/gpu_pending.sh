@@ -33,7 +33,7 @@
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval_gate  # encoders at once while
 #                                         the sub-envs step: the eval, whole eval and record against BEFORE (~420 s);
 #                                         COLDSTART=1 adds fastrecord bench's warm and fresh phases, NO_PROBE=1 skips
-#                                         the sub-envs' camera probe
+#                                         the sub-envs' camera probe, LEAN=1 the process per env and whole record
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
 #                                         close split into their layers, the sub-env processes' included (~120 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
@@ -212,11 +212,11 @@ case $stage in
       PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 60 "light_before_$i" python3 -m benchmarks.profile_eval --light \
         --variants default
     done 2>&1 | grep "==\|steps\|of which"
-    run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 | grep "==\|steps\|of which"
+    [ -z "${LEAN:-}" ] && run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 | grep "==\|steps\|of which"
     run 150 whole_eval python3 benchmarks/bench_whole.py --size gpu --only eval --skip-maniskill \
       --src "before=$PWD/$before"
-    run 120 whole_record python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
-      --src "before=$PWD/$before"
+    [ -z "${LEAN:-}" ] && run 120 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
+      --skip-maniskill --src "before=$PWD/$before"
     run 100 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_make_eval_envs.py \
       tests/test_record_subenvs.py tests/test_batched_render.py tests/test_video.py -k "not peg"
     [ -n "${COLDSTART:-}" ] && run 200 coldstart python3 -m fastrecord bench --config configs/bench_h200.yaml \
