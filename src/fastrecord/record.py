@@ -325,7 +325,8 @@ class RecordVectorEpisode(_RecorderMixin, SubEnvAccess, gym.vector.VectorWrapper
               options: dict | None = None) -> tuple[Any, dict[str, Any]]:
         env_idx = _env_idx(options, self.num_envs, "reset_mask")
         # the sub-envs reset while the ended episodes are taken (where the vector env resets in two halves: its class
-        # says so, not an attribute a wrapper forwards); the encoders get them once the reset is done
+        # says so, not an attribute a wrapper forwards); their events reach the sinks once the reset is done (their
+        # videos are queued at once: `Mp4Sink` limits the encodes beside the sub-envs)
         split = getattr(type(self.env), "resets_async", False)
         with self._rec.handoffs_held():
             if split:

@@ -558,10 +558,10 @@ class EpisodeHandoff:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Inside, ended episodes reach the sinks (the videos their encoders) on leaving, in order: a vector env's
-        reset holds them while its sub-envs reset, which 16 encoders starting beside them slowed (H100 machine,
-        `make_eval_envs`' step of 16 reconfiguring resets: 299-353 ms with 16 encoders, 239-296 ms with 2). A
-        sink's error is raised on leaving unless the body's own leaves; the batches are handed off either way."""
+        """Inside, the ended episodes' events (``episodes_ended``: the results rows, the loggers) reach the sinks on
+        leaving, in order: a vector env's reset holds them while its sub-envs reset. The kept episodes' data
+        (``submit``: the videos' encodes) is not held; it reaches the sinks as the episodes end. A sink's error is
+        raised on leaving unless the body's own leaves; the batches are handed off either way."""
         held: list[list[EpisodeEnded]] = []
         self._held, ok = held, False
         try:

@@ -221,7 +221,8 @@ class EncoderProcessPool:
                 # the longest idle first (`_release` appends): every process gets work and is warm (its first
                 # video's overlay font, codec and mapped arenas) when all are needed at once, e.g. at a close after
                 # `Mp4Sink` let fewer encode at a time while the envs stepped (on the H100 machine the eval's close
-                # took 0.49-0.52 s with 9 of 16 encoders never used before it, against 0.26-0.27 s)
+                # took 0.49-0.52 s against 0.26-0.27 s when the most recently idle went first, which left 9 of 16
+                # encoders without work until the close; a fresh encoder's first video with info text took ~2x)
                 ready = [p for p in self._idle if p.ready.is_set()]
                 if ready:
                     self._idle.remove(ready[0])
