@@ -34,6 +34,9 @@
 #                                         the sub-envs step: the eval, whole eval and record against BEFORE (~420 s);
 #                                         COLDSTART=1 adds fastrecord bench's warm and fresh phases, NO_PROBE=1 skips
 #                                         the sub-envs' camera probe, LEAN=1 the process per env and whole record
+#   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval_pool  # the eval against BEFORE
+#                                         (alternating), a process per env, the whole eval, the video paths' GPU
+#                                         tests (~220 s); COLDSTART=1 adds fastrecord bench's warm and fresh phases
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
 #                                         close split into their layers, the sub-env processes' included (~120 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
@@ -41,7 +44,7 @@
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -225,6 +228,25 @@ case $stage in
     [ -n "${NO_PROBE:-}" ] && exit 0
     # what the sub-envs' own 512x512 human camera (never drawn there: the mirrors draw) costs their make and resets
     run 90 probe_camera python3 -m benchmarks.probe_reconfigure --resets 4 --variants gpu,gpu_small_camera --together 8x2
+    ;;
+  eval_pool)
+    # the encoder pool's longest-idle order and the floor of a quarter of the writers, which eval_gate's run at
+    # 12:30 on 2026-12-06 had not: the eval against BEFORE alternating, a process per env, the whole eval, fastrecord
+    # bench's warm and fresh phases (COLDSTART=1), the GPU tests of the video paths (~220 s; ~280 s with COLDSTART)
+    before=${BEFORE:-build/before/src}
+    for i in 1 2; do
+      run 60 "light_this_$i" python3 -m benchmarks.profile_eval --light --variants default
+      PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 60 "light_before_$i" python3 -m benchmarks.profile_eval --light \
+        --variants default
+    done 2>&1 | grep "==\|steps\|of which"
+    run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 | grep "==\|steps\|of which"
+    run 150 whole_eval python3 benchmarks/bench_whole.py --size gpu --only eval --skip-maniskill \
+      --src "before=$PWD/$before"
+    [ -n "${COLDSTART:-}" ] && run 170 coldstart python3 -m fastrecord bench --config configs/bench_h200.yaml \
+      --skip ceiling,quality,maniskill,keepup,realenv,micro,imageobs,cpueval --json "$out/coldstart.json" \
+      --output-dir /tmp/bench-videos | grep -i "env-frames/s\|fresh\|coldstart\|warm"
+    run 150 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_batched.py tests/test_buffer.py \
+      tests/test_batched_render.py -k "not peg"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
