@@ -276,24 +276,31 @@ def test_staggered_ends_share_staging_and_every_video_is_its_episode(tmp_path, m
     pool.close()
 
 
-def test_info_overlay_drawn_in_encoder_processes_matches_maniskills_text(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_info_overlay_drawn_in_encoder_processes_matches_maniskills_text(tmp_path, device):
     """info_on_video: the encoder process draws the recorded scalars (nothing but the scalars is done on
     the stepping thread). Same lines as ManiSkill's ``put_info_on_image`` (its formatting: floats as
     %.3f), at the same place (top left, ManiSkill's 16 px font at 256 px), the scene elsewhere untouched;
-    and exactly the picture `draw_overlay` makes in this process."""
+    and exactly the picture `draw_overlay` makes in this process. CUDA frames reach the encoders as yuv420p
+    (converted on the GPU) and the text is drawn on those: the picture of the RGB drawing converted."""
     from mani_skill.utils.visualization.misc import images_to_video, put_info_on_image
 
+    from fastrecord.sinks.mp4 import Mp4Sink
+    from fastrecord.video import VideoSettings, encode_mp4
     from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font, overlay_lines
+    from fastrecord.video.yuv import Yuv420Frames, rgb_to_yuv420p
 
     n, size, steps = 2, 256, 4
-    base = BatchedDoubleEnv(num_envs=n, max_episode_steps=steps, size=size, success_step=[3, 0])
+    base = BatchedDoubleEnv(num_envs=n, max_episode_steps=steps, size=size, success_step=[3, 0], device=device)
     env = RecordEpisode(base, tmp_path / "ours", trajectory_name="t", save_trajectory=False, info_on_video=True)
+    assert Mp4Sink(VideoSettings(), info_on_video=True).accepts_yuv420p  # per-env videos with text take yuv420p
     env.reset(seed=0)
-    frames, infos = [base.render().numpy()], [{}]
+    frames, infos = [base.render().cpu().numpy()], [{}]
     for _ in range(steps):
-        _, rew, _, _, info = env.step(torch.ones(n, 3))
-        frames.append(base.render().numpy())
-        infos.append({k: info[k].numpy() for k in ("success", "fail", "elapsed_steps")} | {"reward": rew.numpy()})
+        _, rew, _, _, info = env.step(torch.ones(n, 3, device=device))
+        frames.append(base.render().cpu().numpy())
+        infos.append({k: info[k].cpu().numpy() for k in ("success", "fail", "elapsed_steps")}
+                     | {"reward": rew.cpu().numpy()})
     env.close()
     for e in range(n):
         (path,) = (tmp_path / "ours").glob(f"*_env{e}_*.mp4")
@@ -317,8 +324,8 @@ def test_info_overlay_drawn_in_encoder_processes_matches_maniskills_text(tmp_pat
             assert lines == {f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in per_frame[t].items()}
         ref = draw_overlay(clip, Overlay.of_episode({k: np.array([i[k][e] for i in infos[1:]]) for k in infos[1]},
                                                     maniskill_font()))
-        from fastrecord.video import VideoSettings, encode_mp4
-
+        if device == "cuda":  # as the recorder's frames: converted on the GPU
+            ref = Yuv420Frames(rgb_to_yuv420p(torch.from_numpy(ref).cuda()).cpu().numpy())
         ref_path = encode_mp4(tmp_path / f"ref{e}.mp4", ref, VideoSettings(executor="thread"))
         assert psnr(ours, decode_mp4(ref_path)).min() > 45  # what this process draws, drawn by the encoder process
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fastrecord import staging
-from fastrecord.testing import psnr, smooth_frames
+from fastrecord.testing import frame_psnr, psnr, smooth_frames
 from fastrecord.video import (
     EncoderError,
     EncoderProcessPool,
@@ -494,6 +494,54 @@ def test_overlay_from_cached_glyphs_is_pils_picture(size):
     diff = np.abs(ours.astype(int) - pil.astype(int)).max(-1)
     assert (diff > 2).sum() <= 0.002 * diff.size and np.array_equal(ours[0], frames[0])
     assert diff[:, size // 2 :].max() == 0  # below the band: untouched
+
+
+@pytest.mark.parametrize("size", [64, 130, 512])
+def test_overlay_on_yuv420p_is_the_rgb_overlay_converted(size):
+    """Frames converted to yuv420p on the GPU keep that form with the info text: draw_overlay composites the band on
+    the planes. The luma is the RGB picture's converted (within rounding); the chroma is too wherever the band's
+    alpha is even over a 2x2 block, and differs at a few glyph edges only; the rest of the frame is untouched."""
+    from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
+
+    rng = np.random.default_rng(size)
+    t = 9
+    frames = smooth_frames(t + 1, size, size, seed=size)
+    cols = {"success": rng.random(t) > 0.5, "reward": rng.random(t).astype(np.float32), "elapsed_steps": np.arange(t)}
+    ov = Overlay.of_episode(cols, maniskill_font())
+    yuv = rgb_to_yuv420p(torch.from_numpy(frames), kernel="torch").numpy()
+    want = rgb_to_yuv420p(torch.from_numpy(draw_overlay(frames, ov)), kernel="torch").numpy()
+    got = draw_overlay(yuv, ov, fmt="yuv420p")
+    assert got.shape == yuv.shape and got.dtype == np.uint8
+    diff = np.abs(got.astype(int) - want.astype(int))
+    assert diff[:, :size].max() <= 1  # Y
+    assert (diff[:, size:] > 2).sum() <= 0.01 * diff[:, size:].size  # U, V: glyph edges
+    assert frame_psnr(got, want).min() > 45
+    assert np.array_equal(got[0], yuv[0])  # the reset frame has no text
+    assert not np.array_equal(got[1], yuv[1])
+    assert np.array_equal(got[:, size // 2 : size], yuv[:, size // 2 : size])  # luma below the band: untouched
+    with pytest.raises(ValueError, match="fmt='bgr24'"):
+        draw_overlay(frames, ov, fmt="bgr24")
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_yuv420p_frames_with_an_overlay_encode_as_the_rgb_ones(tmp_path, executor, encoder_pool):
+    """An `Overlay` with `Yuv420Frames` is drawn where the video is encoded (an encoder process, or this thread):
+    the video is that of the frames drawn on in RGB, then converted."""
+    from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
+
+    frames = smooth_frames(12, 256, 320, seed=3)
+    ov = Overlay.of_episode({"success": np.arange(11) > 6, "reward": np.linspace(0, 1, 11)}, maniskill_font())
+
+    def yuv(rgb: np.ndarray) -> Yuv420Frames:
+        return Yuv420Frames(rgb_to_yuv420p(torch.from_numpy(rgb), kernel="torch").numpy())
+
+    settings = VideoSettings(executor=executor, crf=12)
+    got = decode_mp4(encode_mp4(tmp_path / "yuv.mp4", yuv(frames), settings, pool=encoder_pool, overlay=ov))
+    want = decode_mp4(encode_mp4(tmp_path / "rgb.mp4", yuv(draw_overlay(frames, ov)), settings, pool=encoder_pool))
+    assert got.shape == want.shape == frames.shape
+    assert frame_psnr(got, want).min() > 42
+    top = got[1:, :40, :80].astype(int)  # green text in the band of every frame after the reset
+    assert (((top[..., 1] > 150) & (top[..., 0] < 100)).sum(axis=(1, 2)) > 20).all()
 
 
 # ---------------------------------------------------------------------------------------------- names

@@ -28,6 +28,7 @@ from fastrecord.sinks.base import BackgroundSink, RunDirectory
 from fastrecord.sinks.video_names import tiled_video_name, video_name
 from fastrecord.video import VideoSettings, encode_mp4
 from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
+from fastrecord.video.yuv import Yuv420Frames
 
 
 class _EncodeGate:
@@ -95,7 +96,9 @@ class Mp4Sink(BackgroundSink):
         self.workers = workers or default_video_workers(usable_cores())
         # encodes at once while the env steps (`fastrecord.options.stepping_video_workers`): all of them by default
         self._gate = _EncodeGate(min(self.workers, stepping_workers or self.workers))
-        self.accepts_yuv420p = layout == "per_env" and not info_on_video  # frames converted on the GPU
+        # frames converted on the GPU (half the bytes to copy, no conversion in the encoder; the info text is drawn
+        # on yuv420p as well)
+        self.accepts_yuv420p = layout == "per_env"
         self._font = maniskill_font() if info_on_video else None
         self._paths: list[Path] = []
         self._written: dict[str, Path] = {}  # a video's intended name -> the file written (first pieces only)
@@ -178,7 +181,11 @@ class Mp4Sink(BackgroundSink):
     def write(self, job: tuple[Path, np.ndarray, list | None, bool, tuple[int, ...]]) -> None:
         path, frames, overlay, first, ids = job
         if overlay is not None and not isinstance(overlay, Overlay):  # per-frame dicts from a sink's caller
-            frames, overlay = draw_overlay(frames, overlay, font=self._font), None
+            if isinstance(frames, Yuv420Frames):
+                frames = Yuv420Frames(draw_overlay(frames.plain(), overlay, font=self._font, fmt="yuv420p"))
+            else:
+                frames = draw_overlay(frames, overlay, font=self._font)
+            overlay = None
         # an Overlay is drawn where the video is encoded (an encoder process): not in this process
         with self._gate.slot():
             written = Path(encode_mp4(path, frames, self.settings, overlay=overlay or None) or path)

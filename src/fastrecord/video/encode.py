@@ -387,15 +387,11 @@ def _encode_to(target: str | io.BytesIO, frames: np.ndarray, settings: VideoSett
 def encode_here(path: Path, frames: np.ndarray, settings: VideoSettings, fmt: str, overlay: Any = None) -> Path:
     """Encode in this thread to a temporary file, then publish it at ``path`` or the next free name
     (`_publish`); returns the path written. A failed encode leaves no temporary file behind.
-    ``overlay`` (an `Overlay`, rgb24 frames only) is drawn on a copy of the frames first."""
+    ``overlay`` (an `Overlay`) is drawn on a copy of the frames first, in their format ``fmt``."""
     if overlay:
-        if fmt != "rgb24":
-            raise ValueError(
-                f"an info overlay is drawn on rgb24 frames, got {fmt} frames; pass RGB frames with overlay="
-            )
         from fastrecord.video.overlay import draw_overlay
 
-        frames = draw_overlay(frames, overlay)
+        frames = draw_overlay(frames, overlay, fmt=fmt)
     # one temporary name per writer (encoder processes run one job at a time, threads are told apart by
     # their id), so two videos headed for the same name never write one file
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.part")

@@ -165,21 +165,47 @@ BAND_ALPHA = 110  # the dark band behind the text (ManiSkill's black, alpha 110 
 TEXT_RGB = (0, 255, 0)
 
 
-def draw_overlay(frames: np.ndarray, overlay: Any, font: str | None = None) -> np.ndarray:
-    """A copy of ``frames`` ``[T, H, W, 3]`` uint8 with each frame's info drawn on it (``overlay``: an
-    `Overlay`, or a per-frame sequence of dicts with ``font`` given).
+def draw_overlay(frames: np.ndarray, overlay: Any, font: str | None = None, fmt: str = "rgb24") -> np.ndarray:
+    """A copy of ``frames`` with each frame's info drawn on it (``overlay``: an `Overlay`, or a per-frame sequence
+    of dicts with ``font`` given). ``fmt``: "rgb24" (``[T, H, W, 3]`` uint8) or "yuv420p" (``[T, H * 3 // 2, W]``
+    uint8, the layout of `fastrecord.video.yuv.Yuv420Frames`: frames converted on the GPU keep that saving).
 
     The picture of PIL's ``ImageDraw.text`` on a dark RGBA band alpha-composited over the frame (drawing with
     PIL for every frame is slower), computed with numpy from cached glyph masks: per pixel
     of the band, with text coverage ``m``, the band's colour is ``m * green`` and its alpha
-    ``a = (110 + 145 m) / 255``, over the frame: ``band * a + frame * (1 - a)``."""
+    ``a = (110 + 145 m) / 255``, over the frame: ``band * a + frame * (1 - a)``. In yuv420p the same sum is taken
+    of the planes (an affine map of RGB keeps it): luma per pixel; chroma per 2x2 block with the block's mean
+    ``1 - a`` and ``m a``, which equals the RGB picture's chroma where ``a`` is even over the block (the band; at
+    a glyph's edge the frame's four pixels are taken as alike)."""
     font_path = font or getattr(overlay, "font", None)
     if font_path is None:
         raise ValueError(
             "draw_overlay needs the font: pass an Overlay, or font=fastrecord.video.overlay.maniskill_font()"
         )
+    if fmt not in ("rgb24", "yuv420p"):
+        raise ValueError(f"draw_overlay draws on 'rgb24' or 'yuv420p' frames, got fmt={fmt!r}")
     out = np.array(frames, copy=True)
-    h, w = out.shape[1:3]
+    h, w = (out.shape[1] * 2 // 3, out.shape[2]) if fmt == "yuv420p" else out.shape[1:3]
+    for s, cover in _covers(overlay, font_path, h, w, len(out)):
+        alpha = (BAND_ALPHA + (255 - BAND_ALPHA) * cover) / 255.0
+        if fmt == "rgb24":
+            band = out[s, : cover.shape[0], : cover.shape[1]].astype(np.float32) * (1.0 - alpha)[..., None]
+            band += (cover * alpha)[..., None] * _GREEN
+            out[s, : cover.shape[0], : cover.shape[1]] = np.clip(band + 0.5, 0, 255).astype(np.uint8)
+        else:
+            _composite_yuv420p(out[s], cover, alpha, h, w)
+    return out
+
+
+_GREEN = np.asarray(TEXT_RGB, dtype=np.float32)
+# the green's offsets from black in BT.601 limited range (Y above 16, U and V about 128), as
+# `fastrecord.video.yuv.rgb_to_yuv420p` converts: 255 * the G coefficients
+_GREEN_YUV = (128.553, -74.203, -93.786)
+
+
+def _covers(overlay: Any, font_path: str, h: int, w: int, frames: int) -> Iterator[tuple[int, np.ndarray]]:
+    """Each frame with text and its band's coverage: ``(frame, [bh, bw] float32 in 0..1)``, the band being the
+    ManiSkill-style rectangle (0, 0, width + 2 margin, lines * line_h + margin), ends included."""
     size = max(8, min(16, round(16 * h / 256)))
     face = _fonts.get((font_path, size))
     if face is None:
@@ -189,15 +215,13 @@ def draw_overlay(frames: np.ndarray, overlay: Any, font: str | None = None) -> n
     char_w = max(1.0, face.length("0"))
     max_lines = max(1, int(OVERLAY_MAX_FRACTION * h) // line_h)
     max_chars = max(4, int((w - 2 * margin) // char_w))
-    green = np.asarray(TEXT_RGB, dtype=np.float32)
     for s, info in enumerate(overlay):
-        if s >= len(out):
+        if s >= frames:
             break
         if not info:
             continue
         lines = overlay_lines(info, max_lines, max_chars)
         width = int(max(face.length(t) for t in lines))
-        # the band of ManiSkill-style rectangle (0, 0, width + 2 margin, lines * line_h + margin), ends included
         bw, bh = min(w, width + 2 * margin + 1), min(h, len(lines) * line_h + margin + 1)
         cover = np.zeros((bh, bw), dtype=np.float32)
         for i, text in enumerate(lines):
@@ -206,8 +230,29 @@ def draw_overlay(frames: np.ndarray, overlay: Any, font: str | None = None) -> n
             hh, ww = min(m.shape[0], bh - y), min(m.shape[1], bw - x)
             if hh > 0 and ww > 0:
                 np.maximum(cover[y: y + hh, x: x + ww], m[:hh, :ww], out=cover[y: y + hh, x: x + ww])
-        alpha = (BAND_ALPHA + (255 - BAND_ALPHA) * cover) / 255.0
-        band = out[s, :bh, :bw].astype(np.float32) * (1.0 - alpha)[..., None]
-        band += (cover * alpha)[..., None] * green
-        out[s, :bh, :bw] = np.clip(band + 0.5, 0, 255).astype(np.uint8)
-    return out
+        yield s, cover
+
+
+def _composite_yuv420p(frame: np.ndarray, cover: np.ndarray, alpha: np.ndarray, h: int, w: int) -> None:
+    """The band composited in place on one yuv420p frame ``[H * 3 // 2, W]``: the Y plane's ``H`` rows, then U's and
+    V's ``H / 2 x W / 2`` pixels, each plane's rows packed two to a row of ``W``."""
+    bh, bw = cover.shape
+    y = frame[:h, :bw][:bh]
+    ink = cover * alpha  # m a: how much of the green each pixel takes
+    y[:] = np.clip((y.astype(np.float32) - 16.0) * (1.0 - alpha) + ink * _GREEN_YUV[0] + 16.5, 0, 255).astype(np.uint8)
+    ch, cw = (bh + 1) // 2, (bw + 1) // 2  # the chroma blocks the band touches (a half block outside it: alpha 0)
+    keep = np.ones((2 * ch, 2 * cw), dtype=np.float32)
+    keep[:bh, :bw] -= alpha
+    took = np.zeros((2 * ch, 2 * cw), dtype=np.float32)
+    took[:bh, :bw] = ink
+    keep, took = _block_mean(keep), _block_mean(took)
+    q = (h // 2) * (w // 2)
+    for k, green in ((0, _GREEN_YUV[1]), (1, _GREEN_YUV[2])):
+        plane = frame[h:].reshape(-1)[k * q: (k + 1) * q].reshape(h // 2, w // 2)[:ch, :cw]
+        plane[:] = np.clip((plane.astype(np.float32) - 128.0) * keep + took * green + 128.5, 0, 255).astype(np.uint8)
+
+
+def _block_mean(a: np.ndarray) -> np.ndarray:
+    """The mean of each 2x2 block of ``a`` (even sides): four strided adds (numpy's mean over the reshaped
+    block axes was most of the overlay's time)."""
+    return (a[0::2, 0::2] + a[1::2, 0::2] + a[0::2, 1::2] + a[1::2, 1::2]) * 0.25

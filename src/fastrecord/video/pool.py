@@ -292,7 +292,7 @@ class EncoderProcessPool:
     # -------------------------------------------------------------- jobs
     def encode(self, path: str | Path, frames: np.ndarray, settings: VideoSettings, overlay: Any = None) -> Path:
         """Encode in an encoder process; blocks until the file is written, raises its error here.
-        ``overlay`` (a `fastrecord.video.overlay.Overlay`, RGB frames) is drawn in that process.
+        ``overlay`` (a `fastrecord.video.overlay.Overlay`) is drawn in that process, on the frames as given.
 
         Returns the path written: ``path``, or the next free ``STEM_k.mp4`` where ``path`` is taken
         (an existing file is never replaced).
@@ -422,7 +422,7 @@ def encode_mp4(path: str | Path, frames: np.ndarray, settings: VideoSettings,
     process never leaves a truncated video behind. ``settings`` go through `check_video_settings` (cached).
     Blocks until the file is written; the encode runs in an encoder process (``pool``, by default the
     process-wide `default_encoder_pool`) unless ``settings.executor="thread"``. ``overlay`` (a
-    `fastrecord.video.overlay.Overlay`, with RGB frames) is drawn there too, not in the caller.
+    `fastrecord.video.overlay.Overlay`, with either kind of frames) is drawn there too, not in the caller.
     """
     path = Path(path)
     fmt = check_frames(frames)
