@@ -238,8 +238,8 @@ case $stage in
       run 60 "light_this_$i" python3 -m benchmarks.profile_eval --light --variants default
       PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 60 "light_before_$i" python3 -m benchmarks.profile_eval --light \
         --variants default
-    done 2>&1 | grep "==\|steps\|of which"
-    run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 | grep "==\|steps\|of which"
+    done 2>&1 | grep "==\|steps\|of which\|encoders:"
+    run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 | grep "==\|steps\|of which\|encoders:"
     run 150 whole_eval python3 benchmarks/bench_whole.py --size gpu --only eval --skip-maniskill \
       --src "before=$PWD/$before"
     [ -n "${COLDSTART:-}" ] && run 170 coldstart python3 -m fastrecord bench --config configs/bench_h200.yaml \

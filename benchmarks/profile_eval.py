@@ -19,6 +19,7 @@ collections are timed too (``gc.gen0/1/2``). Variants:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -172,6 +173,10 @@ def child(a: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     envs.close()
     close = time.perf_counter() - t0
+    from fastrecord.video.pool import started_encoder_pool
+
+    pool = started_encoder_pool()  # the process-wide encoders (closed at exit): what each video cost them
+    encoders = dataclasses.asdict(pool.stats) if pool is not None else {}
     stamps: dict[str, float] = {}
     if os.path.exists(a["timeline"]):
         with open(a["timeline"]) as f:
@@ -187,7 +192,7 @@ def child(a: dict[str, Any]) -> None:
                slowest=[(i, steps[i][0], parts[i]) for i in sorted(slowest)],
                reset_steps=[(i, t, parts[i]) for i, (t, reset) in enumerate(steps) if reset], subprocess_timers=sub,
                reset_timers=reset_timers, loop_timers=loop_timers, close_timers={k: list(v) for k, v in timers.items()},
-               full_collections=FULL_COLLECTIONS)
+               full_collections=FULL_COLLECTIONS, encoders=encoders)
     with open(a["json"], "w") as f:
         json.dump(out, f)
     os._exit(0)  # as fastrecord's CLI leaves: the interpreter's teardown is not what this measures
@@ -213,6 +218,11 @@ def report(r: dict[str, Any], num_envs: int) -> str:
     if resets:
         lines.append(f"   steps with resets: {len(resets)}, each {', '.join(f'{1e3 * s:.0f}' for s in resets)} ms, "
                      f"sum {sum(resets):.2f} s")
+    enc = r.get("encoders") or {}
+    if enc.get("jobs"):
+        lines.append(f"   encoders: {enc['jobs']} videos of {enc['frames'] / enc['jobs']:.0f} frames, each "
+                     f"{1e3 * enc['encode_seconds'] / enc['jobs']:.0f} ms wall, {1e3 * enc['encode_cpu_seconds'] / enc['jobs']:.0f} "
+                     f"ms CPU in an encoder process (in the stepping process while they started: {enc['jobs_here']})")
     for title, key in (("reset step", "reset_steps"), ("slow step", "slowest")):
         for i, t, part in r.get(key, []):
             inner = {k: v for k, v in part.items() if k not in ("EvalVectorEnv.step", "RecordVectorEpisode.step")}
