@@ -36,7 +36,8 @@
 #                                         the sub-envs' camera probe, LEAN=1 the process per env and whole record
 #   carry: [".gpukit", "build/before"]   command: bash benchmarks/gpu_pending.sh eval_pool  # the eval against BEFORE
 #                                         (alternating), a process per env, the whole eval, the video paths' GPU
-#                                         tests (~220 s); COLDSTART=1 adds fastrecord bench's warm and fresh phases
+#                                         tests (~220 s); COLDSTART=1 adds fastrecord bench's warm and fresh phases,
+#                                         PAIRS=N alternates N pairs (2), LEAN=1 skips the process per env
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
 #                                         close split into their layers, the sub-env processes' included (~120 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
@@ -234,12 +235,16 @@ case $stage in
     # 12:30 on 2026-12-06 had not: the eval against BEFORE alternating, a process per env, the whole eval, fastrecord
     # bench's warm and fresh phases (COLDSTART=1), the GPU tests of the video paths (~220 s; ~280 s with COLDSTART)
     before=${BEFORE:-build/before/src}
-    for i in 1 2; do
+    # the page cache warmed first: a fresh machine's first process read its imports from disk (make 4.7 s against
+    # 3.4-3.9 s, its first reset step 288 ms at 14:31 on 2026-12-06)
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
+    for i in $(seq 1 "${PAIRS:-2}"); do
       run 60 "light_this_$i" python3 -m benchmarks.profile_eval --light --variants default
       PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 60 "light_before_$i" python3 -m benchmarks.profile_eval --light \
         --variants default
     done 2>&1 | grep "==\|steps\|of which\|encoders:"
-    run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 | grep "==\|steps\|of which\|encoders:"
+    [ -z "${LEAN:-}" ] && run 60 light_this_pp1 python3 -m benchmarks.profile_eval --light --variants per_process_1 \
+      | grep "==\|steps\|of which\|encoders:"
     run 150 whole_eval python3 benchmarks/bench_whole.py --size gpu --only eval --skip-maniskill \
       --src "before=$PWD/$before"
     [ -n "${COLDSTART:-}" ] && run 170 coldstart python3 -m fastrecord bench --config configs/bench_h200.yaml \

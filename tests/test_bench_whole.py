@@ -28,6 +28,20 @@ def test_stamps_are_written_only_with_the_variable_and_the_first_one_stays(tmp_p
     assert not path.exists()
 
 
+def test_stamps_from_many_threads_at_once_are_all_written(tmp_path):
+    """A close stamps from its own thread while the caller's stamps too: every stamp lands, none raises."""
+    path = tmp_path / "timeline.json"
+    code = ("import sys, threading; from fastrecord.system import stamp\n"
+            "sys.setswitchinterval(1e-6)  # threads switch inside a stamp's writes (the race, every run)\n"
+            "ts = [threading.Thread(target=lambda i=i: [stamp(f't{i}_{k}') for k in range(50)]) for i in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]; print('done')")
+    out = subprocess.run([sys.executable, "-c", code], env=bw.child_env(None, path), check=True, capture_output=True,
+                         text=True)
+    assert out.stdout.strip() == "done" and "Traceback" not in out.stderr
+    assert sorted(json.loads(path.read_text())) == sorted(f"t{i}_{k}" for i in range(8) for k in range(50))
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline.json"]  # no temporary file left
+
+
 def test_launch_reads_phases_and_the_table_and_ratios_use_them(tmp_path):
     code = ("import time; from fastrecord.system import stamp\n"
             + "".join(f"stamp({name!r}); time.sleep(0.02)\n" for name in STAMPS))

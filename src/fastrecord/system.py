@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import threading
 import warnings
 
 _LAVAPIPE = ("/usr/share/vulkan/icd.d/lvp_icd.json", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
@@ -57,24 +58,29 @@ def process_age() -> float | None:
 
 TIMELINE_ENV = "FASTRECORD_TIMELINE"  # a path: the commands write their phases' wall-clock times there (JSON)
 _stamps: dict[str, float] = {}
+_stamps_lock = threading.Lock()  # a close stamps from its own thread while the caller's thread stamps too
 
 
 def stamp(name: str) -> None:
     """Note that phase ``name`` was reached now (``time.time()``; the first stamp of a name stays), where the
     environment variable ``FASTRECORD_TIMELINE`` names a file: the file is rewritten with every stamp so far
     (a few small writes a run; nothing at all without the variable). `benchmarks/bench_whole.py` launches
-    whole commands with it and reads where their seconds went."""
+    whole commands with it and reads where their seconds went. Threads stamp one at a time (two of them once
+    shared the temporary file: one's rename found it gone, and the close it stamped failed)."""
     path = os.environ.get(TIMELINE_ENV)
     if not path or name in _stamps:
         return
     import json
     import time
 
-    _stamps[name] = time.time()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(_stamps, f)
-    os.replace(tmp, path)
+    with _stamps_lock:
+        if name in _stamps:
+            return
+        _stamps[name] = time.time()
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(_stamps, f)
+        os.replace(tmp, path)
 
 
 QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)
