@@ -325,10 +325,14 @@ def test_info_overlay_drawn_in_encoder_processes_matches_maniskills_text(tmp_pat
             assert lines == {f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in per_frame[t].items()}
         ref = draw_overlay(clip, Overlay.of_episode({k: np.array([i[k][e] for i in infos[1:]]) for k in infos[1]},
                                                     maniskill_font()))
-        if device == "cuda":  # as the recorder's frames: converted on the GPU
-            ref = Yuv420Frames(rgb_to_yuv420p(torch.from_numpy(ref).cuda()).cpu().numpy())
-        ref_path = encode_mp4(tmp_path / f"ref{e}.mp4", ref, VideoSettings(executor="thread"))
-        assert psnr(ours, decode_mp4(ref_path)).min() > 45  # what this process draws, drawn by the encoder process
+        if device == "cpu":  # the same RGB frames into the same encoder: the same video
+            ref_video = decode_mp4(encode_mp4(tmp_path / f"ref{e}.mp4", ref, VideoSettings(executor="thread")))
+            assert psnr(ours, ref_video).min() > 45  # what this process draws, drawn by the encoder process
+        else:  # drawn on yuv420p: within rounding of the RGB drawing converted (63 dB on the CPU machine), which
+            # sends H.264 down other paths (two encodes 41-45 dB apart): as close to the RGB picture as its own encode
+            ref_video = decode_mp4(encode_mp4(tmp_path / f"ref{e}.mp4", Yuv420Frames(
+                rgb_to_yuv420p(torch.from_numpy(ref).cuda()).cpu().numpy()), VideoSettings(executor="thread")))
+            assert (psnr(ours, ref) >= psnr(ref_video, ref) - 0.5).all()
 
 
 def test_both_views_are_env_views_and_reset_only_the_given_envs():
