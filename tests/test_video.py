@@ -544,6 +544,38 @@ def test_yuv420p_frames_with_an_overlay_encode_as_the_rgb_ones(tmp_path, executo
     assert (((top[..., 1] > 150) & (top[..., 0] < 100)).sum(axis=(1, 2)) > 20).all()
 
 
+def test_mp4_sink_draws_a_callers_per_frame_info_on_either_kind_of_frames(tmp_path):
+    """A sink's caller may hand per-frame dicts as the overlay (not an `Overlay`): the writer thread draws them on RGB
+    frames and on `Yuv420Frames` alike, and both videos are as close to the RGB drawing as each other."""
+    from fastrecord.episode import EpisodeData
+    from fastrecord.sinks.base import RunDirectory
+    from fastrecord.sinks.mp4 import Mp4Sink
+    from fastrecord.video.overlay import draw_overlay, maniskill_font
+
+    yy, xx = np.mgrid[0:256, 0:320]  # smooth both ways: yuv420p's halved chroma keeps it
+    frames = np.stack([np.stack([xx * 0.7 + 3 * t, yy * 0.9 + t, (xx + yy) * 0.35], -1) for t in range(6)]).astype(np.uint8)
+    infos = [{}] + [{"success": i > 3, "reward": 0.25 * i} for i in range(1, 6)]
+    yuv = Yuv420Frames(rgb_to_yuv420p(torch.from_numpy(frames), kernel="torch").numpy())
+    sink = Mp4Sink(VideoSettings(fps=10, crf=12), num_envs=2, workers=2, info_on_video=True)
+    run = RunDirectory(tmp_path, "t").open()
+    sink.open(run)
+    try:
+        sink.submit([EpisodeData(episode_id=i, env_idx=i, elapsed_steps=5, datasets={}, meta={}, frames=f,
+                                 overlay=infos) for i, f in enumerate((frames, yuv))])
+        sink.wait_until_done()
+    finally:
+        sink.close()
+        run.close(status="closed")
+    want = draw_overlay(frames, infos, font=maniskill_font())
+    (rgb_path,) = tmp_path.glob("0_env0*.mp4")
+    (yuv_path,) = tmp_path.glob("1_env1*.mp4")
+    got_rgb, got_yuv = decode_mp4(rgb_path), decode_mp4(yuv_path)
+    assert got_rgb.shape == got_yuv.shape == frames.shape
+    near_rgb, near_yuv = frame_psnr(got_rgb, want), frame_psnr(got_yuv, want)
+    assert near_rgb.min() > 30 and near_yuv.min() > 30 and np.abs(near_rgb - near_yuv).max() < 1.5
+    assert (frame_psnr(got_yuv[1:, :40], frames[1:, :40]) < 25).all()  # the text's band, on every frame after the reset
+
+
 # ---------------------------------------------------------------------------------------------- names
 @pytest.mark.parametrize("episode_id, env_idx, success, part, name", [
     (3, 1, True, None, "3_env1_success.mp4"),
