@@ -465,7 +465,7 @@ def phase_cpueval(cfg: BenchConfig, device: torch.device, out: Path, workers: in
 # ---------------------------------------------------------------------------------------------- table
 def trace_line(trace: dict[str, Any]) -> str:
     """A fresh process's timeline (`SpanTrace.summary`) in one line: when the encoders answered, the first gather,
-    the arenas pinned, Triton loaded, the first encode, and the encoders' video time against the run's."""
+    the arenas pinned, Triton loaded (trees before 2026-12-06's), the first encode, and the encoders' video time against the run's."""
     keys = trace.get("keys", {})
 
     def first(key: str, end: bool = True) -> str:
@@ -475,10 +475,11 @@ def trace_line(trace: dict[str, Any]) -> str:
     pinned = keys.get("arena: pinned (every piece)") or keys.get("arena: made (pinned)")
     pinned_by = "-" if not pinned else f"{pinned['first_start'] + pinned['total'] / max(1, pinned['n']):.2f} (mean)"
     answered = first("encoder: started -> answered")
+    triton = f"Triton loaded {first('triton: warm-up')}; " if "triton: warm-up" in keys else ""
     answered = first("encoder: started (forked: ready)") if answered == "-" else answered
     return (f"first reset done {trace.get('marks', {}).get('first reset done', float('nan')):.2f}; first encoder ready "
             f"{answered}; first gather {first('gather', False)}-{first('gather')}; "
-            f"an arena pinned by {pinned_by}; Triton loaded {first('triton: warm-up')}; first encode "
+            f"an arena pinned by {pinned_by}; {triton}first encode "
             f"{trace.get('busy_first_start', float('nan')):.2f}; encoders busy {trace.get('busy_seconds', 0):.1f} s")
 
 

@@ -21,16 +21,6 @@ from benchmarks.config import BenchConfig
 from fastrecord.testing import psnr
 
 
-def triton_available() -> bool:
-    """Whether triton imports here (fastrecord's yuv420p conversion then has its one-pass CUDA kernel)."""
-    try:
-        import triton
-        import triton.language  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import problem: fastrecord uses its torch path
-        return False
-    return True
-
-
 def video_settings(cfg: BenchConfig, preset: str | None = None, crf: int | None = None, threads: int = 1) -> Any:
     """fastrecord's `VideoSettings` of the run, or another preset / crf (the quality sweep)."""
     from fastrecord.video import VideoSettings, resolve_codec
@@ -157,23 +147,13 @@ def phase_micro(cfg: BenchConfig, device: torch.device) -> dict[str, Any]:
     buf.cursor[:] = steps
     episode = buf.fields["frames"][: steps + 1].transpose(0, 1)  # [envs, steps, H, W, 3], as gather reads it
     k = min(8, cfg.num_envs)
-    kernels = ["torch"] + (["triton"] if cuda and triton_available() else [])
-    for kern in kernels:
-        t0 = time.perf_counter()
-        yuv.rgb_to_yuv420p(episode[:1], kernel=kern)
-        if cuda:
-            torch.cuda.synchronize(device)
-        res[f"yuv420p_{kern}_first_call_s"] = time.perf_counter() - t0
-        host, dev = timed(lambda kern=kern: yuv.rgb_to_yuv420p(episode[:k], kernel=kern), 3)
-        res[f"yuv420p_{kern}_device_ms_per_batch"] = dev * cfg.num_envs / k
-    if "triton" in kernels:
-        a = yuv.rgb_to_yuv420p(episode[:k], kernel="torch")
-        b = yuv.rgb_to_yuv420p(episode[:k], kernel="triton")
-        d = (a.int() - b.int()).abs()
-        res["yuv420p_triton_vs_torch_maxdiff"] = int(d.max())
-        res["yuv420p_triton_vs_torch_differing"] = float((d > 0).float().mean())
-    best = kernels[-1]
-    res["yuv420p_device_ms_per_batch"] = res[f"yuv420p_{best}_device_ms_per_batch"]
+    t0 = time.perf_counter()
+    yuv.rgb_to_yuv420p(episode[:1])
+    if cuda:
+        torch.cuda.synchronize(device)
+    res["yuv420p_first_call_s"] = time.perf_counter() - t0
+    host, dev = timed(lambda: yuv.rgb_to_yuv420p(episode[:k]), 3)
+    res["yuv420p_device_ms_per_batch"] = dev * cfg.num_envs / k
     res["yuv420p_device_ms_per_step"] = res["yuv420p_device_ms_per_batch"] / steps
     if cuda:
         for i in range(2):  # the first lease makes (and pins) an arena: time the second

@@ -6,7 +6,7 @@ Pieces (seconds): ``arena`` a staging arena of one batch of yuv420p frames made 
 `fastrecord.staging.Arena` pins it, its pages populated first (one thread, several), two pinned at once;
 ``stall`` the longest wait of this thread's small CUDA calls while another thread pins an arena;
 ``copy`` the batch's device-to-host copy into pinned, fresh unpinned and populated unpinned memory;
-``yuv`` importing triton, the first Triton conversion, the first torch conversion; ``encoders`` starting
+``yuv`` the first GPU conversion to yuv420p and the second; ``encoders`` starting
 the encoder processes until each answers; ``codec`` resolving ``codec="auto"`` (the NVENC probe); ``recorder`` a fresh recorder's first reset
 (profiled) and its first two batches' steps one by one; ``evalclose`` `make_eval_envs`' close after 45
 steps, split into the recorder's and the vector env's.
@@ -182,22 +182,12 @@ def piece_yuv(envs: int, steps: int, size: int) -> dict[str, Any]:
     torch.cuda.synchronize()
     from fastrecord.video import yuv
 
-    t0 = time.perf_counter()
-    have = yuv.triton_kernel() is not None
-    r["import_triton"] = time.perf_counter() - t0
     part = buf[:, :8].transpose(0, 1)
     t0 = time.perf_counter()
-    a = yuv.rgb_to_yuv420p(part, kernel="torch")
+    yuv.rgb_to_yuv420p(part)
     torch.cuda.synchronize()
-    r["torch_first"] = time.perf_counter() - t0
-    r["torch_second"] = _t(lambda: (yuv.rgb_to_yuv420p(part, kernel="torch"), torch.cuda.synchronize()))
-    if have:
-        t0 = time.perf_counter()
-        b = yuv.rgb_to_yuv420p(part, kernel="triton")
-        torch.cuda.synchronize()
-        r["triton_first"] = time.perf_counter() - t0
-        r["triton_second"] = _t(lambda: (yuv.rgb_to_yuv420p(part, kernel="triton"), torch.cuda.synchronize()))
-        r["max_abs_diff_torch_triton"] = int((a.int() - b.int()).abs().max())
+    r["yuv_first"] = time.perf_counter() - t0
+    r["yuv_second"] = _t(lambda: (yuv.rgb_to_yuv420p(part), torch.cuda.synchronize()))
     return r
 
 

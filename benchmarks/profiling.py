@@ -205,8 +205,9 @@ class SpanTrace:
 
 def trace_recording(trace: SpanTrace) -> tuple[str, ...]:
     """Wrap what a recording process does around its steps (construction's pieces, the first reset's
-    reservations, each gather and its staging lease, the encoder processes' start, readiness and jobs, the
-    Triton warm-up); returns the keys whose spans each hold an encoder (for `SpanTrace.summary`)."""
+    reservations, each gather and its staging lease, the encoder processes' start, readiness and jobs, and a
+    Triton warm-up in trees before 2026-12-06's); returns the keys whose spans each hold an encoder (for
+    `SpanTrace.summary`)."""
     import fastrecord.video as video
     from fastrecord import recorder as recorder_mod
     from fastrecord.buffer import EpisodeBuffer
@@ -226,7 +227,8 @@ def trace_recording(trace: SpanTrace) -> tuple[str, ...]:
     if hasattr(StagingPool, "_pin"):  # pinned piece by piece after it was made (leasable meanwhile)
         trace.wrap(StagingPool, "_pin", "arena: pinned (every piece)")
     trace.wrap(StagingPool, "lease", "gather: staging lease")
-    trace.wrap(yuv, "_warm", "triton: warm-up")
+    if hasattr(yuv, "_warm"):  # a tree before 2026-12-06's, which loaded a Triton kernel
+        trace.wrap(yuv, "_warm", "triton: warm-up")
     trace.wrap(recorder_mod.EpisodeRecorder, "finalize", "step: finalize")
     trace.wrap(EpisodeBuffer, "gather", "gather")
     trace.wrap(yuv.Yuv420Frames, "wait_ready", "encode: wait for the copy")

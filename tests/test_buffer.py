@@ -271,7 +271,7 @@ def test_gather_yuv420p_on_cuda_matches_cpu_conversion():
     out = gpu.gather(np.array([1, 2]), transforms={"frames": YUV420P})["frames"]
     assert isinstance(out, Yuv420Frames) and out.frame_size == (32, 32)
     out.wait_ready()
-    diff = np.abs(out.view(np.ndarray).astype(int) - rgb_to_yuv420p(frames[[1, 2]], kernel="torch").numpy())
+    diff = np.abs(out.view(np.ndarray).astype(int) - rgb_to_yuv420p(frames[[1, 2]]).numpy())
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # float rounding between the kernels
     # the names-only form of callers not moved to transforms= gives the same
     same = gpu.gather(np.array([1, 2]), transforms={"frames": YUV420P})["frames"]
@@ -306,7 +306,7 @@ def test_a_gather_into_an_arena_still_being_pinned_lands_in_every_piece(monkeypa
     want_big = torch.stack([big + t for t in range(steps + 1)], 1)[torch.as_tensor(rows)].cpu().numpy()
     np.testing.assert_array_equal(out["obs/big"], want_big)  # plain fields: ready on return
     yuv = out["frames"]
-    want = rgb_to_yuv420p(frames[torch.as_tensor(rows)].cpu(), kernel="torch").numpy()
+    want = rgb_to_yuv420p(frames[torch.as_tensor(rows)].cpu()).numpy()
     for i in range(len(rows)):  # one episode at a time, as the encoders wait
         one = yuv[i]
         one.wait_ready()

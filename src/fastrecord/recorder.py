@@ -31,7 +31,7 @@ from fastrecord.sinks.factory import build_sinks
 from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
 from fastrecord.video.overlay import Overlay, maniskill_font
-from fastrecord.video.yuv import WARM_TRITON_AFTER, YUV420P, TritonWarmup
+from fastrecord.video.yuv import YUV420P
 
 
 def _with_env_dim(action: Any, space: Any) -> Any:
@@ -107,7 +107,6 @@ class EpisodeRecorder:
         self._frames_ok = np.ones(self.num_envs, dtype=bool)  # every frame of the episode was captured
         self._last_info: Any = None
         self._staging_reserved = False
-        self._triton = TritonWarmup(WARM_TRITON_AFTER * self.num_envs)
         self._handoff = EpisodeHandoff(self.sinks)  # every sink hears of every ended episode (held during resets)
         self._warned_state = False
         self.elapsed_record_steps = 0
@@ -517,8 +516,6 @@ class EpisodeRecorder:
         buf = self.buffer
         assert buf is not None  # called by finalize, which has one
         host = buf.gather(kept, transforms={"frames": YUV420P} if self._yuv else None)
-        if "frames" in host and self._yuv:  # Triton's kernel is loaded once a fresh start is behind
-            self._triton.gathered(len(kept), buf.fields.get("frames"))
         lengths = buf.cursor[kept]
         control_mode = self.view.control_mode  # an IPC round trip for async vector envs: once a batch
         episodes: list[EpisodeData] = []
