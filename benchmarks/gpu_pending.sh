@@ -40,9 +40,9 @@
 #                                         PAIRS=N alternates N pairs (2), LEAN=1 skips the process per env
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh eval_split  # the eval's reset steps, first reset and
 #                                         close split into their layers, the sub-env processes' included (~120 s)
-#   carry: [".gpukit", "build/notriton"]   command: NOTRITON=build/notriton/src bash benchmarks/gpu_pending.sh triton
-#                                         # the yuv420p conversion with and without Triton: its cost a gather, its
-#                                         first call, fastrecord bench's fresh and warm phases both ways (~420 s)
+#   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh triton
+#                                         # the yuv420p conversion without Triton against BEFORE: its cost a gather,
+#                                         Triton's first call, fastrecord bench's fresh and warm phases (~400 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
@@ -257,18 +257,23 @@ case $stage in
       tests/test_batched_render.py -k "not peg"
     ;;
   triton)
-    # what the Triton kernel buys against torch's kernels (issue 27's fresh process: its load held the GIL for 0.8 s
-    # at 3.37 s of the 14:25 fresh run on 2026-12-06): the conversion's cost a gather both ways and Triton's first
-    # call (benchmarks/probe_yuv.py), then fastrecord bench's warm and fresh phases with it and without it
-    # (NOTRITON=path/to/src: the same tree with Triton never loaded), alternating; the GPU tests of the video paths
-    # (the CUDA overlay test among them); REPLAY=1 adds the 96-episode replay, default against ManiSkill (~420 s)
+    # the yuv420p conversion without Triton (2026-12-06; issue 27's fresh process: the kernel's load held the GIL for
+    # 0.8 s at 3.37 s of the 14:25 fresh run): what a gather's conversion costs in this tree and in BEFORE (a src
+    # tree, e.g. build/head/src: torch's kernels and Triton's, and Triton's first call; benchmarks/probe_yuv.py), then
+    # fastrecord bench's warm and fresh phases of this tree and BEFORE, alternating PAIRS times (1), then the GPU tests
+    # of the video paths (the CUDA overlay test among them); REPLAY=1 adds the 96-episode replay (~420 s)
     python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
-    run 90 probe_yuv python3 -m benchmarks.probe_yuv --json "$out/probe_yuv.json"
-    for tree in src ${NOTRITON:-}; do
-      tag=triton; [ "$tree" = src ] || tag=notriton
-      PYTHONPATH="$PWD/$tree:$PYTHONPATH" run 150 "coldstart_$tag" python3 -m fastrecord bench \
-        --config configs/bench_h200.yaml --skip ceiling,quality,maniskill,keepup,realenv,micro,imageobs,cpueval \
-        --json "$out/coldstart_$tag.json" --output-dir /tmp/bench-videos | grep -i "env-frames/s\|fresh\|coldstart\|warm"
+    for tree in src ${BEFORE:-}; do
+      tag=this; [ "$tree" = src ] || tag=before
+      PYTHONPATH="$PWD/$tree:$PYTHONPATH" run 90 "probe_yuv_$tag" python3 -m benchmarks.probe_yuv
+    done
+    for i in $(seq 1 "${PAIRS:-1}"); do
+      for tree in src ${BEFORE:-}; do
+        tag=this; [ "$tree" = src ] || tag=before
+        PYTHONPATH="$PWD/$tree:$PYTHONPATH" run 150 "coldstart_${tag}_$i" python3 -m fastrecord bench \
+          --config configs/bench_h200.yaml --skip ceiling,quality,maniskill,keepup,realenv,micro,imageobs,cpueval \
+          --output-dir /tmp/bench-videos | grep -i "env-frames/s\|fresh\|coldstart\|warm\|first reset"
+      done
     done
     run 120 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_batched.py tests/test_video.py \
       tests/test_buffer.py -k "not peg"
