@@ -267,6 +267,8 @@ case $stage in
       tag=this; [ "$tree" = src ] || tag=before
       PYTHONPATH="$PWD/$tree:$PYTHONPATH" run 90 "probe_yuv_$tag" python3 -m benchmarks.probe_yuv
     done
+    # `fastrecord bench` runs the benchmarks of its own checkout: a bare src tree borrows this one's
+    [ -n "${BEFORE:-}" ] && [ ! -e "$(dirname "$BEFORE")/benchmarks" ] && ln -s "$PWD/benchmarks" "$(dirname "$BEFORE")/benchmarks"
     for i in $(seq 1 "${PAIRS:-1}"); do
       for tree in src ${BEFORE:-}; do
         tag=this; [ "$tree" = src ] || tag=before
@@ -275,8 +277,11 @@ case $stage in
           --output-dir /tmp/bench-videos | grep -i "env-frames/s\|fresh\|coldstart\|warm\|first reset"
       done
     done
-    run 120 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_batched.py tests/test_video.py \
-      tests/test_buffer.py -k "not peg"
+    for tree in src ${TESTS_BEFORE:+$BEFORE}; do  # TESTS_BEFORE=1: BEFORE's source under the same tests too
+      tag=this; [ "$tree" = src ] || tag=before
+      PYTHONPATH="$PWD/$tree:$PYTHONPATH" run 120 "pytest_$tag" python3 -m pytest -m gpu -q -rA -p no:cacheprovider \
+        tests/test_batched.py tests/test_video.py tests/test_buffer.py -k "not peg" | grep -v "^  \|^$\|Warning"
+    done
     [ -n "${REPLAY:-}" ] && run 150 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 \
       --stamps
     ;;
