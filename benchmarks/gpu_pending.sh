@@ -263,12 +263,15 @@ case $stage in
     # fastrecord bench's warm and fresh phases of this tree and BEFORE, alternating PAIRS times (1), then the GPU tests
     # of the video paths (the CUDA overlay test among them); REPLAY=1 adds the 96-episode replay (~420 s)
     python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
-    for tree in src ${BEFORE:-}; do
+    probes="src ${BEFORE:-}"
+    [ -n "${ONLY_COLDSTART:-}" ] && probes=""  # ONLY_COLDSTART=1: the bench's phases alone
+    for tree in $probes; do
       tag=this; [ "$tree" = src ] || tag=before
       PYTHONPATH="$PWD/$tree:$PYTHONPATH" run 90 "probe_yuv_$tag" python3 -m benchmarks.probe_yuv
     done
-    # `fastrecord bench` runs the benchmarks of its own checkout: a bare src tree borrows this one's
-    [ -n "${BEFORE:-}" ] && [ ! -e "$(dirname "$BEFORE")/benchmarks" ] && ln -s "$PWD/benchmarks" "$(dirname "$BEFORE")/benchmarks"
+    # `fastrecord bench` runs the benchmarks of its own checkout: a bare src tree gets a copy of this one's (a link
+    # resolves elsewhere, which the bench of trees before 2026-12-06 refused)
+    [ -n "${BEFORE:-}" ] && [ ! -e "$(dirname "$BEFORE")/benchmarks" ] && cp -r "$PWD/benchmarks" "$(dirname "$BEFORE")/"
     for i in $(seq 1 "${PAIRS:-1}"); do
       for tree in src ${BEFORE:-}; do
         tag=this; [ "$tree" = src ] || tag=before
@@ -277,6 +280,7 @@ case $stage in
           --output-dir /tmp/bench-videos | grep -i "env-frames/s\|fresh\|coldstart\|warm\|first reset"
       done
     done
+    [ -n "${ONLY_COLDSTART:-}" ] && exit 0
     for tree in src ${TESTS_BEFORE:+$BEFORE}; do  # TESTS_BEFORE=1: BEFORE's source under the same tests too
       tag=this; [ "$tree" = src ] || tag=before
       PYTHONPATH="$PWD/$tree:$PYTHONPATH" run 120 "pytest_$tag" python3 -m pytest -m gpu -q -rA -p no:cacheprovider \

@@ -34,7 +34,7 @@ def load_benchmarks(module: str = "bench") -> ModuleType:
         package = importlib.util.module_from_spec(spec)
         sys.modules["benchmarks"] = package
         spec.loader.exec_module(package)
-    elif Path(package.__path__[0]).resolve() != BENCHMARKS:
+    elif Path(package.__path__[0]).resolve() != BENCHMARKS.resolve():  # the checkout may reach it by a link
         raise ValueError(f"another 'benchmarks' package is imported ({package.__path__[0]}), not {BENCHMARKS}; "
                          f"run `fastrecord bench` in a fresh process")
     return importlib.import_module(f"benchmarks.{module}")
