@@ -7,6 +7,7 @@ test_workers.py, test_video.py, and its source env, `BatchedDoubleEnv`, in test_
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import checkout_env
@@ -219,6 +220,23 @@ def test_bench_command_without_the_checkout_is_one_line_naming_the_fix(tmp_path,
         assert len(err.strip().splitlines()) == 1, err
         assert err.startswith("fastrecord bench: error: the benchmark is not installed with fastrecord") and \
             "clone fastrecord's repository and run `fastrecord bench` from the checkout" in err, err
+
+
+def test_bench_runs_the_benchmarks_of_a_checkout_reached_through_a_link(tmp_path, monkeypatch):
+    """A checkout whose benchmarks/ is a link to the imported package (a bare src tree beside a copy of the rest)
+    loads them; another package of that name is still refused, naming both."""
+    import benchmarks
+    from fastrecord.commands import bench
+
+    real = Path(benchmarks.__path__[0])
+    (tmp_path / "benchmarks").symlink_to(real, target_is_directory=True)
+    monkeypatch.setattr(bench, "BENCHMARKS", tmp_path / "benchmarks")
+    assert bench.load_benchmarks("config").__name__ == "benchmarks.config"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "__init__.py").write_text("")
+    monkeypatch.setattr(bench, "BENCHMARKS", tmp_path / "other")
+    with pytest.raises(ValueError, match=r"another 'benchmarks' package is imported \(.*\), not .*other"):
+        bench.load_benchmarks("config")
 
 
 def test_bench_help_imports_neither_torch_nor_the_benchmark_runner():
