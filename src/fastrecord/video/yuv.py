@@ -68,8 +68,8 @@ def rgb_to_yuv420p(rgb: Any, out: Any = None) -> Any:
 
     BT.601 limited range, rounded to nearest, as libswscale's default. Chroma is the chroma of each 2x2 block's mean
     RGB (the mean of the four pixels' chroma, by linearity). Elementwise torch kernels read the uint8 channels
-    directly (no float copy of the frames), in pieces of about `_PIECE_BYTES` along the leading dim, so their float
-    temporaries stay small. A hand-written one-pass Triton kernel did this until 2026-12-06: its import and load held
+    directly (no float copy of the frames), in pieces of about `_PIECE_BYTES` along the leading dim, so their
+    temporaries stay small (a float luma plane, then the blocks' sums in int16). A hand-written one-pass Triton kernel did this until 2026-12-06: its import and load held
     the GIL for about a second in every process that recorded video, which cost a fresh process more than it saved
     (docs/performance.md, "The yuv420p conversion without Triton").
     """
@@ -84,7 +84,7 @@ def rgb_to_yuv420p(rgb: Any, out: Any = None) -> Any:
     return out
 
 
-_PIECE_BYTES = 256 * 1024 * 1024  # RGB bytes converted at once (their float temporaries: 4/3x for luma)
+_PIECE_BYTES = 256 * 1024 * 1024  # RGB bytes converted at once (temporaries: 4/3x for luma, then 1/2x + 1/3x)
 
 
 def _convert(rgb: Any, out: Any) -> None:
@@ -104,7 +104,10 @@ def _convert(rgb: Any, out: Any) -> None:
     y = torch.mul(r, _Y[0]).add_(g, alpha=_Y[1]).add_(b, alpha=_Y[2]).add_(16.5)
     flat[..., : h * w].copy_(y.view(*lead, h * w))
     del y
-    s = rgb.view(*lead, h // 2, 2, w // 2, 2, 3).sum(dim=(-4, -2), dtype=torch.float32)  # [..., H/2, W/2, 3]
+    # each 2x2 block's sum in int16 from the four strided uint8 quarters (``sum(dtype=float32)`` would first make a
+    # float copy of the whole piece: torch casts a reduction's input to its output type)
+    s = rgb[..., 0::2, 0::2, :].to(torch.int16)  # [..., H/2, W/2, 3]
+    s.add_(rgb[..., 0::2, 1::2, :]).add_(rgb[..., 1::2, 0::2, :]).add_(rgb[..., 1::2, 1::2, :])
     sr, sg, sb = s.unbind(-1)
     q = h * w // 4
     for k, c in ((0, _U), (1, _V)):  # the block's sum x coefficient / 4: its mean's chroma
