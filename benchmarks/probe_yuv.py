@@ -4,7 +4,8 @@ that still has the Triton kernel (before 2026-12-06's change), each of its kerne
 A ring buffer of real shape (``[steps + 1, envs, H, W, 3]`` uint8 on the GPU, random values) is read as a gather
 reads it (``[envs, steps + 1, H, W, 3]``, strided); each variant converts all its envs into a preallocated output.
 Prints and writes (``--json``) per variant and batch size: the calling thread's time to launch (host ms) and the
-GPU's time (device ms, CUDA events), the mean of ``--reps`` calls after one warm call; with Triton, its first call
+GPU's time (device ms, CUDA events), the mean of ``--reps`` calls after one warm call, and the most GPU memory its
+temporaries held at once; with Triton, its first call
 in this process (import, kernel load or compile) and the longest gap a 1 ms ticker thread saw meanwhile (how long
 the GIL was held). Needs CUDA. Run it once with each tree on ``PYTHONPATH`` to compare them in one call:
 
@@ -83,10 +84,15 @@ def main() -> None:
         for envs in a.envs:
             episode = ring[:, :envs].transpose(0, 1)
             out = torch.empty((envs, a.steps + 1, s * 3 // 2, s), dtype=torch.uint8, device=dev)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
             host, device = timed(lambda e=episode, o=out: yuv.rgb_to_yuv420p(e, out=o, **kw))
+            temp = (torch.cuda.max_memory_allocated() - base) / 2**20
             res[f"{name}_{envs}_host_ms"], res[f"{name}_{envs}_device_ms"] = host, device
-            print(f"{name}: {envs} envs x {a.steps + 1} frames {s}x{s}: host {host:.1f} ms, device {device:.1f} ms",
-                  flush=True)
+            res[f"{name}_{envs}_temporaries_mib"] = temp
+            print(f"{name}: {envs} envs x {a.steps + 1} frames {s}x{s}: host {host:.1f} ms, device {device:.1f} ms, "
+                  f"temporaries {temp:.0f} MiB at most", flush=True)
 
     if not kernels:
         variant("conversion")

@@ -69,9 +69,10 @@ def rgb_to_yuv420p(rgb: Any, out: Any = None) -> Any:
     BT.601 limited range, rounded to nearest, as libswscale's default. Chroma is the chroma of each 2x2 block's mean
     RGB (the mean of the four pixels' chroma, by linearity). Elementwise torch kernels read the uint8 channels
     directly (no float copy of the frames), in pieces of about `_PIECE_BYTES` along the leading dim, so their
-    temporaries stay small (a float luma plane, then the blocks' sums in int16). A hand-written one-pass Triton kernel did this until 2026-12-06: its import and load held
-    the GIL for about a second in every process that recorded video, which cost a fresh process more than it saved
-    (docs/performance.md, "The yuv420p conversion without Triton").
+    temporaries stay small (a float luma plane, then the blocks' sums in int16). A hand-written one-pass Triton
+    kernel did this until 2026-12-06: its import and load held the GIL for up to a third of a second at a time in
+    every process that recorded video, and fresh and warm processes recorded faster without it (docs/performance.md,
+    "The yuv420p conversion without Triton").
     """
     import torch
 
