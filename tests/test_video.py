@@ -603,7 +603,8 @@ def test_tiled_and_foreign_video_names():
         assert parse_video_name(other) is None, other
 
 
-def test_rgb_to_yuv420p_in_pieces_and_strided_equals_one_pass_and_the_exact_rounding(monkeypatch):
+def test_rgb_to_yuv420p_in_pieces_strided_and_any_default_dtype_equals_one_pass_and_the_exact_rounding(
+        monkeypatch):
     from fastrecord.video import yuv
 
     frames = torch.from_numpy(np.stack([smooth_frames(3, 16, 24, seed=s) for s in range(5)]))  # [5, 3, 16, 24, 3]
@@ -615,6 +616,13 @@ def test_rgb_to_yuv420p_in_pieces_and_strided_equals_one_pass_and_the_exact_roun
     out = torch.empty_like(whole)
     assert rgb_to_yuv420p(ring.transpose(0, 1), out=out) is out
     np.testing.assert_array_equal(out.numpy(), whole.numpy())
+    # a caller's default dtype changes nothing (its temporaries stay float32)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        np.testing.assert_array_equal(rgb_to_yuv420p(frames).numpy(), whole.numpy())
+    finally:
+        torch.set_default_dtype(before)
     # every value is BT.601 limited range rounded to nearest, computed in float64 (a float32 sum off by one
     # at an exact .5 is the only difference allowed)
     x = frames.double().numpy()

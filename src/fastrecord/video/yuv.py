@@ -100,10 +100,14 @@ def _convert(rgb: Any, out: Any) -> None:
         return
     r, g, b = rgb.unbind(-1)
     flat = out.view(*lead, h * w * 3 // 2)
-    # uint8 * float -> float32; add_(uint8, alpha) promotes in the kernel: one float temporary, no clamp (the sums
+
+    def f32(c: float) -> Any:  # a float32 product of an integer tensor and c, whatever torch's default dtype is
+        return torch.tensor(c, dtype=torch.float32)
+
+    # uint8 x float32 -> float32; add_(uint8, alpha) promotes in the kernel: one float temporary, no clamp (the sums
     # lie in [16.5, 240.5]); float -> uint8 truncates, so +0.5 rounds
-    y = torch.mul(r, _Y[0]).add_(g, alpha=_Y[1]).add_(b, alpha=_Y[2]).add_(16.5)
-    flat[..., : h * w].copy_(y.view(*lead, h * w))
+    y = torch.mul(r, f32(_Y[0])).add_(g, alpha=_Y[1]).add_(b, alpha=_Y[2]).add_(16.5)
+    flat[..., : h * w].copy_(y.reshape(*lead, h * w))
     del y
     # each 2x2 block's sum in int16 from the four strided uint8 quarters (``sum(dtype=float32)`` would first make a
     # float copy of the whole piece: torch casts a reduction's input to its output type)
@@ -112,7 +116,7 @@ def _convert(rgb: Any, out: Any) -> None:
     sr, sg, sb = s.unbind(-1)
     q = h * w // 4
     for k, c in ((0, _U), (1, _V)):  # the block's sum x coefficient / 4: its mean's chroma
-        plane = torch.mul(sr, c[0] / 4).add_(sg, alpha=c[1] / 4).add_(sb, alpha=c[2] / 4).add_(128.5)
+        plane = torch.mul(sr, f32(c[0] / 4)).add_(sg, alpha=c[1] / 4).add_(sb, alpha=c[2] / 4).add_(128.5)
         flat[..., h * w + k * q : h * w + (k + 1) * q].copy_(plane.reshape(*lead, q))
 
 
