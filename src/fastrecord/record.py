@@ -24,11 +24,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastrecord.envs import ManiSkillView, SubEnvAccess, VectorEnvView
+from fastrecord.envs import ManiSkillView, SubEnvAccess, VectorEnvView, to_numpy
 from fastrecord.episode import KeepFilter
 from fastrecord.exits import stopped_by_signal
 from fastrecord.options import IfExists, RecordOptions, VideoLayout, check_output_dir, options_help
-from fastrecord.recorder import EpisodeRecorder, to_numpy
+from fastrecord.recorder import EpisodeRecorder
 from fastrecord.sinks.base import Sink
 from fastrecord.system import stamp
 

@@ -22,8 +22,9 @@ import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.cameras import check_video_options
-from fastrecord.envs import EnvView, to_numpy
-from fastrecord.episode import EpisodeData, EpisodeEnded, field_of
+from fastrecord.envs import EnvView
+from fastrecord.episode import EpisodeData, field_of
+from fastrecord.episode_end import ended_events, keep_mask, read_ended
 from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
 from fastrecord.options import RecordOptions
 from fastrecord.sinks.base import EpisodeHandoff, RunDirectory, Sink, close_sinks
@@ -386,96 +387,6 @@ class EpisodeRecorder:
             self.episode_meta[e] = None if m is None else dict(m)
 
     # ------------------------------------------------------------------ finishing episodes
-    def _keep_mask(self, rows: np.ndarray, ended: Mapping[str, Any]) -> np.ndarray:
-        """Which of ``rows`` are kept; ``ended``: `_read_ended`'s host copy of the rows' flags."""
-        if self.keep == "all":
-            return np.ones(len(rows), dtype=bool)
-        buf = self.buffer
-        assert buf is not None  # called by finalize, which has one
-        if callable(self.keep):
-            info = self._last_info or {}
-            out = []
-            for e in rows:
-                final = {}
-                for k, v in info.items():
-                    a = to_numpy(v) if not isinstance(v, Mapping) else v
-                    if (
-                        isinstance(a, np.ndarray)
-                        and a.ndim >= 1
-                        and a.shape[0] == self.num_envs
-                        and not self.view.unbatched
-                    ):
-                        final[k] = a[e]
-                    else:
-                        final[k] = a
-                out.append(bool(self.keep(final)))
-            return np.asarray(out, dtype=bool)
-        fields = buf.fields
-        if "success" not in fields and not (self.keep == "failure" and "fail" in fields):
-            raise ValueError(
-                f"keep={self.keep!r} needs info['success'] from the env, which this env does not report; "
-                "use keep='all' or a callable"
-            )
-        if self.keep == "success_once":
-            return np.asarray(ended["once"], dtype=bool)
-        last = ended["last"]
-        if self.keep == "success":
-            return last["success"]
-        # failure: the env reports fail at the end, or it did not succeed
-        failed = last.get("fail", np.zeros(len(rows), dtype=bool))
-        return failed | ~last["success"] if "success" in last else failed
-
-    def _read_ended(self, rows: np.ndarray) -> dict[str, Any]:
-        """What the keep filter and the `EpisodeEnded` events of ``rows`` need from the buffer, on the host.
-
-        Called before the episodes' frames are queued: the reads wait for the device work queued so far,
-        which must not yet include the (large) gather of the frames."""
-        buf = self.buffer
-        assert buf is not None  # called by finalize, which has one
-        lengths = buf.cursor[rows].copy()
-        extra = (
-            {} if self._returns is None else {"returns": self._returns}
-        )  # every env's (tiny): no index to the device
-        # one transfer for every flag the events and the keep filter need
-        got = buf.read_rows(rows, last=["success", "terminated", "truncated", "fail"], whole=["success"], extra=extra)
-        last = {
-            n: np.asarray(got[n]).reshape(len(rows)).astype(bool)
-            for n in ("success", "terminated", "truncated", "fail")
-            if n in got
-        }
-        once = None
-        if "whole/success" in got:
-            flags = np.asarray(got["whole/success"]).reshape(len(rows), -1).astype(bool)
-            steps = np.arange(flags.shape[1])
-            once = (flags & (steps[None] >= 1) & (steps[None] <= lengths[:, None])).any(axis=1)
-        returns = np.asarray(got["returns"], dtype=np.float64)[rows] if "returns" in got else np.zeros(len(rows))
-        return dict(lengths=lengths, last=last, once=once, returns=returns)
-
-    def _events(self, rows: np.ndarray, keep: np.ndarray, first_id: int, ended: dict[str, Any]) -> list[EpisodeEnded]:
-        """The `EpisodeEnded` of each of ``rows`` (kept ones got ids ``first_id, first_id + 1, ...``)."""
-        last, once, ids = ended["last"], ended["once"], iter(range(first_id, first_id + int(keep.sum())))
-
-        def flag(name: str, i: int) -> bool | None:
-            return bool(last[name][i]) if name in last else None
-
-        return [
-            EpisodeEnded(
-                env_idx=e,
-                episode_id=next(ids) if keep[i] else None,
-                length=int(ended["lengths"][i]),
-                seed=int(self._seeds[e]),
-                episode_return=float(ended["returns"][i]),
-                success=flag("success", i),
-                success_once=None if once is None else bool(once[i]),
-                fail=flag("fail", i),
-                terminated=flag("terminated", i),
-                truncated=flag("truncated", i),
-                has_frames=bool(self._frames_ok[e]),
-                meta=dict(self.episode_meta[e] or {}),
-            )
-            for i, e in enumerate(rows.tolist())
-        ]
-
     def finalize(self, env_idx: np.ndarray, split: bool = False) -> None:
         """End the episodes in progress of ``env_idx``: keep, copy and queue them, or drop them.
 
@@ -492,13 +403,16 @@ class EpisodeRecorder:
         try:
             if len(rows):
                 self.num_finished += len(rows)
-                ended = self._read_ended(rows)  # host reads first: after _write they would wait for its gather
-                keep, first_id = self._keep_mask(rows, ended), self.next_episode_id
+                # host reads first: after _write they would wait for its gather
+                ended = read_ended(buf, rows, self._returns)
+                keep = keep_mask(self.keep, rows, ended, buf.fields, self._last_info, self.num_envs,
+                                 self.view.unbatched)
+                first_id = self.next_episode_id
                 kept = rows[keep]
                 if len(kept):
                     self._write(kept)
-                events = self._events(rows, keep, first_id, ended)
-                self._handoff(events)
+                self._handoff(ended_events(rows, keep, first_id, ended, self._seeds, self._frames_ok,
+                                           self.episode_meta))
         finally:  # handed off (or failed): these episodes are over and are never finalized again
             self._zero_returns(env_idx)
             if split:
