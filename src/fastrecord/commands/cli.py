@@ -435,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "replay":
         args.forks = forks  # still to start: `replay` starts it once imported, before it opens a file
+    early = _start_subenvs(modules[args.command], args)
+    if early is not None:
+        args.early = early
     try:
         if args.command in ("record", "replay"):
             check_env_options(args)
@@ -459,6 +462,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a run loop (loading, env creation): nothing half-written to save
         print(f"fastrecord {args.command}: interrupted (SIGINT)", file=sys.stderr)
         return 128 + signal.SIGINT
+    finally:
+        if early is not None:
+            early.close()  # processes the run did not take over (a refusal, a wrong guess); a no-op otherwise
+
+
+def _start_subenvs(module: Any, args: argparse.Namespace) -> Any:
+    """The command's sub-env processes started before its checks and imports (its ``start_subenvs(args)``, where it
+    has one: `record`, `replay`), or None. A mistake in the options starts nothing here: the command says it, in its
+    own words, once it runs."""
+    start = getattr(module, "start_subenvs", None)
+    if start is None:
+        return None
+    try:
+        return start(args)
+    except Exception:  # noqa: BLE001 - reported by the command itself (main_from_args builds the same config)
+        return None
 
 
 def entry() -> None:

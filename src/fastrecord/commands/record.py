@@ -31,7 +31,7 @@ from typing import Any
 
 from fastrecord.checks import env_kwargs_of, json_flag, json_or_text, load_config, parse_env_kwarg
 from fastrecord.commands.config import RECORD_DEFAULTS, RecordConfig
-from fastrecord.commands.record_env import early_subenvs
+from fastrecord.commands.record_env import EarlySubenvs, early_subenvs
 from fastrecord.commands.record_run import ShardedSummary, run_record, run_record_sharded
 from fastrecord.exits import StopSignals
 from fastrecord.options import add_record_flags
@@ -124,14 +124,26 @@ RECORD_HELP = {
 }
 
 
-def main_from_args(args: argparse.Namespace) -> int:
-    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
+def _config(args: argparse.Namespace) -> RecordConfig:
+    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log", "early")}
     opts["env_kwargs"] = env_kwargs_of(opts.get("env_kwargs"))
-    cfg = load_config(RecordConfig, args.config, **opts)
+    return load_config(RecordConfig, args.config, **opts)
+
+
+def start_subenvs(args: argparse.Namespace) -> EarlySubenvs | None:
+    """The CLI's early start, before its checks and imports: the run's sub-env processes of the batched render
+    (`fastrecord.commands.record_env.early_subenvs`), made while this process imports; None under torchrun."""
+    from fastrecord.shards import rank_info
+
+    return None if rank_info().distributed else early_subenvs(_config(args))
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    early = vars(args).pop("early", None)  # the CLI's `start_subenvs`: ended by the CLI where not taken over
+    cfg = _config(args)
     from fastrecord.shards import rank_info
 
     distributed = rank_info().distributed
-    early = None if distributed else early_subenvs(cfg)  # the sub-envs made while this process imports (below)
     from fastrecord.sinks.loggers import log_sinks
     from fastrecord.workers import claim_process
 
