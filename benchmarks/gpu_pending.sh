@@ -43,12 +43,15 @@
 #   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh triton
 #                                         # the yuv420p conversion without Triton against BEFORE: its cost a gather,
 #                                         Triton's first call, fastrecord bench's fresh and warm phases (~400 s)
+#   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh replay_early
+#                                         # the replay drawn in one process by default, its sub-envs started early:
+#                                         96 episodes whole against BEFORE and ManiSkill, record's first step (~520 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_early|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -288,6 +291,21 @@ case $stage in
     done
     [ -n "${REPLAY:-}" ] && run 150 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 \
       --stamps
+    ;;
+  replay_early)
+    # the replay drawn in one process by default on this machine, its sub-envs started before the CLI's imports, and
+    # record's early sub-envs no longer behind torch's import (2026-12-06, evening): 96 episodes whole, this tree's
+    # default against its worker processes (--workers 4, the default before) and BEFORE's default, and ManiSkill
+    # (REPEAT times, 1); record's time to first step against BEFORE; the GPU tests of the replay drawn in one
+    # process (~400 s)
+    before=${BEFORE:-build/before/src}
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
+    run 330 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
+      --workers auto,4 --src "before=$PWD/$before" --repeat "${REPEAT:-1}"
+    [ -z "${NO_RECORD:-}" ] && run 110 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
+      --skip-maniskill --src "before=$PWD/$before"
+    run 100 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_replay_early.py \
+      tests/test_replay_batched_render.py -k "async and not peg or default_replay"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

@@ -129,6 +129,11 @@ class PackedLaunch:
         except BaseException as e:  # noqa: BLE001 - raised where the launch is taken over
             self._failed = e
 
+    def made_for(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset_mode: AutoresetMode) -> bool:
+        """Whether these processes make the envs of ``env_fns`` (functions that compare equal, in the same order)
+        with ``autoreset_mode``: what a vector env checks before it takes over a launch started early."""
+        return not self._taken and self.autoreset_mode == autoreset_mode and self._fns == list(env_fns)
+
     def take(self) -> tuple[list[Any], list[Any]]:
         """The started processes and their pipes (waits for the launch; raises what it raised)."""
         if self._thread is not None:

@@ -34,8 +34,9 @@ replays in ``source_episode_id``. Existing output files are never replaced witho
 ``--resume`` continues an interrupted replay, skipping the episodes it holds.
 
 ``--workers N`` splits the episodes over N processes, each with its own envs and recorder writing a
-shard (input episode ``g`` goes to worker ``g % N``; by default several workers on machines of 8 or
-more cores, see --workers below); the shards are joined at the end into ``NAME.h5`` (external links) +
+shard (input episode ``g`` goes to worker ``g % N``; by default on machines of 8 or more cores, where nothing
+is drawn on a GPU, see --workers below; where the replay draws on a GPU, one process draws every env while
+they step in sub-env processes started before the CLI's imports); the shards are joined at the end into ``NAME.h5`` (external links) +
 ``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0 joins. A worker that
 fails or is killed does not stop the others; the error names it and the missing episodes, and
 re-running resumes.
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from fastrecord.checks import env_kwargs_of, load_config, parse_env_kwarg
 from fastrecord.exits import StopSignals
@@ -79,6 +81,9 @@ from fastrecord.replay.config import (
 )
 from fastrecord.replay.layout import ENVS_PER_WORKER, MANY_CORES
 from fastrecord.workers import claim_process
+
+if TYPE_CHECKING:
+    from fastrecord.packed import PackedLaunch
 
 __all__ = ["ReplayConfig", "config_from_args", "configure_parser", "main_from_args", "print_summary", "worker_timeline"]
 
@@ -119,8 +124,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
-        f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
-        f"on a GPU, one per env rendering on the CPU; else 1)",
+        f"at the end (default on CPU machines of {MANY_CORES}+ cores: 1 drawing every env on a GPU while they step in "
+        f"sub-env processes, where the replay draws camera observations or render videos; else one per "
+        f"{ENVS_PER_WORKER} envs rendering on a GPU, one per env rendering on the CPU; on fewer cores 1)",
     )
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument(
@@ -205,7 +211,7 @@ MANISKILL_ONLY = (
 
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     """The CLI's `ReplayConfig`: fastrecord's flags, and ManiSkill's with their meaning and defaults."""
-    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log")}
+    opts = {k: v for k, v in vars(args).items() if k not in ("config", "command", "func", "log", "forks", "early")}
     opts["env_kwargs"] = env_kwargs_of(opts.get("env_kwargs"))
     if opts.pop("vis", None):
         raise ValueError("--vis opens ManiSkill's GUI viewer, which fastrecord replay does not; record videos with "
@@ -313,10 +319,19 @@ def worker_timeline(s: ReplaySummary) -> str:
     )
 
 
+def start_subenvs(args: argparse.Namespace) -> PackedLaunch | None:
+    """The CLI's early start, before its checks and imports: the sub-env processes of a replay that will draw its envs
+    in this process (`fastrecord.replay.early.early_subenvs`), or None."""
+    from fastrecord.replay.early import early_subenvs
+
+    return early_subenvs(config_from_args(args))
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``fastrecord replay``: the replay (`fastrecord.replay.run_replay`) under the CLI's signal
     handlers, then its summary; returns the exit status."""
     forks = vars(args).pop("forks", False)  # the CLI's: the forkserver is still to start (few cores)
+    early = vars(args).pop("early", None)  # the CLI's `start_subenvs`: ended by the CLI where not taken over
     cfg = config_from_args(args)
     if not cfg.traj_path:
         raise ValueError("no trajectory given: pass the NAME.h5 to replay (or traj_path in the --config file)")
@@ -333,7 +348,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     with StopSignals("replay") as stop:
         try:
             stamp("imported")  # benchmarks/bench_whole.py: the replay (workers, envs, loop, merge) runs from here
-            s = run_replay(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)))
+            s = run_replay(cfg, stop=stop, sinks=log_sinks(getattr(args, "log", None)), early=early)
             stamp("loop_end")
         except ReplayWorkerError as e:  # the worker's cause and what is on disk, as one message (no traceback of ours)
             print(f"fastrecord replay: error: {e}", file=sys.stderr)

@@ -12,9 +12,12 @@ import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastrecord.replay.config import ReplayConfig, ReplaySummary, StopRequest
+
+if TYPE_CHECKING:
+    from fastrecord.packed import PackedLaunch
 
 
 def check_input(h5: Path) -> None:
@@ -29,7 +32,8 @@ def check_input(h5: Path) -> None:
         refuse_damage(h5.parent, h5.stem, "cannot replay")
 
 
-def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[Any] | None = None) -> ReplaySummary:
+def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[Any] | None = None,
+               early: PackedLaunch | None = None) -> ReplaySummary:
     """Replay ``cfg.traj_path`` and record the replays (see `fastrecord.replay`).
 
     With ``stop`` (the CLI's signal handlers), a stop request ends the replay between two steps: the
@@ -38,7 +42,9 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     With more than one worker (``cfg.workers``, or by default on machines of many cores) worker
     processes replay a share of the episodes each and the shards are joined at the end; under
     torchrun each rank is one worker. Raises ValueError for a bad option or input (before any env or
-    file is made) and `ReplayWorkerError` when a worker process fails."""
+    file is made) and `ReplayWorkerError` when a worker process fails. ``early``: the sub-env processes
+    `fastrecord.replay.early.early_subenvs` started for ``cfg`` (the CLI's), taken over where the plan draws
+    the same envs in this process, ended here otherwise."""
     t0 = time.perf_counter()
     from fastrecord.replay.drive import run_plan
     from fastrecord.replay.plan import make_plan
@@ -48,8 +54,13 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     from fastrecord.system import process_age
 
     age = process_age()
-    check_input(Path(cfg.traj_path))
-    traj = open_trajectory(cfg.traj_path)
+    try:
+        check_input(Path(cfg.traj_path))
+        traj = open_trajectory(cfg.traj_path)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
     try:
         plan = make_plan(cfg, traj)
         if plan.distributed:
@@ -57,7 +68,7 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
         elif plan.workers > 1:
             summary = run_workers(plan, stop, sinks, t0)
         else:
-            summary = run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0)
+            summary = run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0, launch=early)
         summary.process_age = age
         return summary
     except OutputExistsError as e:
@@ -69,6 +80,8 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
             found=e.found) from None
     finally:
         traj.close()
+        if early is not None:
+            early.close()  # a launch the replay did not take over (a wrong guess, a refusal): its processes end
 
 
 def replay_trajectories(

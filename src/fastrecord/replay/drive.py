@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import h5py
@@ -22,18 +22,24 @@ import numpy as np
 import torch
 
 from fastrecord.replay.config import Divergence, ReplayConfig, ReplaySummary, StopRequest
+from fastrecord.replay.early import MirroredSubenv
 from fastrecord.replay.envs import BatchedEnv, ReplayStates, VectorBatch, make_replay_env, tree_index, tree_stack
 from fastrecord.replay.plan import ReplayPlan, Verdict
 from fastrecord.sinks.maniskill_h5 import TrajectoryFile
 
+if TYPE_CHECKING:
+    from fastrecord.packed import PackedLaunch
+
 
 def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: str, n: int, stop: StopRequest | None,
              sinks: list[Any] | None, t0: float, progress: Callable[[int], None] | None = None,
-             shard: tuple[int, list[int], bool] | None = None) -> ReplaySummary:
+             shard: tuple[int, list[int], bool] | None = None, launch: PackedLaunch | None = None) -> ReplaySummary:
     """Replay ``episodes`` (of ``plan.episodes``) in ``n`` envs into ``out/name``: the whole replay, or a
     shard's (``shard``: its rank, the global index of each episode, whether the sharded run resumes). With
     ``resume``, or in a shard, the episodes the output already holds (also in complete parts a crash left)
-    are not replayed again."""
+    are not replayed again. ``launch``: sub-env processes started before the plan
+    (`fastrecord.replay.early.early_subenvs`), taken over where they make the envs this replay draws in this
+    process (its owner ends them otherwise)."""
     cfg = plan.cfg
     if shard is not None:
         from fastrecord import shards
@@ -70,7 +76,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
         else:
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
             batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device,
-                                env_spec=(plan.env_id, plan.kwargs, plan.max_steps))
+                                subenv=MirroredSubenv(plan.env_id, plan.kwargs, plan.max_steps), launch=launch)
         summary = _drive(cfg, plan.traj, todo, batch, verdict, tally)
     summary.skipped = skipped
     summary.output_dir = out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, SupportsFloat, TypeAlias
+from typing import TYPE_CHECKING, Any, SupportsFloat, TypeAlias
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +20,10 @@ import torch
 from fastrecord.envs import SubEnvAccess
 from fastrecord.replay.grouped import GroupedSyncVectorEnv, PreparedSyncVectorEnv
 from fastrecord.workers import claim_process, forkserver_context
+
+if TYPE_CHECKING:
+    from fastrecord.packed import PackedLaunch
+    from fastrecord.replay.mirrored import ReplaySubenv
 
 # ManiSkill's ``BaseEnv.step``: the observation, then reward, terminated and truncated as batched tensors, and info
 _Step: TypeAlias = tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]
@@ -439,12 +443,13 @@ class VectorBatch:
     Owns: the vector env (sub-processes with ``asynchronous``) and the `RecordEpisode` wrapped around it."""
 
     def __init__(self, thunk: Callable[[], gym.Env], num_envs: int, asynchronous: bool,
-                 rec_kwargs: RecorderKwargs, render_device: str | None = None,
-                 env_spec: tuple[str, dict[str, Any], int | None] | None = None) -> None:
+                 rec_kwargs: RecorderKwargs, render_device: str | None = None, subenv: ReplaySubenv | None = None,
+                 launch: PackedLaunch | None = None) -> None:
         """``render_device``: a CUDA device the envs render on in one batch: envs in this process
         (`fastrecord.replay.grouped.GroupedSyncVectorEnv`), or with ``asynchronous`` envs in sub-env processes drawn
-        here (`fastrecord.replay.mirrored.MirroredReplayVectorEnv`, whose mirrors are made of ``env_spec``: the env id,
-        kwargs and time limit ``thunk`` makes its env of); None: each env renders itself."""
+        here (`fastrecord.replay.mirrored.MirroredReplayVectorEnv`, whose sub-envs ``subenv`` makes, each in its
+        process, and whose mirrors are made of its env id, keywords and time limit: those ``thunk`` makes its env of;
+        ``launch``: their processes, if started early and making those envs); None: each env renders itself."""
         from fastrecord.record import RecordVectorEpisode
 
         mode = gym.vector.AutoresetMode.DISABLED
@@ -452,10 +457,10 @@ class VectorBatch:
         if asynchronous and render_device is not None:
             from fastrecord.replay.mirrored import mirrored_replay_env
 
-            if env_spec is None:
-                raise ValueError("VectorBatch: envs in sub-env processes drawn in one batch need env_spec (the env id, "
-                                 "kwargs and time limit of their mirrors)")
-            envs = mirrored_replay_env(functools.partial(in_worker, thunk), num_envs, *env_spec, device=render_device)
+            if subenv is None:
+                raise ValueError("VectorBatch: envs in sub-env processes drawn in one batch need subenv (what makes "
+                                 "each sub-env in its process, and its mirror)")
+            envs = mirrored_replay_env(subenv, num_envs, render_device, launch=launch)
         elif asynchronous:
             thunk = functools.partial(in_worker, thunk)
             forkserver_context()  # its sub-envs start with ManiSkill imported

@@ -29,9 +29,7 @@ signature and seed, the mirror is reset to that seed with ``reconfigure=True`` a
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -40,6 +38,9 @@ from fastrecord.envs import to_numpy
 from fastrecord.render.group import GroupRenderer
 from fastrecord.render.vector import GroupRenderedVectorEnv, PoseReporter, group_rendered, mirror_kwargs
 from fastrecord.replay.grouped import sensor_modalities
+
+if TYPE_CHECKING:
+    from fastrecord.packed import PackedLaunch
 
 STATE_KEY = "fastrecord_state"  # a sub-env's env state after its step or reset, in its info
 
@@ -113,11 +114,6 @@ class ReplayReporter(PoseReporter):
     def _step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, rew, terminated, truncated, info = super().step(action)
         return _without_sensors(obs), rew, terminated, truncated, info
-
-
-def reporting(thunk: Callable[[], gym.Env]) -> gym.Env:
-    """A sub-env of `MirroredReplayVectorEnv`: ``thunk()`` (a replay env) under `ReplayReporter`."""
-    return ReplayReporter(thunk())
 
 
 class MirroredReplayVectorEnv(GroupRenderedVectorEnv):
@@ -206,17 +202,39 @@ class MirroredReplayVectorEnv(GroupRenderedVectorEnv):
         return {k: (data if k == "sensor_data" else obs[k]) for k in full.spaces}
 
 
-def mirrored_replay_env(thunk: Callable[[], gym.Env], num_envs: int, env_id: str, env_kwargs: dict[str, Any],
-                        max_episode_steps: int | None, device: str) -> MirroredReplayVectorEnv:
-    """``num_envs`` replay envs (``thunk``: `fastrecord.replay.envs.make_replay_env` of ``env_id``, ``env_kwargs``, as a
-    sub-env process makes it: `fastrecord.replay.envs.in_worker`) in `fastrecord.packed.PackedVectorEnv` processes
-    (autoreset disabled), drawn here in one group on ``device``; the mirrors are made (and the group warmed) on a
-    thread while the sub-envs start (`group_rendered`)."""
+class ReplaySubenv(Protocol):
+    """Makes one sub-env of `MirroredReplayVectorEnv` in its process (`fastrecord.replay.early.MirroredSubenv`: the
+    replay env of these three under `ReplayReporter`); the mirrors are made of the same env id, keywords and time
+    limit. Picklable, and equal to another where it makes the same env."""
+
+    @property
+    def env_id(self) -> str: ...
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]: ...
+
+    @property
+    def max_episode_steps(self) -> int | None: ...
+
+    def __call__(self) -> gym.Env: ...
+
+
+def mirrored_replay_env(subenv: ReplaySubenv, num_envs: int, device: str,
+                        launch: PackedLaunch | None = None) -> MirroredReplayVectorEnv:
+    """``num_envs`` replay envs (each made by ``subenv`` in its process) in `fastrecord.packed.PackedVectorEnv`
+    processes (autoreset disabled), drawn here in one group on ``device``; the mirrors are made (and the group warmed)
+    on a thread while the sub-envs start (`group_rendered`). ``launch``: sub-env processes started before this
+    process's imports (`fastrecord.replay.early.early_subenvs`), taken over where they make these envs (else left to
+    their owner to end)."""
     from fastrecord.packed import PackedVectorEnv
     from fastrecord.workers import forkserver_context
 
+    env_id, env_kwargs, max_episode_steps = subenv.env_id, subenv.env_kwargs, subenv.max_episode_steps
     kw = mirror_kwargs(env_kwargs, device)
     kw["obs_mode"] = env_kwargs.get("obs_mode") or "state"  # the mirrors' sensors as the sub-envs' (their modalities)
+    fns = [subenv] * num_envs
+    mode = gym.vector.AutoresetMode.DISABLED
+    taken = launch if launch is not None and launch.made_for(fns, mode) else None
 
     def make_mirror() -> gym.Env:
         import mani_skill.envs  # noqa: F401 - registers the tasks
@@ -227,9 +245,9 @@ def mirrored_replay_env(thunk: Callable[[], gym.Env], num_envs: int, env_id: str
         return mirror
 
     def make_envs() -> gym.vector.VectorEnv:
-        forkserver_context()  # the sub-envs start with ManiSkill imported
-        fn = functools.partial(reporting, thunk)
-        return PackedVectorEnv([fn] * num_envs, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        if taken is None:
+            forkserver_context()  # the sub-envs start with ManiSkill imported
+        return PackedVectorEnv(fns, context="forkserver", autoreset_mode=mode, launch=taken)
 
     envs = group_rendered(make_envs, make_mirror, num_envs, device=device, cls=MirroredReplayVectorEnv)
     assert isinstance(envs, MirroredReplayVectorEnv)

@@ -3,6 +3,9 @@
 `make_plan` checks the input file and the options (a ValueError naming the fix) and decides the env's
 ``gym.make`` kwargs, the output's folder and name, and the layout (envs, vector kind, worker processes).
 The caller and every worker process make the same plan from the same `ReplayConfig`.
+
+Imports neither torch nor ManiSkill until a plan is made: `fastrecord.replay.early` decides the env's kwargs with
+`decide_env` before the CLI's own imports.
 """
 
 from __future__ import annotations
@@ -12,25 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-import torch
-
 from fastrecord.options import usable_cores
 from fastrecord.replay.config import CONVERTERS, CPU_BACKENDS, ReplayConfig
-from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, default_workers
+from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, MANY_CORES, default_workers
 from fastrecord.sinks.maniskill_h5 import EpisodeProblem, TrajectoryFile, check_episode
 
 
 def _cuda() -> bool:
+    import torch
+
     return torch.cuda.is_available()
 
 
-def _resolve_backend(cfg: ReplayConfig, recorded: str | None) -> str:
+def _resolve_backend(cfg: ReplayConfig, recorded: str | None, cuda: bool) -> str:
     if cfg.sim_backend != "auto":
         return cfg.sim_backend
     if recorded is None or recorded in CPU_BACKENDS or recorded == "auto":
         return "physx_cpu"
-    return recorded if _cuda() else "physx_cpu"
+    return recorded if cuda else "physx_cpu"
 
 
 def _camera_configs(cfg: ReplayConfig, kwargs: dict[str, Any]) -> None:
@@ -119,7 +121,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False) ->
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     episodes, modes = _episodes(cfg, traj, checked)
-    env = _env(cfg, traj, episodes, modes)
+    env = _env(cfg, traj.env_info, episodes, modes)
     out, name = _output(cfg, traj, env)
     layout = _layout(cfg, env, len(episodes), out, name)
     plan = ReplayPlan(cfg, traj, episodes, traj.env_info["env_id"], env.kwargs, env.ori_kwargs, env.max_steps,
@@ -131,6 +133,8 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False) ->
 
 def _episodes(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
     """The episodes to replay (the first ``count``), checked, and the control modes they were recorded in."""
+    import gymnasium as gym
+
     env_id = traj.env_info["env_id"]
     if env_id not in gym.registry:
         raise ValueError(
@@ -170,19 +174,33 @@ class _Env:
     convert: bool
 
 
-def _env(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict[str, Any]], modes: list[str]) -> _Env:
-    """The env's ``gym.make`` kwargs: the recorded ones, then the replay's choices, then ``env_kwargs``."""
-    info = traj.env_info
-    env_id = info["env_id"]
+def _env(cfg: ReplayConfig, env_info: dict[str, Any], episodes: list[dict[str, Any]], modes: list[str]) -> _Env:
+    """`decide_env` on this machine (CUDA as torch sees it), its keywords checked against the task's."""
+    from fastrecord.envs import check_env_kwargs
+
+    env_id = env_info["env_id"]
+    check_env_kwargs(env_id, cfg.env_kwargs)  # a misspelt keyword: one line, before any env is made
+    env = decide_env(cfg, env_info, episodes, modes, cuda=_cuda())
+    check_env_kwargs(env_id, {"reward_mode": env.kwargs.get("reward_mode")})  # one of the task's reward modes
+    return env
+
+
+def decide_env(cfg: ReplayConfig, env_info: dict[str, Any], episodes: list[dict[str, Any]], modes: list[str],
+               cuda: bool) -> _Env:
+    """The env's ``gym.make`` kwargs: the recorded ones (``env_info``, the input JSON's), then the replay's choices,
+    then ``env_kwargs``; ``cuda``: whether this machine has a CUDA device. Imports nothing heavy (the CLI's early
+    sub-envs, `fastrecord.replay.early`, decide with it before torch is imported); raises ValueError for a choice
+    that cannot run."""
+    info = env_info
     kwargs = {k: v for k, v in (info.get("env_kwargs") or {}).items() if k not in ("num_envs", "max_episode_steps")}
-    sim_backend = _resolve_backend(cfg, kwargs.pop("sim_backend", None))
+    sim_backend = _resolve_backend(cfg, kwargs.pop("sim_backend", None), cuda)
     gpu_sim = sim_backend not in CPU_BACKENDS
-    if gpu_sim and not _cuda():
+    if gpu_sim and not cuda:
         raise ValueError(
             f"sim_backend={sim_backend!r} needs a CUDA GPU, and there is none; use --sim-backend physx_cpu"
         )
     kwargs["sim_backend"] = sim_backend
-    kwargs["render_backend"] = cfg.render_backend if cfg.render_backend != "auto" else ("gpu" if _cuda() else "cpu")
+    kwargs["render_backend"] = cfg.render_backend if cfg.render_backend != "auto" else ("gpu" if cuda else "cpu")
     if modes and "control_mode" not in kwargs:
         kwargs["control_mode"] = modes[0]
     source_mode = kwargs.get("control_mode")
@@ -201,11 +219,7 @@ def _env(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict[str, Any]]
         kwargs["shader_dir"] = cfg.shader  # ManiSkill's --shader: every camera
     else:
         _camera_configs(cfg, kwargs)
-    from fastrecord.envs import check_env_kwargs
-
-    check_env_kwargs(env_id, cfg.env_kwargs)  # a misspelt keyword: one line, before any env is made
     kwargs.update(cfg.env_kwargs)
-    check_env_kwargs(env_id, {"reward_mode": kwargs.get("reward_mode")})  # one of the task's reward modes
     if (
         cfg.video_source.startswith("sensor:")
         and cfg.save_video
@@ -274,14 +288,14 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
     else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
         n = workers if (vector == "batched" or cfg.maniskill) else max(cores, workers)
     n = min(n, episodes)
-    if workers == 1 and not info.distributed and cfg.resume:
-        from fastrecord.shards import list_shards
-
-        if list_shards(out, name):  # its NAME.h5 only links into the shards: one process would resume the links
-            raise ValueError(
-                f"{out / name!s}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
-                f"--workers 2 or more (or under torchrun), or pass --overwrite"
-            )
+    if workers == 1 and not info.distributed and cfg.resume and _has_shards(out, name):
+        # its NAME.h5 only links into the shards: one process would resume the links
+        raise ValueError(f"{out / name!s}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
+                         f"--workers 2 or more (or under torchrun), or pass --overwrite")
+    if cfg.workers is None and not info.distributed and cores >= MANY_CORES:
+        device = _one_drawing_process(cfg, env, n, vector, resumes_shards=cfg.resume and _has_shards(out, name))
+        if device is not None:
+            return _Layout(n, "async", 1, False, device)
     per_worker = -(-n // workers)  # the largest share
     render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector)
     if vector == "auto":
@@ -292,6 +306,28 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
         vector = "batched" if gpu_sim else ("sync" if render_device or per_worker <= ENVS_PER_WORKER else "async")
     _check_vector(cfg, vector, per_worker, env)
     return _Layout(n, vector, workers, info.distributed, render_device)
+
+
+def _has_shards(out: Path, name: str) -> bool:
+    from fastrecord.shards import list_shards
+
+    return bool(list_shards(out, name))
+
+
+def _one_drawing_process(cfg: ReplayConfig, env: _Env, n: int, vector: str, resumes_shards: bool) -> str | None:
+    """Where neither ``workers`` nor ``vector`` is given, on a machine of `MANY_CORES` cores: the CUDA device on
+    which this process draws all ``n`` CPU-simulated envs, which step in sub-env processes
+    (`fastrecord.replay.mirrored`, the layout of `fastrecord record` and `make_eval_envs`); None where that layout
+    does not apply (GPU simulation, a conversion, nothing drawn, point clouds, one env, no CUDA render device, a
+    sharded replay to resume), and the worker processes of `default_workers` replay instead."""
+    if vector != "auto" or env.gpu_sim or env.convert or n <= 1 or resumes_shards:
+        return None
+    if "pointcloud" in str(env.kwargs.get("obs_mode") or "state"):  # made of the pictures inside the env
+        return None
+    try:
+        return _render_device(cfg, env.kwargs, n, False, "async")
+    except ValueError:  # --batched-render on where it cannot run: the workers' layout says so in its words
+        return None
 
 
 def _check_vector(cfg: ReplayConfig, vector: str, per_worker: int, env: _Env) -> None:

@@ -1,0 +1,250 @@
+"""A replay drawn in one process: the plan's default on a machine of many cores with a CUDA render device, and its
+sub-env processes started before the CLI's imports (`fastrecord.replay.early`), taken over by the replay where they
+are its envs and ended where they are not. On the CPU machine the CUDA checks are stood in for (the drawing by
+`_MirrorPictures`, as in tests/test_replay_batched_render.py); the GPU test runs the whole command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_replay_batched_render import LENGTHS, _assert_identical_replays, _MirrorPictures, _plan, record_input
+
+
+@pytest.fixture(scope="module")
+def pickcube_file(tmp_path_factory) -> Path:
+    return record_input(tmp_path_factory.mktemp("input"))
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """This machine as a 16-core one with an NVIDIA driver and a CUDA render device, its forkserver started before
+    the CLI's imports."""
+    import fastrecord
+    import fastrecord.options
+    import fastrecord.render
+    import fastrecord.replay.plan
+    from fastrecord import system
+
+    monkeypatch.setattr(fastrecord.options, "usable_cores", lambda *args: 16)
+    monkeypatch.setattr(fastrecord.replay.plan, "usable_cores", lambda *args: 16)
+    monkeypatch.setattr(fastrecord.render, "available",
+                        lambda backend="auto": backend in ("gpu", "auto") or str(backend).startswith("cuda"))
+    monkeypatch.setattr(system, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(fastrecord.replay.plan, "_cuda", lambda: True)
+    monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
+
+
+def test_the_default_on_a_gpu_machine_draws_every_env_in_one_process(pickcube_file, tmp_path, gpu_machine,
+                                                                      monkeypatch):
+    """Neither --workers nor --vector given, 16 cores, a CUDA render device: one process draws all the envs, which
+    step in sub-env processes (the layout of record and the eval); the worker processes where nothing is drawn, for
+    point clouds, a sharded replay to resume, or when the options name a layout or fewer cores."""
+    import fastrecord.options
+    import fastrecord.replay.plan
+
+    def layout(**kw):
+        plan = _plan(pickcube_file, tmp_path, **kw)
+        return plan.workers, plan.vector, plan.render_device, plan.num_envs
+
+    one = (1, "async", "cuda", len(LENGTHS))
+    assert layout(obs_mode="rgb") == one
+    assert layout() == one  # state observations, render videos: drawn
+    assert layout(obs_mode="rgb", num_envs=3) == (1, "async", "cuda", 3)
+    assert layout(save_video=False)[:3] == (len(LENGTHS), "sync", None)  # nothing drawn: a worker an episode
+    assert layout(obs_mode="pointcloud", save_video=False)[0] > 1
+    assert layout(obs_mode="rgb", batched_render="off")[0] > 1
+    assert layout(obs_mode="rgb", workers=2)[:2] == (2, "sync")
+    assert layout(obs_mode="rgb", vector="sync")[1] == "sync"
+    monkeypatch.setattr(fastrecord.replay.plan, "_has_shards", lambda out, name: True)
+    assert layout(obs_mode="rgb", resume=True)[0] > 1  # its shards are resumed by workers
+    monkeypatch.setattr(fastrecord.replay.plan, "_has_shards", lambda out, name: False)
+    monkeypatch.setattr(fastrecord.options, "usable_cores", lambda *args: 4)
+    monkeypatch.setattr(fastrecord.replay.plan, "usable_cores", lambda *args: 4)
+    assert layout(obs_mode="rgb")[:2] == (1, "sync")  # few cores: the envs in this process, drawn together
+
+
+def test_the_early_guess_is_the_plans_envs(pickcube_file, tmp_path, gpu_machine):
+    """Where the guess (options and the input's JSON, no torch) starts sub-envs, they are the ones the plan makes:
+    the same factory (env id, keywords, time limit) and as many; it starts none where the plan may not draw in one
+    process."""
+    from fastrecord.replay.config import ReplayConfig
+    from fastrecord.replay.early import MirroredSubenv, _guess
+
+    def both(**kw):
+        cfg = ReplayConfig.from_values(dict(traj_path=str(pickcube_file), output_dir=str(tmp_path / "out"),
+                                            progress=False, **kw))
+        return _guess(cfg), (lambda: _plan(pickcube_file, tmp_path, **kw))
+
+    started = 0
+    for kw in (dict(obs_mode="rgb"), dict(), dict(obs_mode="rgbd", num_envs=3, count=3),
+               dict(obs_mode="rgb", width=40, height=24, shader="minimal"), dict(workers=1, vector="async"),
+               dict(obs_mode="rgb", env_kwargs={"reward_mode": "sparse"}),
+               dict(obs_mode="rgb", by="actions"), dict(obs_mode="rgb", save_video=False)):
+        guess, plan_of = both(**kw)
+        assert guess is not None, kw
+        plan = plan_of()
+        assert (plan.workers, plan.vector, plan.render_device) == (1, "async", "cuda"), kw
+        subenv, n = guess
+        assert subenv == MirroredSubenv(plan.env_id, plan.kwargs, plan.max_steps) and n == plan.num_envs, kw
+        started += 1
+    assert started == 8
+    for kw in (dict(save_video=False), dict(obs_mode="pointcloud"), dict(workers=2), dict(vector="sync"),
+               dict(resume=True), dict(batched_render="off"), dict(num_envs=1), dict(count=1),
+               dict(render_backend="cpu"), dict(sim_backend="physx_cuda"), dict(render_substeps=True)):
+        assert both(**kw)[0] is None, kw
+
+
+def _mirrored_on_the_cpu(monkeypatch):
+    """`fastrecord.replay.mirrored` without a GPU: the group's pictures from `_MirrorPictures`."""
+    import fastrecord.render.vector
+    import fastrecord.replay.mirrored
+    import fastrecord.replay.plan
+    from fastrecord.render.vector import mirror_kwargs
+
+    monkeypatch.setattr(fastrecord.replay.plan, "_render_device",
+                        lambda cfg, *args: None if cfg.batched_render == "off" else "cuda")
+    monkeypatch.setattr(fastrecord.render.vector, "GroupRenderer", _MirrorPictures)
+    monkeypatch.setattr(fastrecord.replay.mirrored, "mirror_kwargs",
+                        lambda kwargs, backend=None: {**mirror_kwargs(kwargs), "render_backend": "cpu"})
+    cls = fastrecord.replay.mirrored.MirroredReplayVectorEnv
+    real_with_sensors = cls._with_sensors
+
+    def with_sensors(self, obs):
+        self.renderer.states = list(self._states)
+        return real_with_sensors(self, obs)
+
+    monkeypatch.setattr(cls, "_with_sensors", with_sensors)
+
+
+def test_a_replay_takes_over_the_subenvs_started_for_it_and_ends_others(pickcube_file, tmp_path, monkeypatch):
+    """The processes `early_subenvs` started for a replay are the ones it steps (taken over, none started again),
+    and the replay equals one whose envs draw themselves; processes started for other options (another camera size)
+    are ended by the replay that could not use them, which starts its own."""
+    import fastrecord
+    from fastrecord.packed import PackedLaunch
+    from fastrecord.replay import run_replay
+    from fastrecord.replay.config import ReplayConfig
+    from fastrecord.replay.early import early_subenvs
+
+    _mirrored_on_the_cpu(monkeypatch)
+    monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
+    launches: list[PackedLaunch] = []
+    taken: list[PackedLaunch] = []
+    real_init, real_take = PackedLaunch.__init__, PackedLaunch.take
+
+    def init(self, *args, **kwargs):
+        launches.append(self)
+        real_init(self, *args, **kwargs)
+
+    def take(self):
+        taken.append(self)
+        return real_take(self)
+
+    monkeypatch.setattr(PackedLaunch, "__init__", init)
+    monkeypatch.setattr(PackedLaunch, "take", take)
+
+    def cfg(out: str, **kw) -> ReplayConfig:
+        return ReplayConfig.from_values({**dict(traj_path=str(pickcube_file), output_dir=str(tmp_path / out),
+                                                trajectory_name="out", num_envs=3, workers=1, vector="async",
+                                                obs_mode="rgb", render_backend="cpu", batched_render="on",
+                                                save_video=False, progress=False), **kw})
+
+    on = cfg("on")
+    early = early_subenvs(on)
+    assert early is not None and launches == [early]
+    s = run_replay(on, early=early)
+    assert s.episodes == len(LENGTHS)
+    assert taken == [early] and len(launches) == 1  # its own processes: none started after the plan
+    off = cfg("off", batched_render="off", vector="sync")
+    assert run_replay(off).episodes == len(LENGTHS)
+    _assert_identical_replays(tmp_path / "on" / "out.h5", tmp_path / "off" / "out.h5")
+
+    other = early_subenvs(dataclasses.replace(on, width=40))  # made for another camera: not this replay's envs
+    assert other is not None and other is launches[-1]
+    s = run_replay(cfg("again"), early=other)
+    assert s.episodes == len(LENGTHS)
+    assert other not in taken and len(launches) == 3 and launches[-1] in taken
+    assert other.processes and not any(p.is_alive() for p in other.processes)
+    _assert_identical_replays(tmp_path / "again" / "out.h5", tmp_path / "off" / "out.h5")
+
+
+LAUNCH_PROBE = """
+import sys
+import fastrecord, fastrecord.options, fastrecord.packed
+from fastrecord import system
+fastrecord.PRESTART_CORES = 1
+system.has_nvidia_gpu = lambda: True
+fastrecord.options.usable_cores = lambda *args: 16
+
+def launched(self, *args, **kwargs):
+    print("launched; imported:", sorted(m for m in ("torch", "mani_skill", "sapien") if m in sys.modules), flush=True)
+    raise SystemExit(0)
+
+fastrecord.packed.PackedLaunch.__init__ = launched
+from fastrecord.commands.cli import main
+sys.exit(main(sys.argv[1:]) or 3)
+"""
+
+
+@pytest.mark.parametrize("command", ["record", "replay"])
+def test_the_cli_starts_its_subenvs_before_importing_torch(tmp_path, command):
+    """`fastrecord record` and `replay` start their sub-env processes before anything imports torch, ManiSkill or
+    SAPIEN, even where the options' checks import ManiSkill (``--obs-mode``) or the process asks for its rank."""
+    if command == "record":
+        args = ["record", "PickCube-v1", "--num-envs", "4", "--obs-mode", "rgb"]
+    else:
+        h5 = tmp_path / "demo.h5"
+        h5.touch()
+        episodes = [dict(episode_id=i, seed=i, elapsed_steps=n, control_mode="pd_joint_delta_pos")
+                    for i, n in enumerate(LENGTHS)]
+        h5.with_suffix(".json").write_text(json.dumps(dict(
+            env_info=dict(env_id="PickCube-v1", max_episode_steps=10, env_kwargs=dict(obs_mode="state")),
+            episodes=episodes)))
+        args = ["replay", str(h5), "--obs-mode", "rgb"]
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(LAUNCH_PROBE), *args, "--output-dir",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "launched; imported: []" in done.stdout, (done.stdout, done.stderr[-3000:])
+
+
+@pytest.mark.gpu
+def test_the_default_replay_draws_in_one_process_and_equals_each_env_drawing_itself(pickcube_file, tmp_path):
+    """On a GPU machine of 8 or more cores, `fastrecord replay` with neither --workers nor --vector draws its envs in
+    one process from sub-env processes started before its imports, and writes what a replay whose envs draw
+    themselves writes (state -> rgb, render videos)."""
+    from test_replay_batched_render import _assert_same_replays, _assert_same_videos
+
+    import fastrecord.packed
+    from fastrecord.commands.cli import main
+    from fastrecord.options import usable_cores
+    from fastrecord.replay.layout import MANY_CORES
+
+    if usable_cores() < MANY_CORES:
+        pytest.skip(f"{usable_cores()} usable cores: the default is worker processes below {MANY_CORES}")
+    taken: list = []
+    real_take = fastrecord.packed.PackedLaunch.take
+
+    def take(self):
+        taken.append(self)
+        return real_take(self)
+
+    fastrecord.packed.PackedLaunch.take = take  # type: ignore[method-assign]
+    try:
+        common = [str(pickcube_file), "--obs-mode", "rgb", "--num-envs", "3", "--trajectory-name", "out", "--quiet"]
+        assert main(["replay", *common, "--output-dir", str(tmp_path / "default")]) == 0
+        assert len(taken) == 1  # one launch, the early one, taken over
+        assert main(["replay", *common, "--output-dir", str(tmp_path / "off"), "--batched-render", "off",
+                     "--workers", "1", "--vector", "sync"]) == 0
+    finally:
+        fastrecord.packed.PackedLaunch.take = real_take  # type: ignore[method-assign]
+    _assert_same_replays(tmp_path / "default" / "out.h5", tmp_path / "off" / "out.h5")
+    _assert_same_videos(tmp_path / "default", tmp_path / "off")
