@@ -63,6 +63,8 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
         raise
     try:
         plan = make_plan(cfg, traj)
+        if early is not None and (plan.distributed or plan.workers > 1):
+            early.close()  # the guess was wrong: worker processes make their own envs
         if plan.distributed:
             summary = run_rank(plan, stop, sinks, t0)
         elif plan.workers > 1:

@@ -39,7 +39,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     ``resume``, or in a shard, the episodes the output already holds (also in complete parts a crash left)
     are not replayed again. ``launch``: sub-env processes started before the plan
     (`fastrecord.replay.early.early_subenvs`), taken over where they make the envs this replay draws in this
-    process (its owner ends them otherwise)."""
+    process, else ended."""
     cfg = plan.cfg
     if shard is not None:
         from fastrecord import shards

@@ -224,8 +224,7 @@ def mirrored_replay_env(subenv: ReplaySubenv, num_envs: int, device: str,
     """``num_envs`` replay envs (each made by ``subenv`` in its process) in `fastrecord.packed.PackedVectorEnv`
     processes (autoreset disabled), drawn here in one group on ``device``; the mirrors are made (and the group warmed)
     on a thread while the sub-envs start (`group_rendered`). ``launch``: sub-env processes started before this
-    process's imports (`fastrecord.replay.early.early_subenvs`), taken over where they make these envs (else left to
-    their owner to end)."""
+    process's imports (`fastrecord.replay.early.early_subenvs`), taken over where they make these envs, else ended."""
     from fastrecord.packed import PackedVectorEnv
     from fastrecord.workers import forkserver_context
 
@@ -235,6 +234,8 @@ def mirrored_replay_env(subenv: ReplaySubenv, num_envs: int, device: str,
     fns = [subenv] * num_envs
     mode = gym.vector.AutoresetMode.DISABLED
     taken = launch if launch is not None and launch.made_for(fns, mode) else None
+    if launch is not None and taken is None:
+        launch.close()  # other envs than these (a wrong guess): their cores and memory back before ours start
 
     def make_mirror() -> gym.Env:
         import mani_skill.envs  # noqa: F401 - registers the tasks
