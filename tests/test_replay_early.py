@@ -175,6 +175,38 @@ def test_a_replay_takes_over_the_subenvs_started_for_it_and_ends_others(pickcube
     _assert_identical_replays(tmp_path / "again" / "out.h5", tmp_path / "off" / "out.h5")
 
 
+def test_the_cli_replays_with_the_subenvs_it_started_before_its_imports(pickcube_file, tmp_path, monkeypatch):
+    """`fastrecord replay` (the CLI, in this process) hands the sub-env processes it started from its options to the
+    replay, which steps them: one launch, taken over, and the replay's episodes all written."""
+    import fastrecord
+    from fastrecord.commands.cli import main
+    from fastrecord.packed import PackedLaunch
+
+    _mirrored_on_the_cpu(monkeypatch)
+    monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
+    launches: list[PackedLaunch] = []
+    taken: list[PackedLaunch] = []
+    real_init, real_take = PackedLaunch.__init__, PackedLaunch.take
+
+    def init(self, *args, **kwargs):
+        launches.append(self)
+        real_init(self, *args, **kwargs)
+
+    def take(self):
+        taken.append(self)
+        return real_take(self)
+
+    monkeypatch.setattr(PackedLaunch, "__init__", init)
+    monkeypatch.setattr(PackedLaunch, "take", take)
+    rc = main(["replay", str(pickcube_file), "--obs-mode", "rgb", "--no-video", "--num-envs", "3", "--workers", "1",
+               "--vector", "async", "--render-backend", "cpu", "--batched-render", "on", "--trajectory-name", "out",
+               "--output-dir", str(tmp_path / "out"), "--quiet"])
+    assert rc == 0
+    assert len(launches) == 1 and taken == launches  # started by the CLI before its checks, stepped by the replay
+    meta = json.loads((tmp_path / "out" / "out.json").read_text())
+    assert sorted(e["source_episode_id"] for e in meta["episodes"]) == list(range(len(LENGTHS)))
+
+
 LAUNCH_PROBE = """
 import sys
 import fastrecord, fastrecord.options, fastrecord.packed
