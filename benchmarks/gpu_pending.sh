@@ -44,8 +44,8 @@
 #                                         # the yuv420p conversion without Triton against BEFORE: its cost a gather,
 #                                         Triton's first call, fastrecord bench's fresh and warm phases (~400 s)
 #   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh replay_early
-#                                         # the replay drawn in one process by default, its sub-envs started early:
-#                                         96 episodes whole against BEFORE and ManiSkill, record's first step (~520 s)
+#                                         # the replay drawn in one process, its sub-envs started early: 96
+#                                         episodes whole against BEFORE and ManiSkill, record's first step (~400 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
@@ -293,19 +293,18 @@ case $stage in
       --stamps
     ;;
   replay_early)
-    # the replay drawn in one process by default on this machine, its sub-envs started before the CLI's imports, and
+    # the replay drawn in one process (--workers 1 --vector async), its sub-envs started before the CLI's imports, and
     # record's early sub-envs no longer behind torch's import (2026-12-06, evening): 96 episodes whole, this tree's
-    # default against its worker processes (--workers 4, the default before) and BEFORE's default, and ManiSkill
-    # (REPEAT times, 1); record's time to first step against BEFORE; the GPU tests of the replay drawn in one
-    # process (~400 s)
+    # default (4 workers) and the one rendering process against BEFORE's default and ManiSkill (REPEAT times, 1);
+    # record's time to first step against BEFORE; the GPU tests of the replay drawn in one process (~400 s)
     before=${BEFORE:-build/before/src}
     python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
     run 330 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
-      --workers auto,4 --src "before=$PWD/$before" --repeat "${REPEAT:-1}"
+      --also "--workers 1 --vector async" --src "before=$PWD/$before" --repeat "${REPEAT:-1}"
     [ -z "${NO_RECORD:-}" ] && run 110 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
       --skip-maniskill --src "before=$PWD/$before"
     run 100 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_replay_early.py \
-      tests/test_replay_batched_render.py -k "async and not peg or default_replay"
+      tests/test_replay_batched_render.py -k "async and not peg or one_process"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \

@@ -1,7 +1,7 @@
-"""A replay drawn in one process: the plan's default on a machine of many cores with a CUDA render device, and its
-sub-env processes started before the CLI's imports (`fastrecord.replay.early`), taken over by the replay where they
-are its envs and ended where they are not. On the CPU machine the CUDA checks are stood in for (the drawing by
-`_MirrorPictures`, as in tests/test_replay_batched_render.py); the GPU test runs the whole command."""
+"""A replay drawn in one process (``--workers 1 --vector async``): its sub-env processes started before the CLI's
+imports (`fastrecord.replay.early`), taken over by the replay where they are its envs and ended where they are not.
+On the CPU machine the CUDA checks are stood in for (the drawing by `_MirrorPictures`, as in
+tests/test_replay_batched_render.py); the GPU test runs the whole command."""
 
 from __future__ import annotations
 
@@ -41,50 +41,22 @@ def gpu_machine(monkeypatch):
     monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
 
 
-def test_the_default_on_a_gpu_machine_draws_every_env_in_one_process(pickcube_file, tmp_path, gpu_machine,
-                                                                      monkeypatch):
-    """Neither --workers nor --vector given, 16 cores, a CUDA render device: one process draws all the envs, which
-    step in sub-env processes (the layout of record and the eval); the worker processes where nothing is drawn, for
-    point clouds, a sharded replay to resume, or when the options name a layout or fewer cores."""
-    import fastrecord.options
-    import fastrecord.replay.plan
-
-    def layout(**kw):
-        plan = _plan(pickcube_file, tmp_path, **kw)
-        return plan.workers, plan.vector, plan.render_device, plan.num_envs
-
-    one = (1, "async", "cuda", len(LENGTHS))
-    assert layout(obs_mode="rgb") == one
-    assert layout() == one  # state observations, render videos: drawn
-    assert layout(obs_mode="rgb", num_envs=3) == (1, "async", "cuda", 3)
-    assert layout(save_video=False)[:3] == (len(LENGTHS), "sync", None)  # nothing drawn: a worker an episode
-    assert layout(obs_mode="pointcloud", save_video=False)[0] > 1
-    assert layout(obs_mode="rgb", batched_render="off")[0] > 1
-    assert layout(obs_mode="rgb", workers=2)[:2] == (2, "sync")
-    assert layout(obs_mode="rgb", vector="sync")[1] == "sync"
-    monkeypatch.setattr(fastrecord.replay.plan, "_has_shards", lambda out, name: True)
-    assert layout(obs_mode="rgb", resume=True)[0] > 1  # its shards are resumed by workers
-    monkeypatch.setattr(fastrecord.replay.plan, "_has_shards", lambda out, name: False)
-    monkeypatch.setattr(fastrecord.options, "usable_cores", lambda *args: 4)
-    monkeypatch.setattr(fastrecord.replay.plan, "usable_cores", lambda *args: 4)
-    assert layout(obs_mode="rgb")[:2] == (1, "sync")  # few cores: the envs in this process, drawn together
-
-
 def test_the_early_guess_is_the_plans_envs(pickcube_file, tmp_path, gpu_machine):
     """Where the guess (options and the input's JSON, no torch) starts sub-envs, they are the ones the plan makes:
     the same factory (env id, keywords, time limit) and as many; it starts none where the plan may not draw in one
-    process."""
+    process (the worker processes of the default layout among them)."""
     from fastrecord.replay.config import ReplayConfig
     from fastrecord.replay.early import MirroredSubenv, _guess
 
     def both(**kw):
+        kw = {"workers": 1, "vector": "async", **kw}
         cfg = ReplayConfig.from_values(dict(traj_path=str(pickcube_file), output_dir=str(tmp_path / "out"),
                                             progress=False, **kw))
         return _guess(cfg), (lambda: _plan(pickcube_file, tmp_path, **kw))
 
     started = 0
     for kw in (dict(obs_mode="rgb"), dict(), dict(obs_mode="rgbd", num_envs=3, count=3),
-               dict(obs_mode="rgb", width=40, height=24, shader="minimal"), dict(workers=1, vector="async"),
+               dict(obs_mode="rgb", width=40, height=24, shader="minimal"),
                dict(obs_mode="rgb", env_kwargs={"reward_mode": "sparse"}),
                dict(obs_mode="rgb", by="actions"), dict(obs_mode="rgb", save_video=False)):
         guess, plan_of = both(**kw)
@@ -94,10 +66,11 @@ def test_the_early_guess_is_the_plans_envs(pickcube_file, tmp_path, gpu_machine)
         subenv, n = guess
         assert subenv == MirroredSubenv(plan.env_id, plan.kwargs, plan.max_steps) and n == plan.num_envs, kw
         started += 1
-    assert started == 8
-    for kw in (dict(save_video=False), dict(obs_mode="pointcloud"), dict(workers=2), dict(vector="sync"),
-               dict(resume=True), dict(batched_render="off"), dict(num_envs=1), dict(count=1),
-               dict(render_backend="cpu"), dict(sim_backend="physx_cuda"), dict(render_substeps=True)):
+    assert started == 7
+    for kw in (dict(save_video=False), dict(obs_mode="pointcloud"), dict(workers=None, vector="auto"),
+               dict(workers=2), dict(vector="sync"), dict(resume=True), dict(batched_render="off"), dict(num_envs=1),
+               dict(count=1), dict(render_backend="cpu"), dict(sim_backend="physx_cuda"),
+               dict(render_substeps=True)):
         assert both(**kw)[0] is None, kw
 
 
@@ -239,7 +212,7 @@ def test_the_cli_starts_its_subenvs_before_importing_torch(tmp_path, command):
         h5.with_suffix(".json").write_text(json.dumps(dict(
             env_info=dict(env_id="PickCube-v1", max_episode_steps=10, env_kwargs=dict(obs_mode="state")),
             episodes=episodes)))
-        args = ["replay", str(h5), "--obs-mode", "rgb"]
+        args = ["replay", str(h5), "--obs-mode", "rgb", "--workers", "1", "--vector", "async"]
     root = Path(__file__).parent.parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(LAUNCH_PROBE), *args, "--output-dir",
@@ -249,19 +222,19 @@ def test_the_cli_starts_its_subenvs_before_importing_torch(tmp_path, command):
 
 
 @pytest.mark.gpu
-def test_the_default_replay_draws_in_one_process_and_equals_each_env_drawing_itself(pickcube_file, tmp_path):
-    """On a GPU machine of 8 or more cores, `fastrecord replay` with neither --workers nor --vector draws its envs in
-    one process from sub-env processes started before its imports, and writes what a replay whose envs draw
-    themselves writes (state -> rgb, render videos)."""
+def test_the_cli_replay_drawn_in_one_process_equals_each_env_drawing_itself(pickcube_file, tmp_path):
+    """On a GPU machine of `fastrecord.PRESTART_CORES` or more cores, `fastrecord replay --workers 1 --vector async`
+    draws its envs in one process from sub-env processes started before its imports, and writes what a replay whose
+    envs draw themselves writes (state -> rgb, render videos)."""
     from test_replay_batched_render import _assert_same_replays, _assert_same_videos
 
     import fastrecord.packed
+    from fastrecord import PRESTART_CORES
     from fastrecord.commands.cli import main
-    from fastrecord.options import usable_cores
-    from fastrecord.replay.layout import MANY_CORES
+    from fastrecord.workers import affinity_cores
 
-    if usable_cores() < MANY_CORES:
-        pytest.skip(f"{usable_cores()} usable cores: the default is worker processes below {MANY_CORES}")
+    if affinity_cores() < PRESTART_CORES:
+        pytest.skip(f"{affinity_cores()} cores: the sub-envs start after the imports below {PRESTART_CORES}")
     taken: list = []
     real_take = fastrecord.packed.PackedLaunch.take
 
@@ -271,12 +244,13 @@ def test_the_default_replay_draws_in_one_process_and_equals_each_env_drawing_its
 
     fastrecord.packed.PackedLaunch.take = take  # type: ignore[method-assign]
     try:
-        common = [str(pickcube_file), "--obs-mode", "rgb", "--num-envs", "3", "--trajectory-name", "out", "--quiet"]
-        assert main(["replay", *common, "--output-dir", str(tmp_path / "default")]) == 0
+        common = [str(pickcube_file), "--obs-mode", "rgb", "--num-envs", "3", "--trajectory-name", "out", "--quiet",
+                  "--workers", "1"]
+        assert main(["replay", *common, "--output-dir", str(tmp_path / "one"), "--vector", "async"]) == 0
         assert len(taken) == 1  # one launch, the early one, taken over
         assert main(["replay", *common, "--output-dir", str(tmp_path / "off"), "--batched-render", "off",
-                     "--workers", "1", "--vector", "sync"]) == 0
+                     "--vector", "sync"]) == 0
     finally:
         fastrecord.packed.PackedLaunch.take = real_take  # type: ignore[method-assign]
-    _assert_same_replays(tmp_path / "default" / "out.h5", tmp_path / "off" / "out.h5")
-    _assert_same_videos(tmp_path / "default", tmp_path / "off")
+    _assert_same_replays(tmp_path / "one" / "out.h5", tmp_path / "off" / "out.h5")
+    _assert_same_videos(tmp_path / "one", tmp_path / "off")

@@ -34,10 +34,9 @@ replays in ``source_episode_id``. Existing output files are never replaced witho
 ``--resume`` continues an interrupted replay, skipping the episodes it holds.
 
 ``--workers N`` splits the episodes over N processes, each with its own envs and recorder writing a
-shard (input episode ``g`` goes to worker ``g % N``; by default on machines of 8 or more cores, where nothing
-is drawn on a GPU, see --workers below; where the replay draws on a GPU, one process draws every env while
-they step in sub-env processes started before the CLI's imports); the shards are joined at the end into
-``NAME.h5`` (external links) + ``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0
+shard (input episode ``g`` goes to worker ``g % N``; by default several workers on machines of 8 or
+more cores, see --workers below); the shards are joined at the end into ``NAME.h5`` (external links) +
+``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0
 joins. A worker that fails or is killed does not stop the others; the error names it and the missing episodes,
 and re-running resumes.
 
@@ -124,9 +123,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
-        f"at the end (default on CPU machines of {MANY_CORES}+ cores: 1 drawing every env on a GPU while they step in "
-        f"sub-env processes, where the replay draws camera observations or render videos; else one per "
-        f"{ENVS_PER_WORKER} envs rendering on a GPU, one per env rendering on the CPU; on fewer cores 1)",
+        f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
+        f"on a GPU, one per env rendering on the CPU; else 1)",
     )
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument(

@@ -80,8 +80,8 @@ class ReplayConfig:
     shader: str | None = None  # shader pack of the video camera: minimal | default | rt | rt-fast
     overwrite: bool = False  # replace the output of an earlier run of this name (never the input)
     resume: bool = False
-    # processes replaying a share of the episodes each, merged at the end (None: on machines of many cores, one that
-    # draws every env on a GPU where the replay draws, else several: see fastrecord.replay.plan and .layout)
+    # processes replaying a share of the episodes each, merged at the end (None: several on machines of many cores,
+    # see fastrecord.replay.layout)
     workers: int | None = None
     progress: bool = True  # show a progress bar
     env_kwargs: dict[str, Any] = field(

@@ -1,12 +1,12 @@
 """A replay's sub-env processes, started before the CLI's imports where the replay draws its envs in one process.
 
-Where a replay of CPU-simulated envs draws them on a CUDA device in one process (`fastrecord.replay.mirrored`: the
-plan's default on machines of `fastrecord.replay.layout.MANY_CORES` cores, or ``--workers 1 --vector async``), its
-sub-envs step in `fastrecord.packed.PackedVectorEnv` processes. `early_subenvs` starts those processes from the
-command line's options and the input's JSON alone, on a thread, right after the options are read: the sub-envs are
-made while this process imports torch and ManiSkill, as `fastrecord record`'s are
-(`fastrecord.commands.record_env.early_subenvs`). The replay takes them over where its plan asks for the same envs
-(`MirroredSubenv` compares equal) and ends them otherwise (`fastrecord.replay.api.run_replay`).
+Where a replay of CPU-simulated envs draws them on a CUDA device in one process (`fastrecord.replay.mirrored`,
+``--workers 1 --vector async``), its sub-envs step in `fastrecord.packed.PackedVectorEnv` processes.
+`early_subenvs` starts those processes from the command line's options and the input's JSON alone, on a thread,
+right after the options are read: the sub-envs are made while this process imports torch and ManiSkill, as
+`fastrecord record`'s are (`fastrecord.commands.record_env.early_subenvs`). The replay takes them over where its
+plan asks for the same envs (`MirroredSubenv` compares equal) and ends them otherwise
+(`fastrecord.replay.api.run_replay`, `fastrecord.replay.mirrored.mirrored_replay_env`).
 
 Imports neither torch nor ManiSkill (nor this package's modules that do).
 """
@@ -75,17 +75,13 @@ def _guess(cfg: ReplayConfig) -> tuple[MirroredSubenv, int] | None:
     would decide it from ``cfg`` and the input's JSON; None where it may not."""
     from fastrecord import PRESTART_CORES
     from fastrecord.options import usable_cores
-    from fastrecord.replay.layout import MANY_CORES, default_workers
     from fastrecord.shards import rank_info
     from fastrecord.system import has_nvidia_gpu
     from fastrecord.workers import affinity_cores
 
     if not cfg.traj_path or cfg.resume or rank_info().distributed or affinity_cores() < PRESTART_CORES:
         return None
-    cores = usable_cores()
-    one_process = (cfg.workers is None and cfg.vector == "auto" and cores >= MANY_CORES) or (
-        cfg.workers == 1 and cfg.vector == "async")
-    if not one_process or cfg.batched_render == "off" or cfg.option("render_substeps"):
+    if cfg.workers != 1 or cfg.vector != "async" or cfg.batched_render == "off" or cfg.option("render_substeps"):
         return None
     try:
         info, episodes = _input(Path(cfg.traj_path))
@@ -107,13 +103,7 @@ def _guess(cfg: ReplayConfig) -> tuple[MirroredSubenv, int] | None:
             or not (camera_obs or render_videos) or (render_videos and kwargs.get("render_mode") != "rgb_array")
             or not (cuda_render or cfg.batched_render == "on")):  # "on" where it cannot run: the plan refuses it
         return None
-    if cfg.num_envs is not None:
-        n = cfg.num_envs
-    elif cfg.maniskill:  # ManiSkill's semantics: the envs are the workers the default would run
-        n = default_workers(None, len(episodes), gpu_sim=False, gpu_render=True)
-    else:
-        n = cores
-    n = min(n, len(episodes))
+    n = min(cfg.num_envs if cfg.num_envs is not None else (1 if cfg.maniskill else usable_cores()), len(episodes))
     return (MirroredSubenv(info["env_id"], kwargs, env.max_steps), n) if n > 1 else None
 
 

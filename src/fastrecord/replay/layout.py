@@ -12,9 +12,7 @@ GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless
 
 
 def default_workers(num_envs: int | None, episodes: int, gpu_sim: bool, gpu_render: bool = False) -> int:
-    """The number of worker processes of a replay whose ``workers`` option is not given, where it does not draw
-    every env in one process (`fastrecord.replay.plan`: the default on machines of ``MANY_CORES`` cores where the
-    envs render on a CUDA device and the replay draws camera observations or render videos).
+    """The number of worker processes of a replay whose ``workers`` option is not given.
 
     CPU simulation on a machine of ``MANY_CORES`` cores or more: the envs (``num_envs``, None: one per
     core) split into workers of ``ENVS_PER_WORKER`` envs where they render on a GPU, else one env per

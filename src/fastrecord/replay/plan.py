@@ -17,7 +17,7 @@ from typing import Any
 
 from fastrecord.options import usable_cores
 from fastrecord.replay.config import CONVERTERS, CPU_BACKENDS, ReplayConfig
-from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, MANY_CORES, default_workers
+from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, default_workers
 from fastrecord.sinks.maniskill_h5 import EpisodeProblem, TrajectoryFile, check_episode
 
 
@@ -292,10 +292,6 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
         # its NAME.h5 only links into the shards: one process would resume the links
         raise ValueError(f"{out / name!s}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
                          f"--workers 2 or more (or under torchrun), or pass --overwrite")
-    if cfg.workers is None and not info.distributed and cores >= MANY_CORES:
-        device = _one_drawing_process(cfg, env, n, vector, resumes_shards=cfg.resume and _has_shards(out, name))
-        if device is not None:
-            return _Layout(n, "async", 1, False, device)
     per_worker = -(-n // workers)  # the largest share
     render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector)
     if vector == "auto":
@@ -312,22 +308,6 @@ def _has_shards(out: Path, name: str) -> bool:
     from fastrecord.shards import list_shards
 
     return bool(list_shards(out, name))
-
-
-def _one_drawing_process(cfg: ReplayConfig, env: _Env, n: int, vector: str, resumes_shards: bool) -> str | None:
-    """Where neither ``workers`` nor ``vector`` is given, on a machine of `MANY_CORES` cores: the CUDA device on
-    which this process draws all ``n`` CPU-simulated envs, which step in sub-env processes
-    (`fastrecord.replay.mirrored`, the layout of `fastrecord record` and `make_eval_envs`); None where that layout
-    does not apply (GPU simulation, a conversion, nothing drawn, point clouds, one env, no CUDA render device, a
-    sharded replay to resume), and the worker processes of `default_workers` replay instead."""
-    if vector != "auto" or env.gpu_sim or env.convert or n <= 1 or resumes_shards:
-        return None
-    if "pointcloud" in str(env.kwargs.get("obs_mode") or "state"):  # made of the pictures inside the env
-        return None
-    try:
-        return _render_device(cfg, env.kwargs, n, False, "async")
-    except ValueError:  # --batched-render on where it cannot run: the workers' layout says so in its words
-        return None
 
 
 def _check_vector(cfg: ReplayConfig, vector: str, per_worker: int, env: _Env) -> None:
