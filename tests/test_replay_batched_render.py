@@ -356,23 +356,19 @@ class _MirrorPictures:
         return {m: torch.cat([t[name][m] for t in self.taken]) for m in modalities if m in self.taken[0][name]}
 
 
-@pytest.mark.parametrize("by", ["states", "actions"])
-def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file, tmp_path, monkeypatch, by):
-    """`--vector async` drawn in one batch (`fastrecord.replay.mirrored`) without a GPU: the sub-envs play in their
-    processes and run each next step ahead while this process draws (pictures from `_MirrorPictures`, at the state
-    each sub-env reported) and records (each step's state from the reports), yet every recorded value (sensor pictures, states, rewards, agent/extra
-    observations) equals a replay whose envs draw themselves; 3 envs over 4 episodes of different lengths."""
-    import fastrecord
+def mirrored_on_the_cpu(monkeypatch) -> None:
+    """`fastrecord.replay.mirrored` without a GPU: the plan draws in one batch wherever it is not told off, the
+    group's pictures come from `_MirrorPictures` (each mirror set to the state its sub-env reported), and the mirrors
+    draw with lavapipe, as the envs."""
     import fastrecord.render.vector
     import fastrecord.replay.mirrored
     import fastrecord.replay.plan
-    from fastrecord.packed import PackedVectorEnv
     from fastrecord.render.vector import mirror_kwargs
 
     monkeypatch.setattr(fastrecord.replay.plan, "_render_device",
                         lambda cfg, *args: None if cfg.batched_render == "off" else "cuda")
     monkeypatch.setattr(fastrecord.render.vector, "GroupRenderer", _MirrorPictures)
-    monkeypatch.setattr(fastrecord.replay.mirrored, "mirror_kwargs",  # the mirrors draw with lavapipe, as the envs
+    monkeypatch.setattr(fastrecord.replay.mirrored, "mirror_kwargs",
                         lambda kwargs, backend=None: {**mirror_kwargs(kwargs), "render_backend": "cpu"})
     cls = fastrecord.replay.mirrored.MirroredReplayVectorEnv
     real_with_sensors = cls._with_sensors
@@ -382,6 +378,18 @@ def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file
         return real_with_sensors(self, obs)
 
     monkeypatch.setattr(cls, "_with_sensors", with_sensors)
+
+
+@pytest.mark.parametrize("by", ["states", "actions"])
+def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file, tmp_path, monkeypatch, by):
+    """`--vector async` drawn in one batch (`fastrecord.replay.mirrored`) without a GPU: the sub-envs play in their
+    processes and run each next step ahead while this process draws (pictures from `_MirrorPictures`, at the state
+    each sub-env reported) and records (each step's state from the reports), yet every recorded value (sensor pictures, states, rewards, agent/extra
+    observations) equals a replay whose envs draw themselves; 3 envs over 4 episodes of different lengths."""
+    import fastrecord
+    from fastrecord.packed import PackedVectorEnv
+
+    mirrored_on_the_cpu(monkeypatch)
     ahead: list[int] = []
     real_step_ahead = PackedVectorEnv.step_ahead
 

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_replay_batched_render import LENGTHS, _assert_identical_replays, _MirrorPictures, _plan, record_input
+from test_replay_batched_render import LENGTHS, _assert_identical_replays, _plan, mirrored_on_the_cpu, record_input
 
 
 @pytest.fixture(scope="module")
@@ -74,46 +74,17 @@ def test_the_early_guess_is_the_plans_envs(pickcube_file, tmp_path, gpu_machine)
         assert both(**kw)[0] is None, kw
 
 
-def _mirrored_on_the_cpu(monkeypatch):
-    """`fastrecord.replay.mirrored` without a GPU: the group's pictures from `_MirrorPictures`."""
-    import fastrecord.render.vector
-    import fastrecord.replay.mirrored
-    import fastrecord.replay.plan
-    from fastrecord.render.vector import mirror_kwargs
-
-    monkeypatch.setattr(fastrecord.replay.plan, "_render_device",
-                        lambda cfg, *args: None if cfg.batched_render == "off" else "cuda")
-    monkeypatch.setattr(fastrecord.render.vector, "GroupRenderer", _MirrorPictures)
-    monkeypatch.setattr(fastrecord.replay.mirrored, "mirror_kwargs",
-                        lambda kwargs, backend=None: {**mirror_kwargs(kwargs), "render_backend": "cpu"})
-    cls = fastrecord.replay.mirrored.MirroredReplayVectorEnv
-    real_with_sensors = cls._with_sensors
-
-    def with_sensors(self, obs):
-        self.renderer.states = list(self._states)
-        return real_with_sensors(self, obs)
-
-    monkeypatch.setattr(cls, "_with_sensors", with_sensors)
-
-
-def test_a_replay_takes_over_the_subenvs_started_for_it_and_ends_others(pickcube_file, tmp_path, monkeypatch):
-    """The processes `early_subenvs` started for a replay are the ones it steps (taken over, none started again),
-    and the replay equals one whose envs draw themselves; processes started for other options (another camera size)
-    are ended by the replay that could not use them, which starts its own."""
-    import fastrecord
+@pytest.fixture
+def launch_spy(monkeypatch):
+    """Every `fastrecord.packed.PackedLaunch` made meanwhile, and those a vector env took over: (made, taken)."""
     from fastrecord.packed import PackedLaunch
-    from fastrecord.replay import run_replay
-    from fastrecord.replay.config import ReplayConfig
-    from fastrecord.replay.early import early_subenvs
 
-    _mirrored_on_the_cpu(monkeypatch)
-    monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
-    launches: list[PackedLaunch] = []
+    made: list[PackedLaunch] = []
     taken: list[PackedLaunch] = []
     real_init, real_take = PackedLaunch.__init__, PackedLaunch.take
 
     def init(self, *args, **kwargs):
-        launches.append(self)
+        made.append(self)
         real_init(self, *args, **kwargs)
 
     def take(self):
@@ -122,6 +93,22 @@ def test_a_replay_takes_over_the_subenvs_started_for_it_and_ends_others(pickcube
 
     monkeypatch.setattr(PackedLaunch, "__init__", init)
     monkeypatch.setattr(PackedLaunch, "take", take)
+    return made, taken
+
+
+def test_a_replay_takes_over_the_subenvs_started_for_it_and_ends_others(pickcube_file, tmp_path, monkeypatch,
+                                                                          launch_spy):
+    """The processes `early_subenvs` started for a replay are the ones it steps (taken over, none started again),
+    and the replay equals one whose envs draw themselves; processes started for other options (another camera size)
+    are ended by the replay that could not use them, which starts its own."""
+    import fastrecord
+    from fastrecord.replay import run_replay
+    from fastrecord.replay.config import ReplayConfig
+    from fastrecord.replay.early import early_subenvs
+
+    mirrored_on_the_cpu(monkeypatch)
+    monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
+    launches, taken = launch_spy
 
     def cfg(out: str, **kw) -> ReplayConfig:
         return ReplayConfig.from_values({**dict(traj_path=str(pickcube_file), output_dir=str(tmp_path / out),
@@ -148,29 +135,16 @@ def test_a_replay_takes_over_the_subenvs_started_for_it_and_ends_others(pickcube
     _assert_identical_replays(tmp_path / "again" / "out.h5", tmp_path / "off" / "out.h5")
 
 
-def test_the_cli_replays_with_the_subenvs_it_started_before_its_imports(pickcube_file, tmp_path, monkeypatch):
+def test_the_cli_replays_with_the_subenvs_it_started_before_its_imports(pickcube_file, tmp_path, monkeypatch,
+                                                                         launch_spy):
     """`fastrecord replay` (the CLI, in this process) hands the sub-env processes it started from its options to the
     replay, which steps them: one launch, taken over, and the replay's episodes all written."""
     import fastrecord
     from fastrecord.commands.cli import main
-    from fastrecord.packed import PackedLaunch
 
-    _mirrored_on_the_cpu(monkeypatch)
+    mirrored_on_the_cpu(monkeypatch)
     monkeypatch.setattr(fastrecord, "PRESTART_CORES", 1)
-    launches: list[PackedLaunch] = []
-    taken: list[PackedLaunch] = []
-    real_init, real_take = PackedLaunch.__init__, PackedLaunch.take
-
-    def init(self, *args, **kwargs):
-        launches.append(self)
-        real_init(self, *args, **kwargs)
-
-    def take(self):
-        taken.append(self)
-        return real_take(self)
-
-    monkeypatch.setattr(PackedLaunch, "__init__", init)
-    monkeypatch.setattr(PackedLaunch, "take", take)
+    launches, taken = launch_spy
     rc = main(["replay", str(pickcube_file), "--obs-mode", "rgb", "--no-video", "--num-envs", "3", "--workers", "1",
                "--vector", "async", "--render-backend", "cpu", "--batched-render", "on", "--trajectory-name", "out",
                "--output-dir", str(tmp_path / "out"), "--quiet"])
@@ -222,35 +196,24 @@ def test_the_cli_starts_its_subenvs_before_importing_torch(tmp_path, command):
 
 
 @pytest.mark.gpu
-def test_the_cli_replay_drawn_in_one_process_equals_each_env_drawing_itself(pickcube_file, tmp_path):
+def test_the_cli_replay_drawn_in_one_process_equals_each_env_drawing_itself(pickcube_file, tmp_path, launch_spy):
     """On a GPU machine of `fastrecord.PRESTART_CORES` or more cores, `fastrecord replay --workers 1 --vector async`
     draws its envs in one process from sub-env processes started before its imports, and writes what a replay whose
     envs draw themselves writes (state -> rgb, render videos)."""
     from test_replay_batched_render import _assert_same_replays, _assert_same_videos
 
-    import fastrecord.packed
     from fastrecord import PRESTART_CORES
     from fastrecord.commands.cli import main
     from fastrecord.workers import affinity_cores
 
     if affinity_cores() < PRESTART_CORES:
         pytest.skip(f"{affinity_cores()} cores: the sub-envs start after the imports below {PRESTART_CORES}")
-    taken: list = []
-    real_take = fastrecord.packed.PackedLaunch.take
-
-    def take(self):
-        taken.append(self)
-        return real_take(self)
-
-    fastrecord.packed.PackedLaunch.take = take  # type: ignore[method-assign]
-    try:
-        common = [str(pickcube_file), "--obs-mode", "rgb", "--num-envs", "3", "--trajectory-name", "out", "--quiet",
-                  "--workers", "1"]
-        assert main(["replay", *common, "--output-dir", str(tmp_path / "one"), "--vector", "async"]) == 0
-        assert len(taken) == 1  # one launch, the early one, taken over
-        assert main(["replay", *common, "--output-dir", str(tmp_path / "off"), "--batched-render", "off",
-                     "--vector", "sync"]) == 0
-    finally:
-        fastrecord.packed.PackedLaunch.take = real_take  # type: ignore[method-assign]
+    launches, taken = launch_spy
+    common = [str(pickcube_file), "--obs-mode", "rgb", "--num-envs", "3", "--trajectory-name", "out", "--quiet",
+              "--workers", "1"]
+    assert main(["replay", *common, "--output-dir", str(tmp_path / "one"), "--vector", "async"]) == 0
+    assert len(launches) == 1 and taken == launches  # one launch, the early one, taken over
+    assert main(["replay", *common, "--output-dir", str(tmp_path / "off"), "--batched-render", "off",
+                 "--vector", "sync"]) == 0
     _assert_same_replays(tmp_path / "one" / "out.h5", tmp_path / "off" / "out.h5")
     _assert_same_videos(tmp_path / "one", tmp_path / "off")
