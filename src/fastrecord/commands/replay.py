@@ -36,9 +36,9 @@ replays in ``source_episode_id``. Existing output files are never replaced witho
 ``--workers N`` splits the episodes over N processes, each with its own envs and recorder writing a
 shard (input episode ``g`` goes to worker ``g % N``; by default several workers on machines of 8 or
 more cores, see --workers below); the shards are joined at the end into ``NAME.h5`` (external links) +
-``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0
-joins. A worker that fails or is killed does not stop the others; the error names it and the missing episodes,
-and re-running resumes.
+``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0 joins. A worker that
+fails or is killed does not stop the others; the error names it and the missing episodes, and
+re-running resumes.
 
 ManiSkill's command line works with the program's name changed: every flag of
 ``python -m mani_skill.trajectory.replay_trajectory`` (``--traj-path``, ``-o``, ``-c``, ``--save-traj``,

@@ -288,10 +288,14 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
     else:  # CPU: one env per core (ManiSkill's tool: one), or the one env a CPU ManiSkill env holds
         n = workers if (vector == "batched" or cfg.maniskill) else max(cores, workers)
     n = min(n, episodes)
-    if workers == 1 and not info.distributed and cfg.resume and _has_shards(out, name):
-        # its NAME.h5 only links into the shards: one process would resume the links
-        raise ValueError(f"{out / name!s}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
-                         f"--workers 2 or more (or under torchrun), or pass --overwrite")
+    if workers == 1 and not info.distributed and cfg.resume:
+        from fastrecord.shards import list_shards
+
+        if list_shards(out, name):  # its NAME.h5 only links into the shards: one process would resume the links
+            raise ValueError(
+                f"{out / name!s}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
+                f"--workers 2 or more (or under torchrun), or pass --overwrite"
+            )
     per_worker = -(-n // workers)  # the largest share
     render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector)
     if vector == "auto":
@@ -302,12 +306,6 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
         vector = "batched" if gpu_sim else ("sync" if render_device or per_worker <= ENVS_PER_WORKER else "async")
     _check_vector(cfg, vector, per_worker, env)
     return _Layout(n, vector, workers, info.distributed, render_device)
-
-
-def _has_shards(out: Path, name: str) -> bool:
-    from fastrecord.shards import list_shards
-
-    return bool(list_shards(out, name))
 
 
 def _check_vector(cfg: ReplayConfig, vector: str, per_worker: int, env: _Env) -> None:
