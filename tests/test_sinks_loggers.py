@@ -243,14 +243,15 @@ def test_cli_replay_log_hands_the_logger_to_the_replay(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_run_replay(cfg, stop=None, sinks=None):
-        seen.update(cfg=cfg, sinks=sinks)
+    def fake_run_replay(cfg, stop=None, sinks=None, early=None):
+        seen.update(cfg=cfg, sinks=sinks, early=early)
         raise KeyboardInterrupt  # the CLI's clean way out, before anything is replayed
 
     monkeypatch.setattr(replay, "run_replay", fake_run_replay)
     main(["replay", str(tmp_path / "t.h5"), "--log", "tensorboard"])
     assert [type(s) for s in seen["sinks"]] == [TensorBoardSink]
     assert not hasattr(seen["cfg"], "log")
+    assert seen["early"] is None  # not a replay drawn in one process: nothing started early
 
 
 # ---------------------------------------------------------------------------------------------- W&B
