@@ -7,6 +7,7 @@ Imports neither torch nor ManiSkill until a replay starts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -54,36 +55,32 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     from fastrecord.system import process_age
 
     age = process_age()
-    try:
+    with contextlib.ExitStack() as cleanup:
+        if early is not None:  # a launch the replay did not take over (a wrong guess, a refusal): its processes end
+            cleanup.callback(early.close)
         check_input(Path(cfg.traj_path))
         traj = open_trajectory(cfg.traj_path)
-    except BaseException:
-        if early is not None:
-            early.close()
-        raise
-    try:
-        plan = make_plan(cfg, traj)
-        if early is not None and (plan.distributed or plan.workers > 1):
-            early.close()  # the guess was wrong: worker processes make their own envs
-        if plan.distributed:
-            summary = run_rank(plan, stop, sinks, t0)
-        elif plan.workers > 1:
-            summary = run_workers(plan, stop, sinks, t0)
-        else:
-            summary = run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0, launch=early)
-        summary.process_age = age
-        return summary
-    except OutputExistsError as e:
-        if e.found is None:  # another process holds the name: its advice stands
-            raise
-        raise OutputExistsError(
-            f"{e.found} Choose: --resume (resume=True) continues that replay, replaying only the episodes it does not "
-            f"hold; --overwrite (overwrite=True) deletes it first; or pass another --trajectory-name or --output-dir.",
-            found=e.found) from None
-    finally:
-        traj.close()
-        if early is not None:
-            early.close()  # a launch the replay did not take over (a wrong guess, a refusal): its processes end
+        cleanup.callback(traj.close)
+        try:
+            plan = make_plan(cfg, traj)
+            if early is not None and (plan.distributed or plan.workers > 1):
+                early.close()  # the guess was wrong: worker processes make their own envs
+            if plan.distributed:
+                summary = run_rank(plan, stop, sinks, t0)
+            elif plan.workers > 1:
+                summary = run_workers(plan, stop, sinks, t0)
+            else:
+                summary = run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0,
+                                   launch=early)
+            summary.process_age = age
+            return summary
+        except OutputExistsError as e:
+            if e.found is None:  # another process holds the name: its advice stands
+                raise
+            raise OutputExistsError(
+                f"{e.found} Choose: --resume (resume=True) continues that replay, replaying only the episodes it does "
+                f"not hold; --overwrite (overwrite=True) deletes it first; or pass another --trajectory-name or "
+                f"--output-dir.", found=e.found) from None
 
 
 def replay_trajectories(
