@@ -85,7 +85,8 @@ def timed(argv: list[str], label: str, loop: list[float] | None = None, src: Pat
 
     env = child_env(src)
     if stamps is not None:
-        stamps.unlink(missing_ok=True)
+        for old in [stamps, *stamps.parent.glob(f"{stamps.name}.*")]:
+            old.unlink(missing_ok=True)
         env["FASTRECORD_TIMELINE"] = str(stamps)
     launched = time.time()
     t0 = time.perf_counter()
@@ -97,6 +98,11 @@ def timed(argv: list[str], label: str, loop: list[float] | None = None, src: Pat
         phases = sorted(json.loads(stamps.read_text()).items(), key=lambda kv: kv[1])
         print(f"  {label}: phases (s after launch) " + ", ".join(f"{k} {t - launched:.2f}" for k, t in phases)
               + f", exit {seconds:.2f}", flush=True)
+        for child in sorted(stamps.parent.glob(f"{stamps.name}.worker*")):  # a replay worker's own phases
+            if child.suffix == ".tmp":
+                continue
+            phases = sorted(json.loads(child.read_text()).items(), key=lambda kv: kv[1])
+            print(f"    {child.suffix[1:]}: " + ", ".join(f"{k} {t - launched:.2f}" for k, t in phases), flush=True)
     for line in r.stdout.splitlines():
         if line.startswith(("workers (", "start-up", "speed:")):
             print(f"  {label}: {line}", flush=True)

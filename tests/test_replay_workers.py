@@ -20,7 +20,7 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-from conftest import CAMERA, checkout_env, leaves, torchrun
+from conftest import CAMERA, checkout_env, fastrecord_cli, leaves, torchrun
 
 from fastrecord.replay import ReplayConfig, ReplayWorkerError, default_workers, run_replay
 
@@ -117,6 +117,25 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
 def run_cli(argv: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "fastrecord", "replay", *argv], env=checkout_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_each_worker_writes_its_phases_to_a_timeline_of_its_own(demo, tmp_path):
+    """With FASTRECORD_TIMELINE (benchmarks/bench_replay.py --stamps) each worker's phases go to ``PATH.workerN``, in
+    order, and the caller's file holds the caller's phases: no worker rewrote it with what it inherited."""
+    path = tmp_path / "timeline.json"
+    r = fastrecord_cli("replay", str(demo), "--workers", "2", "--num-envs", "2", "--no-video", "--obs-mode", "rgb",
+                       "--output-dir", str(tmp_path / "out"), "--env-kwargs",
+                       f"sensor_configs={json.dumps(SENSORS['sensor_configs'])}",
+                       env={"FASTRECORD_TIMELINE": str(path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    caller = json.loads(path.read_text())
+    assert {"main", "imported", "loop_end"} <= set(caller) and "worker_entered" not in caller
+    phases = ["worker_entered", "plan_made", "envs_made", "first_step_done", "drive_loop_end", "recorder_drained",
+              "worker_done"]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"timeline.json.worker{rank}").read_text())
+        assert [k for k in sorted(got, key=got.get) if k in phases] == phases
+        assert "main" not in got and caller["imported"] < got["worker_entered"] < got["worker_done"] < caller["loop_end"]
 
 
 def test_killed_worker_then_rerun_resumes(tmp_path):

@@ -83,6 +83,18 @@ def stamp(name: str) -> None:
         os.replace(tmp, path)
 
 
+def child_timeline(tag: str) -> None:
+    """In a child process that stamps phases of its own (a replay worker): its stamps go to
+    ``<FASTRECORD_TIMELINE>.<tag>``, starting empty, instead of rewriting the caller's file with the stamps this
+    process inherited from it. Nothing without the variable."""
+    path = os.environ.get(TIMELINE_ENV)
+    if not path:
+        return
+    with _stamps_lock:
+        os.environ[TIMELINE_ENV] = f"{path}.{tag}"
+        _stamps.clear()
+
+
 QUIET_MANISKILL = ("is not installed with git",)  # ManiSkill log lines the CLI drops (repeated, not actionable)
 MANISKILL_LOGGERS = ("mani_skill ", "mani_skill")  # 3.0.1 names its logger with a trailing space
 

@@ -26,6 +26,7 @@ from fastrecord.replay.early import MirroredSubenv
 from fastrecord.replay.envs import BatchedEnv, ReplayStates, VectorBatch, make_replay_env, tree_index, tree_stack
 from fastrecord.replay.plan import ReplayPlan, Verdict
 from fastrecord.sinks.maniskill_h5 import TrajectoryFile
+from fastrecord.system import stamp
 
 if TYPE_CHECKING:
     from fastrecord.packed import PackedLaunch
@@ -109,6 +110,7 @@ class _Tally:
         """The envs are made: the start-up ends and the replay's own time (and its progress bar) begins."""
         from tqdm import tqdm
 
+        stamp("envs_made")
         self.t_run = time.perf_counter()
         self.startup = self.t_run - self.t0 if self.t0 is not None else 0.0
         self.bar = tqdm(total=self.total, unit="episode", disable=not self.cfg.progress or self.progress is not None,
@@ -300,6 +302,8 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
             slots.start(list(range(batch.num_envs)))
         while not tally.stopping and slots.busy:
             success, truncated, steps = slots.step()
+            if not tally.env_steps:
+                stamp("first_step_done")
             tally.env_steps += steps
             done = slots.ended()
             finished = 0
@@ -327,7 +331,9 @@ def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch:
                 if slots.slot[e] is not None:
                     rec.set_episode_meta([e], [None])
                     slots.slot[e] = None
+        stamp("drive_loop_end")
         rec.wait_until_done()
+        stamp("recorder_drained")
     finally:
         tally.close()
         try:  # every finished replay was flushed: what is in progress (an exception, Ctrl-C) is not saved

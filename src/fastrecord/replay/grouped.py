@@ -29,6 +29,7 @@ import numpy.typing as npt
 import torch
 
 from fastrecord.render.group import MODALITIES, GroupRenderer
+from fastrecord.system import stamp
 
 STATE_MODES = ("state", "state_dict")
 # SyncVectorEnv.step's return: observations, rewards, terminations, truncations, infos
@@ -66,6 +67,17 @@ def groupable(base: Any) -> str | None:
     return None
 
 
+def _stamped(make: Callable[[], gym.Env], name: str) -> Callable[[], gym.Env]:
+    """``make``, stamping ``name`` when it returns (`fastrecord.system.stamp`: where a worker's start-up goes)."""
+
+    def made() -> gym.Env:
+        env = make()
+        stamp(name)
+        return env
+
+    return made
+
+
 class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
     """A SyncVectorEnv of replay envs drawn in one batch per camera name (see the module docstring).
 
@@ -75,7 +87,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
     renders_batched = True  # fastrecord's VectorEnvView calls render() once instead of call("render")
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], device: str = "cuda", **kwargs: Any) -> None:
-        super().__init__(env_fns, **kwargs)
+        super().__init__([_stamped(fn, f"env{i}_made") for i, fn in enumerate(env_fns)], **kwargs)
         try:
             bases: list[Any] = [e.unwrapped for e in self.envs]  # ManiSkill envs
             why = groupable(bases[0])
@@ -85,6 +97,7 @@ class GroupedSyncVectorEnv(PreparedSyncVectorEnv):
                 raise BatchedRenderError(f"env {bases[0].spec.id if bases[0].spec else type(bases[0]).__name__} cannot "
                                          f"render in one batch: {why}; replay with --batched-render off")
             self.renderer = GroupRenderer(bases, device=device)
+            stamp("group_renderer_built")
             self._pictures: list[dict[str, Any] | None] | None = None
             # the replay loop's next actions (`step`: pipelined), the actions prepared ahead, and the sensor data's
             # layout ({camera: {modality: (shape, dtype)}}, from the last pictures read)

@@ -26,7 +26,7 @@ from fastrecord.replay.drive import replayed_sources, run_plan
 from fastrecord.replay.plan import ReplayPlan, make_plan
 from fastrecord.shards import ranges_text
 from fastrecord.sinks.maniskill_h5 import open_trajectory
-from fastrecord.system import quiet_third_party
+from fastrecord.system import child_timeline, quiet_third_party, stamp
 from fastrecord.workers import claim_process, forkserver_context
 
 if TYPE_CHECKING:
@@ -112,6 +112,8 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
     import traceback
 
     entered = time.perf_counter() - t0  # perf_counter is the system's monotonic clock: the caller's t0 holds here
+    child_timeline(f"worker{share.rank}")  # benchmarks/bench_replay.py --stamps: this worker's phases, its own file
+    stamp("worker_entered")
 
     from tqdm import tqdm
 
@@ -128,6 +130,7 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
                 # take this one process for a --workers 1 --resume of a sharded replay and refuse
                 plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs, resume=False), traj,
                                  checked=True)  # the caller checked every episode's data
+                stamp("plan_made")
                 s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)))
             finally:
                 traj.close()
@@ -139,6 +142,7 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
             messages.join_thread()
             raise SystemExit(1) from None
     s.worker_times = [(entered, s.startup_seconds, s.startup_seconds + s.seconds)]
+    stamp("worker_done")
     messages.put(("done", share.rank, s))
     messages.close()
     messages.join_thread()
