@@ -129,7 +129,7 @@ case $stage in
     run 100 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -k async -q -p no:cacheprovider
     run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
       --also "--workers 1 --vector async"
-    run 150 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async,async_per4 \
+    run 150 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async_per2,async \
       --json "$out/profile_replay.json"
     ;;
   ahead_and_eval)
@@ -139,7 +139,7 @@ case $stage in
     run 90 pytest python3 -m pytest -m gpu tests/test_replay_batched_render.py -k async -q -p no:cacheprovider
     run 180 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
       --also "--workers 1 --vector async"
-    run 120 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async,async_per4 \
+    run 120 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async_per2,async \
       --json "$out/profile_replay.json"
     run 70 profile_eval_this python3 -m benchmarks.profile_eval --variants default --json "$out/profile_this.json"
     PYTHONPATH="/tmp/gpukit:$PWD/$before:$PWD" run 70 profile_eval_before python3 -m benchmarks.profile_eval \
@@ -151,7 +151,7 @@ case $stage in
     # outside the steps goes (episodes flushed, input read, close); the eval's profile. Six files back (at most 8 return)
     run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
       --also "--workers 1 --vector async"
-    run 100 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async_per4,sync \
+    run 100 profile python3 -m benchmarks.profile_replay --episodes 96 --num-envs 16 --variants async,sync \
       --json "$out/profile_replay.json"
     # the eval's 16 mirror builds each held a full collection of ~140 ms (ahead_and_eval): which thread, how much frozen
     run 60 profile_eval python3 -m benchmarks.profile_eval --variants default --json "$out/profile_eval.json"

@@ -5,8 +5,8 @@ fresh process (``--variants``):
     python -m benchmarks.profile_replay --episodes 96 --num-envs 16                  # mirrored (async) and sync
     python -m benchmarks.profile_replay --traj demos/pickcube.h5 --variants async,async_per1
 
-Variants: ``async`` (`--workers 1 --vector async`: sub-env processes, two envs each, drawn in this process by
-`fastrecord.replay.mirrored`), ``async_per1`` / ``async_per4`` (the same, one / four envs a sub-env process), ``sync``
+Variants: ``async`` (`--workers 1 --vector async`: sub-env processes, four envs each, drawn in this process by
+`fastrecord.replay.mirrored`), ``async_per1`` / ``async_per2`` (the same, one / two envs a sub-env process), ``sync``
 (`--workers 1 --vector sync`: every env in this process, drawn in one group). Layers (mean and p50 ms a call, and
 seconds in all): ``batch.step`` (the replay loop's step: the vector env and the recorder), ``subenvs.step`` (the
 sub-env processes' answer, `PackedVectorEnv.step` / ``step_ahead``), ``draw`` (the group's sensor pictures to the
@@ -33,7 +33,7 @@ from pathlib import Path
 VARIANTS = {
     "async": dict(workers=1, vector="async"),
     "async_per1": dict(workers=1, vector="async"),
-    "async_per4": dict(workers=1, vector="async"),
+    "async_per2": dict(workers=1, vector="async"),
     "sync": dict(workers=1, vector="sync"),
 }
 
@@ -67,8 +67,8 @@ def _timers(variant: str) -> dict[str, list[float]]:
     wrap(recorder.EpisodeRecorder, "finalize", "recorder.finalize")
     wrap(drive._Slots, "_plan", "plan")  # an episode's actions and states read from the input file
     wrap(envs.VectorBatch, "close", "batch.close")
-    if variant in ("async_per1", "async_per4"):
-        packed.ENVS_PER_PROCESS = int(variant[-1])
+    if variant in ("async_per1", "async_per2"):
+        mirrored.SUBENVS_PER_PROCESS = int(variant[-1])  # what mirrored_replay_env packs its sub-envs by
     return times
 
 

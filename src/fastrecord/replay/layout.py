@@ -8,6 +8,11 @@ from __future__ import annotations
 
 MANY_CORES = 8  # from this many cores on, a replay of CPU-simulated envs runs several worker processes by default
 ENVS_PER_WORKER = 4  # envs one process holds (their renders submitted together); more go to sub-processes of one env
+# sub-envs a process steps where a replay draws them in one process (`fastrecord.replay.mirrored`, --vector async): a
+# replay step's physics is light (run ahead while the group draws), and fewer processes make their envs sooner: on the
+# H100 (2026-12-06, profile_replay, 96 episodes, 16 envs) four a process started 1.2 s sooner than two and looped in
+# 7.03 s against 7.61 s; 16 envs in 4 processes made in 2.95 s against 8.4 s in 16 (probe_make_contention)
+SUBENVS_PER_PROCESS = 4
 GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless num_envs says otherwise
 
 
