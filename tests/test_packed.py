@@ -401,6 +401,45 @@ def test_a_background_launch_closed_without_being_taken(tmp_path):
     launch.close()  # idempotent
 
 
+def test_a_launch_closed_without_waiting_returns_at_once_and_its_thread_ends_what_it_starts(monkeypatch):
+    """The CLI's refusal of an option ends an early launch with ``close(wait=False)``: it returns while the thread
+    is still starting processes (here each start waits 0.5 s, as a start waits for the forkserver's preload), and the
+    thread ends each process it started and starts no more."""
+    import time
+
+    real = multiprocessing.get_context()
+
+    class SlowStarts:
+        def Pipe(self, *args):
+            return real.Pipe(*args)
+
+        def Process(self, **kwargs):
+            proc = real.Process(**kwargs)
+            start = proc.start
+
+            def slow() -> None:
+                time.sleep(0.5)
+                start()
+
+            proc.start = slow
+            return proc
+
+    monkeypatch.setattr("fastrecord.packed.multiprocessing.get_context", lambda context=None: SlowStarts())
+    launch = PackedLaunch(scripted_fns(), PER_PROCESS, background=True)
+    t0 = time.perf_counter()
+    launch.close(wait=False)
+    assert time.perf_counter() - t0 < 0.25
+    launch.close()  # idempotent, and still not waiting
+    assert time.perf_counter() - t0 < 0.25
+    launch._thread.join(30)
+    assert len(launch.processes) == 1 and all_ended(launch)  # the start in flight; the other two never began
+
+    waited = PackedLaunch(scripted_fns(), PER_PROCESS, background=True)
+    t0 = time.perf_counter()
+    waited.close()  # the default waits for the three starts, then ends them
+    assert time.perf_counter() - t0 >= 1.5 and len(waited.processes) == 3 and all_ended(waited)
+
+
 def test_a_background_launch_taken_over_by_the_vector_env():
     launch = PackedLaunch(cartpole_fns(), PER_PROCESS, autoreset_mode="SameStep", background=True)
     envs = PackedVectorEnv(launch=launch)

@@ -195,6 +195,49 @@ def test_the_cli_starts_its_subenvs_before_importing_torch(tmp_path, command):
     assert "launched; imported: []" in done.stdout, (done.stdout, done.stderr[-3000:])
 
 
+REFUSAL_PROBE = """
+import sys
+import fastrecord, fastrecord.options, fastrecord.packed
+from fastrecord import system
+fastrecord.PRESTART_CORES = 1
+system.has_nvidia_gpu = lambda: True
+fastrecord.options.usable_cores = lambda *args: 16
+
+class Launch:
+    def __init__(self, *args, **kwargs):
+        print("launched", flush=True)
+
+    def made_for(self, *args):
+        return False
+
+    def close(self, wait=True):
+        print(f"closed, wait={wait}", flush=True)
+
+fastrecord.packed.PackedLaunch = Launch
+from fastrecord.commands.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_refused_replay_ends_its_early_launch_without_waiting_for_its_starts(tmp_path):
+    """A replay whose sub-envs the CLI started early, then refused (its input is no HDF5 file), ends the launch with
+    ``close(wait=False)``: the one-line error does not wait for the forkserver's preload (seconds on a GPU machine)."""
+    h5 = tmp_path / "demo.h5"
+    h5.write_text("not an HDF5 file")
+    episodes = [dict(episode_id=i, episode_seed=i, elapsed_steps=n, control_mode="pd_joint_delta_pos")
+                for i, n in enumerate(LENGTHS)]
+    h5.with_suffix(".json").write_text(json.dumps(dict(
+        env_info=dict(env_id="PickCube-v1", max_episode_steps=10, env_kwargs=dict(obs_mode="state")), episodes=episodes)))
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(REFUSAL_PROBE), "replay", str(h5), "--obs-mode", "rgb",
+                           "--workers", "1", "--vector", "async", "--output-dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert done.returncode == 2 and "is not a readable HDF5 file" in done.stderr, (done.stdout, done.stderr[-3000:])
+    assert done.stdout.splitlines()[0] == "launched" and "closed, wait=False" in done.stdout.splitlines()
+    assert "closed, wait=True" not in done.stdout
+
+
 @pytest.mark.gpu
 def test_the_cli_replay_drawn_in_one_process_equals_each_env_drawing_itself(pickcube_file, tmp_path, launch_spy):
     """On a GPU machine of `fastrecord.PRESTART_CORES` or more cores, `fastrecord replay --workers 1 --vector async`

@@ -86,7 +86,9 @@ class PackedLaunch:
 
     ``background=True`` starts them on a thread (``Process.start`` on the forkserver context waits for the
     server's preload): the caller goes on with its own imports while the sub-envs are made, then
-    ``PackedVectorEnv(launch=...)`` takes them over. ``close()`` ends processes that were never taken over."""
+    ``PackedVectorEnv(launch=...)`` takes them over. ``close()`` ends processes that were never taken over;
+    ``close(wait=False)`` returns at once where the thread is still starting them (a refusal of the options, whose
+    one-line error should not wait for the server's preload): the thread then ends each process it starts."""
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], envs_per_process: int | None = None, *,
                  context: str | None = None, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
@@ -103,6 +105,9 @@ class PackedLaunch:
         self._failed: BaseException | None = None
         self._taken = False
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # the launch's thread and close(wait=False) agree on who ends the processes
+        self._abandoned = False  # closed without waiting: the thread ends what it starts
+        self._thread_done = False
         if background:
             self._thread = threading.Thread(target=self._start, name="fastrecord-packed-launch", daemon=True)
             self._thread.start()
@@ -116,6 +121,8 @@ class PackedLaunch:
             first = 0
             with clear_mpi_env_vars():
                 for size in self.sizes:
+                    if self._abandoned:
+                        break
                     parent, child = self._ctx.Pipe()
                     proc = self._ctx.Process(
                         target=process_main, name=f"fastrecord-subenvs-{first}-{first + size - 1}", daemon=self._daemon,
@@ -123,11 +130,18 @@ class PackedLaunch:
                               first, self.autoreset_mode))
                     proc.start()
                     child.close()
-                    self.processes.append(proc)
-                    self.pipes.append(parent)
+                    with self._lock:
+                        self.processes.append(proc)
+                        self.pipes.append(parent)
                     first += size
         except BaseException as e:  # noqa: BLE001 - raised where the launch is taken over
             self._failed = e
+        finally:
+            with self._lock:
+                abandoned = self._abandoned
+                self._thread_done = True
+            if abandoned:
+                _end(self.processes, self.pipes)
 
     def made_for(self, env_fns: Sequence[Callable[[], gym.Env]], autoreset_mode: AutoresetMode) -> bool:
         """Whether these processes make the envs of ``env_fns`` (functions that compare equal, in the same order)
@@ -144,14 +158,20 @@ class PackedLaunch:
         self._taken = True
         return self.processes, self.pipes
 
-    def close(self) -> None:
-        """End the processes at once, unless a `PackedVectorEnv` took them over."""
+    def close(self, wait: bool = True) -> None:
+        """End the processes at once, unless a `PackedVectorEnv` took them over. ``wait=False``: where the launch's
+        thread is still starting them, leave them to it (it ends each as its start returns) and return now."""
         if self._taken:
             return
+        self._taken = True
         if self._thread is not None:
+            if not wait:
+                with self._lock:
+                    if not self._thread_done:
+                        self._abandoned = True
+                        return
             self._thread.join()
         _end(self.processes, self.pipes)
-        self._taken = True
 
 
 def _end(processes: list[Any], pipes: list[Any], grace: float = 10.0) -> None:

@@ -463,8 +463,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastrecord {args.command}: interrupted (SIGINT)", file=sys.stderr)
         return 128 + signal.SIGINT
     finally:
-        if early is not None:
-            early.close()  # processes the run did not take over (a refusal, a wrong guess); a no-op otherwise
+        if early is not None:  # processes the run did not take over (a refusal, a wrong guess); a no-op otherwise. Not
+            # waiting for their starts: a refusal's one line would wait for the forkserver's preload (seconds)
+            early.close(wait=False)
 
 
 def _start_subenvs(module: Any, args: argparse.Namespace) -> Any:

@@ -88,9 +88,9 @@ class EarlySubenvs:
     def __init__(self, launch: Any, env_kwargs: dict[str, Any]) -> None:
         self.launch, self.env_kwargs = launch, dict(env_kwargs)
 
-    def close(self) -> None:
-        """End the processes, unless a vector env took them over."""
-        self.launch.close()
+    def close(self, wait: bool = True) -> None:
+        """End the processes, unless a vector env took them over (``wait``: `fastrecord.packed.PackedLaunch.close`)."""
+        self.launch.close(wait)
 
 
 def _launch(cfg: RecordConfig, kwargs: dict[str, Any]) -> EarlySubenvs:

@@ -153,8 +153,8 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
         if cfg.record.if_exists == "resume" and cfg.record.trajectory_name:
             shards.check_resume(cfg.output_dir, cfg.record.trajectory_name, base_seed=cfg.seed)
     except BaseException:
-        if early is not None:  # the sub-envs started early end with the refusal
-            early.close()
+        if early is not None:  # the sub-envs started early end with the refusal, which does not wait for their starts
+            early.close(wait=False)
         raise
     t_start = time.perf_counter()
     env = make_recorded_env(cfg, sinks, auto_reset=False, early=early, check_env=check_env)

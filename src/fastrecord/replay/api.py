@@ -56,8 +56,8 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
 
     age = process_age()
     with contextlib.ExitStack() as cleanup:
-        if early is not None:  # a launch the replay did not take over (a wrong guess, a refusal): its processes end
-            cleanup.callback(early.close)
+        if early is not None:  # a launch the replay did not take over (a refusal): its processes end, the refusal
+            cleanup.callback(early.close, wait=False)  # not waiting for their starts
         check_input(Path(cfg.traj_path))
         traj = open_trajectory(cfg.traj_path)
         cleanup.callback(traj.close)
