@@ -393,6 +393,7 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
     failed: list[BaseException] = []
 
     def build() -> None:
+        stamp("mirrors_started")
         try:
             with scenes_built():
                 for _ in range(num_envs):

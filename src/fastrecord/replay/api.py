@@ -52,7 +52,7 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     from fastrecord.replay.workers import run_rank, run_workers
     from fastrecord.sinks.base import OutputExistsError
     from fastrecord.sinks.maniskill_h5 import open_trajectory
-    from fastrecord.system import process_age
+    from fastrecord.system import process_age, stamp
 
     age = process_age()
     with contextlib.ExitStack() as cleanup:
@@ -63,6 +63,7 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
         cleanup.callback(traj.close)
         try:
             plan = make_plan(cfg, traj)
+            stamp("plan_made")  # benchmarks/bench_replay.py --stamps: the input read and checked, the plan made
             if early is not None and (plan.distributed or plan.workers > 1):
                 early.close()  # the guess was wrong: worker processes make their own envs
             if plan.distributed:
