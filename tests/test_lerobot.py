@@ -303,6 +303,57 @@ def record_double(out: Path, rounds: int, **sink_kw) -> RecordEpisode:
     return env
 
 
+def test_the_videos_and_the_dataset_encode_under_one_limit_while_the_env_steps(tmp_path, monkeypatch):
+    """``lerobot=True`` beside the videos: the recorder's encoders share one `EncodeGate`, so while the env steps
+    no more than its limit (the cores a CPU vector env's sub-envs leave: here 1) encode at once, the videos' and the
+    dataset's together; at the close every output is written (its dataset's videos equal the recorded frames)."""
+    import threading
+    import time
+
+    from fastrecord import video as video_mod
+    from fastrecord.sinks import mp4 as mp4_mod
+
+    lock, active, most, calls = threading.Lock(), [0], [0], [0]
+
+    def counting(real):
+        def encode(*args, **kwargs):
+            with lock:
+                active[0] += 1
+                calls[0] += 1
+                most[0] = max(most[0], active[0])
+            try:
+                time.sleep(0.05)  # long enough for another encode to start beside it, were it allowed
+                return real(*args, **kwargs)
+            finally:
+                with lock:
+                    active[0] -= 1
+        return encode
+
+    monkeypatch.setattr(mp4_mod, "encode_mp4", counting(mp4_mod.encode_mp4))  # the videos'
+    monkeypatch.setattr(video_mod, "encode_mp4", counting(video_mod.encode_mp4))  # the dataset's (imported at its call)
+    monkeypatch.setattr("fastrecord.sinks.factory.stepping_video_workers", lambda workers, processes, cores: 1)
+    env = BatchedDoubleEnv(num_envs=4, max_episode_steps=3, size=32, obs_mode="rgb")
+    env = RecordEpisode(env, tmp_path, trajectory_name="double", lerobot=True, video_workers=4)
+    rec = env.recorder
+    assert rec.videos._gate is rec.lerobot.gate and rec.lerobot.gate.limit == 1
+    for r in range(2):
+        env.reset(seed=r)
+        for _ in range(3):
+            env.step(torch.as_tensor(env.action_space.sample()).reshape(4, -1))
+    env.reset(seed=2)  # the second round's episodes end here
+    deadline = time.monotonic() + 120
+    while calls[0] < 16:  # 8 videos, 8 of the dataset's: encoded while the "env steps" (nobody waits)
+        assert time.monotonic() < deadline, f"{calls[0]} of 16 encodes in 120 s"
+        time.sleep(0.02)
+    assert most[0] == 1 == rec.lerobot.gate.most
+    env.close()
+    info, _, episodes = read_dataset(tmp_path / "double.lerobot")
+    assert info["total_episodes"] == 8 and len(list(tmp_path.glob("*.mp4"))) == 8
+    with h5py.File(tmp_path / "double.h5") as f:
+        frames = [f[f"traj_{i}/obs/sensor_data/base_camera/rgb"][:-1] for i in range(8)]
+    check_videos(tmp_path / "double.lerobot", info, episodes, frames, min_psnr=28)
+
+
 def test_lerobot_files_roll_past_the_size_limit_and_keep_success(tmp_path):
     """A video limit of a few KiB: a new file every couple of episodes, each with the episodes' offsets in its
     own file; keep='success' writes the two succeeding envs' episodes only."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fastrecord.options import default_trajectory_writers, default_video_workers, stepping_video_workers, usable_cores
-from fastrecord.sinks.base import Sink
+from fastrecord.sinks.base import EncodeGate, Sink
 
 if TYPE_CHECKING:
     from fastrecord.envs import EnvView
@@ -77,22 +77,23 @@ def build_sinks(options: RecordOptions, view: EnvView, extra: Sequence[Sink] = (
         if options.source_desc is not None:
             header["source_desc"] = options.source_desc
         trajectory = ManiSkillH5Sink(header, writers=writers, compression=options.trajectory_compression)
+    gate = None  # the recorder's encoders (videos, LeRobot's videos) at once while the env steps
+    if options.save_video or options.lerobot:
+        from fastrecord.envs import simulation_processes
+
+        workers = options.video_workers
+        if workers is None:
+            workers = chosen["video_workers"] = default_video_workers(usable_cores())
+        gate = EncodeGate(min(workers, stepping_video_workers(workers, simulation_processes(view.env), usable_cores())))
     if options.save_video:
         from fastrecord.sinks.mp4 import Mp4Sink
 
         settings = video_settings(options)
-        workers = options.video_workers
-        if workers is None:
-            workers = chosen["video_workers"] = default_video_workers(usable_cores())
-        from fastrecord.envs import simulation_processes
-
-        stepping = stepping_video_workers(workers, simulation_processes(view.env), usable_cores())
-        videos = Mp4Sink(settings, layout=options.video_layout, num_envs=view.num_envs, workers=workers,
-                         stepping_workers=stepping, max_steps_per_video=options.max_steps_per_video,
-                         info_on_video=options.info_on_video)
+        videos = Mp4Sink(settings, layout=options.video_layout, num_envs=view.num_envs, workers=workers, gate=gate,
+                         max_steps_per_video=options.max_steps_per_video, info_on_video=options.info_on_video)
     lerobot = None
     if options.lerobot:
-        lerobot = lerobot_sink(options, view, chosen)
+        lerobot = lerobot_sink(options, view, chosen, gate)
     own = [s for s in (trajectory, videos, lerobot) if s is not None]
     results = ResultsSink(videos, outputs=[*own, *extra])
     return RecorderSinks(trajectory, videos, lerobot, results, [*own, *extra, results], chosen)
@@ -138,11 +139,13 @@ def env_attribute(view: EnvView, name: str) -> Any:
     return getattr(getattr(env, "unwrapped", env), name, None)
 
 
-def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int]) -> LeRobotSink:
+def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int],
+                 gate: EncodeGate | None = None) -> LeRobotSink:
     """The `LeRobotSink` of ``lerobot=True``: a row per env step at the env's control frequency (else
     ``video_fps``), the env id as the task, the robot uid as ``robot_type``, the ``lerobot_*`` encoder
     options (the video options' where None), ``lerobot_state_keys``, and the env's state layout
-    (`state_layout`: the order of observation.state and the names of a flat state observation)."""
+    (`state_layout`: the order of observation.state and the names of a flat state observation). ``gate``: the
+    limit its encodes share with the recorder's videos while the env steps."""
     from fastrecord.sinks.lerobot import LeRobotSink
     from fastrecord.video import VideoSettings, resolve_codec
 
@@ -161,7 +164,7 @@ def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int]) 
     video = VideoSettings(codec=codec, crf=int(crf), preset=options.video_preset, gop=options.lerobot_gop)
     keys = state_keys(options.lerobot_state_keys)
     return LeRobotSink(fps, task, video, robot_type=robot, workers=workers, state_keys=keys,
-                       state_layout=state_layout(view))
+                       state_layout=state_layout(view), gate=gate)
 
 
 def state_layout(view: EnvView) -> list[tuple[str, int]] | None:

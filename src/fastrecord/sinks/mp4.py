@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,47 +24,11 @@ import numpy as np
 
 from fastrecord.episode import EpisodeData
 from fastrecord.options import default_video_workers, usable_cores
-from fastrecord.sinks.base import BackgroundSink, RunDirectory
+from fastrecord.sinks.base import BackgroundSink, EncodeGate, RunDirectory
 from fastrecord.sinks.video_names import tiled_video_name, video_name
 from fastrecord.video import VideoSettings, encode_mp4
 from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
 from fastrecord.video.yuv import Yuv420Frames
-
-
-class _EncodeGate:
-    """How many writer threads encode at once: ``limit`` while the env steps, every one while the caller waits for
-    the videos (`lifted`)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._cond = threading.Condition()
-        self._active = 0
-        self._lifted = 0  # callers waiting for the videos (the limit is off meanwhile)
-        self.most = 0  # the most encodes seen at once
-
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: self._lifted > 0 or self._active < self.limit)
-            self._active += 1
-            self.most = max(self.most, self._active)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify()
-
-    @contextlib.contextmanager
-    def lifted(self) -> Iterator[None]:
-        with self._cond:
-            self._lifted += 1
-            self._cond.notify_all()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._lifted -= 1
 
 
 class Mp4Sink(BackgroundSink):
@@ -87,6 +51,7 @@ class Mp4Sink(BackgroundSink):
         info_on_video: bool = False,
         workers: int | None = None,
         stepping_workers: int | None = None,
+        gate: EncodeGate | None = None,
     ) -> None:
         self.settings = settings
         self.layout = layout
@@ -94,8 +59,9 @@ class Mp4Sink(BackgroundSink):
         self.max_steps_per_video = max_steps_per_video
         self.info_on_video = info_on_video
         self.workers = workers or default_video_workers(usable_cores())
-        # encodes at once while the env steps (`fastrecord.options.stepping_video_workers`): all of them by default
-        self._gate = _EncodeGate(min(self.workers, stepping_workers or self.workers))
+        # encodes at once while the env steps (`fastrecord.options.stepping_video_workers`): all of them by default;
+        # ``gate``: a limit shared with the recorder's other encoders (a LeRobot dataset's videos: `build_sinks`)
+        self._gate = gate if gate is not None else EncodeGate(min(self.workers, stepping_workers or self.workers))
         # frames converted on the GPU (half the bytes to copy, no conversion in the encoder; the info text is drawn
         # on yuv420p as well)
         self.accepts_yuv420p = layout == "per_env"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from fastrecord.sinks.base import RunDirectory, Sink
+from fastrecord.sinks.base import EncodeGate, RunDirectory, Sink
 from fastrecord.sinks.lerobot.layout import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DATA_FILE_SIZE_IN_MB,
@@ -62,6 +63,7 @@ class LeRobotSink(Sink):
         data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
         video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
         chunks_size: int = DEFAULT_CHUNK_SIZE,
+        gate: EncodeGate | None = None,
     ) -> None:
         import_pyarrow()  # before anything is written: the error names the install command
         from dataclasses import replace
@@ -77,6 +79,8 @@ class LeRobotSink(Sink):
         self.workers = max(1, int(workers))
         self.limits = _Limits(data_files_size_in_mb=data_files_size_in_mb,
                               video_files_size_in_mb=video_files_size_in_mb, chunks_size=chunks_size)
+        # encodes at once while the env steps, shared with the recorder's videos (`build_sinks`); none: no limit
+        self.gate = gate
         self.writer: LeRobotWriter | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
@@ -98,6 +102,7 @@ class LeRobotSink(Sink):
             state_layout=self.state_layout,
             limit=lambda: run.committed,
             part_processes=min(self.workers, MAX_PART_PROCESSES),
+            encode_slot=self.gate.slot if self.gate is not None else None,
             **self.limits,
         )
         writer.start_processes()
@@ -125,8 +130,12 @@ class LeRobotSink(Sink):
             state_leaves(episodes[0].datasets, self.state_keys, self.state_layout)
             self._keys_checked = True
         writer, pool = self._opened()
-        for ep in episodes:
-            pool.submit((writer.reserve(ep.episode_id), ep))
+        for ep in episodes:  # waiting for room in the queue, the envs do not step: every encoder may encode
+            pool.submit((writer.reserve(ep.episode_id), ep), while_blocked=self._lifted)
+
+    def _lifted(self) -> contextlib.AbstractContextManager[Any]:
+        """The gate's limit off (the caller waits for this sink), where there is a gate."""
+        return self.gate.lifted() if self.gate is not None else contextlib.nullcontext()
 
     def committed(self, episode_id: int) -> bool:
         return self._opened()[0].committed(episode_id)
@@ -158,7 +167,8 @@ class LeRobotSink(Sink):
     def wait_until_done(self) -> None:
         """Every submitted episode written, and in the dataset's files (LeRobot loads it from here on)."""
         writer, pool = self._opened()
-        pool.wait_until_done()
+        with self._lifted():
+            pool.wait_until_done()
         writer.roll(final=True)
         writer.raise_if_failed()
 
@@ -170,7 +180,8 @@ class LeRobotSink(Sink):
         self._closed = True
         writer, pool = self._opened()
         try:
-            pool.close()
+            with self._lifted():
+                pool.close()
         finally:
             writer.close()
 

@@ -37,13 +37,14 @@ its results rows, `fastrecord.sinks.results`) go into dataset files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import re
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,8 @@ class LeRobotWriter:
                  state_keys: Sequence[str] | None = None, state_layout: Sequence[tuple[str, int]] | None = None,
                  limit: Any = None, chunks_size: int = DEFAULT_CHUNK_SIZE,
                  data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
-                 video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB, part_processes: int = 1) -> None:
+                 video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB, part_processes: int = 1,
+                 encode_slot: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
         self.pa = import_pyarrow()
         import pyarrow.parquet as pq
 
@@ -163,6 +165,8 @@ class LeRobotWriter:
         # limit() -> n: only parts 0 .. n-1 go into dataset files (the episodes the whole run committed: a
         # recorder's `RunDirectory.committed`), so a dataset file never holds an episode another output lacks
         self.limit = limit
+        # held around each video's encode: a recorder's `fastrecord.sinks.base.EncodeGate` (its encoders at once)
+        self.encode_slot = encode_slot or contextlib.nullcontext
         self._lock = threading.Lock()  # the fields above
         self._files_lock = threading.Lock()  # one thread writes dataset files at a time
         self._quiet_until = 0.0  # time.monotonic() before which parts wait (`roll`)
@@ -220,7 +224,8 @@ class LeRobotWriter:
         self.parts.mkdir(parents=True, exist_ok=True)
         videos, video_bytes = {}, {}
         for key, frames in images.items():
-            written = Path(encode_mp4(self.parts / f"ep_{seq:08d}.{key}.mp4", frames, self.video))
+            with self.encode_slot():
+                written = Path(encode_mp4(self.parts / f"ep_{seq:08d}.{key}.mp4", frames, self.video))
             videos[key], video_bytes[key] = written.name, written.stat().st_size
         entry = dict(entry or {})
         meta = dict(seq=seq, length=int(length), videos=videos, dataset=self._settings(), entry=entry)
