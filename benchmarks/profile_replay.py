@@ -68,7 +68,9 @@ def _timers(variant: str) -> dict[str, list[float]]:
     wrap(drive._Slots, "_plan", "plan")  # an episode's actions and states read from the input file
     wrap(envs.VectorBatch, "close", "batch.close")
     if variant in ("async_per1", "async_per2"):
-        mirrored.SUBENVS_PER_PROCESS = int(variant[-1])  # what mirrored_replay_env packs its sub-envs by
+        from fastrecord.replay import layout
+
+        layout.SUBENVS_PER_PROCESS = int(variant[-1])  # what mirrored_replay_env packs its sub-envs by
     return times
 
 

@@ -195,6 +195,15 @@ def test_the_cli_starts_its_subenvs_before_importing_torch(tmp_path, command):
     assert "launched; imported: []" in done.stdout, (done.stdout, done.stderr[-3000:])
 
 
+@pytest.mark.parametrize(("num_envs", "sizes"), [(1, [1]), (2, [2]), (4, [4]), (5, [3, 2]), (7, [4, 3]), (9, [3, 3, 3]),
+                                                (16, [4, 4, 4, 4]), (17, [4, 4, 4, 4, 1])])
+def test_a_replay_drawn_in_one_process_packs_its_subenvs_four_at_most(num_envs, sizes):
+    from fastrecord.packed import process_sizes
+    from fastrecord.replay.layout import subenvs_per_process
+
+    assert process_sizes(num_envs, subenvs_per_process(num_envs)) == sizes
+
+
 REFUSAL_PROBE = """
 import sys
 import fastrecord, fastrecord.options, fastrecord.packed

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastrecord.replay.config import CPU_BACKENDS, ReplayConfig
-from fastrecord.replay.layout import SUBENVS_PER_PROCESS
+from fastrecord.replay.layout import subenvs_per_process
 
 if TYPE_CHECKING:
     from fastrecord.packed import PackedLaunch
@@ -65,7 +65,7 @@ def early_subenvs(cfg: ReplayConfig) -> PackedLaunch | None:
     from fastrecord.workers import forkserver_context
 
     forkserver_context()  # here, not on the launch's thread: a server forked from this process needs it alone
-    launch = PackedLaunch([subenv] * n, SUBENVS_PER_PROCESS, context="forkserver",
+    launch = PackedLaunch([subenv] * n, subenvs_per_process(n), context="forkserver",
                           autoreset_mode=gym.vector.AutoresetMode.DISABLED, background=True)
     stamp("early_subenvs")
     return launch

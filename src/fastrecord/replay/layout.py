@@ -13,6 +13,15 @@ ENVS_PER_WORKER = 4  # envs one process holds (their renders submitted together)
 # H100 (2026-12-06, profile_replay, 96 episodes, 16 envs) four a process started 1.2 s sooner than two and looped in
 # 7.03 s against 7.61 s; 16 envs in 4 processes made in 2.95 s against 8.4 s in 16 (probe_make_contention)
 SUBENVS_PER_PROCESS = 4
+
+
+def subenvs_per_process(num_envs: int) -> int:
+    """Sub-envs a process steps where a replay draws ``num_envs`` envs in one process: at most
+    `SUBENVS_PER_PROCESS`, over the fewest processes that takes, as many to each as keeps the last from being nearly
+    empty where one number can (5 envs: 3 and 2, not 4 and 1; `fastrecord.packed.process_sizes` fills the others
+    first)."""
+    processes = -(-num_envs // SUBENVS_PER_PROCESS)
+    return max(1, -(-num_envs // max(1, processes)))
 GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless num_envs says otherwise
 
 

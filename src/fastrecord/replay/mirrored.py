@@ -38,7 +38,7 @@ from fastrecord.envs import to_numpy
 from fastrecord.render.group import GroupRenderer
 from fastrecord.render.vector import GroupRenderedVectorEnv, PoseReporter, group_rendered, mirror_kwargs
 from fastrecord.replay.grouped import sensor_modalities
-from fastrecord.replay.layout import SUBENVS_PER_PROCESS
+from fastrecord.replay.layout import subenvs_per_process
 
 if TYPE_CHECKING:
     from fastrecord.packed import PackedLaunch
@@ -249,7 +249,8 @@ def mirrored_replay_env(subenv: ReplaySubenv, num_envs: int, device: str,
     def make_envs() -> gym.vector.VectorEnv:
         if taken is None:
             forkserver_context()  # the sub-envs start with ManiSkill imported
-        return PackedVectorEnv(fns, SUBENVS_PER_PROCESS, context="forkserver", autoreset_mode=mode, launch=taken)
+        return PackedVectorEnv(fns, subenvs_per_process(num_envs), context="forkserver", autoreset_mode=mode,
+                               launch=taken)
 
     envs = group_rendered(make_envs, make_mirror, num_envs, device=device, cls=MirroredReplayVectorEnv)
     assert isinstance(envs, MirroredReplayVectorEnv)
