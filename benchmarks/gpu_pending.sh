@@ -293,10 +293,11 @@ case $stage in
       --stamps
     ;;
   replay_early)
-    # the replay drawn in one process (--workers 1 --vector async), its sub-envs started before the CLI's imports, and
-    # record's early sub-envs no longer behind torch's import (2026-12-06, evening): 96 episodes whole, this tree's
-    # default (4 workers) and the one rendering process against BEFORE's default and ManiSkill (REPEAT times, 1);
-    # record's time to first step against BEFORE; the GPU tests of the replay drawn in one process (~400 s)
+    # the replay drawn in one process (--workers 1 --vector async), its sub-envs started before the CLI's imports and
+    # (since 2026-12-06 21:30) four to a process, and record's early sub-envs no longer behind torch's import: 96
+    # episodes whole, this tree's default (4 workers, each worker's phases printed: --stamps) and the one rendering
+    # process against BEFORE's default and ManiSkill (REPEAT times, 1); record's time to first step against BEFORE;
+    # the GPU tests of the replay drawn in one process (~400 s)
     before=${BEFORE:-build/before/src}
     python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
     run 330 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
