@@ -182,43 +182,6 @@ class BackgroundSink(Sink):
         return self._pool.blocked_seconds if self._pool is not None else 0.0
 
 
-class EncodeGate:
-    """How many writer threads encode at once: ``limit`` while the env steps, every one while the caller waits for
-    the outputs (`lifted`). One gate covers a recorder's encoders: its videos' (`fastrecord.sinks.mp4.Mp4Sink`) and
-    its LeRobot dataset's (`fastrecord.sinks.lerobot.LeRobotSink`), each holding a slot only while it encodes."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._cond = threading.Condition()
-        self._active = 0
-        self._lifted = 0  # callers waiting for the videos (the limit is off meanwhile)
-        self.most = 0  # the most encodes seen at once
-
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: self._lifted > 0 or self._active < self.limit)
-            self._active += 1
-            self.most = max(self.most, self._active)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify()
-
-    @contextlib.contextmanager
-    def lifted(self) -> Iterator[None]:
-        with self._cond:
-            self._lifted += 1
-            self._cond.notify_all()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._lifted -= 1
-
-
 def close_sinks(
     sinks: Sequence[Sink], side_by_side: Sequence[Sink] = (), last: Sink | None = None
 ) -> list[BaseException]:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fastrecord.options import default_trajectory_writers, default_video_workers, stepping_video_workers, usable_cores
-from fastrecord.sinks.base import EncodeGate, Sink
+from fastrecord.sinks.base import Sink
+from fastrecord.video.pool import EncodeGate
 
 if TYPE_CHECKING:
     from fastrecord.envs import EnvView

@@ -24,10 +24,11 @@ import numpy as np
 
 from fastrecord.episode import EpisodeData
 from fastrecord.options import default_video_workers, usable_cores
-from fastrecord.sinks.base import BackgroundSink, EncodeGate, RunDirectory
+from fastrecord.sinks.base import BackgroundSink, RunDirectory
 from fastrecord.sinks.video_names import tiled_video_name, video_name
 from fastrecord.video import VideoSettings, encode_mp4
 from fastrecord.video.overlay import Overlay, draw_overlay, maniskill_font
+from fastrecord.video.pool import EncodeGate
 from fastrecord.video.yuv import Yuv420Frames
 
 

@@ -6,13 +6,16 @@ on a 16-core machine where 16 processes encode 7,000. `EncoderProcessPool` start
 (`fastrecord.processes.IsolatedProcess`) that import only numpy, PyAV and this package's modules; the
 frames are not pickled: they live in staging memory that the encoder process maps (`fastrecord.staging`;
 its file descriptor is sent once per process), so a job is a file name, an offset and a shape.
+`EncodeGate` bounds how many of a recorder's videos encode at once while its env steps.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -432,3 +435,40 @@ def encode_mp4(path: str | Path, frames: np.ndarray, settings: VideoSettings,
     if isinstance(frames, Yuv420Frames):  # fmt "yuv420p"
         frames = frames.plain()
     return encode_here(path, frames, settings, fmt, overlay)
+
+
+class EncodeGate:
+    """How many writer threads encode at once: ``limit`` while the env steps, every one while the caller waits for
+    the outputs (`lifted`). One gate covers a recorder's encoders: its videos' (`fastrecord.sinks.mp4.Mp4Sink`) and
+    its LeRobot dataset's (`fastrecord.sinks.lerobot.LeRobotSink`), each holding a slot only while it encodes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._cond = threading.Condition()
+        self._active = 0
+        self._lifted = 0  # callers waiting for the videos (the limit is off meanwhile)
+        self.most = 0  # the most encodes seen at once
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: self._lifted > 0 or self._active < self.limit)
+            self._active += 1
+            self.most = max(self.most, self._active)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify()
+
+    @contextlib.contextmanager
+    def lifted(self) -> Iterator[None]:
+        with self._cond:
+            self._lifted += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._lifted -= 1

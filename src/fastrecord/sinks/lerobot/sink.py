@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from fastrecord.sinks.base import EncodeGate, RunDirectory, Sink
+from fastrecord.sinks.base import RunDirectory, Sink
 from fastrecord.sinks.lerobot.layout import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DATA_FILE_SIZE_IN_MB,
@@ -16,6 +16,7 @@ from fastrecord.sinks.lerobot.layout import (
     state_leaves,
 )
 from fastrecord.sinks.lerobot.writer import LeRobotWriter, import_pyarrow
+from fastrecord.video.pool import EncodeGate
 from fastrecord.workers import WorkerPool
 
 MAX_PART_PROCESSES = 4  # an episode's part takes ~10 ms: 4 keep up with ~400 finished episodes a second

@@ -165,7 +165,7 @@ class LeRobotWriter:
         # limit() -> n: only parts 0 .. n-1 go into dataset files (the episodes the whole run committed: a
         # recorder's `RunDirectory.committed`), so a dataset file never holds an episode another output lacks
         self.limit = limit
-        # held around each video's encode: a recorder's `fastrecord.sinks.base.EncodeGate` (its encoders at once)
+        # held around each video's encode: a recorder's `fastrecord.video.pool.EncodeGate` (its encoders at once)
         self.encode_slot = encode_slot or contextlib.nullcontext
         self._lock = threading.Lock()  # the fields above
         self._files_lock = threading.Lock()  # one thread writes dataset files at a time
