@@ -13,6 +13,7 @@ ENVS_PER_WORKER = 4  # envs one process holds (their renders submitted together)
 # H100 (2026-12-06, profile_replay, 96 episodes, 16 envs) four a process started 1.2 s sooner than two and looped in
 # 7.03 s against 7.61 s; 16 envs in 4 processes made in 2.95 s against 8.4 s in 16 (probe_make_contention)
 SUBENVS_PER_PROCESS = 4
+GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless num_envs says otherwise
 
 
 def subenvs_per_process(num_envs: int) -> int:
@@ -22,7 +23,6 @@ def subenvs_per_process(num_envs: int) -> int:
     first)."""
     processes = -(-num_envs // SUBENVS_PER_PROCESS)
     return max(1, -(-num_envs // max(1, processes)))
-GPU_DEFAULT_ENVS = 64  # episodes replayed side by side in GPU simulation unless num_envs says otherwise
 
 
 def default_workers(num_envs: int | None, episodes: int, gpu_sim: bool, gpu_render: bool = False) -> int:
