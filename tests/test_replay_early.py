@@ -204,6 +204,27 @@ def test_a_replay_drawn_in_one_process_packs_its_subenvs_four_at_most(num_envs, 
     assert process_sizes(num_envs, subenvs_per_process(num_envs)) == sizes
 
 
+@pytest.mark.parametrize(("asynchronous", "render_device"), [(False, None), (False, "cuda"), (True, None)])
+def test_a_launch_the_replay_does_not_draw_is_ended_before_its_envs_are_made(asynchronous, render_device):
+    """An early launch reaching a replay whose envs are not drawn in this process (each env draws itself, or its envs
+    are held here) is ended at once, before those envs are made: its processes do not sit idle through the replay."""
+    from fastrecord.replay.envs import VectorBatch
+
+    events: list[str] = []
+
+    class Launch:
+        def close(self, wait: bool = True) -> None:
+            events.append("launch ended")
+
+    def make():
+        events.append("env made")
+        raise RuntimeError("enough")
+
+    with pytest.raises(RuntimeError, match="enough"):
+        VectorBatch(make, 2, asynchronous, lambda freq: {}, render_device, launch=Launch())
+    assert events[:2] == ["launch ended", "env made"]
+
+
 REFUSAL_PROBE = """
 import sys
 import fastrecord, fastrecord.options, fastrecord.packed

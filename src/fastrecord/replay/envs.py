@@ -454,9 +454,13 @@ class VectorBatch:
 
         mode = gym.vector.AutoresetMode.DISABLED
         envs: gym.vector.VectorEnv
-        if asynchronous and render_device is not None:
+        mirrored = asynchronous and render_device is not None
+        if launch is not None and not mirrored:  # sub-envs started for a replay drawn here, which this one is not:
+            launch.close()  # ended at once, their cores and memory back before these envs start (as mirrored ones)
+        if mirrored:
             from fastrecord.replay.mirrored import mirrored_replay_env
 
+            assert render_device is not None  # mirrored
             if subenv is None:
                 raise ValueError("VectorBatch: envs in sub-env processes drawn in one batch need subenv (what makes "
                                  "each sub-env in its process, and its mirror)")
