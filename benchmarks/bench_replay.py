@@ -3,7 +3,9 @@
 The case of issues 10 and 19: PickCube-v1 episodes (random actions, truncated at --steps), replayed state -> rgb,
 trajectory only (no videos), with the same number of envs for every tool, wall time of the whole command
 (interpreter, imports and env creation included). Each repeat runs the commands back to back and prints
-their ratios, measured in that repeat:
+their ratios, measured in that repeat. ``--policy pick`` records the input with fastrecord's scripted PickCube
+policy instead: episodes that end at their success (12-20 steps) or are truncated at --steps (the failures), so
+the replay's envs end their episodes at different steps, as a policy's evaluation leaves them:
 
     python benchmarks/bench_replay.py                                  # 96 episodes x 50 steps, one env per core
     python benchmarks/bench_replay.py --workers auto,16,8,4,1          # fastrecord's default layout and others
@@ -11,6 +13,7 @@ their ratios, measured in that repeat:
     python benchmarks/bench_replay.py --episodes 8 --num-envs 2 --repeat 2 --sensor-size 64   # a 2-core machine
     python benchmarks/bench_replay.py --traj demos/trajectory.h5 --num-envs 16
     python benchmarks/bench_replay.py --num-envs 16 --src before=../main/src   # another tree's defaults, same run
+    python benchmarks/bench_replay.py --num-envs 16 --policy pick --steps 80    # episodes ending at different steps
 
 ``--floor`` (CUDA) measures what one ``RenderSystemGroup`` of N of the input's sensor cameras takes a camera
 and prints each fastrecord replay loop (its workers' first start of replaying to their last end, start-up
@@ -44,9 +47,19 @@ def child_env(src: Path = SRC) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{path}" if path else str(src)}
 
 
+# what --policy records the input with: `fastrecord record`'s flags
+POLICIES = {
+    "random": [],  # random actions: every episode truncated at --steps
+    # the scripted PickCube policy: 13 of seeds 0-19 succeed, each at its own step (12-20 on seeds 0-15), the others
+    # run to --steps
+    "pick": ["--policy", "fastrecord.policies:pick_cube_policy", "--control-mode", "pd_ee_delta_pos"],
+}
+
+
 def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | None, num_envs: int = 1,
-                 ranks: int = 1) -> Path:
-    """PickCube-v1, state observations, random actions, ``episodes`` x ``steps`` (fastrecord record). With ``ranks``
+                 ranks: int = 1, policy: str = "random") -> Path:
+    """PickCube-v1, state observations, ``episodes`` of at most ``steps`` steps of ``policy`` (`POLICIES`; random
+    actions: all of ``steps``) recorded by fastrecord record. With ``ranks``
     > 1, ``torchrun --standalone`` ranks record their shares side by side (``num_envs`` split among them) and rank 0
     joins them into one self-contained NAME.h5: the same episodes (episode g is seeded g, whoever records it), in a
     fraction of the time (the GPU machine's 480-episode input: 92 s in one process, where the envs step on one core)."""
@@ -58,7 +71,7 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
         num_envs = max(1, num_envs // ranks)
     argv = [*launcher, "record", "PickCube-v1", "--episodes", str(episodes), "--no-video",
             "--max-episode-steps", str(steps), "--output-dir", str(folder), "--trajectory-name", "pickcube",
-            "--num-envs", str(num_envs)]
+            "--num-envs", str(num_envs), *POLICIES[policy]]
     if sensor_size is not None:  # kept in the file's env_kwargs: both tools replay with these cameras
         config = folder / "record.yaml"
         config.write_text(json.dumps({"env_kwargs": {"sensor_configs": {"width": sensor_size, "height": sensor_size}}}))
@@ -69,7 +82,7 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
         print(f"  (the input's {ranks} torchrun ranks failed, recording it in one process:\n"
               f"{r.stderr[-1500:]})", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
-        return record_input(folder, episodes, steps, sensor_size, num_envs * ranks)
+        return record_input(folder, episodes, steps, sensor_size, num_envs * ranks, policy=policy)
     if r.returncode != 0:
         sys.exit(f"recording the input failed:\n{r.stderr[-3000:]}")
     return folder / "pickcube.h5"
@@ -196,7 +209,11 @@ def main() -> None:
     p.add_argument("--traj", help="the NAME.h5 to replay (default: record PickCube-v1 episodes first)")
     p.add_argument("--episodes", type=int, default=96, help="episodes to record when --traj is not given")
     p.add_argument("--count", type=int, help="replay only the first COUNT episodes of the input (both tools' --count)")
-    p.add_argument("--steps", type=int, default=50, help="steps per recorded episode")
+    p.add_argument("--steps", type=int, default=50, help="steps per recorded episode (--policy pick: at most)")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="random",
+                   help="what the input is recorded with when --traj is not given: random actions (every episode "
+                        "--steps long) or pick, the scripted PickCube policy (episodes end at their success: the envs "
+                        "end theirs at different steps)")
     p.add_argument(
         "--sensor-size", type=int, help="record with square sensor cameras of this size (default: the task's)"
     )
@@ -244,13 +261,16 @@ def main() -> None:
     try:
         src = (
             Path(args.traj) if args.traj
-            else record_input(work / "input", args.episodes, args.steps, args.sensor_size, num_envs=min(n, 16))
+            else record_input(work / "input", args.episodes, args.steps, args.sensor_size, num_envs=min(n, 16),
+                              policy=args.policy)
         )
         total = episodes_in(src.with_suffix(".json"))
         if args.count is not None:
             total = min(total, args.count)
+        lengths = [int(e["elapsed_steps"]) for e in json.loads(src.with_suffix(".json").read_text())["episodes"][:total]]
         print(
-            f"input: {src} ({total} episodes, {json.loads(src.with_suffix('.json').read_text())['env_info']['env_id']}); "
+            f"input: {src} ({total} episodes of {min(lengths)}-{max(lengths)} steps, mean "
+            f"{statistics.mean(lengths):.1f}, {json.loads(src.with_suffix('.json').read_text())['env_info']['env_id']}); "
             f"{n} envs, state -> rgb, trajectory only, by {args.by}; {os.cpu_count()} cores; wall time of each "
             f"command, start-up included",
             flush=True,
