@@ -46,12 +46,15 @@
 #   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh replay_early
 #                                         # the replay drawn in one process, its sub-envs started early: 96
 #                                         episodes whole against BEFORE and ManiSkill, record's first step (~400 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
+#                                         different steps (bench_replay --policy pick), default and one rendering
+#                                         process against ManiSkill (~250 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_early|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_early|replay_staggered|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -306,6 +309,14 @@ case $stage in
       --skip-maniskill --src "before=$PWD/$before"
     run 100 pytest python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_replay_early.py \
       tests/test_replay_batched_render.py -k "async and not peg or one_process"
+    ;;
+  replay_staggered)
+    # the replay of episodes that end at different steps, as a policy's evaluation leaves them (the scripted PickCube
+    # policy: its successes end at 12-20 steps, its failures at 80): 96 episodes whole, this tree's default and the
+    # one rendering process against ManiSkill, with each command's phases (~250 s)
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
+    run 300 replay96_staggered python3 benchmarks/bench_replay.py --episodes 96 --steps 80 --policy pick \
+      --num-envs 16 --stamps --also "--workers 1 --vector async"
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
