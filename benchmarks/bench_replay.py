@@ -14,6 +14,7 @@ the replay's envs end their episodes at different steps, as a policy's evaluatio
     python benchmarks/bench_replay.py --traj demos/trajectory.h5 --num-envs 16
     python benchmarks/bench_replay.py --num-envs 16 --src before=../main/src   # another tree's defaults, same run
     python benchmarks/bench_replay.py --num-envs 16 --policy pick --steps 80    # episodes ending at different steps
+    python benchmarks/bench_replay.py --num-envs 16 --busy 8     # a busy machine: 8 other processes spin meanwhile
 
 ``--floor`` (CUDA) measures what one ``RenderSystemGroup`` of N of the input's sensor cameras takes a camera
 and prints each fastrecord replay loop (its workers' first start of replaying to their last end, start-up
@@ -39,6 +40,9 @@ import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+if str(SRC.parent) not in sys.path:  # run as a script: `benchmarks.*` importable
+    sys.path.insert(0, str(SRC.parent))
+from benchmarks.load import CpuLoad  # noqa: E402
 
 
 def child_env(src: Path = SRC) -> dict[str, str]:
@@ -253,6 +257,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--stamps", action="store_true",
                    help="print where each fastrecord command's seconds went (its FASTRECORD_TIMELINE phases)")
+    p.add_argument("--busy", type=int, default=0, metavar="CORES",
+                   help="time every command (both tools') while CORES other processes spin (benchmarks.load.CpuLoad: "
+                        "a machine shared with a training job or a test suite); the input is recorded before")
     p.add_argument("--work-dir", help="where inputs and outputs go (default: a temporary folder, removed)")
     args = p.parse_args()
     n = args.num_envs
@@ -271,7 +278,8 @@ def main() -> None:
         print(
             f"input: {src} ({total} episodes of {min(lengths)}-{max(lengths)} steps, mean "
             f"{statistics.mean(lengths):.1f}, {json.loads(src.with_suffix('.json').read_text())['env_info']['env_id']}); "
-            f"{n} envs, state -> rgb, trajectory only, by {args.by}; {os.cpu_count()} cores; wall time of each "
+            f"{n} envs, state -> rgb, trajectory only, by {args.by}; {os.cpu_count()} cores"
+            f"{f', {args.busy} of them kept busy by other processes' if args.busy else ''}; wall time of each "
             f"command, start-up included",
             flush=True,
         )
@@ -323,7 +331,11 @@ def main() -> None:
             for label, argv in runs.items():
                 loop: list[float] = []
                 stamps = work / "stamps.json" if args.stamps and label.startswith("fastrecord") else None
-                seconds[label].append(timed(argv, label, loop, srcs.get(label, SRC), stamps))
+                with CpuLoad(args.busy) as load:
+                    seconds[label].append(timed(argv, label, loop, srcs.get(label, SRC), stamps))
+                if args.busy:
+                    print(f"  {label}: beside {args.busy} spinning processes ({load.cores_held:.1f} cores held)",
+                          flush=True)
                 if floor_ms is not None and loop:
                     print(
                         f"  {label}: replay loop {loop[0]:.2f} s = {loop[0] / (frames * floor_ms / 1e3):.2f}x the floor",

@@ -48,7 +48,7 @@
 #                                         episodes whole against BEFORE and ManiSkill, record's first step (~400 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
-#                                         process against ManiSkill (~250 s)
+#                                         process against ManiSkill; the default on a busy machine (~400 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
@@ -313,10 +313,14 @@ case $stage in
   replay_staggered)
     # the replay of episodes that end at different steps, as a policy's evaluation leaves them (the scripted PickCube
     # policy: its successes end at 12-20 steps, its failures at 80): 96 episodes whole, this tree's default and the
-    # one rendering process against ManiSkill, with each command's phases (~250 s)
+    # one rendering process against ManiSkill, with each command's phases; then the default and ManiSkill on a busy
+    # machine (~400 s)
     python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
     run 300 replay96_staggered python3 benchmarks/bench_replay.py --episodes 96 --steps 80 --policy pick \
-      --num-envs 16 --stamps --also "--workers 1 --vector async"
+      --num-envs 16 --stamps --also "--workers 1 --vector async" --work-dir /tmp/staggered
+    # the same input on a busy machine: 8 of the 16 cores spun by other processes, the default against ManiSkill
+    run 200 replay96_staggered_busy python3 benchmarks/bench_replay.py --traj /tmp/staggered/input/pickcube.h5 \
+      --num-envs 16 --busy 8
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
