@@ -67,6 +67,9 @@ def record_input(folder: Path, episodes: int, steps: int, sensor_size: int | Non
     > 1, ``torchrun --standalone`` ranks record their shares side by side (``num_envs`` split among them) and rank 0
     joins them into one self-contained NAME.h5: the same episodes (episode g is seeded g, whoever records it), in a
     fraction of the time (the GPU machine's 480-episode input: 92 s in one process, where the envs step on one core)."""
+    if (folder / "pickcube.h5").exists():  # recorded by an earlier run into the same --work-dir
+        sys.exit(f"{folder / 'pickcube.h5'} exists (an earlier run's input): replay it with --traj "
+                 f"{folder / 'pickcube.h5'}, or remove {folder.parent} or pick another --work-dir")
     folder.mkdir(parents=True, exist_ok=True)
     launcher = [sys.executable, "-m", "fastrecord"]
     if ranks > 1:
@@ -204,6 +207,19 @@ def maniskill_replay_argv(src: Path, n: int, count: int, by: str) -> list[str]:
             + (["--use-env-states"] if by == "states" else []))
 
 
+def count_arg(minimum: int):
+    """An argparse type: an integer of at least ``minimum``, else argparse's usage error naming the value."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}: give {minimum} or more")
+        return value
+    return parse
+
+
 def episodes_in(json_path: Path) -> int:
     return len(json.loads(json_path.read_text())["episodes"])
 
@@ -211,18 +227,18 @@ def episodes_in(json_path: Path) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traj", help="the NAME.h5 to replay (default: record PickCube-v1 episodes first)")
-    p.add_argument("--episodes", type=int, default=96, help="episodes to record when --traj is not given")
-    p.add_argument("--count", type=int, help="replay only the first COUNT episodes of the input (both tools' --count)")
-    p.add_argument("--steps", type=int, default=50, help="steps per recorded episode (--policy pick: at most)")
+    p.add_argument("--episodes", type=count_arg(1), default=96, help="episodes to record when --traj is not given")
+    p.add_argument("--count", type=count_arg(1), help="replay only the first COUNT episodes of the input (both tools' --count)")
+    p.add_argument("--steps", type=count_arg(1), default=50, help="steps per recorded episode (--policy pick: at most)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="random",
                    help="what the input is recorded with when --traj is not given: random actions (every episode "
                         "--steps long) or pick, the scripted PickCube policy (episodes end at their success: the envs "
                         "end theirs at different steps)")
     p.add_argument(
-        "--sensor-size", type=int, help="record with square sensor cameras of this size (default: the task's)"
+        "--sensor-size", type=count_arg(1), help="record with square sensor cameras of this size (default: the task's)"
     )
     p.add_argument(
-        "--num-envs", type=int, default=os.cpu_count() or 1, help="envs for every tool (default: one per core)"
+        "--num-envs", type=count_arg(1), default=os.cpu_count() or 1, help="envs for every tool (default: one per core)"
     )
     p.add_argument("--workers", default="auto",
                    help="fastrecord's workers: a number, several separated by commas (each is run), or auto "
@@ -254,10 +270,10 @@ def main() -> None:
                    help="also run fastrecord's defaults from another source tree (PATH: its src/ folder) in the same "
                         "repeat, e.g. before=../main/src")
     p.add_argument("--by", choices=("states", "actions"), default="states")
-    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--repeat", type=count_arg(1), default=1)
     p.add_argument("--stamps", action="store_true",
                    help="print where each fastrecord command's seconds went (its FASTRECORD_TIMELINE phases)")
-    p.add_argument("--busy", type=int, default=0, metavar="CORES",
+    p.add_argument("--busy", type=count_arg(0), default=0, metavar="CORES",
                    help="time every command (both tools') while CORES other processes spin (benchmarks.load.CpuLoad: "
                         "a machine shared with a training job or a test suite); the input is recorded before")
     p.add_argument("--work-dir", help="where inputs and outputs go (default: a temporary folder, removed)")
