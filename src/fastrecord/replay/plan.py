@@ -291,7 +291,7 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
     if workers == 1 and not info.distributed and cfg.resume:
         from fastrecord.shards import list_shards
 
-        if list_shards(out, name):  # its NAME.h5 only links into the shards: one process would resume the links
+        if list_shards(out, name):  # its episodes are the shards' (NAME.h5 is their join, rebuilt by each merge)
             raise ValueError(
                 f"{out / name!s}.h5 is a sharded replay (its episodes are in {name}.shards/): resume it with "
                 f"--workers 2 or more (or under torchrun), or pass --overwrite"
