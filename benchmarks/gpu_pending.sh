@@ -46,6 +46,9 @@
 #   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh replay_early
 #                                         # the replay drawn in one process, its sub-envs started early: 96
 #                                         episodes whole against BEFORE and ManiSkill, record's first step (~400 s)
+#   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh first_step_pairs
+#                                         # record's time to first step against BEFORE, each tree first once a
+#                                         pair (PAIRS=2: ~200 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
@@ -54,7 +57,7 @@
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_early|replay_staggered|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -322,6 +325,20 @@ case $stage in
     # the same input on a busy machine: 8 of the 16 cores spun by other processes, the default against ManiSkill
     run 200 replay96_staggered_busy python3 benchmarks/bench_replay.py --traj /tmp/staggered/input/pickcube.h5 \
       --num-envs 16 --busy 8
+    ;;
+  first_step_pairs)
+    # record's time to first step, this tree against BEFORE, PAIRS times (2) with each tree run first once a pair
+    # (bench_whole runs this checkout's record job first, then 1 env, then --src's: /tmp/swap is this checkout's
+    # benchmarks over BEFORE's src/, so that BEFORE's job comes first there); ~100 s a pair
+    before=${BEFORE:-build/before/src}
+    rm -rf /tmp/swap && mkdir -p /tmp/swap && cp -r benchmarks configs pyproject.toml /tmp/swap/ && cp -r "$before" /tmp/swap/src
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
+    for i in $(seq "${PAIRS:-2}"); do
+      run 80 "pair${i}_this_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+        --src "before=$PWD/$before"
+      run 80 "pair${i}_before_first" python3 /tmp/swap/benchmarks/bench_whole.py --size gpu --only record \
+        --skip-maniskill --src "this=$PWD/src"
+    done
     ;;
   replay480)
     run 590 replay480 python3 benchmarks/bench_replay.py --episodes 480 --steps 50 --num-envs 16 \
