@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src", action="append", default=[], metavar="LABEL=PATH",
                    help="also run fastrecord's record and eval jobs with the fastrecord of PATH (a src folder), "
                         "labelled LABEL")
+    p.add_argument("--src-first", action="store_true",
+                   help="run the --src trees' record and eval jobs before this checkout's (a job's place in the run "
+                        "moves its time: run once each way to compare two trees)")
     p.add_argument("--replay-episodes",
                    help="episode counts of the replay jobs, separated by commas (default: the size's)")
     p.add_argument("--eval-prestart", action="store_true",
@@ -314,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not Path(path, "fastrecord").is_dir():
             p.error(f"--src {item!r} must be LABEL=PATH with PATH a src folder holding fastrecord/")
         srcs[f" ({label})"] = Path(path).resolve()
+    if args.src_first:
+        if len(srcs) == 1:
+            p.error("--src-first runs the --src trees' jobs first: give at least one --src LABEL=PATH")
+        srcs = {**{tag: src for tag, src in srcs.items() if tag}, "": None}
     ms = not args.skip_maniskill
     sweep = tuple(int(k) for k in args.envs_per_process.split(",") if k.strip())
     jobs = {"record": lambda *x: record_jobs(*x, maniskill=ms, sweep=sweep),

@@ -327,17 +327,15 @@ case $stage in
       --num-envs 16 --busy 8
     ;;
   first_step_pairs)
-    # record's time to first step, this tree against BEFORE, PAIRS times (2) with each tree run first once a pair
-    # (bench_whole runs this checkout's record job first, then 1 env, then --src's: /tmp/swap is this checkout's
-    # benchmarks over BEFORE's src/, so that BEFORE's job comes first there); ~100 s a pair
+    # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair
+    # (bench_whole --src-first); ~100 s a pair
     before=${BEFORE:-build/before/src}
-    rm -rf /tmp/swap && mkdir -p /tmp/swap && cp -r benchmarks configs pyproject.toml /tmp/swap/ && cp -r "$before" /tmp/swap/src
     python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
     for i in $(seq "${PAIRS:-2}"); do
       run 80 "pair${i}_this_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
         --src "before=$PWD/$before"
-      run 80 "pair${i}_before_first" python3 /tmp/swap/benchmarks/bench_whole.py --size gpu --only record \
-        --skip-maniskill --src "this=$PWD/src"
+      run 80 "pair${i}_before_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+        --src "before=$PWD/$before" --src-first
     done
     ;;
   replay480)

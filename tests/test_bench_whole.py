@@ -85,6 +85,32 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     assert "must be LABEL=PATH" in capsys.readouterr().err
 
 
+def test_src_first_runs_the_other_trees_jobs_first(tmp_path, monkeypatch, capsys):
+    """--src-first: the --src trees' record and eval jobs before this checkout's (whose 1-env record job follows its
+    own); without --src it is refused."""
+    src = tmp_path / "before_src"
+    (src / "fastrecord").mkdir(parents=True)
+    order: list[str] = []
+
+    def fake_launch(job, label, argv, work, src=None, env_steps=0):
+        order.append(f"{label} <- {src.name if src else 'checkout'}")
+        return bw.Result(job, label, 1.0, {"launch": 0.0, "first_step": 0.5, "exit": 1.0})
+
+    monkeypatch.setattr(bw, "launch", fake_launch)
+    monkeypatch.setattr(bw.subprocess, "run", lambda *a, **k: None)  # the page-cache warm-up
+    common = ["--only", "record,eval", "--skip-maniskill", "--src", f"before={src}", "--work-dir", str(tmp_path / "w")]
+    assert bw.main([*common, "--src-first"]) == 0
+    assert order == ["fastrecord record (before) <- before_src", "fastrecord record <- checkout",
+                     "fastrecord record, 1 env <- checkout", "fastrecord make_eval_envs (before) <- before_src",
+                     "fastrecord make_eval_envs <- checkout"]
+    order.clear()
+    assert bw.main(common) == 0
+    assert order[0] == "fastrecord record <- checkout" and order[2] == "fastrecord record (before) <- before_src"
+    with pytest.raises(SystemExit):
+        bw.main(["--src-first", "--work-dir", str(tmp_path / "w")])
+    assert "--src-first runs the --src trees' jobs first" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_eval_jobs_tiny_real_processes(tmp_path):
     """The three eval jobs at a tiny size: real processes, every phase stamped, the videos each way writes."""
