@@ -288,6 +288,14 @@ def table(results: list[Result]) -> list[str]:
     return rows
 
 
+def counts(p: argparse.ArgumentParser, flag: str, text: str, example: str) -> tuple[int, ...]:
+    """``text``'s comma-separated positive integers, else ``p``'s usage error naming the flag and the value."""
+    items = [k.strip() for k in text.split(",") if k.strip()]
+    if not items or not all(k.isdigit() and int(k) >= 1 for k in items):
+        p.error(f"{flag} {text!r}: give positive integers separated by commas, e.g. {flag} {example}")
+    return tuple(int(k) for k in items)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=sorted(SIZES), default="small")
@@ -310,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     s = SIZES[args.size]
     if args.replay_episodes:
-        s = dataclasses.replace(s, replay_episodes=tuple(int(x) for x in args.replay_episodes.split(",")))
+        s = dataclasses.replace(s, replay_episodes=counts(p, "--replay-episodes", args.replay_episodes, "96,480"))
     srcs: dict[str, Path | None] = {"": None}
     for item in args.src:
         label, sep, path = item.partition("=")
@@ -322,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--src-first runs the --src trees' jobs first: give at least one --src LABEL=PATH")
         srcs = {**{tag: src for tag, src in srcs.items() if tag}, "": None}
     ms = not args.skip_maniskill
-    sweep = tuple(int(k) for k in args.envs_per_process.split(",") if k.strip())
+    sweep = counts(p, "--envs-per-process", args.envs_per_process, "1,2") if args.envs_per_process.strip() else ()
     jobs = {"record": lambda *x: record_jobs(*x, maniskill=ms, sweep=sweep),
             "eval": lambda *x: eval_jobs(*x, maniskill=ms, prestart=args.eval_prestart, sweep=sweep),
             "replay": replay_jobs}

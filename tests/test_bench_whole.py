@@ -83,6 +83,10 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bw.main(["--src", f"x={tmp_path}", "--work-dir", str(tmp_path)])
     assert "must be LABEL=PATH" in capsys.readouterr().err
+    for flag, value in (("--replay-episodes", "x"), ("--replay-episodes", "96,0"), ("--envs-per-process", "-1")):
+        with pytest.raises(SystemExit):
+            bw.main([flag, value, "--work-dir", str(tmp_path)])
+        assert f"{flag} {value!r}: give positive integers" in capsys.readouterr().err
 
 
 def test_src_first_runs_the_other_trees_jobs_first(tmp_path, monkeypatch, capsys):
