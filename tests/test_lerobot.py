@@ -828,6 +828,8 @@ def test_make_eval_envs_sharded_lerobot_without_trajectory(tmp_path, monkeypatch
         report.lines()[0]
         == f"{tmp_path / 'ev.lerobot'}: 3 episodes (LeRobot v3.0) from 1 shard(s); the shards hold no trajectory"
     )
+    rows = [json.loads(x) for x in (tmp_path / "ev.results.jsonl").read_text().splitlines()]
+    assert [(r["global_index"], r["episode_id"]) for r in rows] == [(g, g) for g in range(3)]  # each kept row once
     assert not (tmp_path / "ev.h5").exists()
     info, data, episodes = read_dataset(tmp_path / "ev.lerobot")
     assert episodes["length"].tolist() == [4, 4, 4] and data["index"].tolist() == list(range(12))

@@ -138,6 +138,34 @@ def test_each_worker_writes_its_phases_to_a_timeline_of_its_own(demo, tmp_path):
         assert "main" not in got and caller["imported"] < got["worker_entered"] < got["worker_done"] < caller["loop_end"]
 
 
+def test_workers_videos_are_where_one_process_puts_them(demo, tmp_path):
+    """--workers 2 with videos: each episode's video is in the output folder under the name one process gives it
+    (a hard link of the worker's file in its shard), with the same frames; the summary lists those files."""
+    import av
+
+    def replay_videos(out: Path, workers: int, num_envs: int):
+        cfg = ReplayConfig.from_values(dict(traj_path=str(demo), output_dir=str(out), obs_mode="state", progress=False,
+                                            workers=workers, num_envs=num_envs, count=3))
+        return run_replay(cfg)
+
+    def frames(path: Path) -> np.ndarray:
+        with av.open(str(path)) as c:
+            return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+
+    one, two = replay_videos(tmp_path / "one", 1, 1), replay_videos(tmp_path / "two", 2, 2)
+    names = sorted(p.name for p in (tmp_path / "one").glob("*.mp4"))
+    assert len(names) == 3 and sorted(p.name for p in (tmp_path / "two").glob("*.mp4")) == names
+    assert sorted(p.name for p in two.files if p.suffix == ".mp4") == names
+    assert all(p.parent == tmp_path / "two" for p in two.files if p.suffix == ".mp4")
+    shard_videos = list((tmp_path / "two").glob("*.shards/rank*/*.mp4"))
+    assert len(shard_videos) == 3
+    for name in names:
+        joined = tmp_path / "two" / name
+        assert any(os.path.samefile(joined, v) for v in shard_videos)
+        np.testing.assert_array_equal(frames(joined), frames(tmp_path / "one" / name))
+    assert one.kept == two.kept == 3
+
+
 def test_killed_worker_then_rerun_resumes(tmp_path):
     """SIGKILL worker 1 once it has written an episode: the caller names it and the missing episodes, the
     merge holds the rest; the same command again replays only what is missing. 16 episodes: worker 1 has 8, four

@@ -155,7 +155,7 @@ def test_single_schedule_continues_the_run_on_disk(tmp_path):
 
 
 def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: int = 3,
-                   save_video: bool = False) -> shards.EpisodeSchedule:
+                   save_video: bool = False, save_trajectory: bool = True, **record_kwargs) -> shards.EpisodeSchedule:
     """A sharded run of world size 1 in this process (no torchrun): what shard_worker.py does per rank."""
     from fastrecord import RecordEpisode
     from fastrecord.testing import BatchedDoubleEnv
@@ -163,11 +163,11 @@ def _record_double(out: Path, total: int, if_exists: str = "error", num_envs: in
     run = shards.DistributedRun(out, "double", total=total, base_seed=1000, if_exists=if_exists).open()
     base = BatchedDoubleEnv(num_envs=num_envs, max_episode_steps=9, episode_lengths=lambda e, seed: 2 + seed % 7)
     env = RecordEpisode(base, run.shard_dir, trajectory_name="double", if_exists=run.shard_if_exists,
-                        save_video=save_video)
+                        save_video=save_video, save_trajectory=save_trajectory, **record_kwargs)
     schedule = run.plan(env.recorder, num_envs)
     shards.record_schedule(env, env.recorder, schedule, shards.SeededRandomPolicy(base.single_action_space, num_envs))
     env.close()
-    run.finish({})
+    _, schedule.report = run.finish({})  # type: ignore[attr-defined]
     run.close()
     return schedule
 
@@ -501,6 +501,8 @@ def test_torchrun_evaluate_script(tmp_path):
     for rank, count in ((0, 3), (1, 2)):  # the last batch's spare episode is not recorded
         shard = shards.shard_dir(tmp_path, "ev", rank)
         assert len(list(shard.glob("*.mp4"))) == count
+    # the join linked every episode's video next to ev.h5, named by its global episode (as one process names them)
+    assert sorted(int(p.name.split("_")[0]) for p in tmp_path.glob("*.mp4")) == list(range(5))
 
 
 def test_make_eval_envs_sharded_in_one_process(tmp_path, monkeypatch):
@@ -531,12 +533,14 @@ def test_make_eval_envs_sharded_in_one_process(tmp_path, monkeypatch):
         g: (7 + g, 7 + g, 4) for g in range(3)
     }
     assert len(list(shards.shard_dir(tmp_path, "ev", 0).glob("*.mp4"))) == 3
+    assert sorted(p.name.split("_")[0] for p in tmp_path.glob("*.mp4")) == ["0", "1", "2"]  # next to ev.h5, by g
 
 
 def test_joined_run_has_one_results_file(tmp_path, monkeypatch):
     """The run directory of a sharded run has NAME.results.jsonl, as an unsharded run's (issue 28.11): every
-    global episode's row once, by global index, its episode_id the joined file's, its video relative to the
-    run directory; a resume adds the new episodes' rows without repeating the earlier ones."""
+    global episode's row once, by global index, its episode_id the joined file's, its video the one linked next
+    to NAME.h5 (as a run in one process writes it); a resume adds the new episodes' rows and videos without
+    repeating the earlier ones."""
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     _record_double(tmp_path, total=4, save_video=True)
@@ -545,9 +549,14 @@ def test_joined_run_has_one_results_file(tmp_path, monkeypatch):
     assert [(r["global_index"], r["episode_id"], r["source_rank"]) for r in rows] == [(g, g, 0) for g in range(6)]
     meta = json.loads((tmp_path / "double.json").read_text())["episodes"]
     assert [(r["seed"], r["length"]) for r in rows] == [(e["episode_seed"], e["elapsed_steps"]) for e in meta]
-    for r in rows:
+    shard = shards.shard_dir(tmp_path, "double", 0)
+    shard_rows = {r["global_index"]: r for r in shards.results_rows(shard, "double")}
+    for r in rows:  # each video next to double.h5, named by its global episode: a hard link of the shard's file
         video = tmp_path / r["video"]
-        assert video.is_file() and video.parent.parent.name == "double.shards", r["video"]
+        assert video.parent == tmp_path and video.name.startswith(f"{r['global_index']}_env"), r["video"]
+        assert os.path.samefile(video, shard / shard_rows[r["global_index"]]["video"])
+    # the resume's merge placed the first four again as they were: no second name, no other file
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == sorted(r["video"] for r in rows)
 
 
 def test_a_merge_does_its_hdf5_work_in_one_process(tmp_path, monkeypatch):
@@ -585,3 +594,103 @@ def test_a_merge_does_its_hdf5_work_in_one_process(tmp_path, monkeypatch):
         assert rec.run_in_child("groups_of", str(tmp_path / "double.h5"))["self_contained"]
         assert len(started) == 2 and started[1].alive()
     assert not started[1].alive()
+
+
+def _videos_by_g(out: Path, name: str) -> dict[int, str]:
+    rows = [json.loads(x) for x in (out / f"{name}.results.jsonl").read_text().splitlines()]
+    return {r["global_index"]: r["video"] for r in rows}
+
+
+def test_joined_videos_replace_nothing_and_go_with_the_run(tmp_path, monkeypatch):
+    """The join links each episode's video next to NAME.h5; a name another file holds gets _1 (the other file is
+    left as it was), merging again places nothing twice, the gallery shows each file once, and --if-exists
+    overwrite removes the joined videos with the run, not the other file."""
+    from fastrecord.commands.gallery import collect
+    from fastrecord.commands.info import describe_run
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    foreign = tmp_path / "0_env0_failure.mp4"  # what episode 0's joined video would be named
+    foreign.write_bytes(b"not this run's")
+    schedule = _record_double(tmp_path, total=4, save_video=True)
+    assert schedule.report.ok and len(schedule.report.videos) == 4 and schedule.report.videos_copied == 0
+    videos = _videos_by_g(tmp_path, "double")
+    assert videos[0] == "0_env0_failure_1.mp4" and foreign.read_bytes() == b"not this run's"
+    shard = shards.shard_dir(tmp_path, "double", 0)
+    assert all(os.path.samefile(tmp_path / videos[r["global_index"]], shard / r["video"])
+               for r in shards.results_rows(shard, "double"))
+    before = sorted(p.name for p in tmp_path.glob("*.mp4"))
+    again = shards.merge(tmp_path, "double")
+    assert again.ok and sorted(p.name for p in again.videos) == sorted(videos.values())
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == before and _videos_by_g(tmp_path, "double") == videos
+    tiles = collect(tmp_path, tmp_path / "gallery.html")
+    assert sorted(t.path.name for t in tiles) == before  # the shard's four files are the joined four
+    files = describe_run(tmp_path / "double.h5")["files"]  # fastrecord info counts each file once
+    assert files["videos"] == 4 and files["videos_bytes"] == sum((tmp_path / v).stat().st_size for v in videos.values())
+    _record_double(tmp_path, total=2, if_exists="overwrite", save_video=True)
+    assert not (tmp_path / videos[3]).exists() and not (tmp_path / videos[2]).exists()
+    assert foreign.read_bytes() == b"not this run's"
+    assert sorted(_videos_by_g(tmp_path, "double")) == [0, 1]
+
+
+def test_joined_videos_are_copies_where_links_fail(tmp_path, monkeypatch):
+    """Where the file system makes no hard links, the join copies each video (the same bytes, under the same
+    name), and a merge again recognises its copies (nothing placed twice)."""
+    import errno
+
+    from fastrecord.shards import videos as joined_videos
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _record_double(tmp_path, total=3, save_video=True)
+    videos = _videos_by_g(tmp_path, "double")
+    for v in videos.values():
+        (tmp_path / v).unlink()
+
+    def no_link(src, dst, *a, **k):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(joined_videos.os, "link", no_link)
+    for _ in range(2):
+        report = shards.merge(tmp_path, "double")
+        assert report.videos_copied == 3 and _videos_by_g(tmp_path, "double") == videos
+        assert sorted(p.name for p in tmp_path.glob("*.mp4")) == sorted(videos.values())
+    shard = shards.shard_dir(tmp_path, "double", 0)
+    for r in shards.results_rows(shard, "double"):
+        joined = tmp_path / videos[r["global_index"]]
+        assert joined.read_bytes() == (shard / r["video"]).read_bytes()
+        assert not os.path.samefile(joined, shard / r["video"])
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_run_of_videos_only_is_joined(tmp_path, monkeypatch):
+    """A sharded run without trajectory (videos and results only, as an eval's): the join writes the results
+    rows and links the videos next to where NAME.h5 would be; nothing is missing."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    schedule = _record_double(tmp_path, total=5, save_video=True, save_trajectory=False)
+    report = schedule.report
+    assert report is not None and report.ok and not report.trajectory and report.episodes == 5
+    assert not (tmp_path / "double.h5").exists()
+    videos = _videos_by_g(tmp_path, "double")
+    assert sorted(videos) == list(range(5)) and all((tmp_path / v).is_file() for v in videos.values())
+    assert any("5 videos" in line for line in report.lines())
+
+
+def test_joined_split_videos_keep_every_piece(tmp_path, monkeypatch):
+    """A video split by max_steps_per_video: every piece is linked next to NAME.h5 (``_part{k}``, named by g), the
+    joined row lists them all (``videos``), and --if-exists overwrite removes every piece with the run."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _record_double(tmp_path, total=3, save_video=True, max_steps_per_video=3)
+    rows = {r["global_index"]: r for r in map(json.loads, (tmp_path / "double.results.jsonl").read_text().splitlines())}
+    split = [r for r in rows.values() if "videos" in r]
+    assert split, rows
+    for r in split:
+        g = r["global_index"]
+        assert r["video"] == r["videos"][0] and [v.split("_part")[0] for v in r["videos"]] == [f"{g}_env{g}_failure"] * len(
+            r["videos"]) and all((tmp_path / v).is_file() for v in r["videos"])
+    pieces = sorted(p.name for p in tmp_path.glob("*.mp4"))
+    assert len(pieces) == len(list(shards.shard_dir(tmp_path, "double", 0).glob("*.mp4"))) > 3
+    _record_double(tmp_path, total=1, if_exists="overwrite", num_envs=1)
+    assert not list(tmp_path.glob("*.mp4"))

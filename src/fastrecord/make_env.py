@@ -78,8 +78,9 @@ def make_eval_envs(
             reset with seed ``seed + g`` and recorded by rank ``g % world_size`` into
             ``video_dir/NAME.shards/rankNNNNN/``; the envs reset themselves with the rank's seeds (run
             this rank's share, ``len(shards.episodes_of(rank, world, episodes))``, rounded up to whole
-            batches: the extra episodes are not recorded), and closing them joins the shards (rank 0:
-            ``video_dir/NAME.h5`` + ``NAME.json`` with ``save_trajectory=True``). Needed under torchrun,
+            batches: the extra episodes are not recorded), and closing them joins the shards (rank 0: the
+            videos linked into ``video_dir`` named by g, ``NAME.results.jsonl``, and ``video_dir/NAME.h5`` +
+            ``NAME.json`` with ``save_trajectory=True``). Needed under torchrun,
             where the rank's device is also picked (``physx_cuda:LOCAL_RANK``, ``cuda:LOCAL_RANK``).
             None: the baseline's behaviour. ``sharding_of(envs)`` gives the rank's `ShardedResets`.
         seed: the base seed of a sharded evaluation.

@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
+from fastrecord.sinks.runfiles import results_videos
 from fastrecord.sinks.video_names import parse_video_name
 
 FILTERS = ("all", "success", "failure")
@@ -48,7 +49,7 @@ def _runs_of(folder: Path) -> tuple[dict[str, str], dict[str, dict]]:
     meta: dict[str, dict] = {}
     for m in folder.glob(f"*{MANIFEST_SUFFIX}"):
         name = m.name[: -len(MANIFEST_SUFFIX)]
-        for f in read_manifest(m).get("files", []):
+        for f in [*read_manifest(m).get("files", []), *results_videos(folder, name)]:  # joined videos: the rows'
             owner[str(f)] = name
     for j in folder.glob("*.json"):
         if j.name.endswith(MANIFEST_SUFFIX) or not j.with_suffix(".h5").exists():
@@ -63,10 +64,15 @@ def _runs_of(folder: Path) -> tuple[dict[str, str], dict[str, dict]]:
 
 
 def collect(root: Path, page: Path) -> list[Tile]:
-    """Every MP4 under ``root``, labelled."""
+    """Every MP4 under ``root``, labelled; a file under two names (a joined video and its shard's) once."""
     tiles: list[Tile] = []
     cache: dict[Path, tuple[dict[str, str], dict[str, dict]]] = {}
+    seen: set[tuple[int, int]] = set()  # a sharded run's joined video is a hard link of its shard's: shown once
     for video in sorted(root.rglob("*.mp4"), key=lambda p: (str(p.parent.relative_to(root)), _sort_key(p.stem))):
+        st = video.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
         folder = video.parent
         if folder not in cache:
             cache[folder] = _runs_of(folder)

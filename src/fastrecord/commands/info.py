@@ -137,16 +137,23 @@ def _listed_videos(folder: Path, manifest: dict[str, Any]) -> list[Path]:
 
 
 def _videos(h5_path: Path, manifest: dict[str, Any], single_run: bool) -> list[Path]:
-    """The run's videos: those its manifest lists and, for a sharded run, those of its shard folders
-    (each shard's manifest, else its MP4s); for a file without a manifest (ManiSkill's), the MP4s of its
+    """The run's videos: those its manifest lists and, for a sharded run, those its join linked next to
+    ``NAME.h5`` (its results rows name them) and those of its shard folders the join did not link (each shard's
+    manifest, else its MP4s): each file once; for a file without a manifest (ManiSkill's), the MP4s of its
     folder when it is the only run there."""
     from fastrecord.shards import list_shards
+    from fastrecord.sinks.runfiles import results_videos
 
     folder, name = h5_path.parent, h5_path.stem
     videos = _listed_videos(folder, manifest) if manifest else (sorted(folder.glob("*.mp4")) if single_run else [])
+    joined = [folder / f for f in results_videos(folder, name) if f.endswith(".mp4") and (folder / f).exists()]
+    videos += [v for v in joined if v not in videos]
+    seen = {(st.st_dev, st.st_ino) for st in (v.stat() for v in videos)}
     for shard in list_shards(folder, name).values():
         shard_manifest = read_manifest(shard / f"{name}{MANIFEST_SUFFIX}")
-        videos += _listed_videos(shard, shard_manifest) if shard_manifest else sorted(shard.glob("*.mp4"))
+        for v in _listed_videos(shard, shard_manifest) if shard_manifest else sorted(shard.glob("*.mp4")):
+            if (v.stat().st_dev, v.stat().st_ino) not in seen:  # not one the join linked next to NAME.h5
+                videos.append(v)
     return videos
 
 

@@ -6,7 +6,9 @@ end. This command builds or rebuilds the joined pair ``DIR/NAME.h5`` + ``DIR/NAM
 sorted by global index g, ``episode_id = g``), e.g. after a crash or while a resumed run is still going.
 By default ``NAME.h5`` holds a copy of every episode (self-contained: copy it alone anywhere);
 ``--links`` writes an index of external links into the shards instead (no copy, but ``NAME.h5`` then
-opens only next to ``NAME.shards/``). It is idempotent and only reads the shards.
+opens only next to ``NAME.shards/``). Each joined episode's videos are linked next to ``NAME.h5``, named by
+g (``3_env0_success.mp4``; hard links of the shards' files, copies where the file system has none; a name
+another file holds gets ``_1``). It is idempotent and changes no shard.
 
 Examples:
     fastrecord merge recordings                      # recordings/trajectory.h5 + .json from the shards

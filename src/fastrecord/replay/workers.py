@@ -360,8 +360,11 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
         missing = list(range(total))
     if report is not None and report.lerobot_path is not None:
         files.append(report.lerobot_path)
-    for s in done:
-        files += [f for f in s.files if f.suffix == ".mp4"]
+    joined = list(report.videos) if report is not None else []  # the joined videos, next to NAME.h5
+    files += joined
+    linked = {_inode(v) for v in joined}
+    for s in done:  # and the shards' videos the join did not link (tiled ones)
+        files += [f for f in s.files if f.suffix == ".mp4" and _inode(f) not in linked]
     files += [s.results_path for s in done if s.results_path is not None]
     interrupted = (
         stop.name if stop is not None and stop.requested else next((s.interrupted for s in done if s.interrupted), None)
@@ -387,6 +390,14 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
         missing=missing,
         worker_times=[w for s in done for w in s.worker_times],
     )
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def run_rank(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:

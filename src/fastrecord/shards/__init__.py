@@ -17,7 +17,8 @@ The contract (stable: `fastrecord record` under torchrun, ``make_eval_envs`` and
 - **Where shards go.** In the run directory ``DIR`` of a run named ``NAME``, rank ``r`` records a normal
   fastrecord run named ``NAME`` in ``DIR/NAME.shards/rank{r:05d}/`` (`shard_dir`): its own crash-safe
   ``NAME.h5`` + ``NAME.json`` (parts while recording), its lock, manifest, results file and videos
-  (video names carry the shard's own episode ids; the JSON entries map them to ``g``).
+  (video names carry the shard's own episode ids; the JSON entries map them to ``g``; the join links them
+  next to ``DIR/NAME.h5``, named by ``g``: `fastrecord.shards.videos`).
 - **Tagging episodes.** The process that records a shard tells its recorder which global episode each
   env slot is running: ``recorder.set_episode_meta(env_idx, [episode_meta(g, rank), ...])`` right after
   the reset that starts those episodes (None for a slot that runs no scheduled episode: its episode is
@@ -27,7 +28,8 @@ The contract (stable: `fastrecord record` under torchrun, ``make_eval_envs`` and
 - **Joining.** `merge(DIR, NAME)` builds ``DIR/NAME.h5`` (a copy of every episode as ``traj_{g}``: one
   self-contained file that can be copied alone) and ``DIR/NAME.json`` (the shards' header, which must
   agree, and the episodes sorted by ``g`` with ``episode_id = g``, ``global_index``, ``source_rank``,
-  ``shard_episode_id``). It is idempotent and reads the shards only (they are kept); ``links=True``
+  ``shard_episode_id``), and each joined episode's videos next to them, named by ``g`` (hard links of the
+  shards' files, `join_videos`). It is idempotent and changes no shard (they are kept); ``links=True``
   writes an index of external links into the shard files instead (no copy; it opens only next to
   ``NAME.shards/``). Shards with a LeRobot dataset (``lerobot=True``) are joined into ``DIR/NAME.lerobot``
   the same way (`fastrecord.sinks.lerobot.join`: episodes ordered by ``g``, renumbered 0..N-1, videos
@@ -46,8 +48,9 @@ has committed (`committed_global_indices`); a rank killed with SIGKILL leaves it
 its shard's resume recovers.
 
 The modules: `layout` (ranks, the episode rule, shard paths, what a shard has committed), `schedule`
-(`EpisodeSchedule`, `record_schedule`, `SeededRandomPolicy`), `join` (`merge`, `MergeReport`) and
-`distributed` (`DistributedRun`, `ShardedResets`, `rank_backends`). Every public name is here too.
+(`EpisodeSchedule`, `record_schedule`, `SeededRandomPolicy`), `join` (`merge`, `MergeReport`), `videos`
+(`join_videos`: the joined episodes' videos next to ``NAME.h5``) and `distributed` (`DistributedRun`,
+`ShardedResets`, `rank_backends`). Every public name is here too.
 """
 
 from __future__ import annotations

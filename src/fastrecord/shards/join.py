@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from fastrecord import locks
 from fastrecord.shards.layout import SHARDS_SUFFIX, global_index_of, list_shards, results_rows, shards_root
+from fastrecord.shards.videos import JoinedVideos, join_videos
 from fastrecord.sinks.results import RESULTS_SUFFIX
 
 log = logging.getLogger("fastrecord")
@@ -53,6 +54,8 @@ class MergeReport:
     )
     lerobot_episodes: int = 0  # episodes in it
     lerobot_missing: list[int] = field(default_factory=list)  # in NAME.h5, but in no shard's LeRobot dataset files
+    videos: list[Path] = field(default_factory=list)  # the joined episodes' videos, linked into DIR (`shards.videos`)
+    videos_copied: int = 0  # of them, copies: the file system would not link (the shards' stay: twice the disk)
 
     @property
     def ok(self) -> bool:
@@ -75,6 +78,13 @@ class MergeReport:
                 f"({ranges_text(self.lerobot_missing)}); a shard left by a crash holds them as parts: re-run the "
                 f"recording command with --if-exists resume (or fastrecord consolidate the shard), then merge again"
             )
+        if not self.trajectory and self.lerobot_path is None:
+            out.append(f"{self.h5_path.parent}: {self.episodes} episodes from {len(self.shards)} shard(s) (their "
+                       f"results rows; the shards hold no trajectory)")
+        if self.videos:
+            how = "linked" if not self.videos_copied else f"linked ({self.videos_copied} copied: no hard links there)"
+            out.append(f"{self.h5_path.parent}: {len(self.videos)} videos of the joined episodes {how}, named by "
+                       f"global episode")
         if self.expected is not None:
             out.append(f"expected {self.expected} global episodes (0..{self.expected - 1})")
         if self.dropped:
@@ -216,26 +226,62 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     parts = join_parts(run_dir, name, links=links)
     dropped = _read_shards(run_dir, name, shards, parts, report)
     primary = next((p for p in parts if p.found), None)
-    if primary is None:
-        raise NothingToMerge(
-            f"no shard in {str(root)!r} has a readable {name}.json yet (recording without a trajectory, "
-            f"or nothing finished); there is nothing to join"
-        )
     chosen: dict[int, tuple[int, dict[str, Any]]] = {}
-    for part in parts:
+    if primary is None:  # no trajectory, no LeRobot dataset: the results rows (and videos) are joined
+        chosen = _kept_rows(shards, name, report)
+        if not chosen:
+            raise NothingToMerge(
+                f"no shard in {str(root)!r} has a readable {name}.json or a kept episode's results row yet (nothing "
+                f"finished); there is nothing to join"
+            )
+        report.trajectory, report.episodes = False, len(chosen)
+    for part in parts if primary is not None else []:
         joined = part.write(report, chosen)
         if part is primary:
             chosen = joined
-            for rank, _ in chosen.values():
-                report.shards[rank] = report.shards.get(rank, 0) + 1
         report.duplicates += part.duplicates
+    for rank, _ in chosen.values():
+        report.shards[rank] = report.shards.get(rank, 0) + 1
     top = max([*chosen, *dropped], default=-1) + 1
     span = range(expected if expected is not None else top)
     report.dropped = sorted(g for g in dropped if g not in chosen)
     report.missing = [g for g in span if g not in chosen and g not in dropped]
     report.duplicates = sorted(set(report.duplicates))
-    _join_results(run_dir, name, shards, chosen)
+    ids = _shard_episodes(shards, name, chosen)
+    videos = join_videos(run_dir, name, shards, ids)
+    report.videos, report.videos_copied = videos.paths, videos.copied
+    _join_results(run_dir, name, shards, set(chosen), ids, videos)
     return report
+
+
+def _shard_episodes(shards: dict[int, Path], name: str,
+                    chosen: dict[int, tuple[int, dict[str, Any]]]) -> dict[int, tuple[int, int]]:
+    """``{g: (rank, its episode id in that shard)}`` of the joined episodes: the joined entry's ``episode_id``, or,
+    where the entry has none (a LeRobot dataset's), the id of that shard's kept results row of ``g``."""
+    out = {g: (rank, e["episode_id"]) for g, (rank, e) in chosen.items()
+           if isinstance(e.get("episode_id"), int) and not isinstance(e.get("episode_id"), bool)}
+    for rank, folder in shards.items():
+        for row in results_rows(folder, name):
+            g, eid = row.get("global_index"), row.get("episode_id")
+            if isinstance(g, int) and g in chosen and g not in out and chosen[g][0] == rank and isinstance(eid, int):
+                out[g] = (rank, eid)
+    return out
+
+
+def _kept_rows(shards: dict[int, Path], name: str, report: MergeReport) -> dict[int, tuple[int, dict[str, Any]]]:
+    """``{g: (rank, results row)}`` of every kept episode (a row with an ``episode_id``), the lowest rank's where
+    several shards hold ``g``: a run that writes no trajectory and no LeRobot dataset (videos and results only)."""
+    kept: dict[int, tuple[int, dict[str, Any]]] = {}
+    for rank, folder in shards.items():
+        for row in results_rows(folder, name):
+            if row.get("episode_id") is None or "global_index" not in row:
+                continue
+            g = global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {folder.parent}")
+            if g in kept:
+                report.duplicates.append(g)
+            else:
+                kept[g] = (rank, row)
+    return kept
 
 
 def _read_shards(run_dir: Path, name: str, shards: dict[int, Path], parts: Sequence[JoinPart],
@@ -272,11 +318,12 @@ def _read_shards(run_dir: Path, name: str, shards: dict[int, Path], parts: Seque
     return dropped
 
 
-def _join_results(run_dir: Path, name: str, shards: dict[int, Path],
-                  chosen: dict[int, tuple[int, dict[str, Any]]]) -> None:
+def _join_results(run_dir: Path, name: str, shards: dict[int, Path], joined: set[int],
+                  chosen: dict[int, tuple[int, int]], videos: JoinedVideos) -> None:
     """``DIR/NAME.results.jsonl``: every global episode's results row once, by global index, as an unsharded
-    run's (``episode_id`` its id in the joined ``NAME.h5``, null if not kept; ``video`` relative to ``DIR``):
-    a kept episode's row is the one of the shard entry joined, an episode not kept gets its last row."""
+    run's (``episode_id`` its id in the joined ``NAME.h5``, null if not kept; ``video`` relative to ``DIR``: the
+    joined video next to ``NAME.h5``, else its shard's; ``videos``: every piece of a split video): a kept
+    episode's row is the one of the shard entry joined, an episode not kept gets its last row."""
     from fastrecord.sinks.base import atomic_write_bytes
 
     rows: dict[int, dict[str, Any]] = {}
@@ -285,12 +332,15 @@ def _join_results(run_dir: Path, name: str, shards: dict[int, Path],
             if "global_index" not in row:
                 continue
             g = global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {folder.parent}")
-            kept = chosen.get(g)
-            if kept is not None and (kept[0] != rank or kept[1].get("episode_id") != row.get("episode_id")):
+            kept = g in joined
+            if kept and chosen.get(g) != (rank, row.get("episode_id")):  # (rank, shard episode id) of the joined copy
                 continue  # a row of another copy of a joined episode
             video = row.get("video")
-            rows[g] = {**row, "episode_id": g if kept is not None else None, "source_rank": rank,
-                       "video": os.path.relpath(folder / video, run_dir) if video else video}
+            rows[g] = {**row, "episode_id": g if kept else None, "source_rank": rank,
+                       "video": videos.names.get((rank, video)) or os.path.relpath(folder / video, run_dir)
+                       if video else video}
+            if kept and len(pieces := videos.pieces.get(g, [])) > 1:
+                rows[g]["videos"] = pieces
     if rows or (run_dir / f"{name}{RESULTS_SUFFIX}").exists():
         text = "".join(json.dumps(rows[g], allow_nan=False) + "\n" for g in sorted(rows))
         atomic_write_bytes(run_dir / f"{name}{RESULTS_SUFFIX}", text.encode())

@@ -27,6 +27,7 @@ from fastrecord.sinks.runfiles import (
     glob_escape,
     listed_files,
     owned_intent_files,
+    results_videos,
 )
 
 # holds(path, output_dir, name) -> whether the file ``path`` of run ``name`` holds recordings; a file that cannot
@@ -107,10 +108,14 @@ def temporaries(output_dir: Path, name: str) -> list[Path]:
 
 def run_files(output_dir: Path, name: str) -> list[Path]:
     """The files a run of ``name`` owns in ``output_dir`` that exist now: those its formats declare
-    (`fastrecord.sinks.formats.RUN_FILES`, and a manifest's temporary file a kill left), and those its manifest
-    and journal list."""
+    (`fastrecord.sinks.formats.RUN_FILES`, and a manifest's temporary file a kill left), those its manifest
+    and journal list, and the videos its results rows name (a joined sharded run's: `fastrecord.shards.videos`)."""
     fixed = paths(output_dir, name) + temporaries(output_dir, name)
-    listed = [output_dir / f for f in {**listed_files(output_dir, name), **owned_intent_files(output_dir, name)}]
+    owned = {**listed_files(output_dir, name), **owned_intent_files(output_dir, name)}
+    folders = [p for p in fixed if p.is_dir()]
+    named = [p for p in (output_dir / f for f in results_videos(output_dir, name))
+             if not any(p.is_relative_to(d) for d in folders)]  # not one in NAME.shards/ (removed whole)
+    listed = [output_dir / f for f in owned] + named
     root = output_dir.resolve()
     inside = [p for p in listed if p.resolve().is_relative_to(root) and p.resolve() != root]
     return [p for p in dict.fromkeys(fixed + inside) if p.exists()]

@@ -97,6 +97,30 @@ def listed_files(output_dir: Path, name: str) -> dict[str, list[int]]:
     return out
 
 
+def results_videos(output_dir: Path, name: str) -> list[str]:
+    """The videos run ``name``'s results rows (``NAME.results.jsonl``) name (``video``, and ``videos``: every
+    piece of a joined split video), relative to ``output_dir``: for a joined sharded run, the videos its join
+    linked next to ``NAME.h5`` (`fastrecord.shards.videos`), which its manifest does not list. A torn or foreign
+    line is skipped."""
+    try:
+        lines = (Path(output_dir) / f"{name}{RESULTS_SUFFIX}").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    out: list[str] = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict):
+            continue
+        pieces = row.get("videos")  # a joined row's split video: every piece
+        for video in [row.get("video"), *(pieces if isinstance(pieces, list) else [])]:
+            if isinstance(video, str) and video and not os.path.isabs(video):
+                out.append(video)
+    return list(dict.fromkeys(out))
+
+
 def pending_intents(output_dir: Path, name: str) -> list[dict[str, Any]]:
     """The files run ``name`` was writing when it stopped: ``{"intent": name asked for, "episodes": [...],
     "t": time.time() before}`` entries (its manifest's ``pending`` and its journal's) without a ``file``
