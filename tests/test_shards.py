@@ -627,6 +627,14 @@ def test_joined_videos_replace_nothing_and_go_with_the_run(tmp_path, monkeypatch
     assert sorted(t.path.name for t in tiles) == before  # the shard's four files are the joined four
     files = describe_run(tmp_path / "double.h5")["files"]  # fastrecord info counts each file once
     assert files["videos"] == 4 and files["videos_bytes"] == sum((tmp_path / v).stat().st_size for v in videos.values())
+    # another run in the folder, killed while writing its episode 0's video under the same name: it does not
+    # take the joined videos for its own (a file of its intent's name that no other run names)
+    from fastrecord.sinks.runfiles import owned_intent_files
+
+    (tmp_path / "other.fastrecord.json").write_text(json.dumps(
+        {"status": "recording", "pending": [{"intent": "1_env1_failure.mp4", "episodes": [0], "t": 0}]}))
+    assert videos[1] == "1_env1_failure.mp4" and owned_intent_files(tmp_path, "other") == {}
+    (tmp_path / "other.fastrecord.json").unlink()
     _record_double(tmp_path, total=2, if_exists="overwrite", save_video=True)
     assert not (tmp_path / videos[3]).exists() and not (tmp_path / videos[2]).exists()
     assert foreign.read_bytes() == b"not this run's"

@@ -145,7 +145,7 @@ def owned_intent_files(output_dir: Path, name: str) -> dict[str, list[int]]:
     for m in output_dir.glob(f"*{MANIFEST_SUFFIX}"):
         other = m.name[: -len(MANIFEST_SUFFIX)]
         if other != name:
-            others |= set(listed_files(output_dir, other))
+            others |= set(listed_files(output_dir, other)) | set(results_videos(output_dir, other))  # joined videos too
     out: dict[str, list[int]] = {}
     for e in intents:
         want = Path(e["intent"])
