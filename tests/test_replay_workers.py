@@ -140,7 +140,8 @@ def test_each_worker_writes_its_phases_to_a_timeline_of_its_own(demo, tmp_path):
 
 def test_workers_videos_are_where_one_process_puts_them(demo, tmp_path):
     """--workers 2 with videos: each episode's video is in the output folder under the name one process gives it
-    (a hard link of the worker's file in its shard), with the same frames; the summary lists those files."""
+    (a hard link of the worker's file in its shard), with the same frames; the summary lists the files one process
+    lists (the joined results rows, not the shards')."""
     import av
 
     def replay_videos(out: Path, workers: int, num_envs: int):
@@ -155,8 +156,9 @@ def test_workers_videos_are_where_one_process_puts_them(demo, tmp_path):
     one, two = replay_videos(tmp_path / "one", 1, 1), replay_videos(tmp_path / "two", 2, 2)
     names = sorted(p.name for p in (tmp_path / "one").glob("*.mp4"))
     assert len(names) == 3 and sorted(p.name for p in (tmp_path / "two").glob("*.mp4")) == names
-    assert sorted(p.name for p in two.files if p.suffix == ".mp4") == names
-    assert all(p.parent == tmp_path / "two" for p in two.files if p.suffix == ".mp4")
+    # the same files as one process lists, in the output folder: trajectory, videos, the results rows
+    assert sorted(p.name for p in two.files) == sorted(p.name for p in one.files)
+    assert all(p.parent == tmp_path / "two" for p in two.files) and two.results_path in two.files
     shard_videos = list((tmp_path / "two").glob("*.shards/rank*/*.mp4"))
     assert len(shard_videos) == 3
     for name in names:

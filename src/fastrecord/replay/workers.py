@@ -26,6 +26,7 @@ from fastrecord.replay.drive import replayed_sources, run_plan
 from fastrecord.replay.plan import ReplayPlan, make_plan
 from fastrecord.shards import ranges_text
 from fastrecord.sinks.maniskill_h5 import open_trajectory
+from fastrecord.sinks.runfiles import RESULTS_SUFFIX
 from fastrecord.system import child_timeline, quiet_third_party, stamp
 from fastrecord.workers import claim_process, forkserver_context
 
@@ -365,7 +366,11 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
     linked = {_inode(v) for v in joined}
     for s in done:  # and the shards' videos the join did not link (tiled ones)
         files += [f for f in s.files if f.suffix == ".mp4" and _inode(f) not in linked]
-    files += [s.results_path for s in done if s.results_path is not None]
+    joined_results = plan.out / f"{plan.name}{RESULTS_SUFFIX}"  # the shards' rows joined (`shards.merge`)
+    if report is not None and joined_results.exists():
+        files.append(joined_results)
+    else:
+        files += [s.results_path for s in done if s.results_path is not None]
     interrupted = (
         stop.name if stop is not None and stop.requested else next((s.interrupted for s in done if s.interrupted), None)
     )
@@ -383,7 +388,7 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
         partial=0,
         startup_seconds=startup,
         results=[r for s in done for r in s.results],
-        results_path=None,
+        results_path=joined_results if report is not None and joined_results.exists() else None,
         converted=any(s.converted for s in done),
         skipped=total - scheduled + sum(s.skipped for s in done),
         workers=plan.workers,
