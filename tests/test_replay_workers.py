@@ -168,6 +168,54 @@ def test_workers_videos_are_where_one_process_puts_them(demo, tmp_path):
     assert one.kept == two.kept == 3
 
 
+def test_the_default_layout_is_one_process_where_only_that_fits(demo, tmp_path, monkeypatch):
+    """On a machine of many cores (here: told 16) the default is workers, except: a replay with a logger (`sinks`,
+    `--log`: one process's replays) runs in one process instead of refusing; ManiSkill's command lines without -n
+    replay in one env, as its tool; and a replay that continues an earlier one takes that one's layout (one
+    process for an unsharded replay resumed, its workers for a sharded one) instead of refusing."""
+    import fastrecord.options
+    from fastrecord.replay.plan import make_plan
+    from fastrecord.sinks.base import Sink
+    from fastrecord.sinks.maniskill_h5 import open_trajectory
+
+    monkeypatch.setattr(fastrecord.options, "usable_cores", lambda *a, **k: 16)
+
+    def plan_of(out: Path, **kw):
+        cfg = ReplayConfig.from_values(dict(traj_path=str(demo), output_dir=str(out), progress=False, **kw))
+        traj = open_trajectory(cfg.traj_path)
+        try:
+            return make_plan(cfg, traj)
+        finally:
+            traj.close()
+
+    assert plan_of(tmp_path / "a", save_video=False).workers == 5  # one env a worker (CPU rendering), one an episode
+    assert plan_of(tmp_path / "a", maniskill=True, save_trajectory=True).workers == 1
+    assert plan_of(tmp_path / "a", maniskill=True, save_trajectory=True, num_envs=2).workers == 2
+
+    class Seen(Sink):
+        wants_datasets = False
+
+        def __init__(self) -> None:
+            self.episodes = 0
+
+        def submit(self, episodes) -> None:
+            self.episodes += len(episodes)
+
+    seen = Seen()
+    cfg = ReplayConfig.from_values(dict(traj_path=str(demo), output_dir=str(tmp_path / "one"), progress=False,
+                                        save_video=False, count=2, num_envs=1))
+    s = run_replay(cfg, sinks=[seen])
+    assert (s.workers, s.kept, seen.episodes) == (1, 2, 2)
+    # continued: the one-process replay resumed in one process; a sharded one in its workers
+    assert plan_of(tmp_path / "one", save_video=False, resume=True, num_envs=1).workers == 1
+    replay(demo, tmp_path / "two", workers=2, num_envs=2, count=2)
+    assert plan_of(tmp_path / "two", save_video=False, obs_mode="rgb", env_kwargs=SENSORS, resume=True,
+                   num_envs=2).workers == 2
+    monkeypatch.setattr(fastrecord.options, "usable_cores", lambda *a, **k: 2)  # a machine whose default is one process
+    assert plan_of(tmp_path / "two", save_video=False, obs_mode="rgb", env_kwargs=SENSORS, resume=True,
+                   num_envs=2).workers == 2
+
+
 def test_killed_worker_then_rerun_resumes(tmp_path):
     """SIGKILL worker 1 once it has written an episode: the caller names it and the missing episodes, the
     merge holds the rest; the same command again replays only what is missing. 16 episodes: worker 1 has 8, four

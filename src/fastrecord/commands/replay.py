@@ -35,8 +35,9 @@ replays in ``source_episode_id``. Existing output files are never replaced witho
 
 ``--workers N`` splits the episodes over N processes, each with its own envs and recorder writing a
 shard (input episode ``g`` goes to worker ``g % N``; by default several workers on machines of 8 or
-more cores, see --workers below); the shards are joined at the end into ``NAME.h5`` (external links) +
-``NAME.json``, in input order. Under torchrun each rank is one worker and rank 0 joins. A worker that
+more cores, see --workers below); the shards are joined at the end into ``NAME.h5`` (a copy of every
+episode) + ``NAME.json``, in input order, with each episode's videos linked next to them as one process names
+them. Under torchrun each rank is one worker and rank 0 joins. A worker that
 fails or is killed does not stop the others; the error names it and the missing episodes, and
 re-running resumes.
 
@@ -124,7 +125,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         type=int,
         help="processes that replay a share of the episodes each, with their own envs and recorder, merged "
         f"at the end (default on CPU machines of {MANY_CORES}+ cores: one per {ENVS_PER_WORKER} envs rendering "
-        f"on a GPU, one per env rendering on the CPU; else 1)",
+        f"on a GPU, one per env rendering on the CPU; else 1, and 1 with --log or ManiSkill's flags without -n; "
+        f"--resume keeps the earlier replay's layout)",
     )
     p.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument(

@@ -8,6 +8,7 @@ Imports neither torch nor ManiSkill until a replay starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import os
@@ -61,6 +62,8 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
         check_input(Path(cfg.traj_path))
         traj = open_trajectory(cfg.traj_path)
         cleanup.callback(traj.close)
+        if sinks and cfg.workers is None:  # a logger takes the replays of one process: the default where it can be
+            cfg = dataclasses.replace(cfg, workers=1)
         try:
             plan = make_plan(cfg, traj)
             stamp("plan_made")  # benchmarks/bench_replay.py --stamps: the input read and checked, the plan made

@@ -262,6 +262,26 @@ class _Layout:
     render_device: str | None
 
 
+def _default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool, gpu_render: bool, out: Path, name: str) -> int:
+    """`fastrecord.replay.layout.default_workers`, except where one layout is the one that fits: ManiSkill's command
+    lines without ``-n`` replay in one env, as its tool does; and a replay that continues an earlier one of this
+    name (``--resume``, or an unfinished sharded replay) takes that one's layout: one process, or the shards'
+    (at least two workers), whatever this machine's default."""
+    from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
+
+    if cfg.maniskill and cfg.num_envs is None:
+        return 1
+    if not cfg.overwrite and not cfg.maniskill:  # ManiSkill's command lines replace an earlier replay
+        before = read_manifest(out / f"{name}{MANIFEST_SUFFIX}")
+        sharding = before.get("options", {}).get("sharding") if before else None
+        if isinstance(sharding, dict):
+            world = sharding.get("world_size")
+            return max(2, world if isinstance(world, int) and not isinstance(world, bool) else 2)
+        if before and cfg.resume:
+            return 1
+    return default_workers(cfg.num_envs, episodes, gpu_sim, gpu_render)
+
+
 def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -> _Layout:
     """The envs side by side, their vector kind, the worker processes and the batched render's device."""
     from fastrecord.shards import rank_info
@@ -274,7 +294,7 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
     cores = usable_cores(info.local_world_size)  # under torchrun the ranks of a host share its cores
     gpu_render = str(env.kwargs.get("render_backend")).lower() not in ("cpu", "sapien_cpu")
     workers = (1 if info.distributed else cfg.workers if cfg.workers is not None
-               else default_workers(cfg.num_envs, episodes, gpu_sim, gpu_render))
+               else _default_workers(cfg, episodes, gpu_sim, gpu_render, out, name))
     workers = min(workers, episodes)
     if cfg.num_envs is not None:
         n = cfg.num_envs

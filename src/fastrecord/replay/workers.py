@@ -330,13 +330,11 @@ def _worker_error(plan: ReplayPlan, shares: list[Any], failures: dict[int, str],
 
 
 def _join(plan: ReplayPlan) -> Any:
-    """Join the shards into ``NAME.h5`` + ``NAME.json`` and ``NAME.lerobot`` (`fastrecord.shards.merge`);
-    its `MergeReport`, or None when no shard has anything to join (neither a trajectory nor a LeRobot
-    dataset written, or stopped before any episode)."""
+    """Join the shards into ``NAME.h5`` + ``NAME.json``, ``NAME.lerobot``, the results rows and the videos next to
+    them (`fastrecord.shards.merge`); its `MergeReport`, or None when no shard has anything to join (stopped
+    before any episode)."""
     from fastrecord import shards
 
-    if not (plan.cfg.save_trajectory or plan.cfg.option("lerobot")):
-        return None
     try:
         return shards.merge(plan.out, plan.name, expected=len(plan.episodes))
     except shards.NothingToMerge:
@@ -355,8 +353,9 @@ def _summarize(plan: ReplayPlan, done: list[ReplaySummary], report: Any, stop: S
     if report is not None and report.trajectory:
         meta = json.loads(report.json_path.read_text())
         sources = [int(e["source_episode_id"]) for e in meta["episodes"]]
-        missing = list(report.missing)
         files = [report.h5_path, report.json_path]
+    if report is not None and (report.trajectory or not plan.cfg.save_trajectory):
+        missing = list(report.missing)
     elif plan.cfg.save_trajectory:
         missing = list(range(total))
     if report is not None and report.lerobot_path is not None:
