@@ -49,6 +49,8 @@
 #   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh first_step_pairs
 #                                         # record's time to first step against BEFORE, each tree first once a
 #                                         pair (PAIRS=2: ~200 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_videos   # the default replay with videos (the
+#                                         join's linked videos), one rendering process, ManiSkill --save-video (~300 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
@@ -57,7 +59,7 @@
 # fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
 # (docs/performance.md, "A fresh process: its timeline").
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -336,6 +338,32 @@ case $stage in
         --src "before=$PWD/$before"
       run 80 "pair${i}_before_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
         --src "before=$PWD/$before" --src-first
+    done
+    ;;
+  replay_videos)
+    # the replay users get by default, with videos (the join links each episode's video next to NAME.h5): 96 PickCube
+    # episodes x 50 steps in 16 envs, whole commands, against one rendering process and ManiSkill's tool with
+    # --save-video; each output's videos counted (~300 s)
+    rm -rf /tmp/rv && mkdir -p /tmp/rv
+    run 120 record python3 -m fastrecord record PickCube-v1 --num-envs 16 --episodes 96 --max-episode-steps 50 \
+      --no-video --output-dir /tmp/rv/in --trajectory-name demo
+    cp -r /tmp/rv/in /tmp/rv/in_ms
+    for what in default one_process maniskill; do
+      t0=$(date +%s.%N)
+      case $what in
+        default) run 150 replay_default python3 -m fastrecord replay /tmp/rv/in/demo.h5 --num-envs 16 \
+                   --output-dir /tmp/rv/default ;;
+        one_process) run 150 replay_one_process python3 -m fastrecord replay /tmp/rv/in/demo.h5 --num-envs 16 \
+                   --workers 1 --vector async --output-dir /tmp/rv/one ;;
+        maniskill) run 150 replay_maniskill python3 -m mani_skill.trajectory.replay_trajectory \
+                   --traj-path /tmp/rv/in_ms/demo.h5 --use-env-states -n 16 --save-video --allow-failure ;;
+      esac
+      t1=$(date +%s.%N)
+      echo "$what: $(python3 -c "print(round($t1 - $t0, 1))") s whole" | tee -a "$out/summary.txt"
+    done
+    for d in default one in_ms; do
+      echo "$d: $(ls /tmp/rv/$d/*.mp4 2>/dev/null | wc -l) videos in the folder, $(find /tmp/rv/$d -name '*.mp4' \
+        -links +1 | wc -l) hard-linked" | tee -a "$out/summary.txt"
     done
     ;;
   replay480)
