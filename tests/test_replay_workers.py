@@ -319,6 +319,12 @@ def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
     assert not _replay_forks(["replay", "x.h5", "-b", "cuda:1", "-n", "64"])
     assert _replay_forks(["replay", "x.h5", "-b", "cuda:1", "--workers", "2"])  # workers: batched envs each
     assert not _replay_forks(["record", "PickCube-v1"])
+    # the default is one process with a logger (16 envs still fork: one sub-process each) and for ManiSkill's command
+    # lines without -n (one env)
+    assert not _replay_forks(["replay", "x.h5", "--log", "tensorboard", "-n", "4"])
+    assert _replay_forks(["replay", "x.h5", "--log", "tensorboard"])
+    assert not _replay_forks(["replay", "--traj-path", "x.h5", "--save-video"])
+    assert _replay_forks(["replay", "--traj-path", "x.h5", "-n", "8"])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # taskset -c 0,1 on the 64-core machine
     assert not _replay_forks(["replay", "x.h5"])  # one process holds the 2 envs
     assert _replay_forks(["replay", "x.h5", "-n", "6"])

@@ -370,10 +370,12 @@ def _replay_forks(argv: list[str]) -> bool:
     from fastrecord.options import usable_cores
 
     cores = usable_cores()
-    n = int(envs) if envs is not None and envs.isdigit() else (1 if envs is not None else cores)
+    maniskill = any(a == "--traj-path" or a.startswith("--traj-path=") for a in argv)  # ManiSkill's command line
+    n = int(envs) if envs is not None and envs.isdigit() else (1 if envs is not None or maniskill else cores)
     if n <= 1:
         return False
-    if workers is None and cores >= MANY_CORES:  # several workers (on a GPU: while n > ENVS_PER_WORKER)
+    # several workers (on a GPU: while n > ENVS_PER_WORKER), unless a logger takes the replays (one process)
+    if workers is None and cores >= MANY_CORES and "--log" not in argv:
         return True
     return vector == "async" or (vector != "sync" and n > ENVS_PER_WORKER)
 
