@@ -56,8 +56,8 @@
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
-# fewer). Last runs: `coldstart` (seven times) and `pinning`, 2026-12-06 07:00-07:50 UTC on H100 machines
-# (docs/performance.md, "A fresh process: its timeline").
+# fewer). Last runs: `first_step_pairs` (PAIRS=3), 2026-12-07 07:21 UTC on an H100 machine (docs/performance.md,
+# "Record's first step in alternating pairs"); `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
 stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
