@@ -18,7 +18,7 @@ import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
-from conftest import TORCHRUN, torchrun, torchrun_env
+from conftest import TORCHRUN, fastrecord_cli, torchrun, torchrun_env
 
 from fastrecord import shards
 from fastrecord.sinks.maniskill_h5 import read_json
@@ -623,6 +623,10 @@ def test_joined_videos_replace_nothing_and_go_with_the_run(tmp_path, monkeypatch
     again = shards.merge(tmp_path, "double")
     assert again.ok and sorted(p.name for p in again.videos) == sorted(videos.values())
     assert sorted(p.name for p in tmp_path.glob("*.mp4")) == before and _videos_by_g(tmp_path, "double") == videos
+    r = fastrecord_cli("merge", str(tmp_path), "--name", "double")  # the user's merge says where they are
+    assert r.returncode == 0 and f"{tmp_path}: 4 videos of the joined episodes linked, named by global episode" in (
+        r.stdout), r.stdout + r.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == before
     tiles = collect(tmp_path, tmp_path / "gallery.html")
     assert sorted(t.path.name for t in tiles) == before  # the shard's four files are the joined four
     files = describe_run(tmp_path / "double.h5")["files"]  # fastrecord info counts each file once
