@@ -201,3 +201,11 @@ def test_gallery_in_headless_chromium(tmp_path):
     assert rows.max() - rows.min() > 400  # more than one row of tiles
     failures = _screenshot(exe, url + "#failure", tmp_path, "failure.png")[130:]
     assert _near(failures, GREEN).sum() == 0 and _near(failures, RED).sum() > 200
+
+
+def test_gallery_lists_a_link_to_a_missing_video_without_failing(tmp_path):
+    """`collect` tells a joined video from its shard's by inode; a link whose file is gone is listed, not fatal."""
+    from fastrecord.commands.gallery import collect
+
+    (tmp_path / "0_env0_success.mp4").symlink_to(tmp_path / "gone.mp4")
+    assert [t.path.name for t in collect(tmp_path, tmp_path / "gallery.html")] == ["0_env0_success.mp4"]

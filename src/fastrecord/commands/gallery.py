@@ -69,10 +69,14 @@ def collect(root: Path, page: Path) -> list[Tile]:
     cache: dict[Path, tuple[dict[str, str], dict[str, dict]]] = {}
     seen: set[tuple[int, int]] = set()  # a sharded run's joined video is a hard link of its shard's: shown once
     for video in sorted(root.rglob("*.mp4"), key=lambda p: (str(p.parent.relative_to(root)), _sort_key(p.stem))):
-        st = video.stat()
-        if (st.st_dev, st.st_ino) in seen:
+        try:
+            st = video.stat()
+        except OSError:  # a link to a file that is gone: listed as before, without the check
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) in seen:
             continue
-        seen.add((st.st_dev, st.st_ino))
+        if st is not None:
+            seen.add((st.st_dev, st.st_ino))
         folder = video.parent
         if folder not in cache:
             cache[folder] = _runs_of(folder)

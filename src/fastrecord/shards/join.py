@@ -224,11 +224,11 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
             expected = sharding["total"]
     report = MergeReport(run_dir / f"{name}.h5", run_dir / f"{name}.json", expected=expected, consolidated=not links)
     parts = join_parts(run_dir, name, links=links)
-    dropped = _read_shards(run_dir, name, shards, parts, report)
+    dropped, rows = _read_shards(run_dir, name, shards, parts, report)
     primary = next((p for p in parts if p.found), None)
     chosen: dict[int, tuple[int, dict[str, Any]]] = {}
     if primary is None:  # no trajectory, no LeRobot dataset: the results rows (and videos) are joined
-        chosen = _kept_rows(shards, name, report)
+        chosen = _kept_rows(shards, rows, name, report)
         if not chosen:
             raise NothingToMerge(
                 f"no shard in {str(root)!r} has a readable {name}.json or a kept episode's results row yet (nothing "
@@ -247,33 +247,34 @@ def _merge(run_dir: Path, name: str, *, links: bool, expected: int | None) -> Me
     report.dropped = sorted(g for g in dropped if g not in chosen)
     report.missing = [g for g in span if g not in chosen and g not in dropped]
     report.duplicates = sorted(set(report.duplicates))
-    ids = _shard_episodes(shards, name, chosen)
+    ids = _shard_episodes(rows, chosen)
     videos = join_videos(run_dir, name, shards, ids)
     report.videos, report.videos_copied = videos.paths, videos.copied
-    _join_results(run_dir, name, shards, set(chosen), ids, videos)
+    _join_results(run_dir, name, shards, rows, set(chosen), ids, videos)
     return report
 
 
-def _shard_episodes(shards: dict[int, Path], name: str,
+def _shard_episodes(rows: dict[int, list[dict[str, Any]]],
                     chosen: dict[int, tuple[int, dict[str, Any]]]) -> dict[int, tuple[int, int]]:
     """``{g: (rank, its episode id in that shard)}`` of the joined episodes: the joined entry's ``episode_id``, or,
     where the entry has none (a LeRobot dataset's), the id of that shard's kept results row of ``g``."""
     out = {g: (rank, e["episode_id"]) for g, (rank, e) in chosen.items()
            if isinstance(e.get("episode_id"), int) and not isinstance(e.get("episode_id"), bool)}
-    for rank, folder in shards.items():
-        for row in results_rows(folder, name):
+    for rank, shard_rows in rows.items():
+        for row in shard_rows:
             g, eid = row.get("global_index"), row.get("episode_id")
             if isinstance(g, int) and g in chosen and g not in out and chosen[g][0] == rank and isinstance(eid, int):
                 out[g] = (rank, eid)
     return out
 
 
-def _kept_rows(shards: dict[int, Path], name: str, report: MergeReport) -> dict[int, tuple[int, dict[str, Any]]]:
+def _kept_rows(shards: dict[int, Path], rows: dict[int, list[dict[str, Any]]], name: str,
+               report: MergeReport) -> dict[int, tuple[int, dict[str, Any]]]:
     """``{g: (rank, results row)}`` of every kept episode (a row with an ``episode_id``), the lowest rank's where
     several shards hold ``g``: a run that writes no trajectory and no LeRobot dataset (videos and results only)."""
     kept: dict[int, tuple[int, dict[str, Any]]] = {}
     for rank, folder in shards.items():
-        for row in results_rows(folder, name):
+        for row in rows[rank]:
             if row.get("episode_id") is None or "global_index" not in row:
                 continue
             g = global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {folder.parent}")
@@ -285,15 +286,17 @@ def _kept_rows(shards: dict[int, Path], name: str, report: MergeReport) -> dict[
 
 
 def _read_shards(run_dir: Path, name: str, shards: dict[int, Path], parts: Sequence[JoinPart],
-                 report: MergeReport) -> set[int]:
+                 report: MergeReport) -> tuple[set[int], dict[int, list[dict[str, Any]]]]:
     """Read every shard for the parts (a shard recording now or left by a crash noted in ``report``); returns
-    the global episodes the shards' results rows say the keep filter dropped. A damaged shard (`inspect_run`)
-    is a ValueError, raised once every shard's entries were checked (a bad entry says more)."""
+    the global episodes the shards' results rows say the keep filter dropped, and each shard's rows (read once,
+    for the whole merge). A damaged shard (`inspect_run`) is a ValueError, raised once every shard's entries were
+    checked (a bad entry says more)."""
     from fastrecord.sinks.base import MANIFEST_SUFFIX, read_manifest
     from fastrecord.sinks.reconcile import inspect_run
 
     root = shards_root(run_dir, name)
     dropped: set[int] = set()
+    rows: dict[int, list[dict[str, Any]]] = {}
     damaged = None
     for rank, folder in shards.items():
         limit = None  # a shard's committed episodes (its results file's commit log): what it holds past them is not
@@ -306,7 +309,8 @@ def _read_shards(run_dir: Path, name: str, shards: dict[int, Path], parts: Seque
             if state.problems and damaged is None:
                 damaged = f"not merging run {name!r}: its shard {folder.relative_to(run_dir)}: {state.problems[0]}"
             limit = state.committed if state.rows is not None else None
-        for row in results_rows(folder, name):
+        rows[rank] = results_rows(folder, name)
+        for row in rows[rank]:
             if row.get("episode_id") is None and "global_index" in row:
                 dropped.add(
                     global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {root}")
@@ -315,11 +319,11 @@ def _read_shards(run_dir: Path, name: str, shards: dict[int, Path], parts: Seque
             part.read_shard(rank, folder, limit)
     if damaged is not None:
         raise ValueError(damaged)
-    return dropped
+    return dropped, rows
 
 
-def _join_results(run_dir: Path, name: str, shards: dict[int, Path], joined: set[int],
-                  chosen: dict[int, tuple[int, int]], videos: JoinedVideos) -> None:
+def _join_results(run_dir: Path, name: str, shards: dict[int, Path], shard_rows: dict[int, list[dict[str, Any]]],
+                  joined: set[int], chosen: dict[int, tuple[int, int]], videos: JoinedVideos) -> None:
     """``DIR/NAME.results.jsonl``: every global episode's results row once, by global index, as an unsharded
     run's (``episode_id`` its id in the joined ``NAME.h5``, null if not kept; ``video`` relative to ``DIR``: the
     joined video next to ``NAME.h5``, else its shard's; ``videos``: every piece of a split video): a kept
@@ -328,7 +332,7 @@ def _join_results(run_dir: Path, name: str, shards: dict[int, Path], joined: set
 
     rows: dict[int, dict[str, Any]] = {}
     for rank, folder in shards.items():
-        for row in results_rows(folder, name):
+        for row in shard_rows[rank]:
             if "global_index" not in row:
                 continue
             g = global_index_of(row, folder / f"{name}{RESULTS_SUFFIX}", f", or move {folder} out of {folder.parent}")

@@ -107,8 +107,8 @@ def _copy(src: Path, dst: Path) -> bool:
     """Copy ``src`` to ``dst`` whole (a temporary file, then the name), never over another file: False when
     ``dst`` was taken meanwhile."""
     tmp = dst.with_name(f".{dst.name}{_TMP}")
-    shutil.copyfile(src, tmp)
     try:
+        shutil.copyfile(src, tmp)  # a full disk stops it part way: the finally removes the piece
         if dst.exists():
             return False
         os.replace(tmp, dst)  # under the merge's lock; the encoders of other runs create their names exclusively
