@@ -51,6 +51,9 @@
 #                                         pair (PAIRS=2: ~200 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_videos   # the default replay with videos (the
 #                                         join's linked videos), one rendering process, ManiSkill --save-video (~300 s)
+#   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh prestart
+#                                         # the writer process started while the envs are made: 96 episodes whole
+#                                         (equal and staggered ends) and record's first step against BEFORE (~330 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
@@ -59,7 +62,7 @@
 # fewer). Last runs: `first_step_pairs` (PAIRS=3), 2026-12-07 07:21 UTC on an H100 machine (docs/performance.md,
 # "Record's first step in alternating pairs"); `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh prestart|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -327,6 +330,20 @@ case $stage in
     # the same input on a busy machine: 8 of the 16 cores spun by other processes, the default against ManiSkill
     run 200 replay96_staggered_busy python3 benchmarks/bench_replay.py --traj /tmp/staggered/input/pickcube.h5 \
       --num-envs 16 --busy 8
+    ;;
+  prestart)
+    # the HDF5 writer process started while the envs are made (fastrecord.prestart) and the replay workers' phases:
+    # 96 episodes whole against BEFORE and ManiSkill (REPEAT times, 2), every episode 50 steps, then episodes that end
+    # at different steps (the scripted pick policy); record's time to first step against BEFORE (~330 s)
+    before=${BEFORE:-build/before/src}
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
+    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
+      --src "before=$PWD/$before" --repeat "${REPEAT:-2}"
+    rm -rf /tmp/staggered
+    run 140 replay96_staggered python3 benchmarks/bench_replay.py --episodes 96 --steps 80 --policy pick \
+      --num-envs 16 --stamps --src "before=$PWD/$before" --work-dir /tmp/staggered
+    [ -z "${NO_RECORD:-}" ] && run 80 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
+      --skip-maniskill --src "before=$PWD/$before"
     ;;
   first_step_pairs)
     # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair

@@ -127,6 +127,27 @@ def test_replay_by_states_reproduces_recorded_states_and_success(fastrecord_file
         assert decode_mp4(video).shape == (ep["elapsed_steps"] + 1, CAMERA["height"], CAMERA["width"], 3)
 
 
+def test_the_writer_process_starts_while_the_envs_are_made(fastrecord_file, tmp_path, monkeypatch):
+    """The replay starts its recorder's HDF5 writer process before it makes its envs (`fastrecord.prestart`): when
+    the recorder asks for one, it is waiting, and it writes the replay."""
+    from fastrecord import prestart
+    from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE
+
+    asked = []
+    real = prestart.helper
+
+    def helper(module, name, **kw):
+        asked.append((name, kw.get("keep_after_error", False), prestart.spares(module)))
+        return real(module, name, **kw)
+
+    monkeypatch.setattr(prestart, "helper", helper)
+    monkeypatch.setattr("fastrecord.sinks.maniskill_h5.writer.helper", helper)
+    s, new_h5, meta = replay(fastrecord_file, tmp_path, num_envs=1)
+    assert asked[0] == ("HDF5 writer process 0", False, 1)  # the recorder's, a spare waiting
+    assert s.kept == 3 and sorted(e["source_episode_id"] for e in meta["episodes"]) == [0, 1, 2]
+    assert prestart.spares(WRITER_PROCESS_MODULE) == 0
+
+
 def test_replay_by_actions_agrees_on_success(fastrecord_file, tmp_path):
     """CPU PhysX is deterministic: seeded resets and the recorded actions give the recorded successes.
 

@@ -195,6 +195,67 @@ def test_one_writer_is_the_index_process(tmp_path):
     assert [e["episode_seed"] for e in check_file(h5)] == list(range(40, 50)) and self_contained(h5)
 
 
+def test_a_prestarted_writer_process_is_the_one_the_writer_takes(tmp_path):
+    """`fastrecord.prestart`: a writer process started before the recorder (while a command makes its envs) is the
+    one the next TrajectoryWriter takes, renamed, and writes the same files; a spare that died is skipped (a new
+    process starts); a merge's spare (kept after an error) is not a recorder's; the spares nobody took stop."""
+    from fastrecord import prestart
+    from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE
+
+    prestart.prestart_h5_writer()
+    prestart.prestart_h5_writer()  # tops up to one: no second spare
+    prestart.prestart_h5_writer(merge=True)
+    assert prestart.spares(WRITER_PROCESS_MODULE) == 2
+    spare = prestart._spares[(WRITER_PROCESS_MODULE, False, False)][0]
+    h5 = tmp_path / "run.h5"
+    w = TrajectoryWriter(h5, HEADER, index_interval_s=0.0)
+    try:
+        assert w.pids == [spare.pid] and spare.name == "HDF5 writer process 0"
+        w.submit([make_episode(0, 7), make_episode(1, 8)])
+    finally:
+        w.close()
+    assert [e["episode_seed"] for e in check_file(h5)] == [7, 8] and self_contained(h5)
+    assert prestart.spares(WRITER_PROCESS_MODULE) == 1  # the merge's spare waits
+
+    prestart.prestart_h5_writer()
+    dead = prestart._spares[(WRITER_PROCESS_MODULE, False, False)][0]
+    dead.proc.kill()
+    dead.proc.wait()
+    w = TrajectoryWriter(tmp_path / "other.h5", HEADER)
+    try:
+        assert w.pids != [dead.pid] and len(w.pids) == 1
+    finally:
+        w.close()
+    waiting = [p for procs in prestart._spares.values() for p in procs]
+    prestart.stop_spares()
+    assert prestart.spares(WRITER_PROCESS_MODULE) == 0 and all(p.poll() is not None for p in waiting)
+
+
+def test_a_forked_child_does_not_take_its_parents_spares():
+    """A spare belongs to the process that started it: a fork (a worker, the forkserver made of the caller) starts
+    its own; the parent's spare still serves the parent."""
+    from fastrecord import prestart
+    from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE
+
+    prestart.prestart_h5_writer()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no spare of its parent's
+            os.write(write, str(prestart.spares(WRITER_PROCESS_MODULE)).encode())
+            os._exit(0)
+        os.close(write)
+        assert os.read(read, 16) == b"0"
+        os.waitpid(pid, 0)
+        os.close(read)
+        assert prestart.spares(WRITER_PROCESS_MODULE) == 1
+        proc = prestart.helper(WRITER_PROCESS_MODULE, "taken", background=False)
+        assert proc.alive() and proc.name == "taken"
+        proc.stop()
+    finally:
+        prestart.stop_spares()
+
+
 def test_writer_processes_are_isolated(tmp_path):
     """The writers import neither torch nor ManiSkill, and ignore SIGINT/SIGTERM (the parent closes them)."""
     w = TrajectoryWriter(tmp_path / "run.h5", HEADER)

@@ -31,6 +31,7 @@ from fastrecord.sinks.base import EpisodeHandoff, RunDirectory, Sink, close_sink
 from fastrecord.sinks.factory import build_sinks
 from fastrecord.sinks.reconcile import refuse_damage
 from fastrecord.staging import default_staging_pool, shared_memory_supported
+from fastrecord.system import stamp
 from fastrecord.video.overlay import Overlay, maniskill_font
 from fastrecord.video.yuv import YUV420P
 
@@ -122,6 +123,7 @@ class EpisodeRecorder:
         self.first_episode_id = self.run.committed
         self.next_episode_id = self.first_episode_id
         close_at_exit(self)
+        stamp("recorder_made")
 
     def _open_sinks(self) -> None:
         """Open every sink on the run directory, a resumed run's outputs first made to agree (`sinks.reconcile`:

@@ -124,6 +124,19 @@ def make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None = None, auto_re
             early.close()  # where its guess was wrong or the env stack failed (a no-op where the env took it over)
 
 
+def _start_helpers(cfg: RecordConfig) -> None:
+    """What the recorder will wait for, started while the envs are made: codec "auto"'s NVENC probe, and the HDF5
+    writer process (an interpreter importing h5py: `fastrecord.prestart`)."""
+    if cfg.record.save_video or cfg.record.lerobot:
+        from fastrecord.video.encode import prefetch_codec
+
+        prefetch_codec(cfg.record.video_codec, cfg.record.lerobot_video_codec)
+    if cfg.record.save_trajectory:
+        from fastrecord.prestart import prestart_h5_writer
+
+        prestart_h5_writer()
+
+
 def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: bool, early: EarlySubenvs | None,
                        check_env: Callable[[Any], None] | None) -> Any:
     import gymnasium as gym
@@ -143,10 +156,7 @@ def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: b
     rec = recorder_kwargs(cfg)
     rec["sinks"] = list(sinks or [])  # --log: logger sinks (fastrecord.sinks.loggers)
     stamp("imported")  # benchmarks/bench_whole.py: interpreter and imports end here, env creation starts
-    if cfg.record.save_video or cfg.record.lerobot:  # codec "auto"'s NVENC probe runs while the envs are made
-        from fastrecord.video.encode import prefetch_codec
-
-        prefetch_codec(cfg.record.video_codec, cfg.record.lerobot_video_codec)
+    _start_helpers(cfg)
     gpu_sim = cfg.sim_backend not in ("physx_cpu", "cpu")
     if gpu_sim or cfg.num_envs == 1:
         env = make_checked(cfg.env_id, num_envs=cfg.num_envs, **kwargs)

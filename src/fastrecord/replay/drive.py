@@ -58,6 +58,10 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
         finish_run(out, name)
         return ReplaySummary(0, 0, 0, [], 0, 0.0, out, [], startup_seconds=time.perf_counter() - t0, skipped=skipped)
     n = min(n, len(todo))
+    if cfg.save_trajectory:  # the recorder's HDF5 writer process starts (an interpreter, h5py) while the envs are made
+        from fastrecord.prestart import prestart_h5_writer
+
+        prestart_h5_writer()
     verdict = Verdict()  # ManiSkill's rule, decided per replay by the loop that ends it
     resume = cfg.resume or bool(done) or (shard is not None and shard[2])
     rec_kwargs = plan.recorder_kwargs(out, name, verdict, sinks, resume=resume)

@@ -19,6 +19,7 @@ import torch
 
 from fastrecord.envs import SubEnvAccess
 from fastrecord.replay.grouped import GroupedSyncVectorEnv, PreparedSyncVectorEnv
+from fastrecord.system import stamp
 from fastrecord.workers import claim_process, forkserver_context
 
 if TYPE_CHECKING:
@@ -474,6 +475,7 @@ class VectorBatch:
         else:
             envs = PreparedSyncVectorEnv([thunk] * num_envs, autoreset_mode=mode)
         self.envs = envs
+        stamp("vector_env_made")  # a replay's timeline: the envs, then the recorder (its writer process's first answer)
         self.num_envs = num_envs
         try:
             self.control_freq = envs.get_attr("control_freq")[0]

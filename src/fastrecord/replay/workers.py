@@ -202,6 +202,10 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     try:
         shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming)
         busy = [s for s in shares if s.indices]
+        if cfg.save_trajectory and busy:  # the merge's HDF5 process, started while the workers replay
+            from fastrecord.prestart import prestart_h5_writer
+
+            prestart_h5_writer(merge=True)
         # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
         ctx = forkserver_context()
         messages = ctx.Queue()

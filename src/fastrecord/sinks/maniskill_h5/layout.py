@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from fastrecord.prestart import H5_WRITER_MODULE
+
 # image leaves, stored compressed (ManiSkill compresses rgb/depth/seg with gzip level 5)
 IMAGE_KEYS = ("rgb", "depth", "seg", "segmentation", "position", "normal", "albedo")
 COMPRESSIONS = tuple(f"gzip:{k}" for k in range(1, 10)) + ("lzf", "none")  # trajectory_compression values
@@ -35,7 +37,8 @@ PART_PATTERN = re.compile(r"^part_(\d+)\.h5$")  # a complete part file in NAME.h
 GROWING_NAME = "consolidating.h5.tmp"
 PARTS_SUFFIX = ".parts"  # NAME.h5.parts/ holds the part files of NAME.h5
 # the module writer processes import (`fastrecord.processes.IsolatedProcess`): every function they run is there
-WRITER_PROCESS_MODULE = "fastrecord.sinks.maniskill_h5.process"
+# (named in `fastrecord.prestart`, which starts one before the fastrecord.sinks package is imported)
+WRITER_PROCESS_MODULE = H5_WRITER_MODULE
 LOW_DISK = 64 << 20  # bytes free below which a dead writer is blamed on the disk as well
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fastrecord.prestart import helper
 from fastrecord.processes import ChildDied, IsolatedProcess
 from fastrecord.sinks.maniskill_h5.layout import WRITER_PROCESS_MODULE, disk_text, is_disk_full
 from fastrecord.workers import WorkerError
@@ -48,7 +49,7 @@ def _process() -> tuple[IsolatedProcess, bool]:
     shared = getattr(_held, "depth", 0) > 0
     if shared and _held.proc is not None and _held.proc.alive():
         return _held.proc, False
-    proc = IsolatedProcess(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False, keep_after_error=shared)
+    proc = helper(WRITER_PROCESS_MODULE, "the HDF5 writer process", background=False, keep_after_error=shared)
     if shared:
         _held.proc = proc
     return proc, not shared

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastrecord.prestart import helper
 from fastrecord.processes import ChildDied, IsolatedProcess, exit_description
 from fastrecord.sinks.maniskill_h5.layout import (
     DEFAULT_COMPRESSION,
@@ -135,10 +136,11 @@ class TrajectoryWriter:
         # at the caller's CPU priority, not below it: the recorder waits for them (backpressure, close), as
         # ManiSkill's wrapper waits for its own in-process writes; below it, a busy machine starves them
         try:  # processes start in parallel; the first call waits for its process's imports
-            self._writers = [IsolatedProcess(WRITER_PROCESS_MODULE, f"HDF5 writer process {i}", background=False)
+            # a spare started while the envs were made (`fastrecord.prestart`), else a new process
+            self._writers = [helper(WRITER_PROCESS_MODULE, f"HDF5 writer process {i}", background=False)
                              for i in range(num_writers)]
             # one writer also writes the index: a second process would double the start's CPU (issue 20)
-            self._index = self._writers[0] if num_writers == 1 else IsolatedProcess(
+            self._index = self._writers[0] if num_writers == 1 else helper(
                 WRITER_PROCESS_MODULE, "the HDF5 index process", background=False)
             if existing:
                 self._resume()
