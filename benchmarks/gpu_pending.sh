@@ -54,6 +54,9 @@
 #   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh prestart
 #                                         # the writer process started while the envs are made: 96 episodes whole
 #                                         (equal and staggered ends) and record's first step against BEFORE (~330 s)
+#   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh recorder_start
+#                                         # where a worker's recorder start goes (probe_recorder_start), then 96
+#                                         episodes whole against BEFORE (~200 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
@@ -62,7 +65,7 @@
 # fewer). Last runs: `first_step_pairs` (PAIRS=3), 2026-12-07 07:21 UTC on an H100 machine (docs/performance.md,
 # "Record's first step in alternating pairs"); `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh prestart|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh recorder_start|prestart|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -344,6 +347,17 @@ case $stage in
       --num-envs 16 --stamps --src "before=$PWD/$before" --work-dir /tmp/staggered
     [ -z "${NO_RECORD:-}" ] && run 80 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
       --skip-maniskill --src "before=$PWD/$before"
+    ;;
+  recorder_start)
+    # where a replay worker's recorder start goes (1.7-1.9 s on the H100 at 09:45, 0.05 s on the CPU machine): 4
+    # processes as the default's workers, each profiled (probe_recorder_start); then 96 episodes whole against BEFORE
+    # and ManiSkill once, with the workers' phases (workers taking the next episode from one counter, the input checked
+    # while they make their envs) (~200 s)
+    before=${BEFORE:-build/before/src}
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
+    run 100 probe python3 benchmarks/probe_recorder_start.py --procs 4
+    run 150 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
+      --src "before=$PWD/$before"
     ;;
   first_step_pairs)
     # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair

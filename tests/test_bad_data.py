@@ -101,6 +101,14 @@ def test_nan_env_states_are_named_by_info_and_refused_by_replay(clean, tmp_path,
     assert expected in err[0] and "--count 1" in err[0] and "Traceback" not in err[0]
     assert not out.exists()  # refused before any env or file was made
 
+    # worker processes make their envs while the data is checked: ended before they write anything, the same error
+    workers = tmp_path / "by_workers"
+    assert main(["replay", str(path), "--output-dir", str(workers), "--no-video", "--by", "actions", "--workers", "2",
+                 "--num-envs", "2", "--quiet"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0], err
+    assert not workers.exists()  # no shard, manifest or folder left
+
 
 def test_truncated_actions_are_a_length_mismatch(clean, tmp_path, capsys):
     path = copy_of(clean, tmp_path / "short")

@@ -137,7 +137,7 @@ def test_the_writer_process_starts_while_the_envs_are_made(fastrecord_file, tmp_
     real = prestart.helper
 
     def helper(module, name, **kw):
-        asked.append((name, kw.get("keep_after_error", False), prestart.spares(module)))
+        asked.append((name, kw.get("keep_after_error", False), prestart.spares(module, keep_after_error=False)))
         return real(module, name, **kw)
 
     monkeypatch.setattr(prestart, "helper", helper)
@@ -145,7 +145,7 @@ def test_the_writer_process_starts_while_the_envs_are_made(fastrecord_file, tmp_
     s, new_h5, meta = replay(fastrecord_file, tmp_path, num_envs=1)
     assert asked[0] == ("HDF5 writer process 0", False, 1)  # the recorder's, a spare waiting
     assert s.kept == 3 and sorted(e["source_episode_id"] for e in meta["episodes"]) == [0, 1, 2]
-    assert prestart.spares(WRITER_PROCESS_MODULE) == 0
+    assert prestart.spares(WRITER_PROCESS_MODULE, keep_after_error=False) == 0
 
 
 def test_replay_by_actions_agrees_on_success(fastrecord_file, tmp_path):

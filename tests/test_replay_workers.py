@@ -78,10 +78,15 @@ def test_two_workers_give_the_episodes_of_one(demo, tmp_path):
     s2, h5_2, meta2 = replay(demo, tmp_path / "two", workers=2, num_envs=2)
     assert (s1.episodes, s1.kept, s2.episodes, s2.kept, s2.workers, s2.missing) == (5, 5, 5, 5, 2, [])
     assert [e["source_episode_id"] for e in meta1["episodes"]] == [0, 1, 2, 3, 4]
-    assert [
-        (e["episode_id"], e["source_episode_id"], e["global_index"], e["source_rank"]) for e in meta2["episodes"]
-    ] == [(g, g, g, g % 2) for g in range(5)]
+    assert [(e["episode_id"], e["source_episode_id"], e["global_index"]) for e in meta2["episodes"]] == [
+        (g, g, g) for g in range(5)]
     assert sorted(p.name for p in (tmp_path / "two" / f"{NAME}.shards").iterdir()) == ["rank00000", "rank00001"]
+    # each episode was replayed once, by the worker that took it (whichever had an env free): its shard holds it
+    held = {rank: sorted(e["global_index"] for e in json.loads(
+        (tmp_path / "two" / f"{NAME}.shards" / f"rank{rank:05d}" / f"{NAME}.json").read_text())["episodes"])
+        for rank in (0, 1)}
+    assert sorted(held[0] + held[1]) == list(range(5))
+    assert all(e["global_index"] in held[e["source_rank"]] for e in meta2["episodes"])
     assert len(s2.worker_times) == 2 and s2.merge_seconds > 0  # the timeline the CLI prints
     assert all(0 <= up <= replaying <= done for up, replaying, done in s2.worker_times), s2.worker_times
     with h5py.File(h5_1) as f, h5py.File(h5_2) as g:
@@ -217,10 +222,9 @@ def test_the_default_layout_is_one_process_where_only_that_fits(demo, tmp_path, 
 
 
 def test_killed_worker_then_rerun_resumes(tmp_path):
-    """SIGKILL worker 1 once it has written an episode: the caller names it and the missing episodes, the
-    merge holds the rest; the same command again replays only what is missing. 16 episodes: worker 1 has 8, four
-    batches of its 2 envs, so the kill lands with some still to do (with 8 episodes, once its processes no longer
-    computed SAPIEN's BRDF table for 5 s, worker 1 once finished all four before the kill reached it)."""
+    """SIGKILL worker 1 once it has written an episode: the caller names it and the missing episodes (those its env
+    had taken and not finished; worker 0 takes every other one), the merge holds the rest; the same command again
+    replays only what is missing."""
     n = 16
     src = record(tmp_path / "in", episodes=n, steps=8)
     config = tmp_path / "replay.yaml"
@@ -242,7 +246,7 @@ def test_killed_worker_then_rerun_resumes(tmp_path):
     assert "replay worker 1 of 2" in stderr and "SIGKILL" in stderr and "run the same command again" in stderr
     first = json.loads((out / f"{NAME}.json").read_text())["episodes"]
     held = [e["global_index"] for e in first]
-    assert set(range(0, n, 2)) <= set(held) and len(held) < n  # worker 0's, and what worker 1 had listed
+    assert len(set(held)) == len(held) < n  # what the workers had listed, each episode once
     assert f"of {n} episodes are missing" in stderr
 
     proc = run_cli(argv)
@@ -258,8 +262,8 @@ def test_killed_worker_then_rerun_resumes(tmp_path):
 
 
 def test_a_worker_exception_names_the_worker_and_cause(demo, tmp_path):
-    """Episode 1 (worker 1's) has actions of the wrong shape: worker 0's episodes are merged, and the error
-    names worker 1, the cause and the missing episodes."""
+    """Episode 1 has actions of the wrong shape: the worker that takes it (each has one env) fails, the other replays
+    every other episode, they are merged, and the error names the worker, the cause and the missing episode."""
     bad = tmp_path / "in" / "demo.h5"
     bad.parent.mkdir()
     with h5py.File(demo) as f, h5py.File(bad, "w") as g:
@@ -271,12 +275,12 @@ def test_a_worker_exception_names_the_worker_and_cause(demo, tmp_path):
     bad.with_suffix(".json").write_text(demo.with_suffix(".json").read_text())
     with pytest.raises(
         ReplayWorkerError,
-        match=r"replay worker 1 of 2 .*failed: ValueError: .*traj_1/actions has shape "
-        r"\(6, 9\).*missing.*global indices 1, 3",
+        match=r"replay worker [01] of 2 \(sharing 5 episodes with the others, .*failed: ValueError: .*traj_1/actions "
+        r"has shape \(6, 9\).*1 of 5 episodes are missing.*global indices 1\)",
     ):
         replay(bad, tmp_path / "out", workers=2, num_envs=2)
     meta = json.loads((tmp_path / "out" / f"{NAME}.json").read_text())
-    assert [e["global_index"] for e in meta["episodes"]] == [0, 2, 4]
+    assert [e["global_index"] for e in meta["episodes"]] == [0, 2, 3, 4]
 
 
 def test_bad_workers_values_are_refused(demo, tmp_path, capsys):
@@ -365,3 +369,43 @@ def test_torchrun_ranks_replay_their_shares(demo, tmp_path):
     meta = json.loads((out / f"{NAME}.json").read_text())
     assert [(e["global_index"], e["source_rank"]) for e in meta["episodes"]] == [(g, g % 2) for g in range(5)]
     assert_matches_input(demo, out / f"{NAME}.h5", meta)
+
+
+def test_workers_take_the_next_episode_when_an_env_is_free():
+    """Replay workers share one counter of their episodes (`replay.drive._Claims`, a `multiprocessing.Value` made as
+    `run_workers` makes it): each env that is free takes the next episode no worker took, so a worker that started
+    later or got shorter episodes replays fewer; every episode is taken once; a retry goes back to its own worker
+    first; an env for which nothing is left stays idle (its reset leaves it out)."""
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from fastrecord.replay.drive import _Slots
+
+    class Batch:
+        num_envs, action_shape = 2, (1,)
+
+        def __init__(self) -> None:
+            self.resets: list[list[int]] = []
+
+        def start(self, envs, plans) -> None:
+            self.resets.append([int(e) for e in envs])
+
+    episodes = [{"episode_id": i, "episode_seed": i} for i in range(5)]
+    traj = SimpleNamespace(actions=lambda ep: np.zeros((3, 1), np.float32), h5_path=Path("in.h5"))
+    cfg = SimpleNamespace(replay_by="actions", use_first_env_state=False)
+    counter = mp.get_context("forkserver").Value("q", 0)
+    early, late = Batch(), Batch()
+    a, b = _Slots(cfg, traj, episodes, early, counter), _Slots(cfg, traj, episodes, late, counter)
+    a.start([0, 1])  # the worker whose envs were made first takes 0 and 1
+    assert a.slot == [0, 1] and len(b.pending) == 3
+    a.slot[0] = None
+    a.start([0])  # its env 0 is free again before the other worker starts: 2
+    b.start([0, 1])  # 3 and 4
+    assert (a.slot, b.slot) == ([2, 1], [3, 4]) and len(a.pending) == 0
+    a.pending.appendleft(1)  # a retry of episode 1 stays with the worker that replayed it
+    a.slot[1] = None
+    a.start([1])
+    b.slot[0] = b.slot[1] = None
+    b.start([0, 1])  # nothing left: both idle, no reset
+    assert a.slot == [2, 1] and b.slot == [None, None] and counter.value == 5
+    assert (early.resets, late.resets) == ([[0, 1], [0], [1]], [[0, 1]])

@@ -69,10 +69,11 @@ def prestart_h5_writer(*, merge: bool = False) -> None:
     prestart(H5_WRITER_MODULE, background=False, keep_after_error=merge)
 
 
-def spares(module: str) -> int:
-    """Spares of ``module`` waiting (all kinds)."""
+def spares(module: str, *, keep_after_error: bool | None = None) -> int:
+    """Spares of ``module`` waiting (of every kind; ``keep_after_error``: of that kind only)."""
     with _lock:
-        return sum(len(v) for k, v in _spares.items() if k[0] == module)
+        return sum(len(v) for k, v in _spares.items()
+                   if k[0] == module and keep_after_error in (None, k[2]))
 
 
 def stop_spares() -> None:

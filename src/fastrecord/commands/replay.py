@@ -34,8 +34,8 @@ replays in ``source_episode_id``. Existing output files are never replaced witho
 ``--resume`` continues an interrupted replay, skipping the episodes it holds.
 
 ``--workers N`` splits the episodes over N processes, each with its own envs and recorder writing a
-shard (input episode ``g`` goes to worker ``g % N``; by default several workers on machines of 8 or
-more cores, see --workers below); the shards are joined at the end into ``NAME.h5`` (a copy of every
+shard (each env takes the next input episode no worker took when it is free; by default several workers on
+machines of 8 or more cores, see --workers below); the shards are joined at the end into ``NAME.h5`` (a copy of every
 episode) + ``NAME.json``, in input order, with each episode's videos linked next to them as one process names
 them. Under torchrun each rank is one worker and rank 0 joins. A worker that
 fails or is killed does not stop the others; the error names it and the missing episodes, and

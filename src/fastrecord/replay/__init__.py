@@ -26,8 +26,9 @@ replays in ``source_episode_id``. Existing output files are never replaced witho
 ``resume`` continues an interrupted replay, skipping the episodes it holds.
 
 ``workers=N`` splits the episodes over N processes (forked by the preloaded forkserver), each with its
-own envs and recorder writing a shard (input episode ``g`` goes to worker ``g % N``); the shards are
-joined at the end into ``NAME.h5`` (external links) + ``NAME.json``, in input order. Under torchrun
+own envs and recorder writing a shard (each env takes the next input episode no worker took when it is
+free, so that the workers end together); the shards are joined at the end into ``NAME.h5`` (a copy of every
+episode) + ``NAME.json``, in input order. Under torchrun
 each rank is one worker and rank 0 joins. A worker that fails or is killed does not stop the others;
 the error names it and the missing episodes, and running again resumes.
 

@@ -49,6 +49,7 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     the same envs in this process, ended here otherwise."""
     t0 = time.perf_counter()
     from fastrecord.replay.drive import run_plan
+    from fastrecord.replay.plan import check_input as check_episodes
     from fastrecord.replay.plan import make_plan
     from fastrecord.replay.workers import run_rank, run_workers
     from fastrecord.sinks.base import OutputExistsError
@@ -65,14 +66,20 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
         if sinks and cfg.workers is None:  # a logger takes the replays of one process: the default where it can be
             cfg = dataclasses.replace(cfg, workers=1)
         try:
-            plan = make_plan(cfg, traj)
+            plan = make_plan(cfg, traj, checked=True)
+            # the episodes' data (their states and actions read: ~3 ms an episode on the 2-core machine) is checked
+            # before any env or file is made; with worker processes, while they make their envs (they start
+            # replaying once it passed, and end having written nothing where it did not)
+            check = functools.partial(check_episodes, traj, plan.episodes)
+            if plan.distributed or plan.workers == 1:
+                check()
             stamp("plan_made")  # benchmarks/bench_replay.py --stamps: the input read and checked, the plan made
             if early is not None and (plan.distributed or plan.workers > 1):
                 early.close()  # the guess was wrong: worker processes make their own envs
             if plan.distributed:
                 summary = run_rank(plan, stop, sinks, t0)
             elif plan.workers > 1:
-                summary = run_workers(plan, stop, sinks, t0)
+                summary = run_workers(plan, stop, sinks, t0, check=check)
             else:
                 summary = run_plan(plan, plan.episodes, plan.out, plan.name, plan.num_envs, stop, sinks, t0,
                                    launch=early)

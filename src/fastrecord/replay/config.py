@@ -271,6 +271,11 @@ class ReplayWorkerError(RuntimeError):
     """A replay worker process failed or died; the message names the worker, its share and the cause."""
 
 
+class StartCancelled(Exception):
+    """A replay worker told not to start replaying (its caller's check of the input failed while the worker made its
+    envs): it ends before its recorder, so nothing was written."""
+
+
 class StopRequest(Protocol):
     """Asked between two steps of a replay: whether to stop now, and why (a signal's name, "SIGINT").
 

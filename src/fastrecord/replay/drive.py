@@ -34,13 +34,17 @@ if TYPE_CHECKING:
 
 def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: str, n: int, stop: StopRequest | None,
              sinks: list[Any] | None, t0: float, progress: Callable[[int], None] | None = None,
-             shard: tuple[int, list[int], bool] | None = None, launch: PackedLaunch | None = None) -> ReplaySummary:
+             shard: tuple[int, list[int], bool] | None = None, launch: PackedLaunch | None = None,
+             claims: Any = None, gate: Callable[[], None] | None = None) -> ReplaySummary:
     """Replay ``episodes`` (of ``plan.episodes``) in ``n`` envs into ``out/name``: the whole replay, or a
     shard's (``shard``: its rank, the global index of each episode, whether the sharded run resumes). With
     ``resume``, or in a shard, the episodes the output already holds (also in complete parts a crash left)
     are not replayed again. ``launch``: sub-env processes started before the plan
     (`fastrecord.replay.early.early_subenvs`), taken over where they make the envs this replay draws in this
-    process, else ended."""
+    process, else ended. ``claims``: a counter shared with other worker processes replaying the same ``episodes``
+    (`_Claims`: each env takes the next one not taken when it is free); None: these are this replay's own.
+    ``gate``: called once the envs are made, before the recorder (a worker waits there for its caller's check of the
+    input; its `StartCancelled` ends the replay having written nothing)."""
     cfg = plan.cfg
     if shard is not None:
         from fastrecord import shards
@@ -49,7 +53,8 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
                 for ep, g in zip(episodes, shard[1], strict=True)}
     else:
         tags = {}
-    done = replayed_sources(out, name) if (cfg.resume or shard is not None) else set()
+    # (with claims every worker's list must stay the same: the caller left out what any shard holds)
+    done = replayed_sources(out, name) if (cfg.resume or shard is not None) and claims is None else set()
     todo = [ep for ep in episodes if int(ep["episode_id"]) not in done]
     skipped = len(episodes) - len(todo)
     if not todo:  # a resumed replay that is complete: nothing to replay, but a kill after its last episode left
@@ -65,6 +70,8 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     verdict = Verdict()  # ManiSkill's rule, decided per replay by the loop that ends it
     resume = cfg.resume or bool(done) or (shard is not None and shard[2])
     rec_kwargs = plan.recorder_kwargs(out, name, verdict, sinks, resume=resume)
+    if gate is not None:  # every path reads the recorder's options right before it makes the recorder: the gate there
+        rec_kwargs = _gated(rec_kwargs, gate)
 
     def meta(ep: Mapping[str, Any]) -> dict[str, Any]:  # the output entry names its input episode from the start
         return {"source_episode_id": int(ep["episode_id"]), **tags.get(int(ep["episode_id"]), {})}
@@ -82,7 +89,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
             batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device,
                                 subenv=MirroredSubenv(plan.env_id, plan.kwargs, plan.max_steps), launch=launch)
-        summary = _drive(cfg, plan.traj, todo, batch, verdict, tally)
+        summary = _drive(cfg, plan.traj, todo, batch, verdict, tally, claims)
     summary.skipped = skipped
     summary.output_dir = out
     new_h5 = out / f"{name}.h5"
@@ -93,6 +100,43 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
     assert summary.results_path is not None  # the recorder's results sink, opened with it (`_Tally.summary`)
     summary.files.append(summary.results_path)
     return summary
+
+
+def _gated(rec_kwargs: Callable[[int], dict[str, Any]], gate: Callable[[], None]) -> Callable[[int], dict[str, Any]]:
+    """``rec_kwargs``, passing ``gate`` first (once the envs are made, before the recorder)."""
+
+    def gated(control_freq: int) -> dict[str, Any]:
+        gate()
+        return rec_kwargs(control_freq)
+
+    return gated
+
+
+class _Claims:
+    """The episodes of worker processes that replay one list together (`fastrecord.replay.workers`): a shared counter
+    (a `multiprocessing.Value` with its lock) of the positions handed out. Used as `_Slots.pending`: ``popleft`` takes
+    the next position no worker took (IndexError: none left), ``appendleft`` puts back a retry of this worker's (it
+    goes first, here)."""
+
+    def __init__(self, counter: Any, total: int) -> None:
+        self.counter, self.total = counter, total
+        self.retry: deque[int] = deque()
+
+    def __len__(self) -> int:  # an upper bound: another worker may take one meanwhile
+        return len(self.retry) + max(0, self.total - self.counter.value)
+
+    def popleft(self) -> int:
+        if self.retry:
+            return self.retry.popleft()
+        with self.counter.get_lock():
+            i = int(self.counter.value)
+            if i >= self.total:
+                raise IndexError("every episode is taken")
+            self.counter.value = i + 1
+        return i
+
+    def appendleft(self, i: int) -> None:
+        self.retry.appendleft(i)
 
 
 class _Tally:
@@ -234,10 +278,12 @@ class _Slots:
     """The replay loop's envs: which pending episode each plays (``slot``: an index into ``episodes``, None: idle),
     its recorded actions and its step, and the episodes not started yet (``pending``)."""
 
-    def __init__(self, cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: VectorBatch | BatchedEnv):
+    def __init__(self, cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: VectorBatch | BatchedEnv,
+                 claims: Any = None):
         self.cfg, self.traj, self.episodes, self.batch = cfg, traj, episodes, batch
         n = batch.num_envs
-        self.pending = deque(range(len(episodes)))
+        self.pending: deque[int] | _Claims = (
+            deque(range(len(episodes))) if claims is None else _Claims(claims, len(episodes)))
         self.retries = np.zeros(len(episodes), dtype=np.int64)
         self.slot: list[int | None] = [None] * n
         self.actions: list[np.ndarray] = [np.zeros((0, *batch.action_shape), dtype=np.float32)] * n
@@ -260,14 +306,20 @@ class _Slots:
         return dict(seed=int(ep["episode_seed"]), options=opts, states=states, per_step=per_step, length=len(a)), a
 
     def start(self, envs: list[int]) -> None:
-        """Envs ``envs`` start the next pending episodes (a reset of those envs)."""
-        plans = []
+        """Envs ``envs`` start the next pending episodes (a reset of those envs); where none is left (other workers
+        took the last ones), the others stay idle."""
+        plans, started = [], []
         for e in envs:
-            i = self.pending.popleft()
+            try:
+                i = self.pending.popleft()
+            except IndexError:
+                break
             p, self.actions[e] = self._plan(i)
             self.slot[e], self.t[e], self.length[e] = i, 0, p["length"]
             plans.append(p)
-        self.batch.start(np.asarray(envs), plans)
+            started.append(e)
+        if started:
+            self.batch.start(np.asarray(started), plans)
 
     def step(self) -> tuple[np.ndarray | None, np.ndarray, int]:
         """Every busy env takes its next recorded action (each also says the one after, for a pipelined batch):
@@ -292,13 +344,13 @@ class _Slots:
 
 
 def _drive(cfg: ReplayConfig, traj: TrajectoryFile, episodes: list[dict], batch: VectorBatch | BatchedEnv,
-           verdict: Verdict, tally: _Tally) -> ReplaySummary:
+           verdict: Verdict, tally: _Tally, claims: Any = None) -> ReplaySummary:
     """Keep every env busy: when an env's episode ends, flush it and start the next pending one there
     (ManiSkill's --max-retry: the same episode again, while it fails and retries are left).
 
     A stop request ends the loop between two steps; the replays in progress are not saved (a cut
     replay is not a finished one: re-running with ``resume`` replays it whole), as `fastrecord record` does."""
-    slots = _Slots(cfg, traj, episodes, batch)
+    slots = _Slots(cfg, traj, episodes, batch, claims)
     rec = batch.recorder
     tally.started()
     try:

@@ -1,6 +1,8 @@
 """A replay over several processes: worker processes (``workers > 1``) or torchrun ranks, each replaying
-a share of the episodes into its own shard (`fastrecord.shards`: input episode ``g`` goes to worker
-``g % N``), and the join of the shards into ``NAME.h5`` + ``NAME.json`` in input order.
+a share of the episodes into its own shard (`fastrecord.shards`), and the join of the shards into ``NAME.h5`` +
+``NAME.json`` in input order. A torchrun rank replays input episodes ``g`` with ``g % N`` its rank; worker
+processes take the next episode from one shared counter whenever one of their envs is free, so that they end
+together (a worker whose envs were made later, or whose episodes are shorter, replays fewer).
 
 A worker that fails or is killed does not stop the others: the error names it and the missing
 episodes, and running the same replay again replays only what is missing.
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastrecord.exits import StopSignals
 from fastrecord.processes import exit_description
-from fastrecord.replay.config import ReplayConfig, ReplaySummary, ReplayWorkerError, StopRequest
+from fastrecord.replay.config import ReplayConfig, ReplaySummary, ReplayWorkerError, StartCancelled, StopRequest
 from fastrecord.replay.drive import replayed_sources, run_plan
 from fastrecord.replay.plan import ReplayPlan, make_plan
 from fastrecord.shards import ranges_text
@@ -73,20 +75,36 @@ class _Share:
     num_envs: int
     out: Path  # the shard's folder: DIR/NAME.shards/rankNNNNN (a run named NAME)
     resume: bool  # the sharded run resumes: a shard there is this rank's earlier work, added to
+    # replay workers: a shared counter (`multiprocessing.Value`) of ``indices`` handed out, ``indices`` then every
+    # worker's list (all the episodes still to replay), each taking the next when one of its envs is free; None: this
+    # rank replays its own ``indices``
+    claims: Any = None
 
 
-def _shares(plan: ReplayPlan, world: int, num_envs: int, done: set[int], resume: bool) -> list[_Share]:
-    """Each rank's global episodes (`fastrecord.shards`: ``g % world``) minus ``done`` (input episode ids
-    some shard holds), its envs (``num_envs`` split as evenly as possible) and its shard folder."""
+def _shares(plan: ReplayPlan, world: int, num_envs: int, done: set[int], resume: bool,
+            claims: Any = None) -> list[_Share]:
+    """Each rank's global episodes minus ``done`` (input episode ids some shard holds), its envs (``num_envs`` split
+    as evenly as possible; none where it has no episode) and its shard folder. Without ``claims``, a rank's episodes
+    are `fastrecord.shards`' ``g % world``; with them (worker processes), every worker's list is all the episodes and
+    the counter hands them out, while each worker's envs are as many as its ``g % world`` share would take."""
     from fastrecord import shards
 
     total = len(plan.episodes)
+    todo = [g for g in range(total) if int(plan.episodes[g]["episode_id"]) not in done]
     out = []
     for rank in range(world):
         mine = [g for g in shards.episodes_of(rank, world, total) if int(plan.episodes[g]["episode_id"]) not in done]
-        envs = max(1, min(num_envs // world + (rank < num_envs % world), len(mine)))
-        out.append(_Share(rank, world, mine, envs, shards.shard_dir(plan.out, plan.name, rank), resume))
+        envs = min(num_envs // world + (rank < num_envs % world), len(mine))
+        out.append(_Share(rank, world, todo if claims is not None and envs else mine, envs,
+                          shards.shard_dir(plan.out, plan.name, rank), resume, claims))
     return out
+
+
+def _scheduled(shares: list[_Share]) -> int:
+    """Episodes the shares replay together."""
+    if any(s.claims is not None for s in shares):
+        return max(len(s.indices) for s in shares)
+    return sum(len(s.indices) for s in shares)
 
 
 def _sharded_done(plan: ReplayPlan) -> set[int]:
@@ -100,14 +118,27 @@ def _sharded_done(plan: ReplayPlan) -> set[int]:
 
 
 def _run_share(plan: ReplayPlan, share: _Share, stop: StopRequest | None, t0: float,
-               progress: Callable[[int], None] | None) -> ReplaySummary:
+               progress: Callable[[int], None] | None, gate: Callable[[], None] | None = None) -> ReplaySummary:
     """Replay one share into its shard (a worker process, or a torchrun rank)."""
     mine = [plan.episodes[g] for g in share.indices]
     return run_plan(plan, mine, share.out, plan.name, share.num_envs, stop, None, t0, progress,
-                    shard=(share.rank, share.indices, share.resume))
+                    shard=(share.rank, share.indices, share.resume), claims=share.claims, gate=gate)
 
 
-def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, parent: int) -> None:
+def _gate(go: Any, stop: StopRequest) -> Callable[[], None]:
+    """What a worker calls once its envs are made, before its recorder: wait for the caller's ``go`` (an Event set
+    once the input's data passed its check); a stop request meanwhile (the check failed) is `StartCancelled`."""
+
+    def wait() -> None:
+        while not go.wait(0.05):
+            if stop.requested:
+                raise StartCancelled
+        stamp("go")
+
+    return wait
+
+
+def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, parent: int, go: Any) -> None:
     """A replay worker process (forked by the forkserver): the replay's own code path on its share; reports
     on ``messages``."""
     import traceback
@@ -132,9 +163,14 @@ def _worker_main(cfg: ReplayConfig, share: _Share, t0: float, messages: Any, par
                 plan = make_plan(dataclasses.replace(cfg, workers=1, num_envs=share.num_envs, resume=False), traj,
                                  checked=True)  # the caller checked every episode's data
                 stamp("plan_made")
-                s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)))
+                s = _run_share(plan, share, stop, t0, lambda k: messages.put(("progress", share.rank, k)),
+                               gate=_gate(go, stop))
             finally:
                 traj.close()
+        except StartCancelled:  # the caller's check of the input failed: nothing written, nothing to report
+            messages.close()
+            messages.join_thread()
+            raise SystemExit(0) from None
         except BaseException as e:  # noqa: BLE001 - reported to the caller, which raises it
             messages.put(
                 ("error", share.rank, type(e).__name__, str(e), isinstance(e, ValueError), traceback.format_exc())
@@ -183,7 +219,8 @@ def _claim_sharded(plan: ReplayPlan, world: int) -> tuple[RunDirectory, bool]:
     return run, run.resuming
 
 
-def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | None, t0: float) -> ReplaySummary:
+def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | None, t0: float,
+                check: Callable[[], None] | None = None) -> ReplaySummary:
     """Split the episodes over ``plan.workers`` processes (forked by `fastrecord.workers.forkserver_context`),
     each with its own envs and recorder writing its own shard (`fastrecord.shards`:
     ``DIR/NAME.shards/rankNNNNN/``), then merge the shards
@@ -194,27 +231,35 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     a `ReplayWorkerError` (a ValueError where every worker refused a bad option or file) names the
     worker and the cause; running the same command again replays only what is missing. A SIGINT or
     SIGTERM of this process reaches each worker as one SIGTERM: they stop between two steps (the
-    replays in progress are not saved: re-running resumes them) and the shards are merged."""
+    replays in progress are not saved: re-running resumes them) and the shards are merged.
+
+    ``check``: the input's check (`fastrecord.replay.plan.check_input`), run here while the workers make their envs;
+    they replay once it passed. Its error ends them before they write anything and is raised, the run directory
+    left as it was."""
     cfg, world = plan.cfg, plan.workers
     if sinks:
         raise ValueError(f"--log with --workers {world}: a logger takes the replays of one process; pass --workers 1")
     run, resuming = _claim_sharded(plan, world)
     try:
-        shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming)
-        busy = [s for s in shares if s.indices]
-        if cfg.save_trajectory and busy:  # the merge's HDF5 process, started while the workers replay
-            from fastrecord.prestart import prestart_h5_writer
-
-            prestart_h5_writer(merge=True)
         # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
         ctx = forkserver_context()
-        messages = ctx.Queue()
-        procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid()),
+        # a conversion of control modes replays each episode in its own loop: the fixed shares
+        claims = None if plan.convert else ctx.Value("q", 0)
+        shares = _shares(plan, world, plan.num_envs, _sharded_done(plan) if resuming else set(), resuming, claims)
+        busy = [s for s in shares if s.indices and s.num_envs]
+        messages, go = ctx.Queue(), ctx.Event()
+        procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid(), go),
                                      name=f"fastrecord-replay-{s.rank}") for s in busy}
         for p in procs.values():
             p.start()
+        _checked(check, procs, messages, run, resuming)
+        go.set()
+        if cfg.save_trajectory:  # the merge's HDF5 process, started while the workers replay
+            from fastrecord.prestart import prestart_h5_writer
+
+            prestart_h5_writer(merge=True)
         summaries, failures, value_errors = _gather(procs, len(busy), messages, stop, cfg.progress,
-                                                    sum(len(s.indices) for s in busy), world)
+                                                    _scheduled(busy), world)
         try:  # every worker has reported (its shard closed): the merge runs while their processes exit (a process
             # with a GPU render device took 0.35-0.45 s to exit on the H100 machine)
             if value_errors and len(value_errors) == len(failures) == len(busy):  # a bad option or file: all refused
@@ -227,16 +272,35 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
             _await_exits(procs, messages)
             stamp("workers_exited")
         summary = _summarize(plan, [summaries[r] for r in sorted(summaries)], report, stop, t0,
-                             scheduled=sum(len(s.indices) for s in shares))
+                             scheduled=_scheduled(shares))
         summary.merge_seconds = merge_seconds
     except BaseException:
-        run.close(status="failed")
+        run.close(status="failed")  # a no-op where `_checked` gave the claim up
         raise
     interrupted = stop is not None and stop.requested
     run.close(status="failed" if (failures or summary.missing or interrupted) else "closed")
     if failures:
         raise _worker_error(plan, shares, failures, summary)
     return summary
+
+
+def _checked(check: Callable[[], None] | None, procs: dict[int, Any], messages: Any, run: RunDirectory,
+             resuming: bool) -> None:
+    """Run ``check`` while the worker processes make their envs; where it raises, end them (they wait for the go
+    before their recorders: nothing written), give up the run's claim as `_claim_sharded`'s failure does (a new run's
+    files removed, a resumed one's kept) and raise its error."""
+    if check is None:
+        return
+    try:
+        check()
+    except BaseException:
+        for p in procs.values():
+            if p.exitcode is None:
+                p.kill()
+        _await_exits(procs, messages)
+        run.close(status="failed") if resuming else run.abandon()
+        raise
+    stamp("input_checked")
 
 
 def _gather(procs: dict[int, Any], busy: int, messages: Any, stop: StopRequest | None, progress: bool, total: int,
@@ -325,8 +389,10 @@ def _worker_error(plan: ReplayPlan, shares: list[Any], failures: dict[int, str],
         if summary.missing
         else ""
     )
+    episodes = (f"sharing {len(share.indices)} episodes with the others" if share.claims is not None
+                else f"{len(share.indices)} episodes")
     return ReplayWorkerError(
-        f"replay worker {first} of {world} ({len(share.indices)} episodes, shard {share.out}) "
+        f"replay worker {first} of {world} ({episodes}, shard {share.out}) "
         f"{failures[first]}{others}"
         f"{missing}. The other workers' episodes are kept: run the same command again to replay only the missing "
         f"ones"

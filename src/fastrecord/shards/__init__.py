@@ -13,7 +13,9 @@ The contract (stable: `fastrecord record` under torchrun, ``make_eval_envs`` and
   each rank gets ``total // world_size`` or one more, and a run extended with more episodes keeps the
   owners of the episodes it has. Merged episode ids are ``g``, so the joined dataset does not depend on
   the world size nor on timing (given a policy that is a function of the observation, or is seeded per
-  episode, as `SeededRandomPolicy`).
+  episode, as `SeededRandomPolicy`). Replay worker processes (``fastrecord replay --workers``, on one host)
+  hand the episodes out instead as their envs free up (one shared counter): ``g`` is in the shard of the
+  worker that took it (its ``source_rank``), and the join, which reads every shard's tags, is the same.
 - **Where shards go.** In the run directory ``DIR`` of a run named ``NAME``, rank ``r`` records a normal
   fastrecord run named ``NAME`` in ``DIR/NAME.shards/rank{r:05d}/`` (`shard_dir`): its own crash-safe
   ``NAME.h5`` + ``NAME.json`` (parts while recording), its lock, manifest, results file and videos

@@ -293,6 +293,7 @@ class RunDirectory:
         self._last_write = 0.0
         self._dirty = False
         self._created = False  # this run created its manifest (vs. resumed one)
+        self._made: list[Path] = []  # the folders `open` created (deepest first)
         self._closed = False
 
     # -------------------------------------------------------------- claim
@@ -305,6 +306,7 @@ class RunDirectory:
 
     def open(self) -> RunDirectory:
         made = [p for p in (self.output_dir, *self.output_dir.parents) if not p.exists()]  # deepest first
+        self._made = made  # what `abandon` removes again where it stays empty
         try:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -519,6 +521,8 @@ class RunDirectory:
                     p.unlink()
         self._closed = True
         self._release(manifest_final=True)  # nothing recorded: its journal lists nothing to keep
+        if self._created and not self.resuming:
+            self._remove_folders(self._made)  # the output folders its open made, where nothing else is in them
 
     def close(self, status: str = "closed") -> None:
         """Write the final manifest and release the name. Idempotent."""
