@@ -57,6 +57,9 @@
 #   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh recorder_start
 #                                         # where a worker's recorder start goes (probe_recorder_start), then 96
 #                                         episodes whole against BEFORE (~200 s)
+#   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh starts
+#                                         # after probe_recorder_start's findings: 96 episodes whole (equal and
+#                                         staggered ends) and record's first step against BEFORE (~480 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
@@ -65,7 +68,7 @@
 # fewer). Last runs: `first_step_pairs` (PAIRS=3), 2026-12-07 07:21 UTC on an H100 machine (docs/performance.md,
 # "Record's first step in alternating pairs"); `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh recorder_start|prestart|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh starts|recorder_start|prestart|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -358,6 +361,22 @@ case $stage in
     run 100 probe python3 benchmarks/probe_recorder_start.py --procs 4
     run 150 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
       --src "before=$PWD/$before"
+    ;;
+  starts)
+    # the workers' and the recorder's start after probe_recorder_start (the writer's first index on a thread of its
+    # own, commit_info without GitPython where ManiSkill is no checkout; workers taking episodes from one counter, the
+    # input checked while they make their envs): 96 episodes whole against BEFORE and ManiSkill (REPEAT times, 2),
+    # every episode 50 steps; then episodes that end at different steps; record's time to first step against BEFORE.
+    # GitPython is compiled in the warm-up too (the kit has no .pyc files; BEFORE imports it in every recorder) (~480 s)
+    before=${BEFORE:-build/before/src}
+    python3 -c "import torch, sapien, mani_skill.envs, av, git, fastrecord.make_env" >/dev/null 2>&1
+    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
+      --src "before=$PWD/$before" --repeat "${REPEAT:-2}"
+    rm -rf /tmp/staggered
+    run 230 replay96_staggered python3 benchmarks/bench_replay.py --episodes 96 --steps 80 --policy pick \
+      --num-envs 16 --stamps --src "before=$PWD/$before" --work-dir /tmp/staggered
+    [ -z "${NO_RECORD:-}" ] && run 80 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
+      --skip-maniskill --src "before=$PWD/$before"
     ;;
   first_step_pairs)
     # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair

@@ -141,6 +141,9 @@ HOLDER = textwrap.dedent("""
     from fastrecord.testing import BatchedDoubleEnv
     env = RecordEpisode(BatchedDoubleEnv(num_envs=2, max_episode_steps=3), sys.argv[1], trajectory_name="t")
     env.reset(seed=0)
+    import os, time
+    while not os.path.exists(os.path.join(sys.argv[1], "t.json")):  # its writer process's first (empty) index
+        time.sleep(0.01)
     print("ready", flush=True)
     sys.stdin.readline()
 """)

@@ -82,7 +82,8 @@ def test_round_trip_two_writers_many_batches(tmp_path):
     """2 writer processes, 40 small batches: ids 0..n-1 in submission order, every value as submitted."""
     h5 = tmp_path / "run.h5"
     w = TrajectoryWriter(h5, HEADER, num_writers=2, max_pending=3, index_interval_s=0.01)
-    assert h5.exists() and h5.with_suffix(".json").exists()  # a valid empty pair from the start
+    w.wait_until_done()  # a valid empty pair once the index process has started (the constructor does not wait)
+    assert h5.exists() and h5.with_suffix(".json").exists() and check_file(h5) == []
     assert w.next_episode_id == 0 and len(w.pids) == 3 and os.getpid() not in w.pids
     rng = random.Random(0)
     seeds, eid = [], 0
@@ -178,12 +179,13 @@ def test_small_batches_queued_behind_a_slow_one_share_a_part(tmp_path):
 
 def test_one_writer_is_the_index_process(tmp_path):
     """One writer (the default without image leaves): one helper process writes the parts and the index
-    (issue 20: its start is the recorder's set-up); the empty pair is there from the start, every batch is
-    listed after wait_until_done, and close() consolidates in that process."""
+    (issue 20: its start is the recorder's set-up); it publishes an empty pair once started (the constructor does
+    not wait for it), every batch is listed after wait_until_done, and close() consolidates in that process."""
     h5 = tmp_path / "run.h5"
     w = TrajectoryWriter(h5, HEADER, index_interval_s=0.0)
     try:
         assert len(w.pids) == 1 and os.getpid() not in w.pids
+        w.wait_until_done()
         assert json.loads(h5.with_suffix(".json").read_text())["episodes"] == [] and check_file(h5) == []
         for b in range(5):
             w.submit([make_episode(2 * b + j, 40 + 2 * b + j) for j in range(2)])
@@ -623,3 +625,23 @@ def test_resume_on_nothing_starts_fresh_and_recover_on_nothing_raises(tmp_path):
     with pytest.raises(ValueError, match="num_writers=0"):
         TrajectoryWriter(tmp_path / "x.h5", HEADER, num_writers=0)
     shutil.rmtree(tmp_path)
+
+
+def test_commit_info_is_maniskills_without_importing_gitpython_where_there_is_no_checkout(tmp_path, monkeypatch):
+    """The trajectory JSON's ``commit_info``: ManiSkill's `get_commit_info` where ManiSkill's folder is a git checkout,
+    else None, as that function answers there, without its GitPython import (0.1-0.4 s of each recorder's start)."""
+    import mani_skill
+
+    from fastrecord.sinks.factory import commit_info
+
+    package = tmp_path / "site" / "mani_skill"
+    package.mkdir(parents=True)
+    monkeypatch.setattr(mani_skill, "PACKAGE_DIR", package)
+    monkeypatch.setattr(mani_skill, "get_commit_info", lambda: pytest.fail("GitPython's way where there is no checkout"))
+    assert commit_info() is None
+    (package.parent / ".git").mkdir()
+    monkeypatch.setattr(mani_skill, "get_commit_info", lambda: {"commit_id": "abc", "branch": "main"})
+    assert commit_info() == {"commit_id": "abc", "branch": "main"}
+    r = subprocess.run([sys.executable, "-c", "import sys, mani_skill; from fastrecord.sinks.factory import commit_info; "
+                        "print(commit_info(), 'git' in sys.modules)"], capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["None", "False"], r.stderr[-2000:]  # this installation: a package, no checkout

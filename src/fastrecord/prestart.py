@@ -2,9 +2,9 @@
 other start-up work (making envs) instead of following it.
 
 A recorder's HDF5 writer process (`fastrecord.sinks.maniskill_h5.writer.TrajectoryWriter`) is a fresh interpreter
-importing numpy and h5py: 0.14-0.18 s on the 2-core CPU machine before its first answer, and the recorder's
-construction waits for that answer (an empty but valid file pair from the start). The recorder is made after the
-envs, so a command paid it after its envs were made. `prestart` starts such a process at once; `helper` hands it to
+importing numpy and h5py: 0.14-0.18 s on the 2-core CPU machine before its first answer (the writer publishes an empty
+file pair then, on a thread of its own), and a merge of shards waits for its process. The recorder is made after the
+envs, so a command started it after its envs were made. `prestart` starts such a process at once; `helper` hands it to
 the first caller that asks for a process of that module and kind (or starts a new one, as before).
 
 Spares belong to the process that started them: a forked child does not see its parent's (they are dropped in the

@@ -132,6 +132,7 @@ class TrajectoryWriter:
         # (part, entries, may share a part with its neighbours), or None: stop
         self._jobs: queue.Queue[tuple[int, list, bool] | None] = queue.Queue(maxsize=max_pending)
         self._index: IsolatedProcess | None = None
+        self._first_index: threading.Thread | None = None  # the first publish (a new run's), on a thread of its own
         self._writers: list[IsolatedProcess] = []
         # at the caller's CPU priority, not below it: the recorder waits for them (backpressure, close), as
         # ManiSkill's wrapper waits for its own in-process writes; below it, a busy machine starves them
@@ -146,8 +147,12 @@ class TrajectoryWriter:
                 self._resume()
             else:
                 self.parts_dir.mkdir(parents=True, exist_ok=True)
-                self._publish(force=True)  # an empty but valid file pair from the start
-                self.raise_if_failed()
+                # an empty but valid file pair, published by the index process once it has started, while the caller
+                # goes on (a new interpreter importing h5py: 0.5-0.8 s of a recorder's start on the H100 machine with
+                # four replay workers starting); its failure is raised at the next call, as any writer's
+                self._first_index = threading.Thread(target=self._publish, args=(True,), daemon=True,
+                                                     name="fastrecord-h5-first-index")
+                self._first_index.start()
         except BaseException:
             self._stop_processes()
             raise
@@ -249,9 +254,16 @@ class TrajectoryWriter:
             self.raise_if_failed()
             return
         self._jobs.join()
+        self._await_first_index()
         self.raise_if_failed()
         self._publish(force=True)
         self.raise_if_failed()
+
+    def _await_first_index(self) -> None:
+        """Wait for the first publish: before anything else the index process does (a close's consolidation must
+        not be followed by that empty index)."""
+        if self._first_index is not None:
+            self._first_index.join()
 
     def close(self) -> None:
         """Drain, publish, consolidate (unless a writer failed), stop the processes, re-raise. Idempotent."""
@@ -259,6 +271,7 @@ class TrajectoryWriter:
             return
         self._closed = True
         try:
+            self._await_first_index()
             for _ in self._threads:
                 self._jobs.put(None)
             for t in self._threads:
