@@ -575,7 +575,7 @@ def test_a_merge_does_its_hdf5_work_in_one_process(tmp_path, monkeypatch):
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(rec, "IsolatedProcess", Counted)
+    monkeypatch.setattr("fastrecord.prestart.IsolatedProcess", Counted)  # what `prestart.helper` starts (no spare here)
     before = read_dataset(tmp_path / "double.h5")
     for _ in range(2):  # the second also reads the joined NAME.h5 it replaces
         started.clear()
