@@ -380,9 +380,12 @@ case $stage in
     ;;
   first_step_pairs)
     # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair
-    # (bench_whole --src-first); ~100 s a pair
+    # (bench_whole --src-first); ~100 s a pair. REPLAY=N first runs the 96-episode replay against BEFORE N times
+    # (~90 s each). GitPython is compiled in the warm-up (the kit has no .pyc files; trees before 666d5b7 import it)
     before=${BEFORE:-build/before/src}
-    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
+    python3 -c "import torch, sapien, mani_skill.envs, av, git, fastrecord.make_env" >/dev/null 2>&1
+    [ -n "${REPLAY:-}" ] && run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 \
+      --num-envs 16 --stamps --src "before=$PWD/$before" --repeat "${REPLAY}"
     for i in $(seq "${PAIRS:-2}"); do
       run 80 "pair${i}_this_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
         --src "before=$PWD/$before"
