@@ -108,6 +108,14 @@ def test_nan_env_states_are_named_by_info_and_refused_by_replay(clean, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0], err
     assert not workers.exists()  # no shard, manifest or folder left
+    # with --overwrite the input is checked before the claim, which would delete the earlier replay
+    assert main(replay_cli(clean, workers)) == 0
+    capsys.readouterr()
+    earlier = {p.name: p.read_bytes() for p in workers.iterdir() if p.is_file()}
+    assert main(["replay", str(path), "--output-dir", str(workers), "--no-video", "--by", "actions", "--workers", "2",
+                 "--num-envs", "2", "--quiet", "--overwrite"]) != 0
+    assert expected in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in workers.iterdir() if p.is_file()} == earlier
 
 
 def test_truncated_actions_are_a_length_mismatch(clean, tmp_path, capsys):

@@ -239,6 +239,9 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     cfg, world = plan.cfg, plan.workers
     if sinks:
         raise ValueError(f"--log with --workers {world}: a logger takes the replays of one process; pass --workers 1")
+    if check is not None and plan.if_exists == "overwrite":  # the claim deletes the earlier replay: not for an input
+        check()  # that fails its check (checked first, as in one process)
+        check = None
     run, resuming = _claim_sharded(plan, world)
     try:
         # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
