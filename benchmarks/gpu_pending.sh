@@ -65,8 +65,9 @@
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
-# fewer). Last runs: `first_step_pairs` (PAIRS=3), 2026-12-07 07:21 UTC on an H100 machine (docs/performance.md,
-# "Record's first step in alternating pairs"); `replay_early` and `replay_staggered` at 04:13.
+# fewer). Last runs: `prestart` (09:43), `recorder_start` (09:58), `starts` (10:16) and `first_step_pairs` with
+# REPLAY=2 PAIRS=1 (10:27), 2026-12-07 on H100 machines (docs/performance.md, "Replay workers' and recorders' starts");
+# `first_step_pairs` (PAIRS=3) at 07:21; `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
 stage=${1:?usage: bash benchmarks/gpu_pending.sh starts|recorder_start|prestart|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
