@@ -51,9 +51,6 @@
 #                                         pair (PAIRS=2: ~200 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_videos   # the default replay with videos (the
 #                                         join's linked videos), one rendering process, ManiSkill --save-video (~300 s)
-#   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh prestart
-#                                         # the writer process started while the envs are made: 96 episodes whole
-#                                         (equal and staggered ends) and record's first step against BEFORE (~330 s)
 #   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh recorder_start
 #                                         # where a worker's recorder start goes (probe_recorder_start), then 96
 #                                         episodes whole against BEFORE (~200 s)
@@ -65,11 +62,12 @@
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
 # Each stage writes $OUT/<stage>/ (its output, JSON where the benchmark has it, nvidia-smi) and stops itself
 # before the call's limit, so what it measured comes back (at most 8 files return from a call: a stage writes
-# fewer). Last runs: `prestart` (09:43), `recorder_start` (09:58), `starts` (10:16) and `first_step_pairs` with
-# REPLAY=2 PAIRS=1 (10:27), 2026-12-07 on H100 machines (docs/performance.md, "Replay workers' and recorders' starts");
-# `first_step_pairs` (PAIRS=3) at 07:21; `replay_early` and `replay_staggered` at 04:13.
+# fewer). Last runs: `prestart` (09:43; now the stage `starts`, which also compiles GitPython in its warm-up),
+# `recorder_start` (09:58), `starts` (10:16) and `first_step_pairs` with REPLAY=2 PAIRS=1 (10:27), 2026-12-07 on H100
+# machines (docs/performance.md, "Replay workers' and recorders' starts"); `first_step_pairs` (PAIRS=3) at 07:21;
+# `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh starts|recorder_start|prestart|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh starts|recorder_start|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -337,20 +335,6 @@ case $stage in
     # the same input on a busy machine: 8 of the 16 cores spun by other processes, the default against ManiSkill
     run 200 replay96_staggered_busy python3 benchmarks/bench_replay.py --traj /tmp/staggered/input/pickcube.h5 \
       --num-envs 16 --busy 8
-    ;;
-  prestart)
-    # the HDF5 writer process started while the envs are made (fastrecord.prestart) and the replay workers' phases:
-    # 96 episodes whole against BEFORE and ManiSkill (REPEAT times, 2), every episode 50 steps, then episodes that end
-    # at different steps (the scripted pick policy); record's time to first step against BEFORE (~330 s)
-    before=${BEFORE:-build/before/src}
-    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env" >/dev/null 2>&1
-    run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
-      --src "before=$PWD/$before" --repeat "${REPEAT:-2}"
-    rm -rf /tmp/staggered
-    run 140 replay96_staggered python3 benchmarks/bench_replay.py --episodes 96 --steps 80 --policy pick \
-      --num-envs 16 --stamps --src "before=$PWD/$before" --work-dir /tmp/staggered
-    [ -z "${NO_RECORD:-}" ] && run 80 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
-      --skip-maniskill --src "before=$PWD/$before"
     ;;
   recorder_start)
     # where a replay worker's recorder start goes (1.7-1.9 s on the H100 at 09:45, 0.05 s on the CPU machine): 4
