@@ -91,6 +91,66 @@ def test_the_plan_draws_in_one_batch_where_it_can(pickcube_file, tmp_path, monke
         _plan(pickcube_file, tmp_path, **rgb, batched_render="yes")
 
 
+def test_where_the_cpu_draws_each_env_is_a_process_that_runs_ahead(pickcube_file, tmp_path, monkeypatch):
+    """auto, the envs drawn by the CPU (lavapipe: one process draws one picture at a time), several in one process:
+    each env in a sub-env process of its own that runs ahead (`fastrecord.replay.ahead`: vector async, no batched
+    render); nothing drawn, a GPU drawing, --render-substeps or one env: the envs stay in this process (sync)."""
+    import fastrecord.replay.plan
+
+    monkeypatch.setattr(fastrecord.replay.plan, "usable_cores", lambda *args: 2)  # one process, whatever this machine
+    rgb = dict(obs_mode="rgb", render_backend="cpu", num_envs=2)
+    plan = _plan(pickcube_file, tmp_path, **rgb)
+    assert (plan.workers, plan.vector, plan.render_device) == (1, "async", None)
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}).vector == "async"  # its videos are drawn
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}, save_video=False).vector == "sync"
+    assert _plan(pickcube_file, tmp_path, **rgb, render_substeps=True).vector == "sync"
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "num_envs": 1}).vector == "sync"
+    assert _plan(pickcube_file, tmp_path, **{**rgb, "render_backend": "gpu"}, batched_render="off").vector == "sync"
+    assert _plan(pickcube_file, tmp_path, **rgb, vector="sync").vector == "sync"
+
+
+def _frames(path: Path) -> np.ndarray:
+    import av
+
+    with av.open(str(path)) as c:
+        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+
+
+@pytest.mark.parametrize("by", ["states", "actions"])
+def test_envs_run_ahead_in_their_processes_record_what_one_process_does(pickcube_file, tmp_path, by):
+    """`fastrecord.replay.ahead` (each env in its own process runs its next step while this one records): 3 envs
+    over 4 episodes of different lengths (slots refilled mid-run), camera observations and a video of every episode:
+    every recorded value and every decoded video frame equal those of the same replay with the envs in this process
+    (each frame the env's own render of its step, though the env has run its next step by the time it is recorded)."""
+    import fastrecord
+    from fastrecord.replay.ahead import AheadReplayVectorEnv
+
+    steps: list[int] = []
+    real_step = AheadReplayVectorEnv.step
+
+    def spy(self, actions):
+        steps.append(sum(a is not None for a in self.lookahead or ()))
+        return real_step(self, actions)
+
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AheadReplayVectorEnv, "step", spy)
+        for vector in ("async", "sync"):
+            s = fastrecord.replay_trajectories(pickcube_file, tmp_path / vector, trajectory_name="out", num_envs=3,
+                                               workers=1, vector=vector, obs_mode="rgb", by=by, render_backend="cpu",
+                                               save_video=True, progress=False)
+            assert s.episodes == len(LENGTHS)
+            out[vector] = tmp_path / vector / "out.h5"
+    assert sum(steps) == sum(LENGTHS) - 4  # every env ran ahead except at its episode's last step
+    _assert_identical_replays(out["async"], out["sync"])
+    videos = sorted(p.name for p in (tmp_path / "sync").glob("*.mp4"))
+    assert len(videos) == len(LENGTHS) and videos == sorted(p.name for p in (tmp_path / "async").glob("*.mp4"))
+    for name in videos:
+        a, b = _frames(tmp_path / "async" / name), _frames(tmp_path / "sync" / name)
+        assert len(a) == len(b) and len(a) in [n + 1 for n in LENGTHS]
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
 def test_replay_batched_render_on_without_cuda_is_one_line(pickcube_file, tmp_path, capsys):
     import torch
 
@@ -407,15 +467,18 @@ def test_mirrored_replay_equals_each_env_drawing_itself_on_the_cpu(pickcube_file
 
     monkeypatch.setattr(PackedVectorEnv, "call", call_spy)
     out = {}
-    for batched in ("on", "off"):
+    for batched in ("on", "off"):  # off: each sub-env draws itself, run ahead too (`fastrecord.replay.ahead`)
+        ahead.clear()
+        asked.clear()
         s = fastrecord.replay_trajectories(pickcube_file, tmp_path / batched, trajectory_name="out", num_envs=3,
                                            workers=1, vector="async", obs_mode="rgb", by=by, render_backend="cpu",
                                            save_video=False, batched_render=batched, progress=False)
         assert s.episodes == len(LENGTHS)
         out[batched] = tmp_path / batched / "out.h5"
-    # 9 steps (slot 2 plays 3 then 6), the last with no env going on (a plain step); every env ran ahead except at
-    # its episode's last step
-    assert len(ahead) == max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) - 1 and sum(ahead) == sum(LENGTHS) - 4
-    # the recorder's per-step states came from the sub-envs' reports: no process running ahead was asked
-    assert "get_state" not in asked and "get_state_dict" in asked
+        # 9 steps (slot 2 plays 3 then 6), the last with no env going on (a plain step); every env ran ahead except
+        # at its episode's last step
+        assert len(ahead) == max(LENGTHS[0], LENGTHS[2] + LENGTHS[3], LENGTHS[1]) - 1, batched
+        assert sum(ahead) == sum(LENGTHS) - 4, batched
+        # the recorder's per-step states came from the sub-envs' reports: no process running ahead was asked
+        assert "get_state" not in asked and "get_state_dict" in asked, batched
     _assert_identical_replays(out["on"], out["off"])

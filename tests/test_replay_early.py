@@ -207,7 +207,8 @@ def test_a_replay_drawn_in_one_process_packs_its_subenvs_four_at_most(num_envs, 
 @pytest.mark.parametrize(("asynchronous", "render_device"), [(False, None), (False, "cuda"), (True, None)])
 def test_a_launch_the_replay_does_not_draw_is_ended_before_its_envs_are_made(asynchronous, render_device):
     """An early launch reaching a replay whose envs are not drawn in this process (each env draws itself, or its envs
-    are held here) is ended at once, before those envs are made: its processes do not sit idle through the replay."""
+    are held here) is ended at once, before those envs are made: its processes do not sit idle through the replay.
+    (gymnasium's AsyncVectorEnv, ``run_ahead=False``, makes a first env here: the order is seen in this process.)"""
     from fastrecord.replay.envs import VectorBatch
 
     events: list[str] = []
@@ -221,7 +222,7 @@ def test_a_launch_the_replay_does_not_draw_is_ended_before_its_envs_are_made(asy
         raise RuntimeError("enough")
 
     with pytest.raises(RuntimeError, match="enough"):
-        VectorBatch(make, 2, asynchronous, lambda freq: {}, render_device, launch=Launch())
+        VectorBatch(make, 2, asynchronous, lambda freq: {}, render_device, launch=Launch(), run_ahead=False)
     assert events[:2] == ["launch ended", "env made"]
 
 

@@ -306,8 +306,10 @@ def test_bad_workers_values_are_refused(demo, tmp_path, capsys):
 def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
     """`fastrecord replay` guesses from its command line alone whether it will fork processes (workers, or a
     CPU vector env's sub-envs), and then starts the forkserver (its imports) before its own imports."""
+    import fastrecord.system
     from fastrecord.commands.cli import _replay_forks
 
+    monkeypatch.setattr(fastrecord.system, "has_nvidia_gpu", lambda: True)  # a GPU draws (below: the CPU)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the machine's cores: not what counts
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # the cores this process may use
@@ -333,6 +335,14 @@ def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
     assert not _replay_forks(["replay", "x.h5"])  # one process holds the 2 envs
     assert _replay_forks(["replay", "x.h5", "-n", "6"])
     assert not _replay_forks(["replay", "x.h5", "-n", "6", "--vector", "sync"])
+    # drawn by the CPU, several envs in the one process: each in a sub-env process (`fastrecord.replay.ahead`)
+    assert _replay_forks(["replay", "x.h5", "--render-backend", "cpu"])
+    assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--render-substeps"])
+    assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--vector", "sync"])
+    assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "-n", "1"])
+    monkeypatch.setattr(fastrecord.system, "has_nvidia_gpu", lambda: False)
+    assert _replay_forks(["replay", "x.h5"])
+    assert _replay_forks(["replay", "x.h5", "--workers", "1", "-n", "4"])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     assert not _replay_forks(["replay", "x.h5"])
 

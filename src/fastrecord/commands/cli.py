@@ -354,8 +354,9 @@ def _flag(argv: list[str], *names: str) -> str | None:
 def _replay_forks(argv: list[str]) -> bool:
     """Whether ``argv`` is a ``replay`` that will fork processes from the forkserver: worker processes
     (``--workers N``, N > 1; by default on machines of `MANY_CORES` cores) or the sub-envs of a CPU vector
-    env (``--vector async``, or more than `ENVS_PER_WORKER` envs in one process; ``--num-envs`` is by
-    default one per core), not the one batched env of GPU simulation. A cheap guess from the command line
+    env (``--vector async``, several envs drawn by the CPU, or more than `ENVS_PER_WORKER` envs in one process;
+    ``--num-envs`` is by default one per core), not the one batched env of GPU simulation. A cheap guess from the
+    command line
     only (`fastrecord.replay.plan` decides): a wrong guess costs an idle server process, or a later start."""
     from fastrecord.replay.layout import ENVS_PER_WORKER, MANY_CORES
 
@@ -377,6 +378,12 @@ def _replay_forks(argv: list[str]) -> bool:
     # several workers (on a GPU: while n > ENVS_PER_WORKER), unless a logger takes the replays (one process)
     if workers is None and cores >= MANY_CORES and "--log" not in argv:
         return True
+    if vector is None or vector == "auto":  # drawn by the CPU: each env in a sub-env process (`fastrecord.replay.ahead`)
+        from fastrecord.system import has_nvidia_gpu
+
+        render = (_flag(argv, "--render-backend") or "auto").split(":")[0]
+        if (render in ("cpu", "sapien_cpu") or not has_nvidia_gpu()) and "--render-substeps" not in argv:
+            return True
     return vector == "async" or (vector != "sync" and n > ENVS_PER_WORKER)
 
 

@@ -105,7 +105,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--count", type=int, help="replay only the first COUNT episodes")
     p.add_argument("--num-envs", type=int, help="episodes replayed side by side (default: one per CPU core)")
-    p.add_argument("--vector", choices=VECTOR_CHOICES, help="auto | sync | async (CPU vector env) | batched (GPU sim)")
+    p.add_argument("--vector", choices=VECTOR_CHOICES,
+                   help="auto | sync (CPU envs in this process) | async (CPU envs in sub-env processes: each runs its "
+                        "next step while this one records; auto's choice where the CPU draws several envs) | batched "
+                        "(GPU sim)")
     p.add_argument("--sim-backend", help="physx_cpu | physx_cuda (default: the file's, CPU where CUDA is absent)")
     p.add_argument("--render-backend", help="auto | cpu | gpu")
     p.add_argument("--batched-render", choices=BATCHED_RENDER_CHOICES,

@@ -69,7 +69,7 @@ class ReplayConfig:
     use_first_env_state: bool = False  # by actions: start from the recorded first state, not the seeded reset
     count: int | None = None  # replay the first COUNT episodes (None: all)
     num_envs: int | None = None  # episodes side by side (None: CPU one per core, maniskill 1; GPU 64; batched CPU 1)
-    vector: str = "auto"  # auto | sync | async (gymnasium vector env of CPU envs) | batched (one ManiSkill env)
+    vector: str = "auto"  # auto | sync | async (CPU envs in this / in sub-env processes) | batched (one ManiSkill env)
     sim_backend: str = "auto"  # auto (the file's, CPU where CUDA is absent) | physx_cpu | physx_cuda
     render_backend: str = "auto"  # auto (GPU if CUDA is present, else CPU) | cpu | gpu
     # CPU sim: each worker's envs drawn in one batch per camera on the GPU: auto (where it can run) | on | off

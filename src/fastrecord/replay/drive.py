@@ -88,7 +88,9 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
         else:
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
             batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device,
-                                subenv=MirroredSubenv(plan.env_id, plan.kwargs, plan.max_steps), launch=launch)
+                                subenv=MirroredSubenv(plan.env_id, plan.kwargs, plan.max_steps), launch=launch,
+                                frames=cfg.save_video and cfg.video_source == "render",
+                                run_ahead=not cfg.option("render_substeps"))
         summary = _drive(cfg, plan.traj, todo, batch, verdict, tally, claims)
     summary.skipped = skipped
     summary.output_dir = out

@@ -445,12 +445,16 @@ class VectorBatch:
 
     def __init__(self, thunk: Callable[[], gym.Env], num_envs: int, asynchronous: bool,
                  rec_kwargs: RecorderKwargs, render_device: str | None = None, subenv: ReplaySubenv | None = None,
-                 launch: PackedLaunch | None = None) -> None:
+                 launch: PackedLaunch | None = None, frames: bool = False, run_ahead: bool = True) -> None:
         """``render_device``: a CUDA device the envs render on in one batch: envs in this process
         (`fastrecord.replay.grouped.GroupedSyncVectorEnv`), or with ``asynchronous`` envs in sub-env processes drawn
         here (`fastrecord.replay.mirrored.MirroredReplayVectorEnv`, whose sub-envs ``subenv`` makes, each in its
         process, and whose mirrors are made of its env id, keywords and time limit: those ``thunk`` makes its env of;
-        ``launch``: their processes, if started early and making those envs); None: each env renders itself."""
+        ``launch``: their processes, if started early and making those envs); None: each env renders itself. With
+        ``asynchronous`` and no ``render_device``, ``run_ahead``: each env in a process of its own runs its next step
+        while this one records (`fastrecord.replay.ahead`; ``frames``: each step's answer carries the env's frame, for
+        videos of the render camera); else gymnasium's ``AsyncVectorEnv`` (``--render-substeps``: the recorder asks
+        the sub-envs for their substeps' frames after each step)."""
         from fastrecord.record import RecordVectorEpisode
 
         mode = gym.vector.AutoresetMode.DISABLED
@@ -466,6 +470,10 @@ class VectorBatch:
                 raise ValueError("VectorBatch: envs in sub-env processes drawn in one batch need subenv (what makes "
                                  "each sub-env in its process, and its mirror)")
             envs = mirrored_replay_env(subenv, num_envs, render_device, launch=launch)
+        elif asynchronous and run_ahead:
+            from fastrecord.replay.ahead import ahead_replay_env
+
+            envs = ahead_replay_env(functools.partial(in_worker, thunk), num_envs, frames)
         elif asynchronous:
             thunk = functools.partial(in_worker, thunk)
             forkserver_context()  # its sub-envs start with ManiSkill imported
@@ -492,9 +500,10 @@ class VectorBatch:
         # the recorder draws the render camera after each step (videos): that picture must show the step's state
         # (`MirroredReplayVectorEnv`: each sub-env runs the next step ahead in its process while this one draws, videos
         # included)
+        from fastrecord.replay.ahead import AheadReplayVectorEnv
         from fastrecord.replay.mirrored import MirroredReplayVectorEnv
 
-        self.pipelined = isinstance(envs, MirroredReplayVectorEnv) or (
+        self.pipelined = isinstance(envs, (MirroredReplayVectorEnv, AheadReplayVectorEnv)) or (
             isinstance(envs, GroupedSyncVectorEnv)
             and not (options["save_video"] and options["video_source"] == "render"))
         self._started = False

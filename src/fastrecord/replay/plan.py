@@ -319,11 +319,16 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
     per_worker = -(-n // workers)  # the largest share
     render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector)
     if vector == "auto":
-        # CPU envs: up to ENVS_PER_WORKER in this process, their renders submitted together (on 2 cores: one
-        # process holding 2 envs 36-38 s, the 2 in sub-processes 46 s); more in sub-processes, one each (on 16
-        # cores with a GPU, 16 envs: 34.9 s in sub-processes, 39.2 s in one process); drawn in one batch: in
-        # this process
-        vector = "batched" if gpu_sim else ("sync" if render_device or per_worker <= ENVS_PER_WORKER else "async")
+        # CPU envs drawn by the CPU (lavapipe: a process draws its pictures one after another): each in a sub-env
+        # process running its next step while this one records (`fastrecord.replay.ahead`; on 2 cores, 2 envs, 8
+        # episodes: 12.3-12.9 s against 14.4-14.7 s in this process, 19.9 against 24.4 s with videos). Drawn on a
+        # GPU: up to ENVS_PER_WORKER in this process, their renders submitted together; more in sub-processes, one
+        # each (on 16 cores, 16 envs: 34.9 s in sub-processes, 39.2 s in one process); drawn in one batch: in this
+        # process
+        cpu_drawn = (per_worker > 1 and not (gpu_render or env.convert or cfg.option("render_substeps"))
+                     and _draws(cfg, env.kwargs))
+        vector = ("batched" if gpu_sim else "sync" if render_device or (per_worker <= ENVS_PER_WORKER and not cpu_drawn)
+                  else "async")
     _check_vector(cfg, vector, per_worker, env)
     return _Layout(n, vector, workers, info.distributed, render_device)
 
@@ -375,15 +380,20 @@ def _render_device(
             raise ValueError(f"--batched-render on draws the CPU-simulated envs of a replay together, and {why}; or "
                              f"drop --batched-render")
         return None
-    camera_obs = obs_mode not in ("state", "state_dict", "none")
     render_videos = cfg.save_video and cfg.video_source == "render"
     if not render.use_batched(wanted, num_envs=per_worker,
                               render_backend=kwargs.get("render_backend"),
                               render_mode=kwargs.get("render_mode") if render_videos else "rgb_array",
-                              videos=camera_obs or render_videos, substeps=bool(cfg.option("render_substeps")),
+                              videos=_draws(cfg, kwargs), substeps=bool(cfg.option("render_substeps")),
                               flag="--batched-render on", instead="--batched-render off or auto"):
         return None
     return device_of(kwargs.get("render_backend"))
+
+
+def _draws(cfg: ReplayConfig, kwargs: dict[str, Any]) -> bool:
+    """Whether the replay's envs draw pictures: camera observations, or videos of the render camera."""
+    camera_obs = (kwargs.get("obs_mode") or "state") not in ("state", "state_dict", "none")
+    return camera_obs or bool(cfg.save_video and cfg.video_source == "render")
 
 
 def check_input(traj: TrajectoryFile, episodes: list[dict[str, Any]]) -> None:
