@@ -378,7 +378,7 @@ def _replay_forks(argv: list[str]) -> bool:
     # several workers (on a GPU: while n > ENVS_PER_WORKER), unless a logger takes the replays (one process)
     if workers is None and cores >= MANY_CORES and "--log" not in argv:
         return True
-    if vector is None or vector == "auto":  # drawn by the CPU: each env in a sub-env process (`fastrecord.replay.ahead`)
+    if vector in (None, "auto"):  # drawn by the CPU: each env in a sub-env process (`fastrecord.replay.ahead`)
         from fastrecord.system import has_nvidia_gpu
 
         render = (_flag(argv, "--render-backend") or "auto").split(":")[0]

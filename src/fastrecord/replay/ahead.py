@@ -29,34 +29,27 @@ import numpy as np
 import torch
 
 from fastrecord.envs import to_numpy
-from fastrecord.replay.mirrored import STATE_KEY
 
+STATE_KEY = "fastrecord_state"  # a sub-env's env state after its step or reset, in its info
 FRAME_KEY = "fastrecord_frame"  # a sub-env's render() of the step or reset it answers, in its info (with frames)
 
 
-class AheadReporter(gym.Wrapper):
-    """Wraps one replay sub-env (`fastrecord.replay.envs.make_replay_env`'s, outermost, in its own process).
+class RunsAhead(gym.Wrapper):
+    """A replay sub-env (in its own process) that runs its next step ahead: `AheadReporter` here,
+    `fastrecord.replay.mirrored.ReplayReporter` (drawn elsewhere). Subclasses answer a step in ``_step`` (its info
+    carrying the env state under `STATE_KEY`) and set ``_answered`` at a reset.
 
     Owns: the step it ran ahead (`run_ahead`: its action and its answer) until the step that takes it, and the state
-    of the last step or reset answered. Every step's and reset's info carries that state (`STATE_KEY`) and, with
-    ``frames``, the env's frame of it (`FRAME_KEY`)."""
+    of the last step or reset answered (`get_state`)."""
 
-    def __init__(self, env: gym.Env, frames: bool = False) -> None:
+    def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        self.frames = frames
-        self._replay: Any = env.get_wrapper_attr("replay_states")
         self._ahead: tuple[np.ndarray, tuple] | None = None
         self._answered: np.ndarray | None = None
 
-    def _report(self, info: dict[str, Any]) -> dict[str, Any]:
-        info = dict(info)
-        info[STATE_KEY] = to_numpy(self._replay.get_state())
-        if self.frames:
-            info[FRAME_KEY] = np.asarray(to_numpy(self.env.render()))
-        return info
-
     def get_state(self) -> np.ndarray:
-        """The state of the last reset or step answered, not that of a step run ahead since."""
+        """The state of the last reset or step answered, not that of a step run ahead since (the caller answers the
+        recorder from the reports without asking)."""
         if self._answered is None:
             raise RuntimeError("get_state before the first reset: reset the env first")
         return self._answered
@@ -66,13 +59,6 @@ class AheadReporter(gym.Wrapper):
         one just answered (`fastrecord.packed.PackedVectorEnv.step_ahead`); the step that follows answers with it."""
         self._ahead = None
         self._ahead = (np.array(action, copy=True), self._step(action))
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self._ahead = None  # a step run ahead that is not taken (the loop reset the env instead) is dropped
-        obs, info = self.env.reset(**kwargs)
-        info = self._report(info)
-        self._answered = info[STATE_KEY]
-        return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         if self._ahead is None:
@@ -85,6 +71,34 @@ class AheadReporter(gym.Wrapper):
                                    "the replay loop's lookahead")
         self._answered = answer[4][STATE_KEY]
         return answer
+
+    def _step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        raise NotImplementedError
+
+
+class AheadReporter(RunsAhead):
+    """Wraps one replay sub-env (`fastrecord.replay.envs.make_replay_env`'s, outermost, in its own process) that draws
+    its own cameras: every step's and reset's info carries the env state (`STATE_KEY`) and, with ``frames``, the
+    env's frame of it (`FRAME_KEY`)."""
+
+    def __init__(self, env: gym.Env, frames: bool = False) -> None:
+        super().__init__(env)
+        self.frames = frames
+        self._replay: Any = env.get_wrapper_attr("replay_states")
+
+    def _report(self, info: dict[str, Any]) -> dict[str, Any]:
+        info = dict(info)
+        info[STATE_KEY] = to_numpy(self._replay.get_state())
+        if self.frames:
+            info[FRAME_KEY] = np.asarray(to_numpy(self.env.render()))
+        return info
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self._ahead = None  # a step run ahead that is not taken (the loop reset the env instead) is dropped
+        obs, info = self.env.reset(**kwargs)
+        info = self._report(info)
+        self._answered = info[STATE_KEY]
+        return obs, info
 
     def _step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, rew, terminated, truncated, info = self.env.step(action)

@@ -37,13 +37,12 @@ import numpy as np
 from fastrecord.envs import to_numpy
 from fastrecord.render.group import GroupRenderer
 from fastrecord.render.vector import GroupRenderedVectorEnv, PoseReporter, group_rendered, mirror_kwargs
+from fastrecord.replay.ahead import STATE_KEY, RunsAhead
 from fastrecord.replay.grouped import sensor_modalities
 from fastrecord.replay.layout import subenvs_per_process
 
 if TYPE_CHECKING:
     from fastrecord.packed import PackedLaunch
-
-STATE_KEY = "fastrecord_state"  # a sub-env's env state after its step or reset, in its info
 
 
 def _no_sensor_data(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -55,16 +54,17 @@ def _without_sensors(obs: Any) -> Any:
     return {k: v for k, v in obs.items() if k != "sensor_data"} if isinstance(obs, dict) else obs
 
 
-class ReplayReporter(PoseReporter):
-    """Wraps one replay sub-env (`fastrecord.replay.envs.make_replay_env`'s, outermost, in its own process).
+class ReplayReporter(RunsAhead, PoseReporter):
+    """Wraps one replay sub-env (`fastrecord.replay.envs.make_replay_env`'s, outermost, in its own process) that runs
+    ahead (`RunsAhead`: its ``get_state`` is the state of the last step or reset answered, not that of a step run
+    ahead since, which the rendering process answers from the reports: `MirroredReplayVectorEnv.call`).
 
-    Owns: the step it ran ahead (`run_ahead`: its action and its answer), until the step that takes it. Its
-    observations and observation space lack ``sensor_data`` (``full_observation_space`` has it: what the rendering
+    Its observations and observation space lack ``sensor_data`` (``full_observation_space`` has it: what the rendering
     process puts back); every step's and reset's info carries the poses (`PoseReporter`) and the env state
     (`STATE_KEY`)."""
 
     def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
+        super().__init__(env)  # RunsAhead's, then PoseReporter's
         self.replay: Any = env.get_wrapper_attr("replay_states")
         full = env.observation_space
         self.full_observation_space = full
@@ -72,48 +72,22 @@ class ReplayReporter(PoseReporter):
             self.observation_space = gym.spaces.Dict({k: v for k, v in full.spaces.items() if k != "sensor_data"})
         base: Any = env.unwrapped  # a ManiSkill env
         base._get_obs_sensor_data = _no_sensor_data
-        self._ahead: tuple[np.ndarray, tuple] | None = None
-        self._answered: np.ndarray | None = None  # the state of the last reset or step answered
 
     def _report(self, info: dict[str, Any]) -> dict[str, Any]:
-        info = super()._report(info)
+        info = super()._report(info)  # PoseReporter's
         info[STATE_KEY] = to_numpy(self.replay.get_state())
         return info
 
-    def get_state(self) -> np.ndarray:
-        """The state of the last reset or step answered, not that of a step run ahead since (the rendering process
-        answers the recorder from the reports without asking: `MirroredReplayVectorEnv.call`)."""
-        if self._answered is None:
-            raise RuntimeError("get_state before the first reset: reset the env first")
-        return self._answered
-
-    def run_ahead(self, action: Any) -> None:
-        """The whole next step with ``action`` (the step after the one just answered: physics, recorded state,
-        observation, reward, report), while the rendering process draws the one just answered
-        (`fastrecord.packed.PackedVectorEnv.step_ahead`); the step that follows answers with it at once."""
-        self._ahead = None
-        self._ahead = (np.array(action, copy=True), self._step(action))
-
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         self._ahead = None  # a step run ahead that is not taken (the loop reset the env instead) is dropped
-        obs, info = super().reset(**kwargs)
+        obs, info = super().reset(**kwargs)  # PoseReporter's (RunsAhead has none)
         self._answered = info[STATE_KEY]
         return _without_sensors(obs), info
 
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        if self._ahead is None:
-            answer = self._step(action)
-        else:
-            ran, answer = self._ahead
-            self._ahead = None
-            if not np.array_equal(ran, np.asarray(action)):
-                raise RuntimeError("this sub-env ran its next step ahead with another action than its step's: a bug in "
-                                   "the replay loop's lookahead")
-        self._answered = answer[4][STATE_KEY]
-        return answer
-
     def _step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        obs, rew, terminated, truncated, info = super().step(action)
+        """The whole step (physics, recorded state, observation, reward, report): `RunsAhead.step` answers with it, or
+        `RunsAhead.run_ahead` keeps it while the rendering process draws the step before."""
+        obs, rew, terminated, truncated, info = PoseReporter.step(self, action)
         return _without_sensors(obs), rew, terminated, truncated, info
 
 

@@ -321,7 +321,7 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
     if vector == "auto":
         # CPU envs drawn by the CPU (lavapipe: a process draws its pictures one after another): each in a sub-env
         # process running its next step while this one records (`fastrecord.replay.ahead`; on 2 cores, 2 envs, 8
-        # episodes: 12.3-12.9 s against 14.4-14.7 s in this process, 19.9 against 24.4 s with videos). Drawn on a
+        # episodes, medians: 13.9 s against 15.9 s in this process, 21.1 against 27.0 s with videos). Drawn on a
         # GPU: up to ENVS_PER_WORKER in this process, their renders submitted together; more in sub-processes, one
         # each (on 16 cores, 16 envs: 34.9 s in sub-processes, 39.2 s in one process); drawn in one batch: in this
         # process
