@@ -151,6 +151,37 @@ def test_envs_run_ahead_in_their_processes_record_what_one_process_does(pickcube
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
+def test_a_logger_wanting_videos_gets_the_frames_of_envs_run_ahead(pickcube_file, tmp_path):
+    """A sink that wants frames (a logger's videos) without --save-video: the sub-envs run ahead report their frames
+    all the same, and the sink gets the frames a replay with the envs in this process gives it."""
+    from fastrecord.replay.api import run_replay
+    from fastrecord.replay.config import ReplayConfig
+    from fastrecord.sinks.base import Sink
+
+    class Frames(Sink):
+        wants_frames = True
+
+        def __init__(self) -> None:
+            self.frames: dict[int, np.ndarray] = {}
+
+        def submit(self, episodes) -> None:
+            for ep in episodes:
+                self.frames[int(ep.meta["source_episode_id"])] = np.asarray(ep.frames)
+
+    got = {}
+    for vector in ("async", "sync"):
+        sink = Frames()
+        cfg = ReplayConfig.from_values(dict(traj_path=str(pickcube_file), output_dir=str(tmp_path / vector),
+                                            num_envs=3, workers=1, vector=vector, render_backend="cpu",
+                                            save_video=False, progress=False))
+        assert run_replay(cfg, sinks=[sink]).episodes == len(LENGTHS)
+        got[vector] = sink.frames
+    assert sorted(got["async"]) == sorted(got["sync"]) == list(range(len(LENGTHS)))
+    for e, frames in got["sync"].items():
+        assert frames.shape[0] == LENGTHS[e] + 1
+        np.testing.assert_array_equal(got["async"][e], frames, err_msg=f"episode {e}")
+
+
 def test_replay_batched_render_on_without_cuda_is_one_line(pickcube_file, tmp_path, capsys):
     import torch
 
