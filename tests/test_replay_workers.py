@@ -143,6 +143,20 @@ def test_each_worker_writes_its_phases_to_a_timeline_of_its_own(demo, tmp_path):
         assert "main" not in got and caller["imported"] < got["worker_entered"] < got["worker_done"] < caller["loop_end"]
 
 
+def test_workers_whose_envs_are_sub_env_processes_replay_every_episode(demo, tmp_path):
+    """Workers of 2 envs that the CPU draws hold them in sub-env processes (`fastrecord.replay.ahead`), which each worker
+    starts from a forkserver of its own: its server (forked from the CLI where that is safe) once inherited the lock
+    multiprocessing held while starting it, and the workers waited on it forever. The CLI's command finishes, with
+    every episode's actions and states."""
+    r = fastrecord_cli("replay", str(demo), "--workers", "2", "--num-envs", "4", "--render-backend", "cpu",
+                       "--no-video", "--obs-mode", "rgb", "--output-dir", str(tmp_path / "out"), "--env-kwargs",
+                       f"sensor_configs={json.dumps(SENSORS['sensor_configs'])}", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = json.loads((tmp_path / "out" / f"{NAME}.json").read_text())
+    assert [e["source_episode_id"] for e in meta["episodes"]] == list(range(5))
+    assert_matches_input(demo, tmp_path / "out" / f"{NAME}.h5", meta)
+
+
 def test_workers_videos_are_where_one_process_puts_them(demo, tmp_path):
     """--workers 2 with videos: each episode's video is in the output folder under the name one process gives it
     (a hard link of the worker's file in its shard), with the same frames; the summary lists the files one process

@@ -328,6 +328,24 @@ def _cuda_driver_initialised() -> bool:
         return True
 
 
+def _fresh_forkserver_state() -> None:
+    """In the server forked from this process (`_zygote`): multiprocessing's forkserver state as a fresh interpreter
+    has it. The fork happened inside ``ForkServer.ensure_running``, which holds the state's lock while it starts the
+    server (and `start_forkserver` its own), so the server's children (replay workers) inherited both held, and a
+    worker starting sub-env processes of its own (``--workers 2 --num-envs 4`` where the CPU draws, ``--vector
+    async``) waited on them forever.
+    Every module-level function is the new state's, as multiprocessing binds them at import; `start_forkserver`'s own
+    lock, held as well, is a new one."""
+    import multiprocessing.forkserver as mp_forkserver
+
+    global _start_lock
+    _start_lock = threading.Lock()
+    fresh = mp_forkserver.ForkServer()
+    mp_forkserver._forkserver = fresh
+    for name in ("ensure_running", "get_inherited_fds", "connect_to_new_process", "set_forkserver_preload"):
+        setattr(mp_forkserver, name, getattr(fresh, name))
+
+
 def _zygote(code: str, passfds: list[int]) -> int:
     """Fork this process into multiprocessing's forkserver: the child runs ``code`` (the server's own start,
     `multiprocessing.forkserver.main`) and never returns into the caller's frames; returns the child's pid.
@@ -378,6 +396,7 @@ def _zygote(code: str, passfds: list[int]) -> int:
             import types
 
             sys.modules["__main__"] = types.ModuleType("__main__")  # `spawn.import_main_path` runs the script anew
+        _fresh_forkserver_state()
         exec(code, {"__name__": "__fastrecord_forkserver__"})  # multiprocessing's own start line
     except SystemExit:
         pass
