@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from conftest import leaves
 
+from fastrecord.sinks.base import Sink
+
 SMALL = dict(human_render_camera_configs=dict(width=64, height=64), sensor_configs=dict(width=48, height=48))
 LENGTHS = (5, 8, 3, 6)  # episodes that end at different steps
 
@@ -42,7 +44,7 @@ def pickcube_file(tmp_path_factory) -> Path:
     return record_input(tmp_path_factory.mktemp("input"))
 
 
-def _plan(path: Path, tmp_path: Path, **kw):
+def _plan(path: Path, tmp_path: Path, sinks=None, **kw):
     from fastrecord.replay.config import ReplayConfig
     from fastrecord.replay.plan import make_plan
     from fastrecord.sinks.maniskill_h5 import open_trajectory
@@ -50,7 +52,7 @@ def _plan(path: Path, tmp_path: Path, **kw):
     cfg = ReplayConfig.from_values(dict(traj_path=str(path), output_dir=str(tmp_path / "out"), progress=False, **kw))
     traj = open_trajectory(cfg.traj_path)
     try:
-        return make_plan(cfg, traj)
+        return make_plan(cfg, traj, sinks=sinks)
     finally:
         traj.close()
 
@@ -102,7 +104,11 @@ def test_where_the_cpu_draws_each_env_is_a_process_that_runs_ahead(pickcube_file
     plan = _plan(pickcube_file, tmp_path, **rgb)
     assert (plan.workers, plan.vector, plan.render_device) == (1, "async", None)
     assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}).vector == "async"  # its videos are drawn
-    assert _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}, save_video=False).vector == "sync"
+    state = _plan(pickcube_file, tmp_path, **{**rgb, "obs_mode": "state"}, save_video=False)
+    assert (state.vector, state.frames) == ("sync", False)
+    # a logger's videos without --save-video (a sink wanting frames) are drawn as videos are
+    logged = _plan(pickcube_file, tmp_path, sinks=[_FramesSink()], **{**rgb, "obs_mode": "state"}, save_video=False)
+    assert (logged.vector, logged.frames) == ("async", True)
     assert _plan(pickcube_file, tmp_path, **rgb, render_substeps=True).vector == "sync"
     assert _plan(pickcube_file, tmp_path, **{**rgb, "num_envs": 1}).vector == "sync"
     assert _plan(pickcube_file, tmp_path, **{**rgb, "render_backend": "gpu"}, batched_render="off").vector == "sync"
@@ -151,26 +157,28 @@ def test_envs_run_ahead_in_their_processes_record_what_one_process_does(pickcube
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
+class _FramesSink(Sink):
+    """A sink that wants frames (as a logger's videos do): each episode's frames by its input episode."""
+
+    wants_frames = True
+
+    def __init__(self) -> None:
+        self.frames: dict[int, np.ndarray] = {}
+
+    def submit(self, episodes) -> None:
+        for ep in episodes:
+            self.frames[int(ep.meta["source_episode_id"])] = np.asarray(ep.frames)
+
+
 def test_a_logger_wanting_videos_gets_the_frames_of_envs_run_ahead(pickcube_file, tmp_path):
     """A sink that wants frames (a logger's videos) without --save-video: the sub-envs run ahead report their frames
     all the same, and the sink gets the frames a replay with the envs in this process gives it."""
     from fastrecord.replay.api import run_replay
     from fastrecord.replay.config import ReplayConfig
-    from fastrecord.sinks.base import Sink
-
-    class Frames(Sink):
-        wants_frames = True
-
-        def __init__(self) -> None:
-            self.frames: dict[int, np.ndarray] = {}
-
-        def submit(self, episodes) -> None:
-            for ep in episodes:
-                self.frames[int(ep.meta["source_episode_id"])] = np.asarray(ep.frames)
 
     got = {}
     for vector in ("async", "sync"):
-        sink = Frames()
+        sink = _FramesSink()
         cfg = ReplayConfig.from_values(dict(traj_path=str(pickcube_file), output_dir=str(tmp_path / vector),
                                             num_envs=3, workers=1, vector=vector, render_backend="cpu",
                                             save_video=False, progress=False))

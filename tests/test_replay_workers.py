@@ -354,6 +354,13 @@ def test_the_cli_starts_the_forkserver_early_for_replays_that_fork(monkeypatch):
     assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--render-substeps"])
     assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--vector", "sync"])
     assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "-n", "1"])
+    # nothing drawn (state observations, no video): the envs stay in this process
+    assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--no-video"])
+    assert not _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--no-video", "--obs-mode", "state"])
+    assert _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--no-video", "--obs-mode", "rgb"])
+    assert _replay_forks(["replay", "x.h5", "--render-backend", "cpu", "--no-video", "--log", "tensorboard"])
+    assert not _replay_forks(["replay", "--traj-path", "x.h5", "-n", "2", "--render-backend", "cpu"])
+    assert _replay_forks(["replay", "--traj-path", "x.h5", "-n", "2", "--render-backend", "cpu", "--save-video"])
     monkeypatch.setattr(fastrecord.system, "has_nvidia_gpu", lambda: False)
     assert _replay_forks(["replay", "x.h5"])
     assert _replay_forks(["replay", "x.h5", "--workers", "1", "-n", "4"])

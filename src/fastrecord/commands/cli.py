@@ -378,13 +378,22 @@ def _replay_forks(argv: list[str]) -> bool:
     # several workers (on a GPU: while n > ENVS_PER_WORKER), unless a logger takes the replays (one process)
     if workers is None and cores >= MANY_CORES and "--log" not in argv:
         return True
-    if vector in (None, "auto"):  # drawn by the CPU: each env in a sub-env process (`fastrecord.replay.ahead`)
-        from fastrecord.system import has_nvidia_gpu
+    if vector in (None, "auto") and _replay_draws(argv, maniskill):  # drawn by the CPU: each env in a sub-env
+        from fastrecord.system import has_nvidia_gpu  # process (`fastrecord.replay.ahead`)
 
         render = (_flag(argv, "--render-backend") or "auto").split(":")[0]
         if (render in ("cpu", "sapien_cpu") or not has_nvidia_gpu()) and "--render-substeps" not in argv:
             return True
     return vector == "async" or (vector != "sync" and n > ENVS_PER_WORKER)
+
+
+def _replay_draws(argv: list[str], maniskill: bool) -> bool:
+    """Whether the replay of ``argv`` draws pictures (`fastrecord.replay.plan`'s ``_draws``, from the command line
+    only): camera observations (``--obs-mode`` / ``-o``), videos (a replay's default; ManiSkill's command line:
+    ``--save-video``) or a logger's (``--log``)."""
+    obs = _flag(argv, "--obs-mode", "-o")
+    videos = "--save-video" in argv if maniskill else "--no-video" not in argv
+    return videos or "--log" in argv or obs not in (None, "state", "state_dict", "none")
 
 
 def _record_forks(argv: list[str]) -> bool:

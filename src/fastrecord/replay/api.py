@@ -66,7 +66,7 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
         if sinks and cfg.workers is None:  # a logger takes the replays of one process: the default where it can be
             cfg = dataclasses.replace(cfg, workers=1)
         try:
-            plan = make_plan(cfg, traj, checked=True)
+            plan = make_plan(cfg, traj, checked=True, sinks=sinks)
             # the episodes' data (their states and actions read: ~3 ms an episode on the 2-core machine) is checked
             # before any env or file is made; with worker processes, while they make their envs (they start
             # replaying once it passed, and end having written nothing where it did not)

@@ -89,8 +89,7 @@ def run_plan(plan: ReplayPlan, episodes: list[dict[str, Any]], out: Path, name: 
             thunk = functools.partial(make_replay_env, plan.env_id, plan.kwargs, plan.max_steps)
             batch = VectorBatch(thunk, n, plan.vector == "async" and n > 1, rec_kwargs, plan.render_device,
                                 subenv=MirroredSubenv(plan.env_id, plan.kwargs, plan.max_steps), launch=launch,
-                                frames=cfg.video_source == "render" and (  # a logger may want videos too
-                                    cfg.save_video or any(getattr(s, "wants_frames", False) for s in sinks or ())),
+                                frames=plan.frames,
                                 run_ahead=not cfg.option("render_substeps"))
         summary = _drive(cfg, plan.traj, todo, batch, verdict, tally, claims)
     summary.skipped = skipped

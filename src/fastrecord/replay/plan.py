@@ -85,6 +85,7 @@ class ReplayPlan:
     render_device: str | None = (
         None  # CUDA device each worker's envs are drawn on in one batch (None: each env draws itself)
     )
+    frames: bool = False  # the recorder takes the render camera's frames (`render_frames`): the envs draw them
 
     @property
     def if_exists(self) -> str:
@@ -114,19 +115,22 @@ class ReplayPlan:
         return rec_kwargs
 
 
-def make_plan(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False) -> ReplayPlan:
+def make_plan(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False,
+              sinks: list[Any] | None = None) -> ReplayPlan:
     """Check the input and the options and decide the env, the output and the layout; raises ValueError.
     ``checked``: the caller has checked the episodes' data (`check_input`) already: a worker's plan, which would
-    read every episode's states and actions again (~3 ms an episode on the 2-core machine) before its envs."""
+    read every episode's states and actions again (~3 ms an episode on the 2-core machine) before its envs.
+    ``sinks``: the recorder's extra sinks (`run_replay`'s): a logger's videos are frames the envs draw."""
     import mani_skill.envs  # noqa: F401 - registers the tasks
 
     episodes, modes = _episodes(cfg, traj, checked)
     env = _env(cfg, traj.env_info, episodes, modes)
     out, name = _output(cfg, traj, env)
-    layout = _layout(cfg, env, len(episodes), out, name)
+    frames = render_frames(cfg, sinks)
+    layout = _layout(cfg, env, len(episodes), out, name, frames)
     plan = ReplayPlan(cfg, traj, episodes, traj.env_info["env_id"], env.kwargs, env.ori_kwargs, env.max_steps,
                       env.sim_backend, env.gpu_sim, env.source_mode, env.convert, out, name, layout.num_envs,
-                      layout.vector, layout.workers, layout.distributed, layout.render_device)
+                      layout.vector, layout.workers, layout.distributed, layout.render_device, frames)
     plan.recorder_kwargs(out, name, Verdict(), None)(20)  # the recorder's options, checked: before any env or file
     return plan
 
@@ -282,7 +286,7 @@ def _default_workers(cfg: ReplayConfig, episodes: int, gpu_sim: bool, gpu_render
     return default_workers(cfg.num_envs, episodes, gpu_sim, gpu_render)
 
 
-def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -> _Layout:
+def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str, frames: bool) -> _Layout:
     """The envs side by side, their vector kind, the worker processes and the batched render's device."""
     from fastrecord.shards import rank_info
 
@@ -317,7 +321,7 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
                 f"--workers 2 or more (or under torchrun), or pass --overwrite"
             )
     per_worker = -(-n // workers)  # the largest share
-    render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector)
+    render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector, frames)
     if vector == "auto":
         # CPU envs drawn by the CPU (lavapipe: a process draws its pictures one after another): each in a sub-env
         # process running its next step while this one records (`fastrecord.replay.ahead`; on 2 cores, 2 envs, 8
@@ -326,7 +330,7 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str) -
         # each (on 16 cores, 16 envs: 34.9 s in sub-processes, 39.2 s in one process); drawn in one batch: in this
         # process
         cpu_drawn = (per_worker > 1 and not (gpu_render or env.convert or cfg.option("render_substeps"))
-                     and _draws(cfg, env.kwargs))
+                     and _draws(env.kwargs, frames))
         vector = ("batched" if gpu_sim else "sync" if render_device or (per_worker <= ENVS_PER_WORKER and not cpu_drawn)
                   else "async")
     _check_vector(cfg, vector, per_worker, env)
@@ -351,7 +355,7 @@ def _check_vector(cfg: ReplayConfig, vector: str, per_worker: int, env: _Env) ->
 
 
 def _render_device(
-    cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, own_env: bool, vector: str
+    cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, own_env: bool, vector: str, frames: bool
 ) -> str | None:
     """The CUDA device on which each worker draws its CPU-simulated envs in one batch per camera name
     (`fastrecord.replay.grouped`), or None. ``--batched-render auto`` batches where a worker holds more than
@@ -380,20 +384,27 @@ def _render_device(
             raise ValueError(f"--batched-render on draws the CPU-simulated envs of a replay together, and {why}; or "
                              f"drop --batched-render")
         return None
-    render_videos = cfg.save_video and cfg.video_source == "render"
     if not render.use_batched(wanted, num_envs=per_worker,
                               render_backend=kwargs.get("render_backend"),
-                              render_mode=kwargs.get("render_mode") if render_videos else "rgb_array",
-                              videos=_draws(cfg, kwargs), substeps=bool(cfg.option("render_substeps")),
+                              render_mode=kwargs.get("render_mode") if frames else "rgb_array",
+                              videos=_draws(kwargs, frames), substeps=bool(cfg.option("render_substeps")),
                               flag="--batched-render on", instead="--batched-render off or auto"):
         return None
     return device_of(kwargs.get("render_backend"))
 
 
-def _draws(cfg: ReplayConfig, kwargs: dict[str, Any]) -> bool:
-    """Whether the replay's envs draw pictures: camera observations, or videos of the render camera."""
+def render_frames(cfg: ReplayConfig, sinks: list[Any] | None) -> bool:
+    """Whether the recorder takes the render camera's frames, which the envs then draw: videos of it
+    (``save_video``, ``video_source='render'``), or a sink that wants frames (a logger's videos; the recorder's
+    own rule, `fastrecord.recorder`: any sink's ``wants_frames``)."""
+    return cfg.video_source == "render" and bool(cfg.save_video or any(getattr(s, "wants_frames", False)
+                                                                       for s in sinks or ()))
+
+
+def _draws(kwargs: dict[str, Any], frames: bool) -> bool:
+    """Whether the replay's envs draw pictures: camera observations, or the render camera's ``frames``."""
     camera_obs = (kwargs.get("obs_mode") or "state") not in ("state", "state_dict", "none")
-    return camera_obs or bool(cfg.save_video and cfg.video_source == "render")
+    return camera_obs or frames
 
 
 def check_input(traj: TrajectoryFile, episodes: list[dict[str, Any]]) -> None:
