@@ -353,7 +353,8 @@ def test_the_forkserver_started_by_the_make_eval_envs_import(tmp_path):
 
 def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
     """`fastrecord record` guesses from its command line whether its envs step in forkserver processes (CPU
-    simulation, several envs, the batched render) and then starts the server before its own imports."""
+    simulation, several envs, the batched render or drawn by the CPU) and then starts the server before its own
+    imports."""
     from fastrecord import system
     from fastrecord.commands.cli import _record_forks
 
@@ -361,15 +362,22 @@ def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
     assert _record_forks(["record", "PickCube-v1", "--num-envs", "16"])
     assert _record_forks(["record", "--num-envs=4", "--render-backend", "gpu"])
     assert _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu", "--batched-render", "on"])
-    assert not _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu"])
-    assert not _record_forks(["record", "--num-envs", "4", "--batched-render", "off"])
+    # drawn by the CPU: each env in a process of its own where they draw something (`fastrecord.reported`)
+    assert _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu"])
+    assert not _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu", "--no-video"])
+    assert _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu", "--no-video", "--obs-mode", "rgb"])
+    assert not _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu", "--vector", "sync"])
+    assert not _record_forks(["record", "--num-envs", "4", "--render-backend", "cpu", "--render-substeps"])
+    assert not _record_forks(["record", "--num-envs", "4", "--batched-render", "off"])  # each drawing on the GPU
+    assert _record_forks(["record", "--num-envs", "4", "--batched-render", "off", "--vector", "async"])
     assert not _record_forks(["record", "--num-envs", "1"])
     assert not _record_forks(["record", "PickCube-v1"])  # one env by default
     assert not _record_forks(["record", "--num-envs", "16", "--sim-backend", "physx_cuda"])  # one batched GPU env
     assert not _record_forks(["record", "--num-envs", "16", "--help"])
     assert not _record_forks(["replay", "x.h5", "--num-envs", "16"])
     monkeypatch.setattr(system, "has_nvidia_gpu", lambda: False)
-    assert not _record_forks(["record", "--num-envs", "16"])  # auto: no CUDA render here
+    assert _record_forks(["record", "--num-envs", "16"])  # auto: the CPU draws, each env in a process
+    assert not _record_forks(["record", "--num-envs", "16", "--no-video"])
     # the sub-envs started early follow the same guess on the run's config (none where nothing forks)
     import dataclasses
 

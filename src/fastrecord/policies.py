@@ -5,7 +5,9 @@ simulator state directly (privileged), which makes them succeed without any lear
 
 A factory may declare what it needs, checked by ``fastrecord record`` before any env or file is made:
 ``factory.control_mode`` (the control mode it drives) and ``factory.check_env(env)`` (raises ValueError;
-called on the env before the recorder wraps it). A refused command then leaves no run behind.
+called on the env before the recorder wraps it). A refused command then leaves no run behind. A factory whose
+policy reads the envs' simulator in this process declares ``factory.reads_simulator = True``: ``--vector auto``
+then keeps several CPU envs in this process (a ``SyncVectorEnv``), not in processes of their own.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def _base_envs(env: Any) -> list[Any]:
     if isinstance(top, gym.vector.SyncVectorEnv):
         return [e.unwrapped for e in top.envs]
     if isinstance(top, gym.vector.VectorEnv):
-        raise ValueError("scripted policies read the simulator state: use a SyncVectorEnv, not an AsyncVectorEnv "
-                         "(fastrecord record: --batched-render off)")
+        raise ValueError("scripted policies read the simulator state of envs in this process: use a SyncVectorEnv, "
+                         "not a vector env of processes (fastrecord record: --vector sync, or auto)")
     return [top]
 
 
@@ -74,3 +76,4 @@ def pick_cube_policy(env: Any) -> Callable[[Any], Any]:
 # the control mode the policy drives, and ``check_env(env)`` on the env before the recorder wraps it.
 pick_cube_policy.control_mode = PICK_CUBE_CONTROL_MODE  # type: ignore[attr-defined]
 pick_cube_policy.check_env = _check_pick_cube_env  # type: ignore[attr-defined]
+pick_cube_policy.reads_simulator = True  # type: ignore[attr-defined]  # its envs stay in this process (--vector auto)

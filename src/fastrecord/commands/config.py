@@ -62,6 +62,7 @@ class RecordConfig:
         "auto"  # CPU sim, num_envs > 1: auto (one batched render when rendering on a CUDA device) | on | off
     )
     envs_per_process: int | None = None  # batched render's sub-envs a process (None: fastrecord.packed.process_sizes)
+    vector: str = "auto"  # CPU sim, num_envs > 1: auto | sync (the envs in this process) | async (in processes)
     obs_mode: str = "state"  # ManiSkill observation mode recorded in the trajectory
     control_mode: str | None = None  # None: the task's default
     width: int = 256  # human render camera width
@@ -86,6 +87,7 @@ class RecordConfig:
         check_frame_size(self, "width", "height")
         if self.batched_render not in ("auto", "on", "off"):
             raise ValueError(f"batched_render={self.batched_render!r} must be one of auto, on, off (--batched-render)")
+        self._check_vector()
         if not self.record.save_on_reset:
             raise ValueError("save_on_reset=False saves episodes only through flush_trajectory()/flush_video() calls, "
                              "which fastrecord record never makes: it would record nothing; drop --no-save-on-reset "
@@ -96,6 +98,22 @@ class RecordConfig:
                 "nothing to record: both the video and the trajectory are off; drop --no-video or --no-trajectory, "
                 "or add --lerobot"
             )
+
+    def _check_vector(self) -> None:
+        if self.vector not in ("auto", "sync", "async"):
+            raise ValueError(f"vector={self.vector!r} must be one of auto, sync, async (--vector)")
+        if self.vector == "auto":
+            return
+        if self.sim_backend not in ("physx_cpu", "cpu"):
+            raise ValueError(f"vector={self.vector!r} lays out CPU-simulated envs; sim_backend={self.sim_backend!r} "
+                             f"runs every env in one batched env: drop --vector")
+        if self.vector == "sync" and self.batched_render == "on":
+            raise ValueError("batched_render='on' steps the envs in processes of their own and draws them here; "
+                             "vector='sync' keeps them in this process: drop --vector sync or --batched-render on")
+        if self.vector == "async" and self.record.render_substeps:
+            raise ValueError("render_substeps=True draws every physics substep of envs in this process; "
+                             "vector='async' puts them in processes of their own: drop --vector async (auto keeps "
+                             "them here) or --render-substeps")
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -80,6 +80,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "them in one batch in this process (needs a CUDA device); auto: when rendering on a CUDA device",
     )
     p.add_argument(
+        "--vector",
+        choices=["auto", "sync", "async"],
+        help="CPU simulation with --num-envs > 1: sync (the envs in this process: what a policy reading the simulator "
+        "needs) | async (each env in a process of its own, answering each step with its frame; drawn in one batch "
+        "here where the batched render runs) | auto (default: the batched render where it runs, else async where the "
+        "CPU draws something, else sync)",
+    )
+    p.add_argument(
         "--envs-per-process",
         type=int,
         help="with the batched render: sub-envs each process simulates (default: 2, at least 4 processes and at most "

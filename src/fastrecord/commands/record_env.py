@@ -70,7 +70,7 @@ def early_subenvs(cfg: RecordConfig) -> EarlySubenvs | None:
         render = "gpu" if has_nvidia_gpu() else "cpu"
     batched = {"on": True, "off": False}.get(cfg.batched_render, render.split(":")[0] in ("gpu", "cuda", "sapien_cuda"))
     if (cfg.sim_backend not in ("physx_cpu", "cpu") or cfg.num_envs <= 1 or not batched or not cfg.record.save_video
-            or cfg.record.render_substeps):
+            or cfg.record.render_substeps or cfg.vector == "sync"):
         return None
     from fastrecord import PRESTART_CORES
     from fastrecord.workers import affinity_cores
@@ -144,6 +144,7 @@ def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: b
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     from fastrecord.record import RecordEpisode
+    from fastrecord.sinks.base import takes_render_frames
 
     kwargs = env_kwargs_for(cfg, resolve_render_backend(cfg.render_backend))
     if cfg.env_id not in gym.registry:
@@ -169,11 +170,31 @@ def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: b
             raise
         return ManiSkillVectorEnv(env, auto_reset=auto_reset, ignore_terminations=False)
 
+    envs = _cpu_vector_env(cfg, kwargs, auto_reset, early, takes_render_frames(cfg.record.video_source,
+                                                                             cfg.record.save_video, sinks))
+    try:
+        if check_env is not None:
+            check_env(envs)
+        return RecordEpisode(envs, cfg.output_dir, **rec)
+    except BaseException:
+        envs.close()
+        raise
+
+
+def _cpu_vector_env(cfg: RecordConfig, kwargs: dict[str, Any], auto_reset: bool, early: EarlySubenvs | None,
+                    frames: bool) -> Any:
+    """`record`'s vector env of CPU envs: stepped in processes and drawn here in one batch (the batched render), each
+    in a process of its own drawing itself (`fastrecord.reported`; ``frames``: its answers carry its frame), or all in
+    this process (``SyncVectorEnv``)."""
+    import gymnasium as gym
+
     mode = gym.vector.AutoresetMode.NEXT_STEP if auto_reset else gym.vector.AutoresetMode.DISABLED
     envs: Any
     from fastrecord import render
 
     wanted = {"auto": None, "on": True, "off": False}[cfg.batched_render]
+    if cfg.vector == "sync":  # the envs in this process (a policy reading the simulator): no sub-env processes
+        wanted = False
     if render.use_batched(
         wanted,
         num_envs=cfg.num_envs,
@@ -202,15 +223,24 @@ def _make_recorded_env(cfg: RecordConfig, sinks: list[Any] | None, auto_reset: b
             device=device_of(kwargs["render_backend"]),
         )
         envs.terminate_subenvs = True  # they simulate and report poses, nothing else: no close to wait for
+    elif cfg.vector == "async" or (cfg.vector == "auto" and _cpu_drawn(cfg, kwargs, frames)):
+        # each env in a process of its own, drawing its own pictures, answering each step with its state and frame
+        from fastrecord.reported import reported_vector_env
+
+        envs = reported_vector_env(_CpuEnvThunk(cfg.env_id, kwargs), cfg.num_envs, frames, autoreset_mode=mode)
     else:
         envs = gym.vector.SyncVectorEnv([_CpuEnvThunk(cfg.env_id, kwargs)] * cfg.num_envs, autoreset_mode=mode)
-    try:
-        if check_env is not None:
-            check_env(envs)
-        return RecordEpisode(envs, cfg.output_dir, **rec)
-    except BaseException:
-        envs.close()
-        raise
+    return envs
+
+
+def _cpu_drawn(cfg: RecordConfig, kwargs: dict[str, Any], frames: bool) -> bool:
+    """``--vector auto``'s choice of a process an env (`fastrecord.reported`) over one process for all: several CPU
+    envs drawn by the CPU (lavapipe draws one process's pictures one after another: on the 2-core machine two
+    PickCube envs at 128x128 stepped at 19-23 env-steps/s in one process, 29 in two), drawing something (frames or
+    camera observations), without --render-substeps (its substep frames are drawn by envs in this process)."""
+    camera_obs = (kwargs.get("obs_mode") or "state") not in ("state", "state_dict", "none")
+    cpu = str(kwargs.get("render_backend")).split(":")[0] in ("cpu", "sapien_cpu")
+    return cfg.num_envs > 1 and cpu and (frames or camera_obs) and not cfg.record.render_substeps
 
 
 def close_without_collecting(env: Any) -> None:

@@ -27,8 +27,8 @@ from fastrecord.commands.record_env import (
 from fastrecord.exits import StopSignals
 from fastrecord.system import stamp
 
-__all__ = ["RecordSummary", "ShardedSummary", "check_policy", "load_policy", "policy_factory", "run_record",
-           "run_record_sharded"]
+__all__ = ["RecordSummary", "ShardedSummary", "check_policy", "for_policy", "load_policy", "policy_factory",
+           "run_record", "run_record_sharded"]
 
 
 @dataclass
@@ -76,6 +76,15 @@ def check_policy(factory: Any, cfg: RecordConfig) -> Callable[[Any], None] | Non
         raise ValueError(f"policy={cfg.policy!r} drives control_mode={need!r} and this run has {has}; "
                          f"pass --control-mode {need}")
     return getattr(factory, "check_env", None)
+
+
+def for_policy(factory: Any, cfg: RecordConfig) -> RecordConfig:
+    """``cfg`` laid out for the policy ``factory``: one that reads the simulator of its envs
+    (``factory.reads_simulator``, `fastrecord.policies`) keeps them in this process where ``--vector`` is auto (its
+    ``check_env`` refuses processes)."""
+    if getattr(factory, "reads_simulator", False) and cfg.vector == "auto" and cfg.batched_render != "on":
+        return dataclasses.replace(cfg, vector="sync")
+    return cfg
 
 
 def load_policy(spec: str, env: Any) -> Callable[[Any], Any]:
@@ -150,6 +159,7 @@ def run_record(cfg: RecordConfig, progress: bool = True, stop: StopSignals | Non
     try:
         factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
         check_env = check_policy(factory, cfg)
+        cfg = for_policy(factory, cfg)
         if cfg.record.if_exists == "resume" and cfg.record.trajectory_name:
             shards.check_resume(cfg.output_dir, cfg.record.trajectory_name, base_seed=cfg.seed)
     except BaseException:
@@ -241,6 +251,7 @@ def run_record_sharded(cfg: RecordConfig, progress: bool = True, stop: StopSigna
 
     factory = None if cfg.policy == "random" else policy_factory(cfg.policy)
     check_env = check_policy(factory, cfg)  # before the run directory is opened
+    cfg = for_policy(factory, cfg)
     info = shards.rank_info()
     sim, render = shards.rank_backends(cfg.sim_backend, resolve_render_backend(cfg.render_backend), info)
     run = shards.DistributedRun(

@@ -13,10 +13,11 @@ recorder, asked each sub-env for its state after each step (a second round trip,
 memory), and built a dummy env in this process before starting.
 
 Each step's answer carries what the recorder reads of that step, so nothing is asked of a sub-env that may be a step
-ahead: the env state (`fastrecord.replay.mirrored.STATE_KEY`, answered to ``call("get_state")``) and, with
-``frames`` (videos of the render camera), the env's own ``render()`` of the step (`FRAME_KEY`, what ``render()``
-here returns). As `fastrecord.replay.mirrored.MirroredReplayVectorEnv` (the same run ahead, drawn in this process on
-a GPU).
+ahead: the env state (`fastrecord.reported.STATE_KEY`, answered to ``call("get_state")``) and, with ``frames``
+(videos of the render camera), the env's own ``render()`` of the step (`fastrecord.reported.FRAME_KEY`, what
+``render()`` here returns), as `fastrecord.record`'s sub-envs report theirs (`fastrecord.reported`, without running
+ahead: a policy's next action waits for the step's observation). As
+`fastrecord.replay.mirrored.MirroredReplayVectorEnv` (the same run ahead, drawn in this process on a GPU).
 """
 
 from __future__ import annotations
@@ -26,12 +27,8 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
-import torch
 
-from fastrecord.envs import to_numpy
-
-STATE_KEY = "fastrecord_state"  # a sub-env's env state after its step or reset, in its info
-FRAME_KEY = "fastrecord_frame"  # a sub-env's render() of the step or reset it answers, in its info (with frames)
+from fastrecord.reported import STATE_KEY, ReportedVectorEnv, reported_info
 
 
 class RunsAhead(gym.Wrapper):
@@ -79,7 +76,7 @@ class RunsAhead(gym.Wrapper):
 class AheadReporter(RunsAhead):
     """Wraps one replay sub-env (`fastrecord.replay.envs.make_replay_env`'s, outermost, in its own process) that draws
     its own cameras: every step's and reset's info carries the env state (`STATE_KEY`) and, with ``frames``, the
-    env's frame of it (`FRAME_KEY`)."""
+    env's frame of it (`fastrecord.reported.FRAME_KEY`)."""
 
     def __init__(self, env: gym.Env, frames: bool = False) -> None:
         super().__init__(env)
@@ -87,11 +84,7 @@ class AheadReporter(RunsAhead):
         self._replay: Any = env.get_wrapper_attr("replay_states")
 
     def _report(self, info: dict[str, Any]) -> dict[str, Any]:
-        info = dict(info)
-        info[STATE_KEY] = to_numpy(self._replay.get_state())
-        if self.frames:
-            info[FRAME_KEY] = np.asarray(to_numpy(self.env.render()))
-        return info
+        return reported_info(info, self._replay.get_state(), self.env.render if self.frames else None)
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         self._ahead = None  # a step run ahead that is not taken (the loop reset the env instead) is dropped
@@ -116,59 +109,17 @@ class _AheadSubenv:
         return AheadReporter(self.thunk(), frames=self.frames)
 
 
-class AheadReplayVectorEnv(gym.vector.VectorWrapper):
+class AheadReplayVectorEnv(ReportedVectorEnv):
     """A vector env of replay sub-envs (`AheadReporter`, one a `fastrecord.packed.PackedVectorEnv` process) that run
-    each step ahead once they answered the one before.
+    each step ahead once they answered the one before; ``get_state`` and ``render()`` are answered from their reports
+    (`fastrecord.reported.ReportedVectorEnv`).
 
-    Owns: each sub-env's last reported state and frame, and ``lookahead`` (each env's next action, None where its
-    episode ends: set by the replay loop before a step, used by that step only)."""
-
-    answers_calls = True  # `call("get_state")`, from the reports; fastrecord's vector wrappers above ask it first
-    renders_batched = True  # fastrecord's VectorEnvView calls render() (the reported frames), not call("render")
-    resets_async = True  # reset_async / reset_wait
+    Owns: ``lookahead`` (each env's next action, None where its episode ends: set by the replay loop before a step,
+    used by that step only)."""
 
     def __init__(self, env: gym.vector.VectorEnv, frames: bool) -> None:
-        super().__init__(env)
-        self._sub: Any = env  # a PackedVectorEnv: call, get_attr, set_attr, reset_async, step_ahead
-        self.frames = frames
-        self._states: list[np.ndarray | None] = [None] * self.num_envs
-        self._frames: list[np.ndarray | None] = [None] * self.num_envs
+        super().__init__(env, frames)
         self.lookahead: list[Any] | None = None
-
-    def _take(self, info: dict[str, Any]) -> dict[str, Any]:
-        info = dict(info)
-        for key, into in ((STATE_KEY, self._states), (FRAME_KEY, self._frames)):
-            values = info.pop(key, None)
-            mask = info.pop("_" + key, None)
-            if values is None:
-                continue
-            for j in np.flatnonzero(mask if mask is not None else np.ones(self.num_envs, dtype=bool)):
-                into[j] = values[j]
-        return info
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """As the sub-envs' ``call``; ``get_state`` is answered from their last reports (they may be running the next
-        step ahead: their report is the state their last step observed)."""
-        if name == "get_state" and not args and not kwargs and all(s is not None for s in self._states):
-            return tuple(self._states)
-        return self._sub.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self._sub.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._sub.set_attr(name, values)
-
-    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed, options=options)
-        return obs, self._take(info)
-
-    def reset_async(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> None:
-        self._sub.reset_async(seed=seed, options=options)
-
-    def reset_wait(self) -> tuple[Any, dict[str, Any]]:
-        obs, info = self._sub.reset_wait()
-        return obs, self._take(info)
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         ahead, self.lookahead = self.lookahead, None
@@ -177,20 +128,6 @@ class AheadReplayVectorEnv(gym.vector.VectorWrapper):
         else:
             obs, rew, terminated, truncated, info = self._sub.step(actions)
         return obs, rew, terminated, truncated, self._take(info)
-
-    def render(self) -> torch.Tensor:  # type: ignore[override]  # batched, as ManiSkill's BaseEnv.render
-        """Every env's frame of the step or reset it last answered, ``[num_envs, H, W, 3]``."""
-        if not self.frames:
-            raise RuntimeError("render() of an AheadReplayVectorEnv made with frames=False: its sub-envs report no "
-                               "frames; make it with frames=True (videos of the render camera)")
-        if any(f is None for f in self._frames):
-            raise RuntimeError("render() before reset(): reset the envs first")
-        return torch.from_numpy(np.stack([f.reshape(f.shape[-3:]) for f in self._frames if f is not None]))
-
-    def close(self, **kwargs: Any) -> None:
-        """The sub-envs play recorded states and hold nothing to save: their processes end at once."""
-        kwargs.setdefault("terminate", True)
-        self.env.close(**kwargs)
 
 
 def ahead_replay_env(thunk: Callable[[], gym.Env], num_envs: int, frames: bool) -> AheadReplayVectorEnv:

@@ -37,9 +37,10 @@ import numpy as np
 from fastrecord.envs import to_numpy
 from fastrecord.render.group import GroupRenderer
 from fastrecord.render.vector import GroupRenderedVectorEnv, PoseReporter, group_rendered, mirror_kwargs
-from fastrecord.replay.ahead import STATE_KEY, RunsAhead
+from fastrecord.replay.ahead import RunsAhead
 from fastrecord.replay.grouped import sensor_modalities
 from fastrecord.replay.layout import subenvs_per_process
+from fastrecord.reported import STATE_KEY
 
 if TYPE_CHECKING:
     from fastrecord.packed import PackedLaunch

@@ -18,6 +18,7 @@ from typing import Any
 from fastrecord.options import usable_cores
 from fastrecord.replay.config import CONVERTERS, CPU_BACKENDS, ReplayConfig
 from fastrecord.replay.layout import ENVS_PER_WORKER, GPU_DEFAULT_ENVS, default_workers
+from fastrecord.sinks.base import takes_render_frames
 from fastrecord.sinks.maniskill_h5 import EpisodeProblem, TrajectoryFile, check_episode
 
 
@@ -85,7 +86,7 @@ class ReplayPlan:
     render_device: str | None = (
         None  # CUDA device each worker's envs are drawn on in one batch (None: each env draws itself)
     )
-    frames: bool = False  # the recorder takes the render camera's frames (`render_frames`): the envs draw them
+    frames: bool = False  # the recorder takes the render camera's frames (`takes_render_frames`): the envs draw them
 
     @property
     def if_exists(self) -> str:
@@ -126,7 +127,7 @@ def make_plan(cfg: ReplayConfig, traj: TrajectoryFile, checked: bool = False,
     episodes, modes = _episodes(cfg, traj, checked)
     env = _env(cfg, traj.env_info, episodes, modes)
     out, name = _output(cfg, traj, env)
-    frames = render_frames(cfg, sinks)
+    frames = takes_render_frames(cfg.video_source, cfg.save_video, sinks)
     layout = _layout(cfg, env, len(episodes), out, name, frames)
     plan = ReplayPlan(cfg, traj, episodes, traj.env_info["env_id"], env.kwargs, env.ori_kwargs, env.max_steps,
                       env.sim_backend, env.gpu_sim, env.source_mode, env.convert, out, name, layout.num_envs,
@@ -391,14 +392,6 @@ def _render_device(
                               flag="--batched-render on", instead="--batched-render off or auto"):
         return None
     return device_of(kwargs.get("render_backend"))
-
-
-def render_frames(cfg: ReplayConfig, sinks: list[Any] | None) -> bool:
-    """Whether the recorder takes the render camera's frames, which the envs then draw: videos of it
-    (``save_video``, ``video_source='render'``), or a sink that wants frames (a logger's videos; the recorder's
-    own rule, `fastrecord.recorder`: any sink's ``wants_frames``)."""
-    return cfg.video_source == "render" and bool(cfg.save_video or any(getattr(s, "wants_frames", False)
-                                                                       for s in sinks or ()))
 
 
 def _draws(kwargs: dict[str, Any], frames: bool) -> bool:

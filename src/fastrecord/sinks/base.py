@@ -182,6 +182,14 @@ class BackgroundSink(Sink):
         return self._pool.blocked_seconds if self._pool is not None else 0.0
 
 
+def takes_render_frames(video_source: str, save_video: bool, sinks: Sequence[Any] | None) -> bool:
+    """Whether a recorder takes the render camera's frames (its envs then draw them each step): videos of it
+    (``save_video`` with ``video_source='render'``), or an extra sink wanting frames (a logger's videos). Before the
+    recorder is made (it decides the same from its built sinks: any ``wants_frames``), e.g. to lay out its envs."""
+    return video_source == "render" and bool(save_video or any(getattr(s, "wants_frames", False)
+                                                               for s in sinks or ()))
+
+
 def close_sinks(
     sinks: Sequence[Sink], side_by_side: Sequence[Sink] = (), last: Sink | None = None
 ) -> list[BaseException]:
