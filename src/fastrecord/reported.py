@@ -22,7 +22,8 @@ import torch
 
 from fastrecord.envs import to_numpy
 
-__all__ = ["FRAME_KEY", "STATE_KEY", "ReportedVectorEnv", "StepReporter", "reported_info", "reported_vector_env"]
+__all__ = ["FRAME_KEY", "STATE_KEY", "InfoReporter", "ReportedVectorEnv", "StepReporter", "reported_info",
+           "reported_vector_env"]
 
 STATE_KEY = "fastrecord_state"  # a sub-env's env state after its step or reset, in its info
 FRAME_KEY = "fastrecord_frame"  # a sub-env's render() of the step or reset it answers, in its info (with frames)
@@ -38,7 +39,24 @@ def reported_info(info: dict[str, Any], state: Any, frame: Callable[[], Any] | N
     return info
 
 
-class StepReporter(gym.Wrapper):
+class InfoReporter(gym.Wrapper):
+    """A sub-env wrapper (outermost, in the sub-env's process) whose every reset's and step's info goes through
+    ``_report`` (what the caller's process reads of it): `StepReporter` here, the batched render's
+    `fastrecord.render.vector.PoseReporter`."""
+
+    def _report(self, info: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        return obs, self._report(info)
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, rew, terminated, truncated, info = self.env.step(action)
+        return obs, rew, terminated, truncated, self._report(info)
+
+
+class StepReporter(InfoReporter):
     """Wraps one CPU sub-env (outermost, in its own process): every step's and reset's info carries the env state
     (``env.unwrapped.get_state()``, what the recorder asks a sub-env for) and, with ``frames``, the env's
     ``render()``."""
@@ -50,14 +68,6 @@ class StepReporter(gym.Wrapper):
     def _report(self, info: dict[str, Any]) -> dict[str, Any]:
         base: Any = self.env.unwrapped  # ManiSkill's BaseEnv
         return reported_info(info, base.get_state(), self.env.render if self.frames else None)
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(**kwargs)
-        return obs, self._report(info)
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        obs, rew, terminated, truncated, info = self.env.step(action)
-        return obs, rew, terminated, truncated, self._report(info)
 
 
 class ReportedVectorEnv(gym.vector.VectorWrapper):

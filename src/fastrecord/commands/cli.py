@@ -388,9 +388,9 @@ def _replay_forks(argv: list[str]) -> bool:
 
 
 def _replay_draws(argv: list[str], maniskill: bool) -> bool:
-    """Whether the replay (or record) of ``argv`` draws pictures (`fastrecord.replay.plan`'s ``_draws``, from the command line
-    only): camera observations (``--obs-mode`` / ``-o``), videos (a replay's default; ManiSkill's command line:
-    ``--save-video``) or a logger's (``--log``)."""
+    """Whether the replay (or record) of ``argv`` draws pictures (`fastrecord.replay.plan`'s ``_draws``, from the
+    command line only): camera observations (``--obs-mode`` / ``-o``), videos (a replay's default; ManiSkill's command
+    line: ``--save-video``) or a logger's (``--log``)."""
     obs = _flag(argv, "--obs-mode", "-o")
     videos = "--save-video" in argv if maniskill else "--no-video" not in argv
     return videos or "--log" in argv or obs not in (None, "state", "state_dict", "none")
@@ -399,14 +399,15 @@ def _replay_draws(argv: list[str], maniskill: bool) -> bool:
 def _record_forks(argv: list[str]) -> bool:
     """Whether ``argv`` is a ``record`` whose envs will step in processes from the forkserver: CPU simulation,
     ``--num-envs`` > 1 and the batched render (``--batched-render on``, or auto with a GPU render backend on a
-    machine with an NVIDIA driver), or envs drawn by the CPU that draw something (`fastrecord.reported`). A cheap guess from the command line only, as `_replay_forks`: a config
-    file's values are not read (the server then starts when the envs are made)."""
+    machine with an NVIDIA driver), or envs drawn by the CPU that draw something (`fastrecord.reported`). A cheap
+    guess from the command line only, as `_replay_forks`: a config file's values are not read (the server then starts
+    when the envs are made)."""
     if not argv or argv[0] != "record" or "-h" in argv or "--help" in argv:
         return False
     envs, backend = _flag(argv, "--num-envs"), _flag(argv, "--sim-backend")
     if envs is None or not envs.isdigit() or int(envs) <= 1:
         return False
-    if backend is not None and backend.split(":")[0] in CUDA_SIM or _flag(argv, "--vector") == "sync":
+    if (backend is not None and backend.split(":")[0] in CUDA_SIM) or _flag(argv, "--vector") == "sync":
         return False
     batched = _flag(argv, "--batched-render") or "auto"
     if batched == "on":
@@ -420,7 +421,8 @@ def _record_forks(argv: list[str]) -> bool:
     # drawn by the CPU: each env in a process of its own (`fastrecord.reported`), where the envs draw something
     # (`_replay_draws`' rule; --policy's reads_simulator is not known here: a wrong guess costs an idle server)
     cpu = render in ("cpu", "sapien_cpu") or (render == "auto" and not gpu)
-    return (_flag(argv, "--vector") == "async" or cpu) and "--render-substeps" not in argv and _replay_draws(argv, False)
+    async_ = _flag(argv, "--vector") == "async"
+    return (async_ or cpu) and "--render-substeps" not in argv and _replay_draws(argv, False)
 
 
 def main(argv: list[str] | None = None) -> int:

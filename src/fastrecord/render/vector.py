@@ -17,7 +17,7 @@ import contextlib
 import gc
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, SupportsFloat
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -27,12 +27,13 @@ from fastrecord.envs import SubEnvAccess, to_numpy
 from fastrecord.render import BatchedRenderError
 from fastrecord.render.bodies import RenderBodies
 from fastrecord.render.group import GroupRenderer
+from fastrecord.reported import InfoReporter
 from fastrecord.system import stamp
 
 INFO_KEY = "fastrecord_render"  # the sub-envs' report in the vector info (gymnasium adds the mask "_" + key)
 
 
-class PoseReporter(gym.Wrapper):
+class PoseReporter(InfoReporter):
     """Wraps one CPU sub-env (outermost, in its own process): every step's and reset's info carries
     ``(poses, scene)`` under `INFO_KEY`; ``scene`` is None unless the scene is new since the last report,
     then ``(signature, episode_seed)``."""
@@ -63,13 +64,6 @@ class PoseReporter(gym.Wrapper):
         base: Any = self.env.unwrapped  # a ManiSkill env
         return to_numpy(base.get_state())
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(**kwargs)
-        return obs, self._report(info)
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        obs, rew, terminated, truncated, info = self.env.step(action)
-        return obs, rew, terminated, truncated, self._report(info)
 
 
 _freezing = threading.Lock()
