@@ -322,7 +322,7 @@ def _layout(cfg: ReplayConfig, env: _Env, episodes: int, out: Path, name: str, f
                 f"--workers 2 or more (or under torchrun), or pass --overwrite"
             )
     per_worker = -(-n // workers)  # the largest share
-    render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector, frames)
+    render_device = _render_device(cfg, env.kwargs, per_worker, gpu_sim or env.convert, vector)
     if vector == "auto":
         # CPU envs drawn by the CPU (lavapipe: a process draws its pictures one after another): each in a sub-env
         # process running its next step while this one records (`fastrecord.replay.ahead`; on 2 cores, 2 envs, 8
@@ -356,7 +356,7 @@ def _check_vector(cfg: ReplayConfig, vector: str, per_worker: int, env: _Env) ->
 
 
 def _render_device(
-    cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, own_env: bool, vector: str, frames: bool
+    cfg: ReplayConfig, kwargs: dict[str, Any], per_worker: int, own_env: bool, vector: str
 ) -> str | None:
     """The CUDA device on which each worker draws its CPU-simulated envs in one batch per camera name
     (`fastrecord.replay.grouped`), or None. ``--batched-render auto`` batches where a worker holds more than
@@ -385,10 +385,12 @@ def _render_device(
             raise ValueError(f"--batched-render on draws the CPU-simulated envs of a replay together, and {why}; or "
                              f"drop --batched-render")
         return None
+    # the render camera's videos (a logger's alone are drawn by each env: the batched path is not tested for them)
+    videos = cfg.save_video and cfg.video_source == "render"
     if not render.use_batched(wanted, num_envs=per_worker,
                               render_backend=kwargs.get("render_backend"),
-                              render_mode=kwargs.get("render_mode") if frames else "rgb_array",
-                              videos=_draws(kwargs, frames), substeps=bool(cfg.option("render_substeps")),
+                              render_mode=kwargs.get("render_mode") if videos else "rgb_array",
+                              videos=_draws(kwargs, videos), substeps=bool(cfg.option("render_substeps")),
                               flag="--batched-render on", instead="--batched-render off or auto"):
         return None
     return device_of(kwargs.get("render_backend"))
