@@ -65,7 +65,6 @@ class PoseReporter(InfoReporter):
         return to_numpy(base.get_state())
 
 
-
 _freezing = threading.Lock()
 _frozen_depth = 0  # scenes_built uses inside (any thread) that share this process's one freeze
 
