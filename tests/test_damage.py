@@ -98,6 +98,25 @@ def test_a_damaged_closed_run_is_refused_and_left_as_it_is(closed_run, tmp_path,
         run.close()
 
 
+def test_replay_workers_refuse_a_damaged_input_while_they_make_their_envs(closed_run, tmp_path, capsys):
+    """With worker processes the input's outputs are checked while the workers make their envs (not before they
+    start): the same one-line refusal, the workers ended before writing, no output folder left, the input as it
+    was."""
+    from fastrecord.commands.cli import main
+
+    out = copy_of(closed_run, tmp_path)
+    make, texts = DAMAGE["episode video deleted"]
+    make(out)
+    before = snapshot(out)
+    replayed = out.parent / "replayed"
+    assert main(["replay", str(out / "run.h5"), "--output-dir", str(replayed), "--workers", "2", "--num-envs", "2",
+                 "--no-video"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot replay run 'run'" in err and all(t in err for t in texts), err
+    assert len(err.strip().splitlines()) == 1 and not replayed.exists()
+    assert snapshot(out) == before
+
+
 def test_an_intact_run_agrees(closed_run, capsys):
     from fastrecord.commands.cli import main
 

@@ -49,28 +49,23 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
     the same envs in this process, ended here otherwise."""
     t0 = time.perf_counter()
     from fastrecord.replay.drive import run_plan
-    from fastrecord.replay.plan import check_input as check_episodes
-    from fastrecord.replay.plan import make_plan
     from fastrecord.replay.workers import run_rank, run_workers
     from fastrecord.sinks.base import OutputExistsError
-    from fastrecord.sinks.maniskill_h5 import open_trajectory
     from fastrecord.system import process_age, stamp
 
     age = process_age()
     with contextlib.ExitStack() as cleanup:
         if early is not None:  # a launch the replay did not take over (a refusal): its processes end, the refusal
             cleanup.callback(early.close, wait=False)  # not waiting for their starts
-        check_input(Path(cfg.traj_path))
-        traj = open_trajectory(cfg.traj_path)
-        cleanup.callback(traj.close)
         if sinks and cfg.workers is None:  # a logger takes the replays of one process: the default where it can be
             cfg = dataclasses.replace(cfg, workers=1)
         try:
-            plan = make_plan(cfg, traj, checked=True, sinks=sinks)
-            # the episodes' data (their states and actions read: ~3 ms an episode on the 2-core machine) is checked
-            # before any env or file is made; with worker processes, while they make their envs (they start
-            # replaying once it passed, and end having written nothing where it did not)
-            check = functools.partial(check_episodes, traj, plan.episodes)
+            traj, plan = _opened(cfg, sinks, cleanup)
+            # the input's outputs (a fastrecord run: an HDF5 scan in a helper process, 0.2 s on the 2-core machine)
+            # and the episodes' data (their states and actions read: ~3 ms an episode there) are checked before any
+            # env or file is made; with worker processes, while they make their envs (they start replaying once it
+            # passed, and end having written nothing where it did not)
+            check = functools.partial(_check_all, Path(cfg.traj_path), traj, plan.episodes)
             if plan.distributed or plan.workers == 1:
                 check()
             stamp("plan_made")  # benchmarks/bench_replay.py --stamps: the input read and checked, the plan made
@@ -92,6 +87,29 @@ def run_replay(cfg: ReplayConfig, stop: StopRequest | None = None, sinks: list[A
                 f"{e.found} Choose: --resume (resume=True) continues that replay, replaying only the episodes it does "
                 f"not hold; --overwrite (overwrite=True) deletes it first; or pass another --trajectory-name or "
                 f"--output-dir.", found=e.found) from None
+
+
+def _opened(cfg: ReplayConfig, sinks: list[Any] | None, cleanup: contextlib.ExitStack) -> tuple[Any, Any]:
+    """The input opened (closed by ``cleanup``) and the replay's plan; where either fails, a damaged input's own
+    error (`check_input`) comes first: it names the file to restore."""
+    from fastrecord.replay.plan import make_plan
+    from fastrecord.sinks.maniskill_h5 import open_trajectory
+
+    try:
+        traj = open_trajectory(cfg.traj_path)
+        cleanup.callback(traj.close)
+        return traj, make_plan(cfg, traj, checked=True, sinks=sinks)
+    except Exception:
+        check_input(Path(cfg.traj_path))
+        raise
+
+
+def _check_all(h5: Path, traj: Any, episodes: list[dict[str, Any]]) -> None:
+    """The input's check: its outputs agree (`check_input`), then its episodes' data (`plan.check_input`)."""
+    from fastrecord.replay.plan import check_input as check_episodes
+
+    check_input(h5)
+    check_episodes(traj, episodes)
 
 
 def replay_trajectories(

@@ -233,7 +233,8 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     SIGTERM of this process reaches each worker as one SIGTERM: they stop between two steps (the
     replays in progress are not saved: re-running resumes them) and the shards are merged.
 
-    ``check``: the input's check (`fastrecord.replay.plan.check_input`), run here while the workers make their envs;
+    ``check``: the input's check (its outputs agree, `fastrecord.replay.api.check_input`; its episodes' data,
+    `fastrecord.replay.plan.check_input`), run here while the workers make their envs;
     they replay once it passed. Its error ends them before they write anything and is raised, the run directory
     left as it was."""
     cfg, world = plan.cfg, plan.workers
