@@ -118,7 +118,7 @@ def timed(argv: list[str], label: str, loop: list[float] | None = None, src: Pat
         phases = sorted(json.loads(stamps.read_text()).items(), key=lambda kv: kv[1])
         print(f"  {label}: phases (s after launch) " + ", ".join(f"{k} {t - launched:.2f}" for k, t in phases)
               + f", exit {seconds:.2f}", flush=True)
-        for child in sorted(stamps.parent.glob(f"{stamps.name}.worker*")):  # a replay worker's own phases
+        for child in sorted(stamps.parent.glob(f"{stamps.name}.*")):  # a replay worker's own phases, the server's
             if child.suffix == ".tmp":
                 continue
             phases = sorted(json.loads(child.read_text()).items(), key=lambda kv: kv[1])

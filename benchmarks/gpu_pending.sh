@@ -57,6 +57,9 @@
 #   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh starts
 #                                         # after probe_recorder_start's findings: 96 episodes whole (equal and
 #                                         staggered ends) and record's first step against BEFORE (~480 s)
+#   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh plan_cuda
+#                                         # the plan's CUDA question by NVML: its cost in a fresh process, 96
+#                                         episodes whole against BEFORE, the forkserver's preload stamped (~300 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
@@ -346,6 +349,17 @@ case $stage in
     run 100 probe python3 benchmarks/probe_recorder_start.py --procs 4
     run 150 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps --floor \
       --src "before=$PWD/$before"
+    ;;
+  plan_cuda)
+    # the plan's CUDA question answered by NVML (`fastrecord.system.torch_sees_cuda`) against BEFORE: what each way of
+    # asking costs a fresh process (probe_cuda_check), then 96 episodes whole against BEFORE and ManiSkill (REPEAT
+    # times, 2) with the forkserver's preload stamped (~300 s)
+    before=${BEFORE:-build/prev/src}
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env, fastrecord.replay.workers" >/dev/null 2>&1
+    PYTHONPATH="$before:${PYTHONPATH:-}" python3 -c "import fastrecord.replay.workers" >/dev/null 2>&1
+    run 60 cuda_check python3 -m benchmarks.probe_cuda_check --reps 3
+    run 400 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 --num-envs 16 --stamps \
+      --src "before=$PWD/$before" --repeat "${REPEAT:-2}"
     ;;
   starts)
     # the workers' and the recorder's start after probe_recorder_start (the writer's first index on a thread of its

@@ -108,14 +108,16 @@ def test_nan_env_states_are_named_by_info_and_refused_by_replay(clean, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0], err
     assert not workers.exists()  # no shard, manifest or folder left
-    # with --overwrite the input is checked before the claim, which would delete the earlier replay
+    # with --overwrite the claim, which deletes the earlier replay, waits for the check (the workers make their envs
+    # meanwhile): a bad input leaves the earlier replay as it was, every file and folder of it
     assert main(replay_cli(clean, workers)) == 0
     capsys.readouterr()
-    earlier = {p.name: p.read_bytes() for p in workers.iterdir() if p.is_file()}
+    earlier = {str(p.relative_to(workers)): p.read_bytes() if p.is_file() else None for p in workers.rglob("*")}
     assert main(["replay", str(path), "--output-dir", str(workers), "--no-video", "--by", "actions", "--workers", "2",
                  "--num-envs", "2", "--quiet", "--overwrite"]) != 0
-    assert expected in capsys.readouterr().err
-    assert {p.name: p.read_bytes() for p in workers.iterdir() if p.is_file()} == earlier
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0] and "Traceback" not in err[0], err
+    assert {str(p.relative_to(workers)): p.read_bytes() if p.is_file() else None for p in workers.rglob("*")} == earlier
 
 
 def test_truncated_actions_are_a_length_mismatch(clean, tmp_path, capsys):

@@ -142,6 +142,21 @@ def test_each_worker_writes_its_phases_to_a_timeline_of_its_own(demo, tmp_path):
         assert [k for k in sorted(got, key=got.get) if k in phases] == phases
         assert "main" not in got and caller["imported"] < got["worker_entered"] < got["worker_done"] < caller["loop_end"]
 
+    # --overwrite: the workers start before the input's check, and the claim that deletes the earlier replay waits for
+    # the check (it used to run first: 0.5-1.2 s before any worker started, on the H100 machine); the earlier replay is
+    # replaced whole, each input episode once
+    path.unlink()
+    r = fastrecord_cli("replay", str(demo), "--workers", "2", "--num-envs", "2", "--no-video", "--obs-mode", "rgb",
+                       "--output-dir", str(tmp_path / "out"), "--env-kwargs",
+                       f"sensor_configs={json.dumps(SENSORS['sensor_configs'])}", "--overwrite",
+                       env={"FASTRECORD_TIMELINE": str(path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    caller = json.loads(path.read_text())
+    assert caller["plan_made"] <= caller["workers_started"] < caller["input_checked"] < caller["merged"]
+    meta = json.loads((tmp_path / "out" / f"{NAME}.json").read_text())
+    assert sorted(e["source_episode_id"] for e in meta["episodes"]) == [0, 1, 2, 3, 4]
+    assert_matches_input(demo, tmp_path / "out" / f"{NAME}.h5", meta)
+
 
 def test_workers_whose_envs_are_sub_env_processes_replay_every_episode(demo, tmp_path):
     """Workers of 2 envs that the CPU draws hold them in sub-env processes (`fastrecord.replay.ahead`), which each worker

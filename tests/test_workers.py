@@ -351,6 +351,20 @@ def test_the_forkserver_started_by_the_make_eval_envs_import(tmp_path):
     ]
 
 
+def test_the_clis_fork_guess_imports_no_numpy():
+    """The CLI guesses whether it forks (`_replay_forks`, `_record_forks`) and starts the forkserver before its own
+    imports: the guess imports nothing heavy (numpy: 0.1 s of the 2-core machine before the server's fork)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from fastrecord.commands.cli import _record_forks, _replay_forks; "
+            "_replay_forks(['replay', 'x.h5']); _record_forks(['record', 'PickCube-v1', '--num-envs', '4']); "
+            "print(sorted(m for m in ('numpy', 'torch', 'mani_skill', 'sapien') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
+
+
 def test_record_starts_the_forkserver_first_where_its_envs_fork(monkeypatch):
     """`fastrecord record` guesses from its command line whether its envs step in forkserver processes (CPU
     simulation, several envs, the batched render or drawn by the CPU) and then starts the server before its own
@@ -480,7 +494,8 @@ def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
 
     script = tmp_path / "zygote.py"
     script.write_text(ZYGOTE_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
+           "FASTRECORD_TIMELINE": str(tmp_path / "timeline.json")}
     if mode == "off":
         env["FASTRECORD_ZYGOTE"] = "0"
     r = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "held.lock")], capture_output=True,
@@ -488,6 +503,8 @@ def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
     assert r.returncode == 0, r.stderr[-3000:]
     answer = json.loads(r.stdout.strip().splitlines()[-1])
     assert answer.pop("origin") == ("zygote" if mode == "safe" else "spawned")
+    if mode == "safe":  # the server's preload timed in a file of its own (benchmarks/bench_replay.py --stamps)
+        assert "forkserver_preloaded" in json.loads((tmp_path / "timeline.json.forkserver").read_text())
     server = answer.pop("server")
     if mode == "file":  # a regular file open (a library's state about it would be stale in a fork): a fresh server
         assert answer.pop("held_fd") != "the lock file" and answer.pop("lock_free") is True
@@ -528,6 +545,27 @@ def test_a_cuda_driver_mapped_but_not_initialised_leaves_the_fork_safe(monkeypat
     assert workers.fork_refusal() == "files"
     monkeypatch.setattr(threading, "active_count", lambda: 2)
     assert workers.fork_refusal() == "threads"
+
+
+def test_torch_sees_cuda_asks_nvml_while_cuda_is_not_open(monkeypatch):
+    """`torch_sees_cuda` (a plan's "is the render backend gpu?") answers from ``torch.cuda.device_count()`` (NVML)
+    while CUDA is not open in the process, never ``is_available()``, which opens it; once open, ``is_available()``."""
+    import torch
+
+    from fastrecord.system import torch_sees_cuda
+
+    expected = torch.cuda.is_available()
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append("is_available") or False)
+    for count in (1, 0):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda count=count: count)
+        assert torch_sees_cuda() is bool(count)
+    assert asked == []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert torch_sees_cuda() is False and asked == ["is_available"]
+    monkeypatch.undo()
+    assert torch_sees_cuda() is expected
 
 
 def test_no_cuda_driver_mapped_counts_as_initialised():

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastrecord.episode import KEEP_CHOICES, KeepFilter
+from fastrecord.workers import usable_cores  # noqa: F401 - sized defaults read it here (tests patch it here)
 
 IfExists = Literal["error", "overwrite", "resume"]
 VideoLayout = Literal["per_env", "tiled"]
@@ -36,23 +37,6 @@ def _opt(default: Any, help: str, *, kw_only: bool = False, flag: str | None = N
     ``--no-...`` flag does) and the ``choices`` of a string option."""
     meta = {"help": help, "flag": flag, "off": off, "choices": choices}
     return field(default=default, kw_only=kw_only, metadata=meta)
-
-
-def usable_cores(ranks: int | None = None) -> int:
-    """The CPU cores this process may use: its affinity mask (narrowed by ``taskset``, a container's
-    cpuset or a job scheduler; ``os.cpu_count()`` where the platform has no affinity call), shared with
-    the other ranks of its host: ``ranks`` of them, None: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it).
-    At least 1. Every default sized to the machine (encoders, writers, replay workers) reads this."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    if ranks is None:
-        try:
-            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        except ValueError:
-            ranks = 1
-    return max(1, cores // max(1, ranks))
 
 
 def default_video_workers(cores: int) -> int:

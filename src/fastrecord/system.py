@@ -26,6 +26,19 @@ def has_nvidia_gpu() -> bool:
     return devices or "nvidia" in named or has_nvidia_vulkan()
 
 
+def torch_sees_cuda() -> bool:
+    """Whether torch sees a CUDA device (``torch.cuda.is_available()``'s answer), without opening CUDA in this process
+    where it is not open yet: ``torch.cuda.device_count()`` asks NVML first (it honours ``CUDA_VISIBLE_DEVICES``), as
+    ``is_available`` does with ``PYTORCH_NVML_BASED_CUDA_CHECK=1``. A command's plan asks it before it forks its
+    workers, which open CUDA themselves: opening it in the plan cost the replay CLI 0.3-0.5 s on the H100 machine
+    (`benchmarks/probe_cuda_check.py`)."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return torch.cuda.is_available()
+    return torch.cuda.device_count() > 0
+
+
 def use_lavapipe_if_no_gpu() -> str | None:
     """On a machine without an NVIDIA Vulkan driver, point the Vulkan loader at Mesa's lavapipe (CPU).
 
@@ -81,6 +94,29 @@ def stamp(name: str) -> None:
         with open(tmp, "w") as f:
             json.dump(_stamps, f)
         os.replace(tmp, path)
+
+
+def stamp_beside(tag: str, name: str) -> None:
+    """Note phase ``name`` in ``<FASTRECORD_TIMELINE>.<tag>`` (created or added to), leaving this process's own
+    timeline as it is: a process whose children stamp their own files (the forkserver). Nothing without the
+    variable."""
+    path = os.environ.get(TIMELINE_ENV)
+    if not path:
+        return
+    import json
+    import time
+
+    target = f"{path}.{tag}"
+    try:
+        with open(target) as f:
+            stamps = json.load(f)
+    except (OSError, ValueError):
+        stamps = {}
+    stamps.setdefault(name, time.time())
+    tmp = f"{target}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(stamps, f)
+    os.replace(tmp, target)
 
 
 def child_timeline(tag: str) -> None:

@@ -143,6 +143,24 @@ def affinity_cores() -> int:
         return os.cpu_count() or 1
 
 
+def usable_cores(ranks: int | None = None) -> int:
+    """The CPU cores this process may use: its affinity mask (narrowed by ``taskset``, a container's cpuset or a job
+    scheduler; ``os.cpu_count()`` where the platform has no affinity call), shared with the other ranks of its host:
+    ``ranks`` of them, None: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it). At least 1. Every default sized to the
+    machine (encoders, writers, replay workers) reads this, through `fastrecord.options`; it lives here, where no
+    numpy is imported, for the CLI's guess made before its imports (`fastrecord.commands.cli`)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if ranks is None:
+        try:
+            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        except ValueError:
+            ranks = 1
+    return max(1, cores // max(1, ranks))
+
+
 def forkserver_context() -> Any:
     """multiprocessing's forkserver context, its server running (`start_forkserver`: preloading
     `FORKSERVER_PRELOAD`; one server serves the whole process)."""
@@ -397,6 +415,17 @@ def _zygote(code: str, passfds: list[int]) -> int:
 
             sys.modules["__main__"] = types.ModuleType("__main__")  # `spawn.import_main_path` runs the script anew
         _fresh_forkserver_state()
+        import importlib
+
+        from fastrecord.system import stamp_beside
+
+        for module in FORKSERVER_PRELOAD:  # the server's preload (its own start imports the main module, then
+            if module != "__main__":  # finds these imported), timed for benchmarks/bench_replay.py --stamps
+                try:
+                    importlib.import_module(module)
+                except ImportError:  # as multiprocessing's preload: left out
+                    pass
+        stamp_beside("forkserver", "forkserver_preloaded")
         exec(code, {"__name__": "__fastrecord_forkserver__"})  # multiprocessing's own start line
     except SystemExit:
         pass

@@ -186,9 +186,9 @@ def _requested(args: argparse.Namespace, key: str) -> Any:
 
 
 def _cuda_available() -> bool:
-    import torch
+    from fastrecord.system import torch_sees_cuda
 
-    return torch.cuda.is_available()
+    return torch_sees_cuda()
 
 
 def check_env_options(args: argparse.Namespace) -> None:
@@ -368,7 +368,7 @@ def _replay_forks(argv: list[str]) -> bool:
     backend = _flag(argv, "--sim-backend", "-b")
     if (backend is not None and backend.split(":")[0] in CUDA_SIM) or vector == "batched":
         return False
-    from fastrecord.options import usable_cores
+    from fastrecord.workers import usable_cores  # not fastrecord.options: numpy, before the forkserver starts
 
     cores = usable_cores()
     maniskill = any(a == "--traj-path" or a.startswith("--traj-path=") for a in argv)  # ManiSkill's command line

@@ -22,9 +22,9 @@ def resolve_render_backend(name: str) -> str:
     """``--render-backend``: "auto" resolved to "gpu" where torch sees CUDA, else "cpu"; any other name as it is."""
     if name != "auto":
         return name
-    import torch
+    from fastrecord.system import torch_sees_cuda
 
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    return "gpu" if torch_sees_cuda() else "cpu"
 
 
 def recorder_kwargs(cfg: RecordConfig) -> dict[str, Any]:

@@ -36,9 +36,9 @@ def available(render_backend: str | None = "auto") -> bool:
     backend that renders on it ("auto", "gpu", "cuda[:N]", "sapien_cuda")."""
     if render_backend not in (None, "auto", "gpu", "sapien_cuda") and not str(render_backend).startswith("cuda"):
         return False
-    import torch
+    from fastrecord.system import torch_sees_cuda
 
-    return torch.cuda.is_available()
+    return torch_sees_cuda()
 
 
 def use_batched(wanted: bool | None, *, num_envs: int, render_backend: str | None, render_mode: str | None,
@@ -62,9 +62,9 @@ def use_batched(wanted: bool | None, *, num_envs: int, render_backend: str | Non
     if wanted is None:
         return num_envs > 1 and render_mode == "rgb_array" and usable
     if not usable:
-        import torch
+        from fastrecord.system import torch_sees_cuda
 
-        why = "" if torch.cuda.is_available() else " (torch sees no CUDA device)"
+        why = "" if torch_sees_cuda() else " (torch sees no CUDA device)"
         raise ValueError(
             f"{flag} renders on a CUDA device, and here render_backend={render_backend!r}{why}; use {instead}"
         )

@@ -23,9 +23,9 @@ from fastrecord.sinks.maniskill_h5 import EpisodeProblem, TrajectoryFile, check_
 
 
 def _cuda() -> bool:
-    import torch
+    from fastrecord.system import torch_sees_cuda
 
-    return torch.cuda.is_available()
+    return torch_sees_cuda()
 
 
 def _resolve_backend(cfg: ReplayConfig, recorded: str | None, cuda: bool) -> str:

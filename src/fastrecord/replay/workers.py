@@ -236,14 +236,19 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
     ``check``: the input's check (its outputs agree, `fastrecord.replay.api.check_input`; its episodes' data,
     `fastrecord.replay.plan.check_input`), run here while the workers make their envs;
     they replay once it passed. Its error ends them before they write anything and is raised, the run directory
-    left as it was."""
+    left as it was. With ``--overwrite`` the claim, which deletes the earlier replay, comes after the check passed
+    (the workers make their envs meanwhile too), except for a conversion (`_claimed_after`)."""
     cfg, world = plan.cfg, plan.workers
     if sinks:
         raise ValueError(f"--log with --workers {world}: a logger takes the replays of one process; pass --workers 1")
-    if check is not None and plan.if_exists == "overwrite":  # the claim deletes the earlier replay: not for an input
-        check()  # that fails its check (checked first, as in one process)
+    overwrite = check is not None and plan.if_exists == "overwrite"
+    if overwrite and plan.convert:  # fixed shares: a worker reads its shard's episodes before its envs (the earlier
+        assert check is not None  # replay's, until the claim deleted them): the input checked and claimed first
+        check()
         check = None
-    run, resuming = _claim_sharded(plan, world)
+    late_claim = overwrite and not plan.convert
+    run, resuming = (None, False) if late_claim else _claim_sharded(plan, world)
+    stamp("workers_claimed")  # benchmarks/bench_replay.py --stamps: the start between the plan and the workers
     try:
         # forked from a clean server that imported ManiSkill once: no CUDA context, threads or locks copied
         ctx = forkserver_context()
@@ -254,9 +259,15 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
         messages, go = ctx.Queue(), ctx.Event()
         procs = {s.rank: ctx.Process(target=_worker_main, args=(cfg, s, t0, messages, os.getpid(), go),
                                      name=f"fastrecord-replay-{s.rank}") for s in busy}
+        stamp("workers_starting")
         for p in procs.values():
             p.start()
-        _checked(check, procs, messages, run, resuming)
+        stamp("workers_started")
+        if late_claim:
+            run = _claimed_after(check, procs, messages, plan, world)
+        else:
+            assert run is not None
+            _checked(check, procs, messages, run, resuming)
         go.set()
         if cfg.save_trajectory:  # the merge's HDF5 process, started while the workers replay
             from fastrecord.prestart import prestart_h5_writer
@@ -279,8 +290,10 @@ def run_workers(plan: ReplayPlan, stop: StopRequest | None, sinks: list[Any] | N
                              scheduled=_scheduled(shares))
         summary.merge_seconds = merge_seconds
     except BaseException:
-        run.close(status="failed")  # a no-op where `_checked` gave the claim up
+        if run is not None:
+            run.close(status="failed")  # a no-op where `_checked` gave the claim up
         raise
+    assert run is not None
     interrupted = stop is not None and stop.requested
     run.close(status="failed" if (failures or summary.missing or interrupted) else "closed")
     if failures:
@@ -298,13 +311,37 @@ def _checked(check: Callable[[], None] | None, procs: dict[int, Any], messages: 
     try:
         check()
     except BaseException:
-        for p in procs.values():
-            if p.exitcode is None:
-                p.kill()
-        _await_exits(procs, messages)
+        _end_workers(procs, messages)
         run.close(status="failed") if resuming else run.abandon()
         raise
     stamp("input_checked")
+
+
+def _claimed_after(check: Callable[[], None] | None, procs: dict[int, Any], messages: Any, plan: ReplayPlan,
+                   world: int) -> RunDirectory:
+    """An ``--overwrite`` replay's claim (`_claim_sharded`: the earlier replay of its name deleted), made once ``check``
+    passed, while the worker processes make their envs (on the H100 the check took 0.5-1.2 s before they started); its
+    workers take their episodes from the counter (never reading the earlier shards). Where the check or the claim
+    fails, the workers are ended (they wait for the go before their recorders: nothing written) and its error is
+    raised, the earlier replay left as it was."""
+    try:
+        if check is not None:
+            check()
+            stamp("input_checked")
+        run, resuming = _claim_sharded(plan, world)
+    except BaseException:
+        _end_workers(procs, messages)
+        raise
+    assert not resuming  # an --overwrite
+    return run
+
+
+def _end_workers(procs: dict[int, Any], messages: Any) -> None:
+    """Kill the worker processes ``procs`` still running and await their exits."""
+    for p in procs.values():
+        if p.exitcode is None:
+            p.kill()
+    _await_exits(procs, messages)
 
 
 def _gather(procs: dict[int, Any], busy: int, messages: Any, stop: StopRequest | None, progress: bool, total: int,
