@@ -83,23 +83,29 @@ def stamp(name: str) -> None:
     path = os.environ.get(TIMELINE_ENV)
     if not path or name in _stamps:
         return
-    import json
     import time
 
     with _stamps_lock:
         if name in _stamps:
             return
         _stamps[name] = time.time()
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(_stamps, f)
-        os.replace(tmp, path)
+        _write_stamps(path, _stamps)
+
+
+def _write_stamps(path: str, stamps: dict[str, float]) -> None:
+    """``stamps`` as ``path``'s whole JSON, written beside it and renamed over it (a reader never sees half)."""
+    import json
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(stamps, f)
+    os.replace(tmp, path)
 
 
 def stamp_beside(tag: str, name: str) -> None:
     """Note phase ``name`` in ``<FASTRECORD_TIMELINE>.<tag>`` (created or added to), leaving this process's own
-    timeline as it is: a process whose children stamp their own files (the forkserver). Nothing without the
-    variable."""
+    timeline as it is: a process whose children stamp their own files (the forkserver, which a failed write must
+    not end: an unwritable file is left unstamped). Nothing without the variable."""
     path = os.environ.get(TIMELINE_ENV)
     if not path:
         return
@@ -113,10 +119,10 @@ def stamp_beside(tag: str, name: str) -> None:
     except (OSError, ValueError):
         stamps = {}
     stamps.setdefault(name, time.time())
-    tmp = f"{target}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(stamps, f)
-    os.replace(tmp, target)
+    try:
+        _write_stamps(target, stamps)
+    except OSError:
+        pass
 
 
 def child_timeline(tag: str) -> None:

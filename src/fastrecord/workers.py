@@ -149,10 +149,7 @@ def usable_cores(ranks: int | None = None) -> int:
     ``ranks`` of them, None: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it). At least 1. Every default sized to the
     machine (encoders, writers, replay workers) reads this, through `fastrecord.options`; it lives here, where no
     numpy is imported, for the CLI's guess made before its imports (`fastrecord.commands.cli`)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    cores = affinity_cores()
     if ranks is None:
         try:
             ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
