@@ -320,10 +320,10 @@ def _checked(check: Callable[[], None] | None, procs: dict[int, Any], messages: 
 def _claimed_after(check: Callable[[], None] | None, procs: dict[int, Any], messages: Any, plan: ReplayPlan,
                    world: int) -> RunDirectory:
     """An ``--overwrite`` replay's claim (`_claim_sharded`: the earlier replay of its name deleted), made once ``check``
-    passed, while the worker processes make their envs (on the H100 the check took 0.5-1.2 s before they started); its
-    workers take their episodes from the counter (never reading the earlier shards). Where the check or the claim
-    fails, the workers are ended (they wait for the go before their recorders: nothing written) and its error is
-    raised, the earlier replay left as it was."""
+    passed, while the worker processes make their envs (checked first, the workers started 0.5-1.2 s after the plan on
+    the H100); its workers take their episodes from the counter (never reading the earlier shards). Where the check or
+    the claim fails, the workers are ended (they wait for the go before their recorders: nothing written) and its
+    error is raised, the earlier replay left as it was."""
     try:
         if check is not None:
             check()
