@@ -405,11 +405,15 @@ def test_a_launch_closed_without_waiting_returns_at_once_and_its_thread_ends_wha
     """The CLI's refusal of an option ends an early launch with ``close(wait=False)``: it returns while the thread
     is still starting processes (here each start waits 0.5 s, as a start waits for the forkserver's preload), and the
     thread ends each process it started and starts no more."""
+    import threading
     import time
 
-    real = multiprocessing.get_context()
+    real = multiprocessing.get_context("forkserver")  # what a background launch starts on
 
     class SlowStarts:
+        def get_start_method(self):
+            return real.get_start_method()
+
         def Pipe(self, *args):
             return real.Pipe(*args)
 
@@ -418,26 +422,57 @@ def test_a_launch_closed_without_waiting_returns_at_once_and_its_thread_ends_wha
             start = proc.start
 
             def slow() -> None:
+                in_flight.set()
                 time.sleep(0.5)
+                del proc.start  # the forkserver pickles the process: its own start again
                 start()
 
             proc.start = slow
             return proc
 
     monkeypatch.setattr("fastrecord.packed.multiprocessing.get_context", lambda context=None: SlowStarts())
+    in_flight = threading.Event()
     launch = PackedLaunch(scripted_fns(), PER_PROCESS, background=True)
+    assert in_flight.wait(30)  # the first start is under way
     t0 = time.perf_counter()
     launch.close(wait=False)
     assert time.perf_counter() - t0 < 0.25
     launch.close()  # idempotent, and still not waiting
     assert time.perf_counter() - t0 < 0.25
     launch._thread.join(30)
+    assert launch._failed is None
     assert len(launch.processes) == 1 and all_ended(launch)  # the start in flight; the other two never began
 
     waited = PackedLaunch(scripted_fns(), PER_PROCESS, background=True)
     t0 = time.perf_counter()
     waited.close()  # the default waits for the three starts, then ends them
     assert time.perf_counter() - t0 >= 1.5 and len(waited.processes) == 3 and all_ended(waited)
+
+
+def _parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def test_a_background_launch_starts_its_processes_on_the_forkserver_never_by_a_fork_from_its_thread():
+    """A fork copies only the forking thread, and a lock another thread held stays held in the copy: a background
+    launch on the fork default hung in CI waiting for a sub-env's first message. Its processes are the forkserver's
+    children, where a launch on the calling thread (``background=False``) keeps the default, a fork of the caller."""
+    launch = PackedLaunch(cartpole_fns(2), 1, background=True)
+    envs = PackedVectorEnv(launch=launch)
+    try:
+        parents = {_parent_pid(p.pid) for p in envs.processes}
+        assert len(parents) == 1 and os.getpid() not in parents
+        assert envs.reset(seed=1)[0].shape == (2, 4)
+    finally:
+        envs.close()
+    direct = PackedVectorEnv(cartpole_fns(2), 1)
+    try:
+        assert {_parent_pid(p.pid) for p in direct.processes} == {os.getpid()}
+    finally:
+        direct.close()
+    with pytest.raises(ValueError, match=r"context='fork'.*context='forkserver'"):
+        PackedLaunch(cartpole_fns(2), 1, background=True, context="fork")
 
 
 def test_a_background_launch_taken_over_by_the_vector_env():

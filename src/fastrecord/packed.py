@@ -88,7 +88,11 @@ class PackedLaunch:
     server's preload): the caller goes on with its own imports while the sub-envs are made, then
     ``PackedVectorEnv(launch=...)`` takes them over. ``close()`` ends processes that were never taken over;
     ``close(wait=False)`` returns at once where the thread is still starting them (a refusal of the options, whose
-    one-line error should not wait for the server's preload): the thread then ends each process it starts."""
+    one-line error should not wait for the server's preload): the thread then ends each process it starts.
+
+    ``context``: multiprocessing's start method (its default where None). A background launch never forks from its
+    thread (`_launch_context`): it starts on the forkserver unless ``context`` names another method that is not
+    "fork", and ``context="fork"`` is refused."""
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], envs_per_process: int | None = None, *,
                  context: str | None = None, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
@@ -98,7 +102,7 @@ class PackedLaunch:
         self.autoreset_mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(
             autoreset_mode)
         self._fns = list(env_fns)
-        self._ctx: Any = multiprocessing.get_context(context)
+        self._ctx: Any = _launch_context(context, background)
         self._daemon = daemon
         self.processes: list[Any] = []
         self.pipes: list[Any] = []
@@ -172,6 +176,26 @@ class PackedLaunch:
                         return
             self._thread.join()
         _end(self.processes, self.pipes)
+
+
+def _launch_context(context: str | None, background: bool) -> Any:
+    """multiprocessing's context for a `PackedLaunch`. A fork copies the whole process but only the thread that
+    forks: a lock another thread holds at that moment (an import's, a stream's, a C library's) stays held in the copy
+    for good, and the copy waits on it forever. The CLI forks nothing from a thread, but a launch in the background
+    starts its processes from one while the caller goes on, so it takes the forkserver (a server that forks from its
+    single thread) where the start method would be "fork" (Linux's default before Python 3.14). What led here: a
+    background launch of three CartPole processes on the fork default, in a pytest process with a dozen threads,
+    waited 600 s for a sub-env's first message in CI on 2026-12-07, the first such hang in the CI runs since the
+    launch was written (not reproduced in 1,700 launches beside three chattering threads on the 2-core machine)."""
+    if not background:
+        return multiprocessing.get_context(context)
+    if context == "fork":
+        raise ValueError("PackedLaunch(background=True, context='fork') would fork from the launch's thread, and a "
+                         "forked copy of a threaded process can hang for good on a lock another thread held; pass "
+                         "context='forkserver' (or None, which gives it) or 'spawn', or background=False to fork "
+                         "from the calling thread")
+    ctx = multiprocessing.get_context(context)
+    return multiprocessing.get_context("forkserver") if ctx.get_start_method() == "fork" else ctx
 
 
 def _end(processes: list[Any], pipes: list[Any], grace: float = 10.0) -> None:
