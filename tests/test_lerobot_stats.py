@@ -406,8 +406,33 @@ def test_bad_state_keys_name_the_fix(tmp_path):
         RecordOptions(lerobot_state_keys=5)
     with pytest.raises(ValueError, match="lerobot_gop=0 must be an integer >= 1"):
         RecordOptions(lerobot_gop=0)
-    with pytest.raises(Exception, match=r"lerobot_state_keys: 'agent/nothing' names no observation leaf.*agent/qpos"):
-        record(tmp_path, (2,), lerobot_state_keys="agent/nothing")
+    import threading
+
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401 - registers the tasks
+
+    # refused when the recorder is made, from the env's observation space: no episode run for nothing, no file,
+    # no writer thread left behind (before, the first episode's end raised it, its trajectory already written)
+    env = gym.make("PickCube-v1", obs_mode="rgb", sim_backend="physx_cpu", sensor_configs=dict(width=SIZE, height=SIZE))
+    before = set(threading.enumerate())
+    try:
+        for keys in ("agent/nothing", "agent/qpos,agent/nothing"):
+            with pytest.raises(ValueError, match=r"lerobot_state_keys: 'agent/nothing' names no observation leaf.*"
+                                                 r"agent/qpos.*extra/tcp_pose"):
+                RecordEpisode(env, tmp_path / "out", trajectory_name="pc", save_video=False, lerobot=True,
+                              lerobot_state_keys=keys)
+    finally:
+        env.close()
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    assert [t.name for t in set(threading.enumerate()) - before if t.name.startswith("fastrecord")] == []
+    # a flat state observation has one leaf, "obs": any key names none of it
+    env = gym.make("PickCube-v1", obs_mode="state", sim_backend="physx_cpu")
+    try:
+        with pytest.raises(ValueError, match=r"'agent/qpos' names no observation leaf: the observation is one array.*"
+                                             r"lerobot_state_keys=None"):
+            RecordEpisode(env, tmp_path / "state", save_video=False, lerobot=True, lerobot_state_keys="agent/qpos")
+    finally:
+        env.close()
 
 
 @pytest.mark.parametrize("column", [

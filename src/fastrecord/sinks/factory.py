@@ -175,8 +175,38 @@ def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int],
     crf = options.lerobot_crf if options.lerobot_crf is not None else 30 if codec == "libsvtav1" else options.video_crf
     video = VideoSettings(codec=codec, crf=int(crf), preset=options.video_preset, gop=options.lerobot_gop)
     keys = state_keys(options.lerobot_state_keys)
+    leaves = observation_leaves(view)
+    if keys is not None and leaves is not None:  # a wrong key refused before anything is recorded
+        from fastrecord.sinks.lerobot.layout import state_leaves
+
+        state_leaves(dict.fromkeys(leaves), keys)
     return LeRobotSink(fps, task, video, robot_type=robot, workers=workers, state_keys=keys,
                        state_layout=state_layout(view), gate=gate)
+
+
+def observation_leaves(view: EnvView) -> list[str] | None:
+    """The trajectory leaves the env's observations give, from its observation space (one env's): ``obs/agent/qpos``,
+    ... of a dictionary (ManiSkill builds its space from an observation, leaf for leaf), ``obs`` of an array; None
+    for another space (the first episode's leaves then decide)."""
+    from gymnasium import spaces
+
+    env = view.env
+    space = getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
+    if isinstance(space, spaces.Box):
+        return ["obs"]
+    if not isinstance(space, spaces.Dict):
+        return None
+    out: list[str] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, spaces.Dict):
+            for k, v in value.spaces.items():
+                walk(f"{prefix}/{k}", v)
+        else:
+            out.append(prefix)
+
+    walk("obs", space)
+    return out
 
 
 def state_layout(view: EnvView) -> list[tuple[str, int]] | None:

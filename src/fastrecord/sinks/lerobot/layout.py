@@ -80,7 +80,7 @@ def _flat(a: np.ndarray, t: int) -> np.ndarray:
     return np.asarray(a[:t]).reshape(t, -1)
 
 
-def state_leaves(datasets: Mapping[str, np.ndarray], keys: Sequence[str] | None = None,
+def state_leaves(datasets: Mapping[str, Any], keys: Sequence[str] | None = None,
                  layout: Sequence[tuple[str, int]] | None = None) -> list[str]:
     """The trajectory leaves that make ``observation.state``, in order: with ``keys`` None, every
     observation leaf but the cameras' (``obs/sensor_data/...``, ``obs/sensor_param/...``) in the env's
@@ -101,7 +101,10 @@ def state_leaves(datasets: Mapping[str, np.ndarray], keys: Sequence[str] | None 
         found = [k for k in datasets if (k == prefix or k.startswith(prefix + "/")) and k not in out]
         if not found:
             have = sorted({"/".join(k.split("/")[1:3]) for k in datasets if k.startswith("obs/")})
-            raise ValueError(f"lerobot_state_keys: {key!r} names no observation leaf of the episode; use some of "
+            if not have:
+                raise ValueError(f"lerobot_state_keys: {key!r} names no observation leaf: the observation is one "
+                                 f"array (obs_mode='state'); pass lerobot_state_keys=None, which makes it the state")
+            raise ValueError(f"lerobot_state_keys: {key!r} names no observation leaf; use some of "
                              f"{have} (or None: every leaf but the cameras')")
         out += found
     return out
