@@ -127,6 +127,7 @@ def test_keep_needs_the_flag_it_filters_on(tmp_path):
     env.step(torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"keep='success' needs info\['success'\].*keep='all'"):
         env.reset()
+    env.close()  # the writers end: no thread left to the tests after this one
 
 
 def test_missing_sensor_camera(make_env, tmp_path):
@@ -143,6 +144,7 @@ def test_buffer_that_cannot_fit(tmp_path):
         r"human_render_camera_configs.*buffer_capacity",
     ):
         env.reset(seed=0)
+    env.close()
 
 
 def test_writer_error_surfaces_and_keeps_what_was_written(tmp_path, monkeypatch):

@@ -115,6 +115,7 @@ def test_vector_env_frames_equal_maniskill(make_env, tmp_path, kind):
 
 def test_async_vector_env_without_the_wrapper_is_refused(tmp_path):
     vec = gym.vector.AsyncVectorEnv([_cpu_thunk(2)] * 2, context="forkserver")
+    env = None
     try:
         with pytest.raises(ValueError, match=r"sub-envs \[0, 1\] are not wrapped in fastrecord.substeps.SubstepFrames"):
             RecordEpisode(vec, tmp_path / "out", render_substeps=True)
@@ -123,7 +124,7 @@ def test_async_vector_env_without_the_wrapper_is_refused(tmp_path):
         env.reset(seed=0)
         env.step(vec.action_space.sample())
     finally:
-        vec.close()
+        (env or vec).close()  # the recorder closes its writers and the vector env
 
 
 def test_batched_env_substep_frames(tmp_path):
