@@ -136,6 +136,28 @@ def test_missing_sensor_camera(make_env, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _raw_pickcube():
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
+
+    return gym.make("PickCube-v1", obs_mode="state", sim_backend="physx_cpu", max_episode_steps=10)
+
+
+def test_a_vector_env_of_unwrapped_maniskill_envs_names_the_leaf_and_cpu_gym_wrapper(tmp_path):
+    """gymnasium's vector env gathers a ManiSkill env's torch-tensor infos into arrays of objects: the recorder names
+    the leaf and the fix (ManiSkill's CPUGymWrapper) instead of passing on torch's conversion error."""
+    import gymnasium as gym
+
+    env = RecordEpisode(gym.vector.SyncVectorEnv([_raw_pickcube] * 2), tmp_path, save_video=False)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(TypeError, match=r"the env's 'success' holds Tensor objects.*"
+                                            r"mani_skill.utils.wrappers.CPUGymWrapper"):
+            env.step(env.action_space.sample())
+    finally:
+        env.close()
+
+
 def test_buffer_that_cannot_fit(tmp_path):
     env = RecordEpisode(BatchedDoubleEnv(num_envs=4, size=512), tmp_path, buffer_capacity=10**7)
     with pytest.raises(

@@ -43,6 +43,31 @@ def to_batched(x: Any, device: torch.device | None, add_batch_dim: bool) -> Any:
     return t if device is None else t.to(device, non_blocking=True)
 
 
+def unbatchable(value: Any, path: str) -> TypeError:
+    """The error for a tree `to_batched` refused: it names the first leaf that is not numbers (an array of Python
+    objects, e.g. the torch tensors of a ManiSkill env's info gathered by a gymnasium vector env) and the fix."""
+
+    def first(x: Any, at: str) -> tuple[str, Any] | None:
+        if isinstance(x, Mapping):
+            for k, v in x.items():
+                found = first(v, f"{at}/{k}")
+                if found is not None:
+                    return found
+            return None
+        if isinstance(x, torch.Tensor):
+            return None
+        a = np.asarray(x)
+        return (at, a.flat[0] if a.size else None) if a.dtype == object else None
+
+    found = first(value, path)
+    where, item = found if found is not None else (path, None)
+    return TypeError(f"the env's {where!r} holds {type(item).__name__} objects, not numbers, and a recorder stores "
+                     f"arrays of numbers; a gymnasium vector env of ManiSkill envs gathers their torch tensors that "
+                     f"way: wrap each sub-env in mani_skill.utils.wrappers.CPUGymWrapper (numpy values of one env, "
+                     f"as ManiSkill's make_eval_envs does), or on GPU simulation pass the ManiSkill env itself "
+                     f"(num_envs=N)")
+
+
 def cat_trees(trees: list[Any]) -> Any:
     """Concatenate per-env trees of [1, ...] tensors along dim 0."""
     first = trees[0]

@@ -22,7 +22,7 @@ import torch
 
 from fastrecord.buffer import EpisodeBuffer, flatten_tree
 from fastrecord.cameras import check_video_options
-from fastrecord.envs import EnvView
+from fastrecord.envs import EnvView, unbatchable
 from fastrecord.episode import EpisodeData, field_of
 from fastrecord.episode_end import ended_events, keep_mask, read_ended
 from fastrecord.exits import close_at_exit, forget_at_exit, stopped_by_signal
@@ -234,7 +234,11 @@ class EpisodeRecorder:
             if name == "frames":
                 out[name] = value
             else:
-                out.update(flatten_tree(self.view.batch(value), name))
+                try:
+                    batched = self.view.batch(value)
+                except TypeError as e:  # torch refuses an array of objects: name the leaf and the fix
+                    raise unbatchable(value, name) from e
+                out.update(flatten_tree(batched, name))
         return out
 
     def _size_writers(self, leaves: Mapping[str, Any]) -> None:

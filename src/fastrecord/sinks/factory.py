@@ -175,7 +175,7 @@ def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int],
     crf = options.lerobot_crf if options.lerobot_crf is not None else 30 if codec == "libsvtav1" else options.video_crf
     video = VideoSettings(codec=codec, crf=int(crf), preset=options.video_preset, gop=options.lerobot_gop)
     keys = state_keys(options.lerobot_state_keys)
-    leaves = observation_leaves(view)
+    leaves = observation_leaves(view) if keys is not None else None
     if keys is not None and leaves is not None:  # a wrong key refused before anything is recorded
         from fastrecord.sinks.lerobot.layout import state_leaves
 
@@ -191,7 +191,8 @@ def observation_leaves(view: EnvView) -> list[str] | None:
     from gymnasium import spaces
 
     env = view.env
-    space = getattr(env, "single_observation_space", None) or getattr(env, "observation_space", None)
+    space = getattr(env, "single_observation_space", None)
+    space = getattr(env, "observation_space", None) if space is None else space
     if isinstance(space, spaces.Box):
         return ["obs"]
     if not isinstance(space, spaces.Dict):
