@@ -78,6 +78,30 @@ def leaves(group: h5py.Group, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
+# a recorder's own threads, which its close() ends (not the process-wide ones: the encoder pool's, sub-env reapers)
+RECORDER_THREADS = ("fastrecord-h5", "fastrecord-mp4", "fastrecord-lerobot", "fastrecord-wandb")
+
+
+@pytest.fixture(autouse=True)
+def recorders_closed():
+    """Every recorder a test makes is closed by the test, also one whose step or reset raised the error the test
+    expects: its writer threads end with the test (waited for up to 10 s), else the test fails naming them. Left
+    running, they served the tests after them, and a fork from a thread of such a crowded process is the likely
+    cause of the launch that hung in CI on 2026-12-07 (docs/design.md)."""
+    import threading
+
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 10.0
+    while True:
+        left = sorted(t.name for t in threading.enumerate()
+                      if t not in before and t.name.startswith(RECORDER_THREADS) and t.is_alive())
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"the test left a recorder open (threads {left}): close the env it wrapped, in a finally"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def render_device():
     """Hold one SAPIEN render system for the whole session: while one exists, each new env reuses the
