@@ -184,9 +184,10 @@ def _launch_context(context: str | None, background: bool) -> Any:
     for good, and the copy waits on it forever. The CLI forks nothing from a thread, but a launch in the background
     starts its processes from one while the caller goes on, so it takes the forkserver (a server that forks from its
     single thread) where the start method would be "fork" (Linux's default before Python 3.14). What led here: a
-    background launch of three CartPole processes on the fork default, in a pytest process with a dozen threads,
-    waited 600 s for a sub-env's first message in CI on 2026-12-07, the first such hang in the CI runs since the
-    launch was written (not reproduced in 1,700 launches beside three chattering threads on the 2-core machine)."""
+    background launch of three CartPole processes on the fork default, in a pytest process with ten or more other
+    threads, waited 600 s for a sub-env's first message in CI on 2026-12-07, the first such hang in the CI runs since
+    the launch was written (not reproduced in more than 1,600 launches beside three chattering threads on the 2-core
+    machine)."""
     if not background:
         return multiprocessing.get_context(context)
     if context == "fork":
