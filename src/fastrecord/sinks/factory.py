@@ -185,29 +185,20 @@ def lerobot_sink(options: RecordOptions, view: EnvView, chosen: dict[str, int],
 
 
 def observation_leaves(view: EnvView) -> list[str] | None:
-    """The trajectory leaves the env's observations give, from its observation space (one env's): ``obs/agent/qpos``,
-    ... of a dictionary (ManiSkill builds its space from an observation, leaf for leaf), ``obs`` of an array; None
-    for another space (the first episode's leaves then decide)."""
+    """The trajectory leaves the env's observations give, from its observation space (one env's), named as the
+    recorder names an observation's (`fastrecord.buffer.flatten_tree`): ``obs/agent/qpos``, ... of a dictionary
+    (ManiSkill builds its space from an observation, leaf for leaf), ``obs`` of an array; None for another space
+    (the first episode's leaves then decide)."""
     from gymnasium import spaces
+
+    from fastrecord.buffer import flatten_tree
 
     env = view.env
     space = getattr(env, "single_observation_space", None)
     space = getattr(env, "observation_space", None) if space is None else space
     if isinstance(space, spaces.Box):
         return ["obs"]
-    if not isinstance(space, spaces.Dict):
-        return None
-    out: list[str] = []
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, spaces.Dict):
-            for k, v in value.spaces.items():
-                walk(f"{prefix}/{k}", v)
-        else:
-            out.append(prefix)
-
-    walk("obs", space)
-    return out
+    return list(flatten_tree(space, "obs")) if isinstance(space, spaces.Dict) else None
 
 
 def state_layout(view: EnvView) -> list[tuple[str, int]] | None:
