@@ -46,21 +46,12 @@ def to_batched(x: Any, device: torch.device | None, add_batch_dim: bool) -> Any:
 def unbatchable(value: Any, path: str) -> TypeError:
     """The error for a tree `to_batched` refused: it names the first leaf that is not numbers (an array of Python
     objects, e.g. the torch tensors of a ManiSkill env's info gathered by a gymnasium vector env) and the fix."""
-
-    def first(x: Any, at: str) -> tuple[str, Any] | None:
-        if isinstance(x, Mapping):
-            for k, v in x.items():
-                found = first(v, f"{at}/{k}")
-                if found is not None:
-                    return found
-            return None
-        if isinstance(x, torch.Tensor):
-            return None
-        a = np.asarray(x)
-        return (at, a.flat[0] if a.size else None) if a.dtype == object else None
-
-    found = first(value, path)
-    where, item = found if found is not None else (path, None)
+    where, item = path, None
+    for name, leaf in flatten_tree(value, path).items():
+        a = None if isinstance(leaf, torch.Tensor) else np.asarray(leaf)
+        if a is not None and a.dtype.kind in "OUSV":  # objects, strings, bytes, raw records
+            where, item = name, a.flat[0] if a.size else None
+            break
     return TypeError(f"the env's {where!r} holds {type(item).__name__} objects, not numbers, and a recorder stores "
                      f"arrays of numbers; a gymnasium vector env of ManiSkill envs gathers their torch tensors that "
                      f"way: wrap each sub-env in mani_skill.utils.wrappers.CPUGymWrapper (numpy values of one env, "
