@@ -60,6 +60,9 @@
 #   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh plan_cuda
 #                                         # the plan's CUDA question by NVML: its cost in a fresh process, 96
 #                                         episodes whole against BEFORE, the forkserver's preload stamped (~300 s)
+#   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh deferred   # the imports deferred against Python's
+#                                         own (-X importtime by package), record's first step with each, fresh
+#                                         against warm (~450 s)
 #   carry: [".gpukit"]   command: bash benchmarks/gpu_pending.sh replay_staggered   # 96 episodes that end at
 #                                         different steps (bench_replay --policy pick), default and one rendering
 #                                         process against ManiSkill; the default on a busy machine (~400 s)
@@ -70,7 +73,7 @@
 # machines (docs/performance.md, "Replay workers' and recorders' starts"); `first_step_pairs` (PAIRS=3) at 07:21;
 # `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh starts|recorder_start|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh deferred|starts|recorder_start|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -376,6 +379,20 @@ case $stage in
       --num-envs 16 --stamps --src "before=$PWD/$before" --work-dir /tmp/staggered
     [ -z "${NO_RECORD:-}" ] && run 80 whole_record python3 benchmarks/bench_whole.py --size gpu --only record \
       --skip-maniskill --src "before=$PWD/$before"
+    ;;
+  deferred)
+    # the imports deferred (`fastrecord.deferred`) against Python's own, fresh interpreters alternating, with each
+    # way's -X importtime by package; record's time to first step with them and with FASTRECORD_DEFER_IMPORTS=0;
+    # fastrecord bench's fresh and warm phases (~450 s)
+    python3 -c "import torch, sapien, mani_skill.envs, av, fastrecord.make_env, matplotlib.pyplot, requests" \
+      >/dev/null 2>&1
+    run 120 imports python3 -m benchmarks.probe_deferred --reps 3 --skip-command --importtime
+    run 80 first_step python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill
+    FASTRECORD_DEFER_IMPORTS=0 run 80 first_step_undeferred python3 benchmarks/bench_whole.py --size gpu \
+      --only record --skip-maniskill
+    run 230 coldstart python3 -m fastrecord bench --config configs/bench_h200.yaml \
+      --skip ceiling,quality,maniskill,keepup,realenv,micro,imageobs,cpueval --json "$out/coldstart.json" \
+      --output-dir /tmp/bench-videos
     ;;
   first_step_pairs)
     # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair

@@ -443,8 +443,10 @@ class DefinedAfter:  # defined after the server started: a fork of the caller at
 
 
 def child(held_fd, held_path):
+    from fastrecord.deferred import is_deferred
     main = sys.modules["__main__"]
     return dict(name=main.__name__, defined_after=hasattr(main, "DefinedAfter"), mani_skill="mani_skill" in sys.modules,
+                pyplot_deferred=is_deferred(sys.modules.get("matplotlib.pyplot")),
                 sigterm_default=signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
                 parallel_op=float((torch.ones(1 << 20) * 2).sum()), held_fd=_points_to(held_fd, held_path))
 
@@ -473,6 +475,8 @@ if __name__ == "__main__":
                 answer["lock_free"] = True
             except BlockingIOError:
                 answer["lock_free"] = False
+    from fastrecord.deferred import DeferringFinder
+    answer["caller_deferring"] = any(isinstance(f, DeferringFinder) for f in sys.meta_path)
     print(json.dumps(dict(origin=workers.forkserver_origin(), server=forkserver._forkserver._forkserver_pid,
                           **answer)))
 """
@@ -485,8 +489,9 @@ def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
     FASTRECORD_ZYGOTE=0, a fresh interpreter. Either way its children are what a fresh server's are: the script's
     main module run anew as ``__mp_main__`` (a class defined after the line that started the server unpickles),
     default signal handlers, ManiSkill preloaded, torch's parallel ops working (the caller's OpenMP threads are not
-    in a fork), none of the caller's open files (a lock file's flock is free once the caller lets go); and the
-    server ends with the caller (its copy of the "alive" pipe's write end pointed at /dev/null)."""
+    in a fork), none of the caller's open files (a lock file's flock is free once the caller lets go), ManiSkill's
+    unused imports deferred (`fastrecord.deferred`; never in the caller's own process); and the server ends with the
+    caller (its copy of the "alive" pipe's write end pointed at /dev/null)."""
     import subprocess
     import sys
     import time
@@ -510,8 +515,10 @@ def test_the_forkserver_is_the_callers_fork_where_that_is_safe(tmp_path, mode):
         assert answer.pop("held_fd") != "the lock file" and answer.pop("lock_free") is True
     else:
         assert answer.pop("held_fd") == "none held"
-    assert answer == dict(name="__mp_main__", defined_after=True, mani_skill=True, sigterm_default=True,
-                          parallel_op=float(2 << 20))
+    # the server and its children are fastrecord's: ManiSkill's unused imports deferred there
+    # (`fastrecord.deferred`), not in the caller's process
+    assert answer == dict(name="__mp_main__", defined_after=True, mani_skill=True, pyplot_deferred=True,
+                          sigterm_default=True, parallel_op=float(2 << 20), caller_deferring=False)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the server leaves once its caller has
         try:

@@ -230,9 +230,9 @@ def start_forkserver() -> None:
             if len(args) < 2 or not str(args[-1]).startswith("from multiprocessing.forkserver import main"):
                 return int(spawn(path, args, passfds))  # the resource tracker
             refusal = "off" if os.environ.get(ZYGOTE_ENV, "") == "0" else fork_refusal()
-            if refusal is not None:  # a fresh interpreter
+            if refusal is not None:  # a fresh interpreter, its unused imports deferred first (as a zygote's are)
                 stamp(f"forkserver_spawned_{refusal}")
-                return int(spawn(path, args, passfds))
+                return int(spawn(path, [*args[:-1], _DEFER_FIRST + str(args[-1])], passfds))
             return _zygote(str(args[-1]), list(passfds))
 
         patched: Any = util
@@ -244,6 +244,10 @@ def start_forkserver() -> None:
     stamp(f"forkserver_{forkserver_origin()}")
 
 
+# prepended to a fresh server's start line: the server and its children are fastrecord's own processes
+# (`fastrecord.deferred`); a server that cannot import fastrecord before its preload sets its sys.path starts as
+# before
+_DEFER_FIRST = "try:\n import fastrecord.deferred\n fastrecord.deferred.install()\nexcept ImportError:\n pass\n"
 ZYGOTE_ENV = "FASTRECORD_ZYGOTE"  # "0": the forkserver is always a fresh interpreter
 _start_lock = threading.Lock()
 _zygotes: set[int] = set()  # pids of servers this process forked from itself
@@ -413,6 +417,10 @@ def _zygote(code: str, passfds: list[int]) -> int:
             sys.modules["__main__"] = types.ModuleType("__main__")  # `spawn.import_main_path` runs the script anew
         _fresh_forkserver_state()
         import importlib
+
+        from fastrecord.deferred import install
+
+        install()  # the server and the env processes it forks are fastrecord's own (inherited where the caller is)
 
         from fastrecord.system import stamp_beside
 

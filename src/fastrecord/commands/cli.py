@@ -508,7 +508,11 @@ def _start_subenvs(module: Any, args: argparse.Namespace) -> Any:
 
 
 def entry() -> None:
-    """The ``fastrecord`` command (console script and ``python -m fastrecord``): `main`, then `exit_now`."""
+    """The ``fastrecord`` command (console script and ``python -m fastrecord``): `main`, then `exit_now`. Its process is
+    fastrecord's own: the imports it never uses are deferred first (`fastrecord.deferred`)."""
+    from fastrecord.deferred import install
+
+    install()
     exit_now(main())
 
 
