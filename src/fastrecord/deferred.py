@@ -101,7 +101,8 @@ class DeferringFinder:
         if spec is None or not isinstance(spec.loader, (importlib.machinery.SourceFileLoader,
                                                         importlib.machinery.SourcelessFileLoader)):
             return None  # not found, or not a Python file (an extension module runs when made): imported as usual
-        spec.loader = _DeferringLoader(spec.loader)
+        deferring: Any = _DeferringLoader(spec.loader)  # a loader by its methods (see above)
+        spec.loader = deferring
         return spec
 
 
