@@ -455,3 +455,34 @@ def test_workers_take_the_next_episode_when_an_env_is_free():
     b.start([0, 1])  # nothing left: both idle, no reset
     assert a.slot == [2, 1] and b.slot == [None, None] and counter.value == 5
     assert (early.resets, late.resets) == ([[0, 1], [0], [1]], [[0, 1]])
+
+
+@pytest.mark.parametrize("vector", ["async", "sync"])
+def test_a_worker_left_fewer_episodes_than_envs_replays_them_and_records_nothing_else(demo, tmp_path, vector):
+    """Workers share one counter of the episodes (`replay.drive._Claims`): a worker whose fellows took all but one by the
+    time its 2 envs were made starts that one in env 0 and leaves env 1 idle. Its envs (sub-env processes,
+    `PackedVectorEnv`, which refuses a masked reset before any reset; or in its own process) are reset whole once,
+    env 1 without a plan; the
+    output holds the one episode, equal to its input, and nothing of the idle env (full-suite CI saw this worker fail
+    with "sub-env 1 was left out of a masked reset before its first reset")."""
+    import multiprocessing
+    import time as time_
+
+    from fastrecord.replay.drive import run_plan
+    from fastrecord.replay.plan import make_plan
+    from fastrecord.sinks.maniskill_h5 import open_trajectory
+
+    cfg = ReplayConfig.from_values(dict(traj_path=str(demo), output_dir=str(tmp_path), obs_mode="rgb", save_video=False,
+                                        progress=False, env_kwargs=SENSORS, num_envs=2, vector=vector,
+                                        render_backend="cpu"))
+    traj = open_trajectory(cfg.traj_path)
+    try:
+        plan = make_plan(cfg, traj)
+        counter = multiprocessing.get_context("fork").Value("q", len(plan.episodes) - 1)  # the others took 4 of 5
+        s = run_plan(plan, plan.episodes, tmp_path, NAME, 2, None, None, time_.perf_counter(), claims=counter)
+    finally:
+        traj.close()
+    assert (s.kept, counter.value) == (1, len(plan.episodes))
+    meta = json.loads((tmp_path / f"{NAME}.json").read_text())
+    assert [e["source_episode_id"] for e in meta["episodes"]] == [4]
+    assert_matches_input(demo, tmp_path / f"{NAME}.h5", meta)

@@ -516,7 +516,13 @@ class VectorBatch:
         self.envs.set_attr("replay_plan", values)
         mask = np.zeros(self.num_envs, dtype=bool)
         mask[env_idx] = True
-        options = None if (not self._started and mask.all()) else {"reset_mask": mask}
+        options = None if not self._started else {"reset_mask": mask}
+        if not self._started and not mask.all():
+            # fewer episodes than envs at the first start (a worker whose fellow workers took the rest from their
+            # shared counter): every env is reset once, as a vector env must be before a masked reset, the idle ones
+            # without a plan (they stay idle), their episodes never recorded
+            idle = np.flatnonzero(~mask)
+            self.recorder.set_episode_meta(idle, [None] * len(idle))
         self.env.reset(seed=seeds, options=options)
         self._started = True
 
