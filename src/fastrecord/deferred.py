@@ -3,8 +3,9 @@ instead of at import (`install`).
 
 Importing ``mani_skill.envs`` imports ``matplotlib.pyplot`` (``pytorch_kinematics.ik`` plots its IK on demand;
 ManiSkill's notebook helpers and ``PlaceSphere`` import it too) and ``requests`` (``sapien.physx`` downloads the PhysX
-GPU library with it, ``sapien.asset`` assets): 0.3-0.5 s of a 3.2-3.6 s import of torch, SAPIEN, ManiSkill and PyAV on
-the 2-core CPU machine, in every process that imports them (`benchmarks/probe_deferred.py`). With `install`, an
+GPU library with it, ``sapien.asset`` assets): deferred, the import of torch, SAPIEN, ManiSkill and PyAV took 0.5 s
+less on the 2-core CPU machine (median 2.83 against 3.35 s), and the same on the H100 machine, whose matplotlib costs
+its import only 0.2 s (7.75 against 7.73 s; `benchmarks/probe_deferred.py`, docs/performance.md). With `install`, an
 ``import`` of one of `DEFERRED` binds a module object at once and runs the module's code the first time something reads
 an attribute it lacks (``plt.subplots``, ``requests.get``): the same module then, the same behaviour, only later. What
 the import system itself reads (``__spec__``, ``__name__``, ``__file__``) is there without running it, so a second
