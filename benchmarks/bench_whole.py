@@ -153,6 +153,9 @@ def detail(res: Result) -> list[str]:
     server = sorted((t, k) for k, t in res.stamps.items() if k.startswith("forkserver_"))
     if server:  # how the forkserver started (workers.start_forkserver: a zygote, or a fresh interpreter and why)
         out.append("forkserver: " + ", ".join(f"{k.split('_', 1)[1]} at {t:.2f} s" for t, k in server))
+    device = sorted((t, k) for k, t in res.stamps.items() if k.startswith("render_device_"))
+    if device:  # the render engine opened early, while the imports ran (fastrecord.render.device)
+        out.append("render device: " + ", ".join(f"{k.rsplit('_', 1)[1]} at {t:.2f} s" for t, k in device))
     return out
 
 

@@ -35,8 +35,11 @@ def test_the_early_subenvs_are_the_runs_envs(batched_cfg):
     import mani_skill.envs  # noqa: F401 - registers the tasks
     from mani_skill.utils.wrappers import CPUGymWrapper
 
+    from fastrecord.render import device
+
     early = early_subenvs(batched_cfg)
     assert early is not None and early.launch.sizes == [2, 1]
+    assert device.wait_early() is None  # render_backend="cpu": no CUDA engine opened beside them
     envs = PackedVectorEnv(launch=early.launch)
     try:
         assert [p.is_alive() for p in envs.processes] == [True, True]

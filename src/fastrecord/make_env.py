@@ -168,7 +168,8 @@ def _cpu_eval_envs(env_id: str, num_envs: int, env_kwargs: dict, wrappers: list,
     and same-step auto-reset above (`EvalVectorEnv`)."""
     envs: gym.vector.VectorEnv
     if batched:
-        from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
+        from fastrecord.render.device import device_of
+        from fastrecord.render.vector import group_rendered, make_mirror_factory
 
         envs = group_rendered(lambda: _cpu_vector_env(env_id, num_envs, env_kwargs, wrappers, report_poses=True,
                                                       envs_per_process=envs_per_process),

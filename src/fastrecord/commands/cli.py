@@ -36,6 +36,7 @@ import threading
 import typing
 from typing import Any
 
+from fastrecord.render.device import CUDA_NAMES, on_cuda
 from fastrecord.system import quiet_third_party
 
 # name: (module, one-line help, the config dataclass its flags fill: its defaults and comments are the flags' help)
@@ -75,7 +76,6 @@ SUBCOMMANDS = {
 
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda", "cuda", "gpu")  # ManiSkill's names (CUDA ones also as cuda:N)
 CUDA_SIM = ("physx_cuda", "cuda", "gpu")
-CUDA_RENDER = ("sapien_cuda", "cuda", "gpu")
 DEBUG_ENV = "FASTRECORD_DEBUG"  # set (not "" or "0"): errors keep their traceback
 RUNTIME_MODULES = ("h5py", "av", "wandb")  # libraries whose errors reaching main are runtime failures (exit 1)
 KEEPS_EPISODES = ("record", "replay")  # commands whose finished episodes stay on disk after a failure
@@ -204,7 +204,7 @@ def check_env_options(args: argparse.Namespace) -> None:
             raise ValueError(f"sim_backend={sim!r} needs a CUDA device and this machine has none (torch sees no CUDA); "
                              f"use --sim-backend physx_cpu")
     render = _requested(args, "render_backend")
-    if isinstance(render, str) and render.split(":")[0] in CUDA_RENDER and not _cuda_available():
+    if isinstance(render, str) and on_cuda(render) and not _cuda_available():
         raise ValueError(
             f"render_backend={render!r} needs a CUDA device and this machine has none (torch sees no CUDA); "
             f"use --render-backend cpu (or auto)"
@@ -415,7 +415,7 @@ def _record_forks(argv: list[str]) -> bool:
     from fastrecord.system import has_nvidia_gpu
 
     render = (_flag(argv, "--render-backend") or "auto").split(":")[0]
-    gpu = render in CUDA_RENDER + ("auto",) and has_nvidia_gpu()
+    gpu = render in CUDA_NAMES + ("auto",) and has_nvidia_gpu()
     if gpu and batched == "auto":
         return True
     # drawn by the CPU: each env in a process of its own (`fastrecord.reported`), where the envs draw something

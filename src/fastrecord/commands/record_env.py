@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastrecord.commands.config import RecordConfig
+from fastrecord.render.device import on_cuda
 from fastrecord.system import stamp
 
 __all__ = ["EarlySubenvs", "close_without_collecting", "early_subenvs", "env_kwargs_for", "make_recorded_env",
@@ -68,7 +69,7 @@ def early_subenvs(cfg: RecordConfig) -> EarlySubenvs | None:
     render = cfg.render_backend
     if render == "auto":
         render = "gpu" if has_nvidia_gpu() else "cpu"
-    batched = {"on": True, "off": False}.get(cfg.batched_render, render.split(":")[0] in ("gpu", "cuda", "sapien_cuda"))
+    batched = {"on": True, "off": False}.get(cfg.batched_render, on_cuda(render))
     if (cfg.sim_backend not in ("physx_cpu", "cpu") or cfg.num_envs <= 1 or not batched or not cfg.record.save_video
             or cfg.record.render_substeps or cfg.vector == "sync"):
         return None
@@ -89,7 +90,11 @@ class EarlySubenvs:
         self.launch, self.env_kwargs = launch, dict(env_kwargs)
 
     def close(self, wait: bool = True) -> None:
-        """End the processes, unless a vector env took them over (``wait``: `fastrecord.packed.PackedLaunch.close`)."""
+        """End the processes, unless a vector env took them over (``wait``: `fastrecord.packed.PackedLaunch.close`),
+        and let go of the render device opened beside them (`fastrecord.render.device`; the mirrors hold it by now)."""
+        from fastrecord.render.device import release_early
+
+        release_early()
         self.launch.close(wait)
 
 
@@ -98,11 +103,14 @@ def _launch(cfg: RecordConfig, kwargs: dict[str, Any]) -> EarlySubenvs:
     import gymnasium as gym
 
     from fastrecord.packed import PackedLaunch
+    from fastrecord.render.device import device_of, open_early
     from fastrecord.workers import forkserver_context
 
     forkserver_context()  # here, not on the launch's thread: a server forked from this process needs it alone
     launch = PackedLaunch([_CpuEnvThunk(cfg.env_id, kwargs, report_poses=True)] * cfg.num_envs, cfg.envs_per_process,
                           context="forkserver", autoreset_mode=gym.vector.AutoresetMode.DISABLED, background=True)
+    if on_cuda(kwargs["render_backend"]):  # the mirrors' render engine, opened while this process imports and before
+        open_early(device_of(kwargs["render_backend"]))  # the sub-envs open theirs (`fastrecord.render.device`)
     return EarlySubenvs(launch, kwargs)
 
 
@@ -207,7 +215,8 @@ def _cpu_vector_env(cfg: RecordConfig, kwargs: dict[str, Any], auto_reset: bool,
     ):
         # the envs step in processes of their own (several envs a process); this process renders them all in one batch
         from fastrecord.packed import PackedVectorEnv
-        from fastrecord.render.vector import device_of, group_rendered, make_mirror_factory
+        from fastrecord.render.device import device_of
+        from fastrecord.render.vector import group_rendered, make_mirror_factory
         from fastrecord.workers import forkserver_context
 
         fits = early is not None and early.env_kwargs == kwargs and mode == gym.vector.AutoresetMode.DISABLED

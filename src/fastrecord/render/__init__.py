@@ -33,8 +33,10 @@ class BatchedRenderError(RuntimeError):
 
 def available(render_backend: str | None = "auto") -> bool:
     """Whether batched group rendering can run here: a CUDA device torch sees, and a ManiSkill render
-    backend that renders on it ("auto", "gpu", "cuda[:N]", "sapien_cuda")."""
-    if render_backend not in (None, "auto", "gpu", "sapien_cuda") and not str(render_backend).startswith("cuda"):
+    backend that renders on it ("auto", or "gpu", "cuda", "sapien_cuda", each with an optional ":N")."""
+    from fastrecord.render.device import on_cuda
+
+    if render_backend not in (None, "auto") and not on_cuda(render_backend):
         return False
     from fastrecord.system import torch_sees_cuda
 

@@ -25,7 +25,9 @@ import torch
 
 from fastrecord.envs import SubEnvAccess, to_numpy
 from fastrecord.render import BatchedRenderError
+from fastrecord.render import device as early_device
 from fastrecord.render.bodies import RenderBodies
+from fastrecord.render.device import device_of
 from fastrecord.render.group import GroupRenderer
 from fastrecord.reported import InfoReporter
 from fastrecord.system import stamp
@@ -346,8 +348,7 @@ def mirror_kwargs(env_kwargs: dict, render_backend: str | None = None) -> dict:
     CUDA device."""
     kw = dict(env_kwargs)
     kw.update(sim_backend="physx_cpu", obs_mode="state", render_mode="rgb_array")
-    backend = render_backend or kw.get("render_backend") or "gpu"
-    kw["render_backend"] = backend if str(backend).startswith(("cuda", "sapien_cuda")) else "gpu"
+    kw["render_backend"] = device_of(render_backend or kw.get("render_backend"))
     kw.pop("num_envs", None)
     return kw
 
@@ -361,12 +362,6 @@ def make_mirror_factory(env_id: str, env_kwargs: dict, render_backend: str | Non
         return gym.make(env_id, **kw)
 
     return make
-
-
-def device_of(render_backend: str | None) -> str:
-    """The CUDA device a ManiSkill render backend renders on ("cuda:N" -> that one, else "cuda")."""
-    b = str(render_backend or "")
-    return b if b.startswith("cuda:") else "cuda"
 
 
 def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: Callable[[], gym.Env], num_envs: int,
@@ -388,11 +383,13 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
     def build() -> None:
         stamp("mirrors_started")
         try:
+            early_device.wait_early()  # the render engine opened early (`fastrecord.render.device`): no scene meanwhile
             with scenes_built():
                 for _ in range(num_envs):
                     mirrors.append(make_mirror())
                     stamp("first_mirror_built")
             stamp("mirrors_built")
+            early_device.release_early()  # the mirrors' scenes hold the engine now
             renderer = GroupRenderer(mirrors, device=device)
             renderers.append(renderer)
             for bodies in renderer.bodies:  # warmed here, not in the caller's thread: see `RenderBodies.signature`

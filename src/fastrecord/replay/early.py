@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fastrecord.render.device import on_cuda
 from fastrecord.replay.config import CPU_BACKENDS, ReplayConfig
 from fastrecord.replay.layout import subenvs_per_process
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MirroredSubenv", "early_subenvs"]
 
-CUDA_RENDER = ("gpu", "cuda", "sapien_cuda")  # render backends that draw on a CUDA device (with or without ":N")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def _guess(cfg: ReplayConfig) -> tuple[MirroredSubenv, int] | None:
     obs_mode = str(kwargs.get("obs_mode") or "state")
     camera_obs = obs_mode not in ("state", "state_dict", "none")
     render_videos = cfg.save_video and cfg.video_source == "render"
-    cuda_render = str(kwargs.get("render_backend")).split(":")[0] in CUDA_RENDER
+    cuda_render = on_cuda(kwargs.get("render_backend"))
     if (env.sim_backend not in CPU_BACKENDS or env.convert or "pointcloud" in obs_mode
             or not (camera_obs or render_videos) or (render_videos and kwargs.get("render_mode") != "rgb_array")
             or not (cuda_render or cfg.batched_render == "on")):  # "on" where it cannot run: the plan refuses it

@@ -364,7 +364,7 @@ def _render_device(
     camera in ``rgb_array`` mode); ``on`` requires it (a ValueError naming the fix); ``off`` never.
     ``own_env``: GPU simulation (it draws in one batch by itself) or a control mode conversion (one env)."""
     from fastrecord import render
-    from fastrecord.render.vector import device_of
+    from fastrecord.render.device import device_of
 
     wanted = {"auto": None, "on": True, "off": False}[cfg.batched_render]
     if wanted is False:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from fastrecord.render.device import CUDA_NAMES
 from fastrecord.shards.join import MergeReport, NothingToMerge, merge
 from fastrecord.shards.layout import (
     RankInfo,
@@ -257,7 +258,6 @@ class DistributedRun:
 
 # ---------------------------------------------------------------------------------------------- devices
 _CUDA_SIM = ("physx_cuda", "cuda", "gpu")
-_CUDA_RENDER = ("sapien_cuda", "cuda", "gpu")
 
 
 def rank_backends(sim_backend: str, render_backend: str, info: RankInfo | None = None) -> tuple[str, str]:
@@ -275,7 +275,7 @@ def rank_backends(sim_backend: str, render_backend: str, info: RankInfo | None =
     torch.cuda.set_device(gpu)
     if sim_backend in _CUDA_SIM:
         sim_backend = f"{'physx_cuda' if sim_backend == 'gpu' else sim_backend}:{gpu}"
-    if render_backend in (*_CUDA_RENDER, "auto"):
+    if render_backend in (*CUDA_NAMES, "auto"):
         render_backend = f"cuda:{gpu}"
     return sim_backend, render_backend
 
