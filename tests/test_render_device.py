@@ -82,6 +82,20 @@ def test_an_engine_opened_early_draws_the_pictures_a_process_draws_without_it(tm
     np.testing.assert_array_equal(frame, ref)
 
 
+def test_an_early_open_of_another_device_is_let_go_before_the_scenes():
+    """`settle_early` (what the mirrors' thread calls before its first scene) keeps an early open of the device the
+    scenes render on and lets go of one of another device, which SAPIEN would otherwise keep for them. The module's
+    state only: the "device" opened here is SAPIEN's CPU one, which this process may hold already."""
+    from fastrecord.render import device
+
+    device.open_early("cpu")
+    device.settle_early("cpu")
+    assert device.wait_early() == "cpu"
+    device.settle_early("cuda:1")
+    assert device.wait_early() is None and device._early is None
+    device.release_early()  # nothing to let go: no error
+
+
 def test_a_device_that_cannot_open_is_left_to_the_envs(tmp_path):
     """An early open that fails (a CUDA device this machine lacks) raises nothing: waiting for it says nothing was
     opened, and the env made afterwards on the CPU draws as it would have."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastrecord.system import stamp
 
-__all__ = ["CUDA_NAMES", "device_of", "on_cuda", "open_early", "release_early", "wait_early"]
+__all__ = ["CUDA_NAMES", "device_of", "on_cuda", "open_early", "release_early", "settle_early", "wait_early"]
 
 _lock = threading.Lock()
 _early: _EarlyDevice | None = None  # process-wide, as SAPIEN's engine is (docs/design.md, "Process-wide state")
@@ -78,6 +78,15 @@ def wait_early() -> str | None:
         return None
     early.thread.join()
     return early.device if early.system is not None else None
+
+
+def settle_early(device: str) -> None:
+    """Before scenes that render on ``device`` are made: wait for an early open, and let go of it where it opened
+    another device (a guess from the command line that the run's own options overrode), since SAPIEN would keep that
+    one for them."""
+    opened = wait_early()
+    if opened is not None and opened != device:
+        release_early()
 
 
 def release_early() -> None:

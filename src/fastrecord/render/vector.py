@@ -383,7 +383,7 @@ def group_rendered(make_envs: Callable[[], gym.vector.VectorEnv], make_mirror: C
     def build() -> None:
         stamp("mirrors_started")
         try:
-            early_device.wait_early()  # the render engine opened early (`fastrecord.render.device`): no scene meanwhile
+            early_device.settle_early(device)  # the engine opened early (`fastrecord.render.device`), if on this device
             with scenes_built():
                 for _ in range(num_envs):
                     mirrors.append(make_mirror())
