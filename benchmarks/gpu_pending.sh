@@ -46,6 +46,9 @@
 #   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh replay_early
 #                                         # the replay drawn in one process, its sub-envs started early: 96
 #                                         episodes whole against BEFORE and ManiSkill, record's first step (~400 s)
+#   carry: [".gpukit", "build/prev"]   command: BEFORE=build/prev/src bash benchmarks/gpu_pending.sh early_device
+#                                         # record's render engine opened while the CLI imports: its GPU tests, then
+#                                         record's time to first step against BEFORE in 3 alternating pairs (~400 s)
 #   carry: [".gpukit", "build/head"]   command: BEFORE=build/head/src bash benchmarks/gpu_pending.sh first_step_pairs
 #                                         # record's time to first step against BEFORE, each tree first once a
 #                                         pair (PAIRS=2: ~200 s)
@@ -73,7 +76,7 @@
 # machines (docs/performance.md, "Replay workers' and recorders' starts"); `first_step_pairs` (PAIRS=3) at 07:21;
 # `replay_early` and `replay_staggered` at 04:13.
 set -uo pipefail
-stage=${1:?usage: bash benchmarks/gpu_pending.sh deferred|starts|recorder_start|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
+stage=${1:?usage: bash benchmarks/gpu_pending.sh early_device|deferred|starts|recorder_start|tests|triton|replay_videos|replay_early|replay_staggered|first_step_pairs|eval_pool|eval_gate|eval_encoders|eval_split|eval_close|coldstart|pinning|lerobot|whole|startup|packed|eval|replay|replay_ahead|ahead_and_eval|replay_split|after_fixes|replay480}
 source .gpukit/setup.sh
 out=${OUT:-/tmp/gpu-pending}/$stage
 mkdir -p "$out"
@@ -393,6 +396,21 @@ case $stage in
     run 230 coldstart python3 -m fastrecord bench --config configs/bench_h200.yaml \
       --skip ceiling,quality,maniskill,keepup,realenv,micro,imageobs,cpueval --json "$out/coldstart.json" \
       --output-dir /tmp/bench-videos
+    ;;
+  early_device)
+    # record's render engine opened while the CLI imports (fastrecord.render.device, not yet run on a GPU): its GPU
+    # tests and the batched render's, then record's time to first step against BEFORE (the tree before it), PAIRS
+    # times (3), each tree's 16-env job first once a pair; the envs phase's lines show when the device opened (~400 s)
+    before=${BEFORE:-build/prev/src}
+    python3 -c "import torch, sapien, mani_skill.envs, av, git, fastrecord.make_env" >/dev/null 2>&1
+    run 150 pytest python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_render_device.py \
+      tests/test_batched_render.py -x
+    for i in $(seq "${PAIRS:-3}"); do
+      run 80 "pair${i}_this_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+        --src "before=$PWD/$before"
+      run 80 "pair${i}_before_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+        --src "before=$PWD/$before" --src-first
+    done
     ;;
   first_step_pairs)
     # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair

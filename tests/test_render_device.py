@@ -31,6 +31,18 @@ def test_the_device_named_is_the_one_maniskill_renders_on(monkeypatch):
         assert not on_cuda(name)
 
 
+def test_the_batched_render_takes_every_cuda_spelling(monkeypatch):
+    """`fastrecord.render.available` (whether a vector env's videos are drawn in one batch) answers yes for every
+    CUDA spelling and "auto" where torch sees CUDA, no for the CPU's, and no anywhere torch sees none."""
+    from fastrecord import render, system
+
+    monkeypatch.setattr(system, "torch_sees_cuda", lambda: True)
+    assert all(render.available(name) for name in [*BACKENDS, "auto", None])
+    assert not any(render.available(name) for name in ("cpu", "sapien_cpu", "none"))
+    monkeypatch.setattr(system, "torch_sees_cuda", lambda: False)
+    assert not any(render.available(name) for name in BACKENDS)
+
+
 SCRIPT = """
     import json, os, sys, time
     import numpy as np
