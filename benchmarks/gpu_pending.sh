@@ -90,6 +90,14 @@ run() {  # run LIMIT NAME CMD...: CMD's output to $out/NAME.txt (and here), stop
   timeout "$limit" "$@" 2>&1 | tee -a "$out/$name.txt"
   echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$out/$name.txt"
 }
+first_step_pairs() {  # first_step_pairs BEFORE N: record's time to first step against BEFORE, N pairs, each tree first once
+  for i in $(seq "$2"); do
+    run 80 "pair${i}_this_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+      --src "before=$PWD/$1"
+    run 80 "pair${i}_before_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
+      --src "before=$PWD/$1" --src-first
+  done
+}
 case $stage in
   tests)
     run 280 pytest python3 -m pytest -m gpu tests -q -p no:cacheprovider -x --durations=10
@@ -405,12 +413,7 @@ case $stage in
     python3 -c "import torch, sapien, mani_skill.envs, av, git, fastrecord.make_env" >/dev/null 2>&1
     run 150 pytest python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_render_device.py \
       tests/test_batched_render.py -x
-    for i in $(seq "${PAIRS:-3}"); do
-      run 80 "pair${i}_this_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
-        --src "before=$PWD/$before"
-      run 80 "pair${i}_before_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
-        --src "before=$PWD/$before" --src-first
-    done
+    first_step_pairs "$before" "${PAIRS:-3}"
     ;;
   first_step_pairs)
     # record's time to first step, this tree against BEFORE, PAIRS times (2), each tree's 16-env job first once a pair
@@ -420,12 +423,7 @@ case $stage in
     python3 -c "import torch, sapien, mani_skill.envs, av, git, fastrecord.make_env" >/dev/null 2>&1
     [ -n "${REPLAY:-}" ] && run 200 replay96 python3 benchmarks/bench_replay.py --episodes 96 --steps 50 \
       --num-envs 16 --stamps --src "before=$PWD/$before" --repeat "${REPLAY}"
-    for i in $(seq "${PAIRS:-2}"); do
-      run 80 "pair${i}_this_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
-        --src "before=$PWD/$before"
-      run 80 "pair${i}_before_first" python3 benchmarks/bench_whole.py --size gpu --only record --skip-maniskill \
-        --src "before=$PWD/$before" --src-first
-    done
+    first_step_pairs "$before" "${PAIRS:-2}"
     ;;
   replay_videos)
     # the replay users get by default, with videos (the join links each episode's video next to NAME.h5): 96 PickCube
