@@ -77,3 +77,23 @@ def test_an_early_launch_the_run_cannot_use_ends_with_its_refusal(batched_cfg):
     with pytest.raises(ValueError, match="--batched-render"):
         make_recorded_env(batched_cfg, auto_reset=False, early=other)
     assert not any(p.is_alive() for p in other.launch.processes)
+
+
+def test_a_render_device_opened_early_where_none_opens_leaves_the_runs_refusal_as_it_was(batched_cfg):
+    """A GPU render backend on a machine without CUDA (the command line's guess said there is one): the early open of
+    the render engine fails on its thread, silently; the run refuses ``--batched-render on`` with its own one-line
+    error, the sub-env processes have ended and nothing of the early open is held."""
+    import torch
+
+    from fastrecord.render import device
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: the batched render runs instead of refusing")
+    cfg = dataclasses.replace(batched_cfg, render_backend="gpu")
+    early = early_subenvs(cfg)
+    assert early is not None and device._early is not None and device._early.device == "cuda"
+    assert device.wait_early() is None  # it could not open
+    with pytest.raises(ValueError, match="--batched-render on renders on a CUDA device"):
+        make_recorded_env(cfg, auto_reset=False, early=early)
+    assert early.launch.processes and not any(p.is_alive() for p in early.launch.processes)
+    assert device._early is None
