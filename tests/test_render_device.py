@@ -96,7 +96,7 @@ def test_an_engine_opened_early_draws_the_pictures_a_process_draws_without_it(tm
 
 def test_an_early_open_of_another_device_is_let_go_before_the_scenes():
     """`settle_early` (what the mirrors' thread calls before its first scene) keeps an early open of the device the
-    scenes render on and lets go of one of another device, which SAPIEN would otherwise keep for them. The module's
+    scenes render on and lets go of one of another device, which SAPIEN would refuse them while held. The module's
     state only: the "device" opened here is SAPIEN's CPU one, which this process may hold already."""
     from fastrecord.render import device
 

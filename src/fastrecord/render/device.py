@@ -7,9 +7,10 @@ same moment (docs/performance.md). `fastrecord record` knows from its command li
 device; it opens the engine here while it imports torch and ManiSkill, before the sub-envs begin making their envs,
 and holds it until its mirrors hold it (`release_early`).
 
-One engine a process: SAPIEN keeps the first one whatever device a later render system names, so the device opened
-here must be the one the envs' ``render_backend`` names (`device_of`). Light to import: the CLI's early start uses it
-before torch is imported.
+One engine a process: while one is held, SAPIEN refuses a render system on another device ("current SAPIEN version
+only supports single-GPU rendering"), so the device opened here must be the one the envs' ``render_backend`` names
+(`device_of`), and an early open of another is let go before their scenes (`settle_early`). Light to import: the
+CLI's early start uses it before torch is imported.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def wait_early() -> str | None:
 
 def settle_early(device: str) -> None:
     """Before scenes that render on ``device`` are made: wait for an early open, and let go of it where it opened
-    another device (a guess from the command line that the run's own options overrode), since SAPIEN would keep that
-    one for them."""
+    another device (a guess from the command line that the run's own options overrode): SAPIEN would refuse their
+    device while it holds that one."""
     opened = wait_early()
     if opened is not None and opened != device:
         release_early()
