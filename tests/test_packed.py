@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -84,9 +85,10 @@ class Scripted(gym.Env):
 
     def __init__(self, index: int = 0, raise_at: int | None = None, exit_at: int | None = None,
                  init_error: str | None = None, closed_marker: Path | None = None,
-                 raise_unpicklable: bool = False):
+                 raise_unpicklable: bool = False, init_sleep: float = 0.0):
         if init_error:
             raise RuntimeError(init_error)
+        time.sleep(init_sleep)
         self.index, self.raise_at, self.exit_at, self.closed_marker = index, raise_at, exit_at, closed_marker
         self.raise_unpicklable = raise_unpicklable
         self.steps = 0
@@ -345,6 +347,27 @@ def test_an_error_making_a_sub_env_is_raised_by_the_constructor():
     assert "its start" in raised.value.__notes__[0]
     assert "in __init__" in str(raised.value.__cause__)
     # the no_process_left fixture: the other processes were ended too
+
+
+def test_a_process_slow_to_make_its_sub_envs_is_named_once_then_awaited(monkeypatch, caplog):
+    """A sub-env whose make takes longer than `START_NOTICE_S`: one warning names its process's sub-envs and pid, and
+    the vector env is made once it answers, stepping as any other."""
+    import fastrecord.packed
+
+    monkeypatch.setattr(fastrecord.packed, "START_NOTICE_S", 0.3)
+    with caplog.at_level("WARNING", logger="fastrecord"):
+        envs = PackedVectorEnv(scripted_fns(init_sleep={3: 3.0}), PER_PROCESS)
+    try:
+        slow = [r.getMessage() for r in caplog.records if "making its envs" in r.getMessage()]
+        # the first process may wait for the forkserver's start too; the last one answered while the second slept
+        assert not any("sub-envs 4-4" in m for m in slow)
+        assert [m for m in slow if "sub-envs 2-3" in m] == [f"fastrecord: the process of sub-envs 2-3 (pid {envs.processes[1].pid}) has been making its "
+                        f"envs for over 0 s; still waiting for it (a first download of the task's assets takes that "
+                        f"long, a hang forever: Ctrl-C stops)"]
+        obs, _ = envs.reset(seed=0)
+        np.testing.assert_array_equal(obs[:, 0], [0, 100, 200, 300, 400])
+    finally:
+        envs.close()
 
 
 def test_a_sub_env_process_that_exits_mid_step_raises_sub_env_died():

@@ -22,6 +22,7 @@ nothing where they fail, so the vector env stays open, where gymnasium's worker 
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import threading
@@ -47,6 +48,8 @@ __all__ = ["AheadFailed", "PackedLaunch", "PackedVectorEnv", "RemoteTraceback", 
 
 ENVS_PER_PROCESS = 2  # the default packing (16 envs: 8 processes of 2; H100 sweep of 1, 2, 4, 8 in docs/performance.md)
 MIN_PROCESSES = 4  # below 16 envs the processes stay 4 (or one an env), so the physics of few envs is not serialised
+START_NOTICE_S = 120.0  # a process still making its sub-envs after this long is named once (a warning), then awaited
+log = logging.getLogger("fastrecord")
 
 
 def process_sizes(num_envs: int, envs_per_process: int | None = None, cores: int | None = None) -> list[int]:
@@ -312,6 +315,8 @@ class PackedVectorEnv(gym.vector.VectorEnv):
         failure: BaseException | None = None
         for p, pipe in enumerate(self.pipes):
             try:
+                if command is None and not pipe.poll(START_NOTICE_S):  # the start: a make that takes minutes is said
+                    self._slow_start(p)
                 ok, payload = pipe.recv()
             except (EOFError, OSError):
                 failure = failure or self._died(p, command)
@@ -325,6 +330,14 @@ class PackedVectorEnv(gym.vector.VectorEnv):
                 self._terminate()
             raise failure
         return answers
+
+    def _slow_start(self, p: int) -> None:
+        """Say once that process ``p`` is still making its sub-envs: a wait without end would otherwise say nothing
+        (gymnasium's AsyncVectorEnv says nothing either)."""
+        lo, hi = self.slices[p]
+        log.warning("fastrecord: the process of sub-envs %d-%d (pid %s) has been making its envs for over %.0f s; "
+                    "still waiting for it (a first download of the task's assets takes that long, a hang forever: "
+                    "Ctrl-C stops)", lo, hi - 1, self.processes[p].pid, START_NOTICE_S)
 
     def _flat(self, answers: list[list[Any]]) -> list[Any]:
         return [item for answer in answers for item in answer]
