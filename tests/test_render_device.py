@@ -97,12 +97,15 @@ def test_an_engine_opened_early_draws_the_pictures_a_process_draws_without_it(tm
 def test_an_early_open_of_another_device_is_let_go_before_the_scenes():
     """`settle_early` (what the mirrors' thread calls before its first scene) keeps an early open of the device the
     scenes render on and lets go of one of another device, which SAPIEN would refuse them while held. The module's
-    state only: the "device" opened here is SAPIEN's CPU one, which this process may hold already."""
+    state only: the device opened here is the one this test session holds already (conftest's ``render_device``)."""
+    import torch
+
     from fastrecord.render import device
 
-    device.open_early("cpu")
-    device.settle_early("cpu")
-    assert device.wait_early() == "cpu"
+    held = "cuda" if torch.cuda.is_available() else "cpu"
+    device.open_early(held)
+    device.settle_early(held)
+    assert device.wait_early() == held
     device.settle_early("cuda:1")
     assert device.wait_early() is None and device._early is None
     device.release_early()  # nothing to let go: no error
