@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["MirroredSubenv", "early_subenvs"]
 
 
-
 @dataclass(frozen=True)
 class MirroredSubenv:
     """Makes one sub-env of a replay drawn in one process, in its own process: the replay env
