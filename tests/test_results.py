@@ -379,27 +379,30 @@ def test_close_sinks_runs_the_outputs_side_by_side_and_the_last_after_them():
 
 
 class InterruptedAtSubmit(Sink):
-    """A user's sink whose first `submit` is where a Ctrl-C lands (``KeyboardInterrupt``)."""
+    """A user's sink whose first `submit` is where a Ctrl-C (``KeyboardInterrupt``) or a SIGTERM (``SystemExit``, from
+    `fastrecord.install_signal_handlers`' handler) lands."""
 
     wants_datasets = False
 
-    def __init__(self) -> None:
-        self.calls = 0
+    def __init__(self, error: BaseException) -> None:
+        self.calls, self.error = 0, error
 
     def submit(self, episodes):
         self.calls += 1
         if self.calls == 1:
-            raise KeyboardInterrupt
+            raise self.error
 
 
-def test_a_ctrl_c_during_one_sinks_hand_off_still_reaches_the_sinks_after_it(tmp_path):
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(143)], ids=["ctrl_c", "sigterm"])
+def test_a_ctrl_c_during_one_sinks_hand_off_still_reaches_the_sinks_after_it(tmp_path, error):
     """A Ctrl-C while the finished episodes go to the sinks: the sinks after the interrupted one still take them,
-    then the KeyboardInterrupt reaches the caller; the trajectory and the later sink hold the same episodes (without
-    it an output could hold an episode that another never got: CI met a trajectory of 3 episodes beside 2 videos).
+    then the KeyboardInterrupt (or SIGTERM's SystemExit) reaches the caller; the trajectory and the later sink hold the
+    same episodes (without it an output could hold an episode that another never got: CI met a trajectory of 3
+    episodes beside 2 videos, after a Ctrl-C and again, on 2026-12-08, after a SIGTERM).
     The episodes' results rows, written at their end events after the hand-off, are not (the interrupt ends that
     reset): a resumed run records those episodes again."""
-    interrupted, outcomes = InterruptedAtSubmit(), Outcomes()
-    env = _two_episodes_then_a_reset_raises(tmp_path, interrupted, outcomes, KeyboardInterrupt)
+    interrupted, outcomes = InterruptedAtSubmit(error), Outcomes()
+    env = _two_episodes_then_a_reset_raises(tmp_path, interrupted, outcomes, type(error))
     assert outcomes.submitted == [0, 1]
     env.close()
     with h5py.File(tmp_path / "run.h5", "r") as f:

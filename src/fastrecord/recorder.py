@@ -563,15 +563,16 @@ class EpisodeRecorder:
 
 
 def _submit_to_all(sinks: Sequence[Any], episodes: list[EpisodeData]) -> None:
-    """Hand ``episodes`` to every sink. A Ctrl-C (``KeyboardInterrupt``, raised at whatever line the main thread is
-    at) during one sink's hand-off still lets the sinks after it take the episodes, then is raised: otherwise one
-    output (the HDF5 file) would hold an episode that another (its video) never got. The window left is a Ctrl-C
-    inside a sink's own ``submit``, before it queued the episodes."""
-    interrupted: KeyboardInterrupt | None = None
+    """Hand ``episodes`` to every sink. A Ctrl-C (``KeyboardInterrupt``) or a SIGTERM (``SystemExit`` from
+    `fastrecord.install_signal_handlers`' handler), raised at whatever line the main thread is at, during one sink's
+    hand-off still lets the sinks after it take the episodes, then is raised: otherwise one output (the HDF5 file)
+    would hold an episode that another (its video) never got. The window left is a signal inside a sink's own
+    ``submit``, before it queued the episodes."""
+    interrupted: KeyboardInterrupt | SystemExit | None = None
     for sink in sinks:
         try:
             sink.submit(episodes)
-        except KeyboardInterrupt as e:
+        except (KeyboardInterrupt, SystemExit) as e:
             interrupted = interrupted or e
     if interrupted is not None:
         raise interrupted
