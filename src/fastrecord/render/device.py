@@ -2,7 +2,7 @@
 
 SAPIEN opens one render engine a process (the Vulkan device and its CUDA interop), when the first
 ``sapien.render.RenderSystem`` is made, and keeps it while any render system holds it. The batched render's first
-mirror scene opened it: 0.66 s alone on the H100 machine, seconds when the run's sub-env processes open theirs at the
+mirror scene opened it: 0.66 s alone on the H200 machine, seconds when the run's sub-env processes open theirs at the
 same moment (docs/performance.md). `fastrecord record` knows from its command line that it will draw on a CUDA
 device; it opens the engine here while it imports torch and ManiSkill, before the sub-envs begin making their envs,
 and holds it until its mirrors hold it (`release_early`).
